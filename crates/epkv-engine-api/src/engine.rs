@@ -1,0 +1,96 @@
+//! The [`Engine`] trait: everything the front end can ask of a bucket.
+
+use crate::{ArithmeticRequest, EngineResult, Item, MutationInfo, RemoveRequest, StoreRequest};
+use epkv_types::{Cas, VBucketState, Vbid};
+
+/// Receives stat key/value pairs from [`Engine::stats`].
+pub type StatSink<'a> = &'a mut dyn FnMut(&str, &str);
+
+/// A bucket engine. All methods are synchronous and must not block for I/O: an engine that
+/// needs to wait will (in later versions) return a would-block status and resume the
+/// connection. Every method is callable concurrently from many front-end threads.
+pub trait Engine: Send + Sync + 'static {
+    /// Reads a live document (GET, GETK and their quiet variants).
+    ///
+    /// # Errors
+    /// `KeyNotFound`, `NotMyVbucket`, `TempFail`.
+    fn get(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item>;
+
+    /// Reads a document and sets its expiry (GAT, GATQ).
+    ///
+    /// # Errors
+    /// `KeyNotFound`, `Locked`, `NotMyVbucket`, `TempFail`.
+    fn get_and_touch(&self, vbid: Vbid, key: &[u8], expiry_raw: u32) -> EngineResult<Item>;
+
+    /// Sets a document's expiry (TOUCH).
+    ///
+    /// # Errors
+    /// `KeyNotFound`, `Locked`, `NotMyVbucket`, `TempFail`.
+    fn touch(&self, vbid: Vbid, key: &[u8], expiry_raw: u32) -> EngineResult<MutationInfo>;
+
+    /// Reads a document and locks it for `lock_timeout_secs` (GET_LOCKED; 0 = the default,
+    /// 15 s; values above the maximum, 30 s, are clamped to the default as KV-Engine does).
+    /// The returned item carries the lock CAS, which UNLOCK_KEY or a CAS write must present.
+    ///
+    /// # Errors
+    /// `KeyNotFound`, `Locked` (already locked), `NotMyVbucket`, `TempFail`.
+    fn get_locked(&self, vbid: Vbid, key: &[u8], lock_timeout_secs: u32) -> EngineResult<Item>;
+
+    /// Releases a lock taken by [`Engine::get_locked`] (UNLOCK_KEY).
+    ///
+    /// # Errors
+    /// `KeyNotFound`, `Locked` (wrong CAS), `NotLocked`, `NotMyVbucket`.
+    fn unlock(&self, vbid: Vbid, key: &[u8], cas: Cas) -> EngineResult<()>;
+
+    /// Stores a document (SET, ADD, REPLACE, APPEND, PREPEND).
+    ///
+    /// # Errors
+    /// `KeyExists`, `KeyNotFound`, `NotStored`, `Locked`, `TooBig`, `NotMyVbucket`,
+    /// `TempFail`, `NoMemory`, durability statuses.
+    fn store(&self, req: StoreRequest) -> EngineResult<MutationInfo>;
+
+    /// Deletes a document (DELETE), leaving a tombstone.
+    ///
+    /// # Errors
+    /// `KeyNotFound`, `KeyExists` (CAS mismatch), `Locked`, `NotMyVbucket`, `TempFail`.
+    fn remove(&self, req: RemoveRequest) -> EngineResult<MutationInfo>;
+
+    /// Increments or decrements a decimal counter, returning the new value.
+    ///
+    /// # Errors
+    /// `DeltaBadValue`, `KeyNotFound`, `KeyExists`, `Locked`, `NotMyVbucket`, `TempFail`.
+    fn arithmetic(&self, req: ArithmeticRequest) -> EngineResult<(u64, MutationInfo)>;
+
+    /// Removes every document from every vBucket (FLUSH).
+    ///
+    /// # Errors
+    /// `NotSupported` when flush is disabled for the bucket.
+    fn flush(&self) -> EngineResult<()>;
+
+    /// Emits one stat group; `group` is the STAT key ("" for the default group,
+    /// `vbucket`, `memory`, ...). Front-end groups (`timings`, connections) are answered by
+    /// the front end itself.
+    ///
+    /// # Errors
+    /// `UnknownStatGroup`.
+    fn stats(&self, group: &str, sink: StatSink<'_>) -> EngineResult<()>;
+
+    /// Returns a vBucket's state, or `None` if this node does not have it.
+    fn vbucket_state(&self, vbid: Vbid) -> Option<VBucketState>;
+
+    /// Creates a vBucket or changes its state (SET_VBUCKET).
+    ///
+    /// # Errors
+    /// `NotMyVbucket` for a vbid outside the bucket's range.
+    fn set_vbucket_state(&self, vbid: Vbid, state: VBucketState) -> EngineResult<()>;
+
+    /// Shifts the engine clock by `offset_secs` relative to real time (ADJUST_TIMEOFDAY,
+    /// only honoured when the engine was built with a testing clock).
+    ///
+    /// # Errors
+    /// `NotSupported` unless the testing clock is enabled.
+    fn adjust_time(&self, offset_secs: i64) -> EngineResult<()>;
+
+    /// Stops background work and releases resources; called once at shutdown.
+    fn shutdown(&self);
+}

@@ -1,0 +1,37 @@
+//! The boundary between the epkv network front end and a bucket engine.
+//!
+//! This crate is what `epkv-frontend` sees of a bucket: the [`Engine`] trait, its request
+//! types ([`StoreRequest`], [`ArithmeticRequest`], ...), its results ([`Item`],
+//! [`MutationInfo`]) and [`EngineStatus`], the expected non-success outcomes (key not
+//! found, CAS mismatch, not my vBucket, ...). It is not an engine and knows nothing of the
+//! wire format: the front end maps [`EngineStatus`] to mcbp status codes in one exhaustive
+//! `match`.
+//!
+//! Invariants: requests reaching an engine have been validated by the front end (key
+//! length, extras, datatype); engines may `debug_assert!` that. Expiry times cross this
+//! boundary as the raw 32-bit protocol value; the engine interprets them with its own
+//! clock (memcached rules, see [`Expiry`]).
+//!
+//! Depends on `epkv-types` only; must never depend on `epkv-protocol`, `epkv-frontend` or
+//! an engine implementation.
+//!
+//! ```
+//! use epkv_engine_api::{EngineStatus, Expiry};
+//! assert_eq!(Expiry::from_wire(0), Expiry::Never);
+//! assert!(EngineStatus::KeyNotFound.to_string().contains("not found"));
+//! ```
+#![forbid(unsafe_code)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
+mod engine;
+mod item;
+mod request;
+mod status;
+
+pub use engine::{Engine, StatSink};
+pub use item::{Item, MutationInfo};
+pub use request::{
+    ArithmeticOp, ArithmeticRequest, DurabilityRequirements, Expiry, RemoveRequest, StoreOp,
+    StoreRequest,
+};
+pub use status::{EngineResult, EngineStatus};

@@ -1,0 +1,116 @@
+//! The HELLO feature table, declared once with whether epkv agrees to each feature.
+
+macro_rules! features {
+    ($( $(#[$doc:meta])* $name:ident = $value:literal, $text:literal, $implemented:literal; )*) => {
+        /// A HELLO feature code (kv_engine `cb::mcbp::Feature`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u16)]
+        #[non_exhaustive]
+        pub enum Feature {
+            $( $(#[$doc])* $name = $value, )*
+        }
+
+        impl Feature {
+            /// Every feature in the table.
+            pub const ALL: &'static [Feature] = &[ $( Feature::$name, )* ];
+
+            /// Returns the feature for a wire value, or `None` if unknown.
+            #[must_use]
+            pub fn from_u16(v: u16) -> Option<Feature> {
+                match v {
+                    $( $value => Some(Feature::$name), )*
+                    _ => None,
+                }
+            }
+
+            /// Returns the wire value.
+            #[must_use]
+            pub fn as_u16(self) -> u16 {
+                self as u16
+            }
+
+            /// Returns the feature's name as kv_engine logs it.
+            #[must_use]
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( Feature::$name => $text, )*
+                }
+            }
+
+            /// Returns whether epkv implements the feature, and so agrees to it in HELLO.
+            #[must_use]
+            pub fn is_implemented(self) -> bool {
+                match self {
+                    $( Feature::$name => $implemented, )*
+                }
+            }
+        }
+    };
+}
+
+features! {
+    /// Datatype (deprecated; implied).
+    Datatype = 0x01, "Datatype", false;
+    /// TLS (ignored by kv_engine; never echoed).
+    Tls = 0x02, "TLS", false;
+    /// Set TCP_NODELAY on the connection.
+    TcpNoDelay = 0x03, "TCP nodelay", true;
+    /// Mutation replies carry the vBucket UUID and seqno (16 bytes of extras).
+    MutationSeqno = 0x04, "Mutation seqno", true;
+    /// Clear TCP_NODELAY.
+    TcpDelay = 0x05, "TCP delay", true;
+    /// Extended attributes.
+    Xattr = 0x06, "XATTR", false;
+    /// Extended error codes (needs GET_ERROR_MAP).
+    Xerror = 0x07, "XERROR", false;
+    /// SELECT_BUCKET.
+    SelectBucket = 0x08, "Select bucket", false;
+    /// Snappy compression.
+    Snappy = 0x0a, "Snappy", false;
+    /// JSON datatype.
+    Json = 0x0b, "JSON", true;
+    /// Server-initiated requests.
+    Duplex = 0x0c, "Duplex", false;
+    /// Cluster map change notifications.
+    ClustermapChangeNotification = 0x0d, "Clustermap change notification", false;
+    /// Out-of-order replies.
+    UnorderedExecution = 0x0e, "Unordered execution", false;
+    /// Server durations in replies.
+    Tracing = 0x0f, "Tracing", false;
+    /// Magic 0x08 requests (accepted whether or not agreed).
+    AltRequestSupport = 0x10, "AltRequestSupport", true;
+    /// SyncWrites.
+    SyncReplication = 0x11, "SyncReplication", false;
+    /// Collection-prefixed keys.
+    Collections = 0x12, "Collections", false;
+    /// Snappy everywhere.
+    SnappyEverywhere = 0x13, "SnappyEverywhere", false;
+    /// Preserve TTL frame info.
+    PreserveTtl = 0x14, "PreserveTtl", true;
+    /// Virtual attributes.
+    VAttr = 0x15, "VAttr", false;
+    /// Point-in-time recovery.
+    PiTR = 0x16, "PiTR", false;
+    /// Subdoc create-as-deleted.
+    SubdocCreateAsDeleted = 0x17, "SubdocCreateAsDeleted", false;
+    /// Subdoc document macro support.
+    SubdocDocumentMacroSupport = 0x18, "SubdocDocumentMacroSupport", false;
+    /// Subdoc replace body with xattr.
+    SubdocReplaceBodyWithXattr = 0x19, "SubdocReplaceBodyWithXattr", false;
+    /// Report unit usage.
+    ReportUnitUsage = 0x1a, "ReportUnitUsage", false;
+    /// Non-blocking throttling.
+    NonBlockingThrottlingMode = 0x1b, "NonBlockingThrottlingMode", false;
+    /// Subdoc replica read.
+    SubdocReplicaRead = 0x1c, "SubdocReplicaRead", false;
+    /// GET_CLUSTER_CONFIG with known version.
+    GetClusterConfigWithKnownVersion = 0x1d, "GetClusterConfigWithKnownVersion", false;
+    /// Dedupe NOT_MY_VBUCKET cluster maps.
+    DedupeNotMyVbucketClustermap = 0x1e, "DedupeNotMyVbucketClustermap", false;
+    /// Brief cluster map change notifications.
+    ClustermapChangeNotificationBrief = 0x1f, "ClustermapChangeNotificationBrief", false;
+    /// Subdoc multiple xattr keys.
+    SubdocAllowsAccessOnMultipleXattrKeys = 0x20, "SubdocAllowsAccessOnMultipleXattrKeys", false;
+    /// Subdoc binary xattr.
+    SubdocBinaryXattr = 0x21, "SubdocBinaryXattr", false;
+}

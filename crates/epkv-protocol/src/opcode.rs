@@ -1,0 +1,188 @@
+//! The opcode table: every client opcode epkv knows, declared once with its name, value and
+//! whether it is implemented.
+
+macro_rules! opcodes {
+    ($( $(#[$doc:meta])* $name:ident = $value:literal, $wire:literal, $implemented:literal; )*) => {
+        /// A client request opcode (kv_engine `cb::mcbp::ClientOpcode`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        #[non_exhaustive]
+        pub enum Opcode {
+            $( $(#[$doc])* $name = $value, )*
+        }
+
+        impl Opcode {
+            /// Every opcode in the table, in table order.
+            pub const ALL: &'static [Opcode] = &[ $( Opcode::$name, )* ];
+
+            /// Returns the opcode for a wire value, or `None` if the value is not in the table.
+            #[must_use]
+            pub fn from_u8(v: u8) -> Option<Opcode> {
+                match v {
+                    $( $value => Some(Opcode::$name), )*
+                    _ => None,
+                }
+            }
+
+            /// Returns the wire value.
+            #[must_use]
+            pub fn as_u8(self) -> u8 {
+                self as u8
+            }
+
+            /// Returns the name kv_engine's docs use (`GET`, `SETQ`, ...).
+            #[must_use]
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( Opcode::$name => $wire, )*
+                }
+            }
+
+            /// Returns whether epkv implements this opcode; the others get 0x81 UnknownCommand.
+            #[must_use]
+            pub fn is_implemented(self) -> bool {
+                match self {
+                    $( Opcode::$name => $implemented, )*
+                }
+            }
+        }
+    };
+}
+
+opcodes! {
+    /// Read a document.
+    Get = 0x00, "GET", true;
+    /// Store a document.
+    Set = 0x01, "SET", true;
+    /// Store only if absent.
+    Add = 0x02, "ADD", true;
+    /// Store only if present.
+    Replace = 0x03, "REPLACE", true;
+    /// Delete a document.
+    Delete = 0x04, "DELETE", true;
+    /// Increment a counter.
+    Increment = 0x05, "INCREMENT", true;
+    /// Decrement a counter.
+    Decrement = 0x06, "DECREMENT", true;
+    /// Close the connection after replying.
+    Quit = 0x07, "QUIT", true;
+    /// Remove every document (off by default).
+    Flush = 0x08, "FLUSH", true;
+    /// Quiet GET: no reply on a miss.
+    GetQ = 0x09, "GETQ", true;
+    /// Do nothing; flushes quiet replies.
+    Noop = 0x0a, "NOOP", true;
+    /// Server version string.
+    Version = 0x0b, "VERSION", true;
+    /// GET that returns the key.
+    GetK = 0x0c, "GETK", true;
+    /// Quiet GETK.
+    GetKQ = 0x0d, "GETKQ", true;
+    /// Append to a value.
+    Append = 0x0e, "APPEND", true;
+    /// Prepend to a value.
+    Prepend = 0x0f, "PREPEND", true;
+    /// Statistics.
+    Stat = 0x10, "STAT", true;
+    /// Quiet SET.
+    SetQ = 0x11, "SETQ", true;
+    /// Quiet ADD.
+    AddQ = 0x12, "ADDQ", true;
+    /// Quiet REPLACE.
+    ReplaceQ = 0x13, "REPLACEQ", true;
+    /// Quiet DELETE.
+    DeleteQ = 0x14, "DELETEQ", true;
+    /// Quiet INCREMENT.
+    IncrementQ = 0x15, "INCREMENTQ", true;
+    /// Quiet DECREMENT.
+    DecrementQ = 0x16, "DECREMENTQ", true;
+    /// Close the connection without replying.
+    QuitQ = 0x17, "QUITQ", true;
+    /// Quiet FLUSH.
+    FlushQ = 0x18, "FLUSHQ", true;
+    /// Quiet APPEND.
+    AppendQ = 0x19, "APPENDQ", true;
+    /// Quiet PREPEND.
+    PrependQ = 0x1a, "PREPENDQ", true;
+    /// Set log verbosity (accepted and ignored, as memcached does).
+    Verbosity = 0x1b, "VERBOSITY", true;
+    /// Set a document's expiry.
+    Touch = 0x1c, "TOUCH", true;
+    /// Get and touch.
+    Gat = 0x1d, "GAT", true;
+    /// Quiet get and touch.
+    GatQ = 0x1e, "GATQ", true;
+    /// Feature negotiation.
+    Hello = 0x1f, "HELLO", true;
+    /// List SASL mechanisms.
+    SaslListMechs = 0x20, "SASL_LIST_MECHS", false;
+    /// Start SASL authentication.
+    SaslAuth = 0x21, "SASL_AUTH", false;
+    /// Continue SASL authentication.
+    SaslStep = 0x22, "SASL_STEP", false;
+    /// Create a vBucket or change its state.
+    SetVbucket = 0x3d, "SET_VBUCKET", true;
+    /// Read a vBucket's state.
+    GetVbucket = 0x3e, "GET_VBUCKET", true;
+    /// Delete a vBucket.
+    DelVbucket = 0x3f, "DEL_VBUCKET", false;
+    /// Read from a replica vBucket.
+    GetReplica = 0x83, "GET_REPLICA", false;
+    /// Select the bucket for this connection.
+    SelectBucket = 0x89, "SELECT_BUCKET", false;
+    /// Persistence/replication state of a vBucket.
+    ObserveSeqno = 0x91, "OBSERVE_SEQNO", false;
+    /// Legacy per-key observe.
+    Observe = 0x92, "OBSERVE", false;
+    /// Get and lock.
+    GetLocked = 0x94, "GET_LOCKED", true;
+    /// Unlock a key locked by GET_LOCKED.
+    UnlockKey = 0x95, "UNLOCK_KEY", true;
+    /// Read the cluster map.
+    GetClusterConfig = 0xb5, "GET_CLUSTER_CONFIG", false;
+    /// Test-only: shift the server clock (allowed only when the server runs in testing mode).
+    AdjustTimeofday = 0xfc, "ADJUST_TIMEOFDAY", true;
+    /// Read the error map.
+    GetErrorMap = 0xfe, "GET_ERROR_MAP", false;
+}
+
+impl Opcode {
+    /// Returns true for the quiet variants, which send no reply on success (GETQ/GETKQ/GATQ:
+    /// no reply on a miss instead).
+    #[must_use]
+    pub fn is_quiet(self) -> bool {
+        matches!(
+            self,
+            Opcode::GetQ
+                | Opcode::GetKQ
+                | Opcode::GatQ
+                | Opcode::SetQ
+                | Opcode::AddQ
+                | Opcode::ReplaceQ
+                | Opcode::DeleteQ
+                | Opcode::IncrementQ
+                | Opcode::DecrementQ
+                | Opcode::QuitQ
+                | Opcode::FlushQ
+                | Opcode::AppendQ
+                | Opcode::PrependQ
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_round_trips_every_value() {
+        for op in Opcode::ALL {
+            assert_eq!(Opcode::from_u8(op.as_u8()), Some(*op));
+        }
+        for v in 0..=255u8 {
+            if let Some(op) = Opcode::from_u8(v) {
+                assert_eq!(op.as_u8(), v);
+            }
+        }
+    }
+}

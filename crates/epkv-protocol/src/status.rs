@@ -1,0 +1,111 @@
+//! The response status table, declared once.
+
+macro_rules! statuses {
+    ($( $(#[$doc:meta])* $name:ident = $value:literal, $text:literal; )*) => {
+        /// A response status (kv_engine `cb::mcbp::Status`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u16)]
+        #[non_exhaustive]
+        pub enum Status {
+            $( $(#[$doc])* $name = $value, )*
+        }
+
+        impl Status {
+            /// Every status in the table.
+            pub const ALL: &'static [Status] = &[ $( Status::$name, )* ];
+
+            /// Returns the status for a wire value, or `None` if unknown.
+            #[must_use]
+            pub fn from_u16(v: u16) -> Option<Status> {
+                match v {
+                    $( $value => Some(Status::$name), )*
+                    _ => None,
+                }
+            }
+
+            /// Returns the wire value.
+            #[must_use]
+            pub fn as_u16(self) -> u16 {
+                self as u16
+            }
+
+            /// Returns a short human-readable description, used as the body of error replies
+            /// (memcached sends such a text with its error statuses).
+            #[must_use]
+            pub fn message(self) -> &'static str {
+                match self {
+                    $( Status::$name => $text, )*
+                }
+            }
+        }
+    };
+}
+
+statuses! {
+    /// Success.
+    Success = 0x00, "Success";
+    /// Key not found.
+    KeyEnoent = 0x01, "Not found";
+    /// Key exists / CAS mismatch.
+    KeyEexists = 0x02, "Data exists for key";
+    /// Value too large.
+    E2big = 0x03, "Too large";
+    /// Invalid arguments.
+    Einval = 0x04, "Invalid arguments";
+    /// Item not stored.
+    NotStored = 0x05, "Not stored";
+    /// Non-numeric value for INCREMENT/DECREMENT.
+    DeltaBadval = 0x06, "Non-numeric server-side value for incr or decr";
+    /// The vBucket is not on this node.
+    NotMyVbucket = 0x07, "I'm not responsible for this vbucket";
+    /// No bucket selected.
+    NoBucket = 0x08, "Not connected to a bucket";
+    /// The key is locked.
+    Locked = 0x09, "Resource locked";
+    /// The key is not locked.
+    NotLocked = 0x0e, "Requested resource not locked";
+    /// Authentication failed.
+    AuthError = 0x20, "Auth failure";
+    /// Continue authentication.
+    AuthContinue = 0x21, "Auth continue";
+    /// Range error.
+    Erange = 0x22, "Outside range";
+    /// No access.
+    Eaccess = 0x24, "No access";
+    /// Unknown frame info id.
+    UnknownFrameInfo = 0x80, "Unknown frame info";
+    /// Unknown command.
+    UnknownCommand = 0x81, "Unknown command";
+    /// Out of memory.
+    Enomem = 0x82, "Out of memory";
+    /// Not supported.
+    NotSupported = 0x83, "Not supported";
+    /// Internal error.
+    Einternal = 0x84, "Internal error";
+    /// Busy.
+    Ebusy = 0x85, "System is busy";
+    /// Temporary failure.
+    Etmpfail = 0x86, "Temporary failure";
+    /// Invalid durability level.
+    DurabilityInvalidLevel = 0xa0, "Invalid durability level";
+    /// Durability impossible.
+    DurabilityImpossible = 0xa1, "Durability impossible";
+    /// A SyncWrite is in progress on the key.
+    SyncWriteInProgress = 0xa2, "Synchronous write in progress";
+    /// The SyncWrite's outcome is unknown.
+    SyncWriteAmbiguous = 0xa3, "Synchronous write ambiguous";
+    /// A SyncWrite re-commit is in progress.
+    SyncWriteReCommitInProgress = 0xa4, "Synchronous write re-commit in progress";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_round_trips_every_value() {
+        for s in Status::ALL {
+            assert_eq!(Status::from_u16(s.as_u16()), Some(*s));
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! epkv-server: placeholder.
+fn main() {}
