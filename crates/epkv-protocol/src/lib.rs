@@ -1,31 +1,82 @@
 //! The memcached binary protocol ("mcbp") with Couchbase's extensions, as a pure codec.
 //!
 //! What it is: packet headers for magics 0x80 (request), 0x81 (response), 0x08 (request
-//! with flexible framing extras) and 0x18 (response with framing extras); framing-extras
-//! (frame info) parsing; the opcode, status and HELLO feature tables, each declared once
-//! ([`Opcode`], [`Status`], [`Feature`]); strict validation of every length and per-opcode
-//! rule; typed decoding of requests into [`Command`]s; and encoders for requests and
-//! responses. What it is not: it does no I/O and keeps no connection state.
+//! with flexible framing extras) and 0x18 (response with framing extras); framing for a
+//! connection's read loop ([`frame_len`]); framing-extras (frame info) parsing; the
+//! opcode, status and HELLO feature tables, each declared once ([`Opcode`], [`Status`],
+//! [`Feature`]); strict validation of every length and per-opcode rule; typed decoding of
+//! requests into [`Command`]s; and encoders for requests ([`RequestBuilder`]) and
+//! responses ([`Response`]). What it is not: it does no I/O, keeps no connection state,
+//! and knows nothing about the engine.
+//!
+//! Key types: [`Request`] (a borrowed view of one request packet), [`Command`] (a
+//! validated, typed request), [`Response`] (encode and parse), [`RequestHeader`] /
+//! [`ResponseHeader`], [`Limits`], [`HeaderError`] (the connection must be closed) and
+//! [`Status`] (the request is answered with this status).
 //!
 //! Invariants: nothing from the wire is trusted. Every length is checked against the
-//! buffer and against the limits in [`Limits`] before it is used; decoding never panics
-//! and never allocates in proportion to an unchecked length (fuzzed by `fuzz/`).
+//! buffer and against [`Limits`] before it is used; decoding never panics and never
+//! allocates (fuzzed by `fuzz/`). A request whose header is consistent but whose content
+//! breaks a rule is answered with a [`Status`]; a header that cannot be trusted gives a
+//! [`HeaderError`] and the connection is closed.
 //!
-//! Depends on `epkv-types` only. Must never depend on an engine, the front end or an
-//! async runtime.
+//! Depends on `epkv-types` and `bytes` only. Must never depend on an engine, the front
+//! end or an async runtime.
 //!
 //! ```
-//! use epkv_protocol::{Opcode, Status};
-//! assert_eq!(Opcode::from_u8(0x01), Some(Opcode::Set));
-//! assert_eq!(Status::NotMyVbucket.as_u16(), 0x07);
+//! use epkv_protocol::{frame_len, Command, Limits, Opcode, Request, RequestBuilder, Status};
+//! use epkv_types::Vbid;
+//!
+//! let limits = Limits::default();
+//! let wire = RequestBuilder::new(Opcode::GetK).vbucket(Vbid(526)).key(b"k1").to_vec()?;
+//! let n = frame_len(&wire, &limits)?.expect("a whole packet");
+//! let req = Request::parse(&wire[..n], &limits)?;
+//! assert_eq!(req.header.vbucket, Vbid(526));
+//! assert_eq!(
+//!     Command::decode(&req),
+//!     Ok(Command::Get { key: b"k1", with_key: true, quiet: false })
+//! );
+//! // An unknown opcode is answered, not fatal.
+//! let wire = RequestBuilder::raw(0xee).to_vec()?;
+//! let req = Request::parse(&wire, &limits)?;
+//! assert_eq!(Command::decode(&req), Err(Status::UnknownCommand));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod command;
+mod durability;
 mod feature;
+mod frame_info;
+mod framing;
+mod header;
+mod header_error;
+mod hello_features;
+mod limits;
+mod magic;
 mod opcode;
+mod request;
+mod request_builder;
+mod response;
 mod status;
 
+pub use command::{
+    ArithmeticOp, Command, StoreOp, is_durability_supported, is_preserve_ttl_supported,
+};
+pub use durability::DurabilityRequirement;
 pub use feature::Feature;
+pub use frame_info::{
+    FrameInfoId, FrameInfoIter, MAX_FRAME_INFO_FIELD, RequestFrameInfo, encode_frame_info,
+};
+pub use framing::{frame_hint, frame_len, response_frame_len};
+pub use header::{RequestHeader, ResponseHeader};
+pub use header_error::{EncodeError, HeaderError};
+pub use hello_features::HelloFeatures;
+pub use limits::{DEFAULT_MAX_PACKET_BYTES, HEADER_LEN, Limits};
+pub use magic::Magic;
 pub use opcode::Opcode;
+pub use request::Request;
+pub use request_builder::RequestBuilder;
+pub use response::Response;
 pub use status::Status;

@@ -1,0 +1,610 @@
+//! Typed decoding of a [`Request`] into a [`Command`], with every per-opcode rule checked.
+//!
+//! The rules follow kv_engine's `daemon/mcbp_validators.cc`: each opcode names the extras
+//! length it needs, whether a key and a value must, may or must not be present, whether
+//! the CAS must be zero or set, which datatype bits it accepts, and whether the
+//! durability and PreserveTtl frame infos are allowed. Checks run in kv_engine's order:
+//! opcode, datatype, extras, key, value, CAS, datatype mask, framing extras, then the
+//! opcode's own payload checks.
+
+use crate::durability::DurabilityRequirement;
+use crate::hello_features::HelloFeatures;
+use crate::opcode::Opcode;
+use crate::request::Request;
+use crate::status::Status;
+use epkv_types::{Cas, Datatype, MAX_KEY_LEN, VBucketState};
+
+/// Which store a [`Command::Store`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoreOp {
+    /// SET / SETQ: store unconditionally (or if the CAS matches).
+    Set,
+    /// ADD / ADDQ: store only if absent.
+    Add,
+    /// REPLACE / REPLACEQ: store only if present.
+    Replace,
+    /// APPEND / APPENDQ: append to the existing value.
+    Append,
+    /// PREPEND / PREPENDQ: prepend to the existing value.
+    Prepend,
+}
+
+/// Which way a [`Command::Arithmetic`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ArithmeticOp {
+    /// INCREMENT / INCREMENTQ.
+    Increment,
+    /// DECREMENT / DECREMENTQ.
+    Decrement,
+}
+
+/// A validated client command, borrowing its key and value from the request packet.
+///
+/// The header fields every command shares (vbucket, opaque, raw opcode) stay in
+/// [`Request::header`]. `quiet` is true for the quiet opcode variants (see
+/// [`Opcode::is_quiet`] for what each suppresses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Command<'a> {
+    /// GET, GETQ, GETK, GETKQ.
+    Get {
+        /// The key.
+        key: &'a [u8],
+        /// GETK/GETKQ: the response carries the key.
+        with_key: bool,
+        /// GETQ/GETKQ: no response on a miss.
+        quiet: bool,
+    },
+    /// SET, ADD, REPLACE, APPEND, PREPEND and their quiet variants.
+    Store {
+        /// Which store.
+        op: StoreOp,
+        /// The key.
+        key: &'a [u8],
+        /// The value.
+        value: &'a [u8],
+        /// Client flags (extras bytes 0-3; zero for APPEND/PREPEND, which carry no extras).
+        flags: u32,
+        /// Raw expiry in memcached form (extras bytes 4-7; zero for APPEND/PREPEND).
+        expiry: u32,
+        /// Datatype of the value (only RAW and JSON bits are accepted).
+        datatype: Datatype,
+        /// CAS to match, or [`Cas::ANY`] (always ANY for ADD).
+        cas: Cas,
+        /// Durability requirements (frame info 1; non-quiet variants only).
+        durability: Option<DurabilityRequirement>,
+        /// Keep the existing expiry (frame info 5; SET, REPLACE, APPEND, PREPEND).
+        preserve_ttl: bool,
+        /// The quiet variant: no response on success.
+        quiet: bool,
+    },
+    /// DELETE, DELETEQ.
+    Delete {
+        /// The key.
+        key: &'a [u8],
+        /// CAS to match, or [`Cas::ANY`].
+        cas: Cas,
+        /// Durability requirements (DELETE only).
+        durability: Option<DurabilityRequirement>,
+        /// DELETEQ: no response on success.
+        quiet: bool,
+    },
+    /// INCREMENT, DECREMENT and their quiet variants.
+    Arithmetic {
+        /// Which way.
+        op: ArithmeticOp,
+        /// The key.
+        key: &'a [u8],
+        /// Amount to add or subtract (extras bytes 0-7).
+        delta: u64,
+        /// Value to create a missing key with (extras bytes 8-15).
+        initial: u64,
+        /// Raw expiry for a created key (extras bytes 16-19); `0xffff_ffff` means "do not
+        /// create".
+        expiry: u32,
+        /// Durability requirements (non-quiet variants only).
+        durability: Option<DurabilityRequirement>,
+        /// Keep the existing expiry (frame info 5).
+        preserve_ttl: bool,
+        /// The quiet variant: no response on success.
+        quiet: bool,
+    },
+    /// QUIT, QUITQ: close the connection (after replying, unless quiet).
+    Quit {
+        /// QUITQ: close without replying.
+        quiet: bool,
+    },
+    /// FLUSH, FLUSHQ (a non-zero delay in the optional extras is NotSupported).
+    Flush {
+        /// FLUSHQ: no response on success.
+        quiet: bool,
+    },
+    /// NOOP.
+    Noop,
+    /// VERSION.
+    Version,
+    /// STAT: the key names the group; empty is the default group.
+    Stat {
+        /// Group name (may be empty).
+        group: &'a [u8],
+    },
+    /// VERBOSITY (extras: u32 level).
+    Verbosity {
+        /// The requested level.
+        level: u32,
+    },
+    /// TOUCH (extras: u32 expiry).
+    Touch {
+        /// The key.
+        key: &'a [u8],
+        /// Raw expiry.
+        expiry: u32,
+        /// Durability requirements (kv_engine allows them on TOUCH).
+        durability: Option<DurabilityRequirement>,
+    },
+    /// GAT, GATQ (extras: u32 expiry).
+    Gat {
+        /// The key.
+        key: &'a [u8],
+        /// Raw expiry.
+        expiry: u32,
+        /// Durability requirements (GAT only).
+        durability: Option<DurabilityRequirement>,
+        /// GATQ: no response on a miss.
+        quiet: bool,
+    },
+    /// HELLO: key = optional agent name, value = u16 feature codes.
+    Hello {
+        /// The client's self-description (often JSON); may be empty.
+        agent: &'a [u8],
+        /// The requested features.
+        features: HelloFeatures<'a>,
+    },
+    /// GET_LOCKED (extras: optional u32 lock timeout in seconds; 0 = server default).
+    GetLocked {
+        /// The key.
+        key: &'a [u8],
+        /// Lock timeout in seconds, 0 for the default.
+        lock_timeout_secs: u32,
+    },
+    /// UNLOCK_KEY: the CAS from GET_LOCKED is in the header and must be set.
+    UnlockKey {
+        /// The key.
+        key: &'a [u8],
+        /// The lock's CAS (never zero).
+        cas: Cas,
+    },
+    /// SET_VBUCKET for the header's vbucket.
+    SetVbucket {
+        /// The new state.
+        state: VBucketState,
+    },
+    /// GET_VBUCKET for the header's vbucket.
+    GetVbucket,
+    /// ADJUST_TIMEOFDAY (epkv's test-only form: extras = i64 big-endian seconds). Sets
+    /// the server clock's offset from real time to `offset_secs` (not cumulative).
+    AdjustTimeofday {
+        /// Offset from real time in seconds (negative moves the clock back).
+        offset_secs: i64,
+    },
+}
+
+/// Extras-length rule of an opcode.
+#[derive(Debug, Clone, Copy)]
+enum ExtrasRule {
+    Exactly(u8),
+    ZeroOr(u8),
+    /// SET_VBUCKET: 0, 1 or 4, checked by its own decoder.
+    SetVbucket,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    Zero,
+    NonZero,
+    Any,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CasRule {
+    NotSet,
+    Set,
+    Any,
+}
+
+/// The validation rules of one opcode.
+#[derive(Debug, Clone, Copy)]
+struct Spec {
+    extras: ExtrasRule,
+    key: Presence,
+    value: Presence,
+    cas: CasRule,
+    datatype_mask: u8,
+    durability: bool,
+    preserve_ttl: bool,
+}
+
+const RAW: u8 = Datatype::RAW.0;
+const RAW_JSON: u8 = Datatype::JSON.0;
+
+const fn spec(extras: ExtrasRule, key: Presence, value: Presence, cas: CasRule) -> Spec {
+    Spec {
+        extras,
+        key,
+        value,
+        cas,
+        datatype_mask: RAW,
+        durability: false,
+        preserve_ttl: false,
+    }
+}
+
+const fn with_datatype(mut s: Spec, mask: u8) -> Spec {
+    s.datatype_mask = mask;
+    s
+}
+
+const fn durable(mut s: Spec) -> Spec {
+    s.durability = true;
+    s
+}
+
+const fn ttl(mut s: Spec) -> Spec {
+    s.preserve_ttl = true;
+    s
+}
+
+/// Returns the rules for an implemented opcode; `None` means "not implemented".
+fn spec_for(op: Opcode) -> Option<Spec> {
+    use CasRule as C;
+    use ExtrasRule as E;
+    use Presence as P;
+    let get = spec(E::Exactly(0), P::NonZero, P::Zero, C::NotSet);
+    let store = with_datatype(spec(E::Exactly(8), P::NonZero, P::Any, C::Any), RAW_JSON);
+    let add = with_datatype(spec(E::Exactly(8), P::NonZero, P::Any, C::NotSet), RAW_JSON);
+    let concat = with_datatype(spec(E::Exactly(0), P::NonZero, P::Any, C::Any), RAW_JSON);
+    let delete = spec(E::Exactly(0), P::NonZero, P::Zero, C::Any);
+    let arith = spec(E::Exactly(20), P::NonZero, P::Zero, C::NotSet);
+    let bare = spec(E::Exactly(0), P::Zero, P::Zero, C::NotSet);
+    let gat = spec(E::Exactly(4), P::NonZero, P::Zero, C::NotSet);
+    Some(match op {
+        Opcode::Get | Opcode::GetQ | Opcode::GetK | Opcode::GetKQ => get,
+        Opcode::Set | Opcode::Replace => ttl(durable(store)),
+        Opcode::SetQ | Opcode::ReplaceQ => ttl(store),
+        Opcode::Add => durable(add),
+        Opcode::AddQ => add,
+        Opcode::Append | Opcode::Prepend => ttl(durable(concat)),
+        Opcode::AppendQ | Opcode::PrependQ => ttl(concat),
+        Opcode::Delete => durable(delete),
+        Opcode::DeleteQ => delete,
+        Opcode::Increment | Opcode::Decrement => ttl(durable(arith)),
+        Opcode::IncrementQ | Opcode::DecrementQ => ttl(arith),
+        Opcode::Quit | Opcode::QuitQ | Opcode::Noop | Opcode::Version | Opcode::GetVbucket => bare,
+        Opcode::Flush | Opcode::FlushQ => spec(E::ZeroOr(4), P::Zero, P::Zero, C::NotSet),
+        Opcode::Stat => spec(E::Exactly(0), P::Any, P::Zero, C::NotSet),
+        Opcode::Verbosity => spec(E::Exactly(4), P::Zero, P::Zero, C::NotSet),
+        Opcode::Touch | Opcode::Gat => durable(gat),
+        Opcode::GatQ => gat,
+        Opcode::Hello => spec(E::Exactly(0), P::Any, P::Any, C::NotSet),
+        Opcode::GetLocked => spec(E::ZeroOr(4), P::NonZero, P::Zero, C::NotSet),
+        Opcode::UnlockKey => spec(E::Exactly(0), P::NonZero, P::Zero, C::Set),
+        Opcode::SetVbucket => with_datatype(spec(E::SetVbucket, P::Zero, P::Any, C::Any), RAW_JSON),
+        Opcode::AdjustTimeofday => spec(E::Exactly(8), P::Zero, P::Zero, C::NotSet),
+        _ => return None,
+    })
+}
+
+/// Returns whether a command with this opcode may carry a durability frame.
+#[must_use]
+pub fn is_durability_supported(op: Opcode) -> bool {
+    spec_for(op).is_some_and(|s| s.durability)
+}
+
+/// Returns whether a command with this opcode may carry a PreserveTtl frame.
+#[must_use]
+pub fn is_preserve_ttl_supported(op: Opcode) -> bool {
+    spec_for(op).is_some_and(|s| s.preserve_ttl)
+}
+
+fn check_presence(rule: Presence, len: usize) -> Result<(), Status> {
+    match (rule, len) {
+        (Presence::Zero, 0) | (Presence::Any, _) => Ok(()),
+        (Presence::Zero, _) | (Presence::NonZero, 0) => Err(Status::Einval),
+        (Presence::NonZero, _) => Ok(()),
+    }
+}
+
+fn be_u32(b: &[u8]) -> u32 {
+    b.first_chunk::<4>().map_or(0, |c| u32::from_be_bytes(*c))
+}
+
+fn be_u64(b: &[u8]) -> u64 {
+    b.first_chunk::<8>().map_or(0, |c| u64::from_be_bytes(*c))
+}
+
+impl<'a> Command<'a> {
+    /// Validates a request and decodes it into a command.
+    ///
+    /// # Errors
+    /// The status to answer the request with:
+    /// - [`Status::UnknownCommand`]: an opcode that is not in the table or not implemented;
+    /// - [`Status::Einval`]: unknown datatype bits or bits the opcode does not accept;
+    ///   wrong extras length; a key or value that must be absent or present and is not;
+    ///   a key over 250 bytes; a CAS that must be zero or set and is not; a malformed
+    ///   frame info; a durability frame on an opcode that does not support it; an odd
+    ///   HELLO value; a bad SET_VBUCKET state;
+    /// - [`Status::NotSupported`]: PreserveTtl on an opcode without expiry semantics,
+    ///   a frame info id epkv does not implement, a FLUSH with a non-zero delay;
+    /// - [`Status::DurabilityInvalidLevel`]: an unknown durability level;
+    /// - [`Status::UnknownFrameInfo`]: an unknown frame info id.
+    pub fn decode(req: &Request<'a>) -> Result<Command<'a>, Status> {
+        let op = req
+            .opcode()
+            .filter(|op| op.is_implemented())
+            .ok_or(Status::UnknownCommand)?;
+        let spec = spec_for(op).ok_or(Status::UnknownCommand)?;
+        let h = &req.header;
+        if !h.datatype.is_valid() {
+            return Err(Status::Einval);
+        }
+        let extras_ok = match spec.extras {
+            ExtrasRule::Exactly(n) => h.extras_len == n,
+            ExtrasRule::ZeroOr(n) => h.extras_len == 0 || h.extras_len == n,
+            ExtrasRule::SetVbucket => matches!(h.extras_len, 0 | 1 | 4),
+        };
+        if !extras_ok {
+            return Err(Status::Einval);
+        }
+        check_presence(spec.key, req.key.len())?;
+        if req.key.len() > MAX_KEY_LEN {
+            return Err(Status::Einval);
+        }
+        check_presence(spec.value, req.value.len())?;
+        match (spec.cas, h.cas.is_any()) {
+            (CasRule::NotSet, false) | (CasRule::Set, true) => return Err(Status::Einval),
+            _ => {}
+        }
+        if h.datatype.0 & !spec.datatype_mask != 0 {
+            return Err(Status::Einval);
+        }
+        let frames = req.frame_info()?;
+        if frames.durability.is_some() && !spec.durability {
+            return Err(Status::Einval);
+        }
+        if frames.preserve_ttl && !spec.preserve_ttl {
+            return Err(Status::NotSupported);
+        }
+        Self::build(op, req, frames.durability, frames.preserve_ttl)
+    }
+
+    fn build(
+        op: Opcode,
+        req: &Request<'a>,
+        durability: Option<DurabilityRequirement>,
+        preserve_ttl: bool,
+    ) -> Result<Command<'a>, Status> {
+        let key = req.key;
+        let extras = req.extras;
+        let quiet = op.is_quiet();
+        let cas = req.header.cas;
+        let store = |op: StoreOp| Command::Store {
+            op,
+            key,
+            value: req.value,
+            flags: be_u32(extras),
+            expiry: extras.get(4..).map_or(0, be_u32),
+            datatype: req.header.datatype,
+            cas,
+            durability,
+            preserve_ttl,
+            quiet,
+        };
+        let arith = |op: ArithmeticOp| Command::Arithmetic {
+            op,
+            key,
+            delta: be_u64(extras),
+            initial: extras.get(8..).map_or(0, be_u64),
+            expiry: extras.get(16..).map_or(0, be_u32),
+            durability,
+            preserve_ttl,
+            quiet,
+        };
+        Ok(match op {
+            Opcode::Get | Opcode::GetQ => Command::Get {
+                key,
+                with_key: false,
+                quiet,
+            },
+            Opcode::GetK | Opcode::GetKQ => Command::Get {
+                key,
+                with_key: true,
+                quiet,
+            },
+            Opcode::Set | Opcode::SetQ => store(StoreOp::Set),
+            Opcode::Add | Opcode::AddQ => store(StoreOp::Add),
+            Opcode::Replace | Opcode::ReplaceQ => store(StoreOp::Replace),
+            Opcode::Append | Opcode::AppendQ => store(StoreOp::Append),
+            Opcode::Prepend | Opcode::PrependQ => store(StoreOp::Prepend),
+            Opcode::Delete | Opcode::DeleteQ => Command::Delete {
+                key,
+                cas,
+                durability,
+                quiet,
+            },
+            Opcode::Increment | Opcode::IncrementQ => arith(ArithmeticOp::Increment),
+            Opcode::Decrement | Opcode::DecrementQ => arith(ArithmeticOp::Decrement),
+            Opcode::Quit | Opcode::QuitQ => Command::Quit { quiet },
+            Opcode::Flush | Opcode::FlushQ => {
+                if be_u32(extras) != 0 {
+                    // kv_engine: "Delayed flush no longer supported".
+                    return Err(Status::NotSupported);
+                }
+                Command::Flush { quiet }
+            }
+            Opcode::Noop => Command::Noop,
+            Opcode::Version => Command::Version,
+            Opcode::Stat => Command::Stat { group: key },
+            Opcode::Verbosity => Command::Verbosity {
+                level: be_u32(extras),
+            },
+            Opcode::Touch => Command::Touch {
+                key,
+                expiry: be_u32(extras),
+                durability,
+            },
+            Opcode::Gat | Opcode::GatQ => Command::Gat {
+                key,
+                expiry: be_u32(extras),
+                durability,
+                quiet,
+            },
+            Opcode::Hello => {
+                if !req.value.len().is_multiple_of(2) {
+                    return Err(Status::Einval);
+                }
+                Command::Hello {
+                    agent: key,
+                    features: HelloFeatures::new(req.value),
+                }
+            }
+            Opcode::GetLocked => Command::GetLocked {
+                key,
+                lock_timeout_secs: be_u32(extras),
+            },
+            Opcode::UnlockKey => Command::UnlockKey { key, cas },
+            Opcode::SetVbucket => Command::SetVbucket {
+                state: decode_vbucket_state(req)?,
+            },
+            Opcode::GetVbucket => Command::GetVbucket,
+            Opcode::AdjustTimeofday => Command::AdjustTimeofday {
+                offset_secs: be_u64(extras).cast_signed(),
+            },
+            _ => return Err(Status::UnknownCommand),
+        })
+    }
+
+    /// Returns the opcode this command is sent with.
+    #[must_use]
+    pub fn opcode(&self) -> Opcode {
+        match *self {
+            Command::Get {
+                with_key: false,
+                quiet: false,
+                ..
+            } => Opcode::Get,
+            Command::Get {
+                with_key: false,
+                quiet: true,
+                ..
+            } => Opcode::GetQ,
+            Command::Get {
+                with_key: true,
+                quiet: false,
+                ..
+            } => Opcode::GetK,
+            Command::Get {
+                with_key: true,
+                quiet: true,
+                ..
+            } => Opcode::GetKQ,
+            Command::Store { op, quiet, .. } => match (op, quiet) {
+                (StoreOp::Set, false) => Opcode::Set,
+                (StoreOp::Set, true) => Opcode::SetQ,
+                (StoreOp::Add, false) => Opcode::Add,
+                (StoreOp::Add, true) => Opcode::AddQ,
+                (StoreOp::Replace, false) => Opcode::Replace,
+                (StoreOp::Replace, true) => Opcode::ReplaceQ,
+                (StoreOp::Append, false) => Opcode::Append,
+                (StoreOp::Append, true) => Opcode::AppendQ,
+                (StoreOp::Prepend, false) => Opcode::Prepend,
+                (StoreOp::Prepend, true) => Opcode::PrependQ,
+            },
+            Command::Delete { quiet: false, .. } => Opcode::Delete,
+            Command::Delete { quiet: true, .. } => Opcode::DeleteQ,
+            Command::Arithmetic { op, quiet, .. } => match (op, quiet) {
+                (ArithmeticOp::Increment, false) => Opcode::Increment,
+                (ArithmeticOp::Increment, true) => Opcode::IncrementQ,
+                (ArithmeticOp::Decrement, false) => Opcode::Decrement,
+                (ArithmeticOp::Decrement, true) => Opcode::DecrementQ,
+            },
+            Command::Quit { quiet: false } => Opcode::Quit,
+            Command::Quit { quiet: true } => Opcode::QuitQ,
+            Command::Flush { quiet: false } => Opcode::Flush,
+            Command::Flush { quiet: true } => Opcode::FlushQ,
+            Command::Noop => Opcode::Noop,
+            Command::Version => Opcode::Version,
+            Command::Stat { .. } => Opcode::Stat,
+            Command::Verbosity { .. } => Opcode::Verbosity,
+            Command::Touch { .. } => Opcode::Touch,
+            Command::Gat { quiet: false, .. } => Opcode::Gat,
+            Command::Gat { quiet: true, .. } => Opcode::GatQ,
+            Command::Hello { .. } => Opcode::Hello,
+            Command::GetLocked { .. } => Opcode::GetLocked,
+            Command::UnlockKey { .. } => Opcode::UnlockKey,
+            Command::SetVbucket { .. } => Opcode::SetVbucket,
+            Command::GetVbucket => Opcode::GetVbucket,
+            Command::AdjustTimeofday { .. } => Opcode::AdjustTimeofday,
+        }
+    }
+
+    /// Returns the key the command addresses, if it addresses a document (used to route
+    /// it to the key's vBucket). STAT's group and HELLO's agent are not document keys.
+    #[must_use]
+    pub fn document_key(&self) -> Option<&'a [u8]> {
+        match *self {
+            Command::Get { key, .. }
+            | Command::Store { key, .. }
+            | Command::Delete { key, .. }
+            | Command::Arithmetic { key, .. }
+            | Command::Touch { key, .. }
+            | Command::Gat { key, .. }
+            | Command::GetLocked { key, .. }
+            | Command::UnlockKey { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+}
+
+impl ArithmeticOp {
+    /// Returns the non-quiet opcode.
+    #[must_use]
+    pub fn opcode(self) -> Opcode {
+        match self {
+            ArithmeticOp::Increment => Opcode::Increment,
+            ArithmeticOp::Decrement => Opcode::Decrement,
+        }
+    }
+}
+
+impl StoreOp {
+    /// Returns the non-quiet opcode.
+    #[must_use]
+    pub fn opcode(self) -> Opcode {
+        match self {
+            StoreOp::Set => Opcode::Set,
+            StoreOp::Add => Opcode::Add,
+            StoreOp::Replace => Opcode::Replace,
+            StoreOp::Append => Opcode::Append,
+            StoreOp::Prepend => Opcode::Prepend,
+        }
+    }
+}
+
+/// Decodes SET_VBUCKET's state from one of the three encodings kv_engine accepts:
+/// 4 bytes of extras (u32, value empty); 1 byte of extras (value empty, or JSON with the
+/// JSON datatype; epkv ignores the JSON topology); or no extras and a 4-byte value (u32,
+/// ns_server's older form). The state must be 1..=4.
+fn decode_vbucket_state(req: &Request<'_>) -> Result<VBucketState, Status> {
+    let json = req.header.datatype.contains(Datatype::JSON);
+    let raw = match (req.extras.len(), req.value.len()) {
+        (4, 0) if !json => be_u32(req.extras),
+        (1, 0) if !json => u32::from(req.extras[0]),
+        (1, _) if json => u32::from(req.extras[0]),
+        (0, 4) if !json => be_u32(req.value),
+        _ => return Err(Status::Einval),
+    };
+    u8::try_from(raw)
+        .ok()
+        .and_then(VBucketState::from_u8)
+        .ok_or(Status::Einval)
+}

@@ -1,0 +1,54 @@
+//! Packet framing for a connection's read loop: how long is the packet at the front of a
+//! buffer, and can its header be trusted.
+
+use crate::header::{RequestHeader, ResponseHeader};
+use crate::header_error::HeaderError;
+use crate::limits::{HEADER_LEN, Limits};
+
+/// Returns the length of the request packet at the front of `buf`.
+///
+/// - `Ok(None)`: fewer bytes than a header, or than the whole packet, are buffered; read
+///   more. The needed total is bounded by `limits.max_packet_bytes`, so a caller may
+///   reserve up to [`frame_hint`] bytes safely.
+/// - `Ok(Some(n))`: `buf[..n]` is one whole request; pass it to
+///   [`crate::Request::parse`].
+///
+/// # Errors
+/// [`HeaderError`] when the header cannot be trusted (unknown or non-client magic, packet
+/// over the limit, section lengths over the body length). The caller closes the
+/// connection without reading or allocating further.
+pub fn frame_len(buf: &[u8], limits: &Limits) -> Result<Option<usize>, HeaderError> {
+    let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
+        return Ok(None);
+    };
+    let header = RequestHeader::decode(head, limits)?;
+    let n = header.packet_len();
+    Ok((buf.len() >= n).then_some(n))
+}
+
+/// Returns the length of the response packet at the front of `buf`, with the same
+/// meaning as [`frame_len`] but accepting only magics 0x81 and 0x18.
+///
+/// # Errors
+/// [`HeaderError`] when the header cannot be trusted.
+pub fn response_frame_len(buf: &[u8], limits: &Limits) -> Result<Option<usize>, HeaderError> {
+    let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
+        return Ok(None);
+    };
+    let header = ResponseHeader::decode(head, limits)?;
+    let n = header.packet_len();
+    Ok((buf.len() >= n).then_some(n))
+}
+
+/// Returns how many bytes the request at the front of `buf` needs in total, once its
+/// header is buffered and trusted: a safe amount to reserve in the read buffer (never more
+/// than `limits.max_packet_bytes`). Returns [`HEADER_LEN`] while the header is incomplete.
+///
+/// # Errors
+/// [`HeaderError`] as for [`frame_len`].
+pub fn frame_hint(buf: &[u8], limits: &Limits) -> Result<usize, HeaderError> {
+    let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
+        return Ok(HEADER_LEN);
+    };
+    Ok(RequestHeader::decode(head, limits)?.packet_len())
+}
