@@ -1,1 +1,109 @@
-fn main() {}
+//! Project automation for epkv, run as `cargo xtask <command>` (aliased in
+//! `.cargo/config.toml`). This is the only place CI logic lives: `.ci/run` calls
+//! `cargo xtask ci`, and every step it runs can be run on its own.
+//!
+//! It is not part of the server: nothing depends on it, and it may depend on anything.
+//! Commands: `ci`, `deps`, `check-layers`, `memcapable`, `pytest`, `fuzz-smoke`,
+//! `bench frontend`. See CONTRIBUTING.md and docs/testing.md.
+
+mod bench_frontend;
+mod ci;
+mod deps;
+mod fuzz;
+mod layers;
+mod memcapable;
+mod process;
+mod python;
+mod util;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", about = "epkv project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the whole test suite (what .ci/run runs); installs its own dependencies.
+    Ci(ci::CiOptions),
+    /// Install what the tests need (apt packages, .venv, cargo-fuzz); idempotent.
+    Deps {
+        /// Leave out the nightly/cargo-fuzz check.
+        #[arg(long)]
+        no_fuzz: bool,
+    },
+    /// Check that workspace crates depend only on what house-style 9.1 allows.
+    CheckLayers,
+    /// Run memccapable -b (libmemcached) against a fresh server; all 27 tests must pass.
+    Memcapable {
+        /// Which server to start.
+        #[arg(long, value_enum, default_value = "epkv")]
+        against: memcapable::Target,
+        /// Cargo profile of the epkv-server binary.
+        #[arg(long, default_value = "debug")]
+        profile: String,
+        /// Test a server that is already running at HOST:PORT instead.
+        #[arg(long)]
+        addr: Option<String>,
+    },
+    /// Run the Python client tests (tests/python) against target/<profile>/epkv-server.
+    Pytest {
+        /// Cargo profile of the epkv-server binary.
+        #[arg(long, default_value = "debug")]
+        profile: String,
+        /// Extra pytest arguments (after --).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Fuzz each decoder target briefly with cargo-fuzz (nightly).
+    FuzzSmoke {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 30)]
+        secs: u64,
+    },
+    /// Benchmarks that compare epkv with its peers.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCmd,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCmd {
+    /// epkv-server vs memcached under memaslap --binary (ops/s and server CPU per op).
+    Frontend(bench_frontend::FrontendOptions),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Ci(opts) => ci::ci(&opts),
+        Cmd::Deps { no_fuzz } => deps::deps(deps::DepsOptions {
+            fuzz: !no_fuzz,
+            python: true,
+        }),
+        Cmd::CheckLayers => layers::check_layers(),
+        Cmd::Memcapable {
+            against,
+            profile,
+            addr,
+        } => memcapable::memcapable(against, &profile, addr.as_deref()),
+        Cmd::Pytest { profile, args } => python::pytest(&profile, &args),
+        Cmd::FuzzSmoke { secs } => fuzz::fuzz_smoke(secs),
+        Cmd::Bench {
+            which: BenchCmd::Frontend(opts),
+        } => bench_frontend::bench_frontend(&opts),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! `cargo xtask bench frontend`: epkv-server against memcached 1.6, both driven by
+//! libmemcached's memaslap (Debian: `memcaslap`) over the binary protocol with identical
+//! settings, one server at a time on this machine.
+//!
+//! For each case (connections × workload) both servers are started fresh, epkv first, and
+//! loaded for the same time. Reported per run: ops/s from memaslap's closing line, and the
+//! server's CPU microseconds per operation (utime + stime from `/proc/<pid>/stat` over the
+//! run, divided by the operations memaslap completed). CPU per op is the steadier number
+//! when client and server share two cores. Results go to `target/bench/frontend.json` (rows
+//! as in benchmarks.md "Machine-readable results") and `target/bench/frontend.md`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+
+use crate::memcapable::tempdir;
+use crate::process::{self, ServerProcess};
+use crate::util::{self, Stopwatch};
+
+/// Options of `cargo xtask bench frontend`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct FrontendOptions {
+    /// About 1-2 minutes in all: 5 s per run instead of 20 s.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Seconds per run (overrides --quick).
+    #[arg(long)]
+    pub(crate) secs: Option<u64>,
+    /// Server worker threads for both servers (default: the number of cores).
+    #[arg(long)]
+    pub(crate) server_threads: Option<usize>,
+    /// memaslap client threads (default: the number of cores).
+    #[arg(long)]
+    pub(crate) client_threads: Option<usize>,
+    /// Connection counts to run, comma separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [16usize, 64])]
+    pub(crate) connections: Vec<usize>,
+    /// Memory for each server in MiB (memcached -m, epkv --memory-quota).
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) memory_mib: u64,
+    /// Use this epkv-server binary instead of building target/release/epkv-server.
+    #[arg(long)]
+    pub(crate) epkv_bin: Option<PathBuf>,
+}
+
+/// A request mix, written as a memaslap configuration file.
+#[derive(Debug, Clone, Copy)]
+struct Workload {
+    name: &'static str,
+    set_fraction: f64,
+}
+
+const WORKLOADS: [Workload; 2] = [
+    Workload {
+        name: "set_100",
+        set_fraction: 1.0,
+    },
+    Workload {
+        name: "get_90_set_10",
+        set_fraction: 0.1,
+    },
+];
+
+/// Key length in bytes (memaslap keys are random printable strings).
+const KEY_BYTES: usize = 16;
+/// Value length in bytes, per the issue.
+const VALUE_BYTES: usize = 512;
+
+/// One measured run.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    workload: &'static str,
+    connections: usize,
+    implementation: &'static str,
+    ops: u64,
+    secs: f64,
+    cpu_secs: f64,
+    server_threads: usize,
+    client_threads: usize,
+}
+
+impl Row {
+    fn items_per_sec(&self) -> f64 {
+        self.ops as f64 / self.secs
+    }
+    fn cpu_us_per_op(&self) -> f64 {
+        self.cpu_secs * 1e6 / self.ops as f64
+    }
+    fn to_json(&self) -> serde_json::Value {
+        json!({
+            "bench": format!("frontend/{}", self.workload),
+            "params": {
+                "connections": self.connections,
+                "value_bytes": VALUE_BYTES,
+                "key_bytes": KEY_BYTES,
+                "server_threads": self.server_threads,
+                "client_threads": self.client_threads,
+                "client": "memaslap --binary",
+            },
+            "impl": self.implementation,
+            "items_per_sec": self.items_per_sec(),
+            "ns_per_op": 1e9 / self.items_per_sec(),
+            "cpu_us_per_op": self.cpu_us_per_op(),
+            "ops": self.ops,
+            "secs": self.secs,
+        })
+    }
+}
+
+/// Writes a memaslap `-F` configuration file for `w`.
+fn memaslap_config(w: Workload) -> String {
+    format!(
+        "key\n{KEY_BYTES} {KEY_BYTES} 1\nvalue\n{VALUE_BYTES} {VALUE_BYTES} 1\ncmd\n0 {:.2}\n1 {:.2}\n",
+        w.set_fraction,
+        1.0 - w.set_fraction
+    )
+}
+
+/// Parses memaslap's closing `Run time: 5.0s Ops: 294323 TPS: 58858 ...` line into
+/// (operations, seconds).
+pub(crate) fn parse_memaslap(text: &str) -> Option<(u64, f64)> {
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with("Run time:"))?;
+    let mut words = line.split_whitespace();
+    let mut secs = None;
+    let mut ops = None;
+    while let Some(w) = words.next() {
+        match w {
+            "time:" => secs = words.next()?.trim_end_matches('s').parse().ok(),
+            "Ops:" => ops = words.next()?.parse().ok(),
+            _ => {}
+        }
+    }
+    Some((ops?, secs?))
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
+}
+
+/// Runs the whole comparison and writes the report files.
+pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
+    for tool in ["memcaslap", "memcached"] {
+        if !util::on_path(tool) {
+            bail!("{tool} is not installed; run `cargo xtask deps`");
+        }
+    }
+    let secs = opts.secs.unwrap_or(if opts.quick { 5 } else { 20 });
+    let server_threads = opts.server_threads.unwrap_or_else(cores);
+    let client_threads = opts.client_threads.unwrap_or_else(cores);
+    let bin = match &opts.epkv_bin {
+        Some(bin) => bin.clone(),
+        None => {
+            util::run(util::cargo().args(["build", "--release", "-p", "epkv-server"]))?;
+            process::epkv_server_bin("release")
+        }
+    };
+    let out_dir = util::target_dir().join("bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let ticks = process::clock_ticks_per_sec() as f64;
+    let mut rows = Vec::new();
+    let total = Stopwatch::start();
+    for &conns in &opts.connections {
+        if conns < client_threads {
+            bail!("memaslap needs at least as many connections ({conns}) as threads");
+        }
+        for w in WORKLOADS {
+            let cfg = out_dir.join(format!("memaslap-{}.cfg", w.name));
+            std::fs::write(&cfg, memaslap_config(w))?;
+            for implementation in ["epkv", "memcached"] {
+                let logs = out_dir.join(format!("{implementation}-{}-{conns}.log", w.name));
+                let server = match implementation {
+                    "epkv" => {
+                        let data = tempdir("bench-frontend")?;
+                        let args = vec![
+                            "--threads".into(),
+                            server_threads.to_string(),
+                            "--memory-quota".into(),
+                            format!("{}MiB", opts.memory_mib),
+                            "--max-connections".into(),
+                            "4096".into(),
+                            "--data-dir".into(),
+                            data.display().to_string(),
+                        ];
+                        ServerProcess::start_epkv(&bin, &args, logs)?
+                    }
+                    _ => ServerProcess::start_memcached(
+                        &[
+                            "-t".into(),
+                            server_threads.to_string(),
+                            "-m".into(),
+                            opts.memory_mib.to_string(),
+                            "-c".into(),
+                            "4096".into(),
+                        ],
+                        logs,
+                    )?,
+                };
+                let row = measure(
+                    server,
+                    implementation,
+                    w,
+                    conns,
+                    secs,
+                    client_threads,
+                    server_threads,
+                    &cfg,
+                    ticks,
+                )?;
+                println!(
+                    "{:<10} {:<14} conns={:<3} {:>10.0} ops/s {:>7.2} cpu_us/op",
+                    row.implementation,
+                    row.workload,
+                    row.connections,
+                    row.items_per_sec(),
+                    row.cpu_us_per_op()
+                );
+                rows.push(row);
+            }
+        }
+    }
+    let json_rows: Vec<_> = rows.iter().map(Row::to_json).collect();
+    let json_path = out_dir.join("frontend.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&json_rows)?)?;
+    let md = markdown(&rows, secs)?;
+    let md_path = out_dir.join("frontend.md");
+    std::fs::write(&md_path, &md)?;
+    println!("\n{md}");
+    println!(
+        "bench frontend: {} runs in {}; wrote {} and {}",
+        rows.len(),
+        util::fmt_duration(total.elapsed()),
+        json_path.display(),
+        md_path.display()
+    );
+    Ok(())
+}
+
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one call site; a struct would only rename them"
+)]
+fn measure(
+    server: ServerProcess,
+    implementation: &'static str,
+    w: Workload,
+    conns: usize,
+    secs: u64,
+    client_threads: usize,
+    server_threads: usize,
+    cfg: &Path,
+    ticks_per_sec: f64,
+) -> Result<Row> {
+    let mut server = server;
+    let mut cmd = Command::new("memcaslap");
+    cmd.arg("--binary")
+        .arg(format!("--servers={}", server.addr()))
+        .arg(format!("--threads={client_threads}"))
+        .arg(format!("--concurrency={conns}"))
+        .arg(format!("--time={secs}s"))
+        .arg(format!("--cfg_cmd={}", cfg.display()))
+        .stdin(Stdio::null());
+    let line = util::describe(&cmd);
+    let cpu_before = process::cpu_ticks(server.pid())?;
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let limit = Duration::from_secs(secs + 60);
+    let out = wait_with_limit(child, limit).with_context(|| format!("`{line}`"))?;
+    let cpu_after = process::cpu_ticks(server.pid())?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let alive = server.is_running();
+    let stopped = server.stop();
+    if !alive {
+        bail!("{implementation} died during `{line}`; memaslap said:\n{text}");
+    }
+    stopped?;
+    if !out.status.success() {
+        bail!("`{line}` failed with {}:\n{text}", out.status);
+    }
+    let (ops, run_secs) = parse_memaslap(&text)
+        .with_context(|| format!("no `Run time:` line from `{line}`:\n{text}"))?;
+    if ops == 0 || run_secs <= 0.0 {
+        bail!("`{line}` completed no operations:\n{text}");
+    }
+    Ok(Row {
+        workload: w.name,
+        connections: conns,
+        implementation,
+        ops,
+        secs: run_secs,
+        cpu_secs: (cpu_after.saturating_sub(cpu_before)) as f64 / ticks_per_sec,
+        server_threads,
+        client_threads,
+    })
+}
+
+fn wait_with_limit(
+    mut child: std::process::Child,
+    limit: Duration,
+) -> Result<std::process::Output> {
+    let watch = Stopwatch::start();
+    // memaslap prints little, so its pipes cannot fill before it exits.
+    while child.try_wait()?.is_none() {
+        if watch.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(child.wait_with_output()?)
+}
+
+fn hardware_line() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':').map(|(_, v)| v.trim().to_owned()))
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let kernel = util::output(Command::new("uname").arg("-r")).unwrap_or_default();
+    let memcached = util::output(Command::new("memcached").arg("-V")).unwrap_or_default();
+    let sha = util::output(Command::new("git").args(["rev-parse", "--short", "HEAD"]))
+        .unwrap_or_default();
+    format!(
+        "{cpu}, {} cores, Linux {}; {}; epkv {}",
+        cores(),
+        kernel.trim(),
+        memcached.trim(),
+        sha.trim()
+    )
+}
+
+fn markdown(rows: &[Row], secs: u64) -> Result<String> {
+    let mut md = String::new();
+    writeln!(md, "### Front end: epkv vs memcached (memaslap --binary)")?;
+    writeln!(md)?;
+    writeln!(md, "{}", hardware_line())?;
+    if let Some(r) = rows.first() {
+        writeln!(
+            md,
+            "; {secs} s per run, {VALUE_BYTES}-byte values, {KEY_BYTES}-byte keys, {} server \
+             threads, {} memaslap threads, client and server on the same machine.",
+            r.server_threads, r.client_threads
+        )?;
+    }
+    writeln!(md)?;
+    writeln!(
+        md,
+        "| workload | conns | epkv ops/s | memcached ops/s | ops ratio | epkv cpu us/op | \
+         memcached cpu us/op | cpu ratio |"
+    )?;
+    writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+    for r in rows.iter().filter(|r| r.implementation == "epkv") {
+        let Some(peer) = rows.iter().find(|p| {
+            p.implementation == "memcached"
+                && p.workload == r.workload
+                && p.connections == r.connections
+        }) else {
+            continue;
+        };
+        writeln!(
+            md,
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            r.workload,
+            r.connections,
+            r.items_per_sec(),
+            peer.items_per_sec(),
+            r.items_per_sec() / peer.items_per_sec(),
+            r.cpu_us_per_op(),
+            peer.cpu_us_per_op(),
+            r.cpu_us_per_op() / peer.cpu_us_per_op(),
+        )?;
+    }
+    writeln!(md)?;
+    writeln!(
+        md,
+        "ops ratio = epkv/memcached (higher is better); cpu ratio = epkv/memcached (lower is \
+         better)."
+    )?;
+    Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memaslap_closing_line_parses() {
+        let text = "cmd_get: 264884\ncmd_set: 29439\n\nRun time: 5.0s Ops: 294323 TPS: 58858 \
+                    Net_rate: 33.4M/s\n";
+        assert_eq!(parse_memaslap(text), Some((294323, 5.0)));
+        assert_eq!(parse_memaslap("no summary"), None);
+    }
+
+    #[test]
+    fn config_has_the_set_and_get_proportions() {
+        let cfg = memaslap_config(WORKLOADS[1]);
+        assert!(cfg.contains("value\n512 512 1\n"));
+        assert!(cfg.ends_with("cmd\n0 0.10\n1 0.90\n"), "{cfg}");
+    }
+
+    #[test]
+    fn markdown_pairs_rows_and_computes_ratios() {
+        let row = |implementation, ops, cpu_secs| Row {
+            workload: "set_100",
+            connections: 16,
+            implementation,
+            ops,
+            secs: 10.0,
+            cpu_secs,
+            server_threads: 2,
+            client_threads: 2,
+        };
+        let md = markdown(
+            &[
+                row("epkv", 2_000_000, 4.0),
+                row("memcached", 1_000_000, 4.0),
+            ],
+            10,
+        )
+        .unwrap();
+        assert!(
+            md.contains("| set_100 | 16 | 200000 | 100000 | 2.00 | 2.00 | 4.00 | 0.50 |"),
+            "{md}"
+        );
+        let j = row("epkv", 1_000_000, 2.0).to_json();
+        assert_eq!(j["impl"], "epkv");
+        assert_eq!(j["items_per_sec"], 100_000.0);
+        assert_eq!(j["ns_per_op"], 10_000.0);
+        assert_eq!(j["cpu_us_per_op"], 2.0);
+    }
+}

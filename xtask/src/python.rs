@@ -1,0 +1,46 @@
+//! `cargo xtask pytest`: the Python third-party client tests (tests/python, run with the
+//! `.venv` that `cargo xtask deps` builds) against a real epkv-server process.
+
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::deps;
+use crate::process;
+use crate::util;
+
+/// Runs pytest over tests/python with `EPKV_SERVER_BIN` pointing at `profile`'s binary.
+pub(crate) fn pytest(profile: &str, extra: &[String]) -> Result<()> {
+    let python = deps::venv_python();
+    if !python.is_file() {
+        bail!(
+            "{} is missing; run `cargo xtask deps` first",
+            python.display()
+        );
+    }
+    let bin = match std::env::var_os("EPKV_SERVER_BIN") {
+        Some(bin) => bin.into(),
+        None => process::epkv_server_bin(profile),
+    };
+    if !bin.is_file() {
+        bail!(
+            "{} does not exist; build it first (cargo build -p epkv-server)",
+            bin.display()
+        );
+    }
+    let mut cmd = Command::new(python);
+    cmd.current_dir(util::repo_root())
+        .args([
+            "-m",
+            "pytest",
+            "tests/python",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+        ])
+        .args(extra)
+        .env("EPKV_SERVER_BIN", &bin)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    // pytest exits 5 when it collected no test; `run` treats any non-zero exit as failure.
+    util::run(&mut cmd)
+}
