@@ -46,6 +46,7 @@
 #![deny(rustdoc::broken_intra_doc_links)]
 
 mod command;
+mod doc_tables;
 mod durability;
 mod feature;
 mod frame_info;
@@ -64,6 +65,7 @@ mod status;
 pub use command::{
     ArithmeticOp, Command, StoreOp, is_durability_supported, is_preserve_ttl_supported,
 };
+pub use doc_tables::{opcode_table, status_table};
 pub use durability::DurabilityRequirement;
 pub use feature::Feature;
 pub use frame_info::{
