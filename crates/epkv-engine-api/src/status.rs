@@ -4,8 +4,10 @@ use std::fmt;
 
 /// Why an engine call did not succeed. These are expected outcomes, not errors: each one
 /// maps to exactly one wire status in the front end's single exhaustive mapping.
+///
+/// Deliberately not `#[non_exhaustive]`: the front end matches it without a wildcard arm,
+/// so adding a variant fails to compile until the new outcome is mapped to a wire status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum EngineStatus {
     /// The key does not exist (or has expired, or is a deleted tombstone).
     KeyNotFound,
