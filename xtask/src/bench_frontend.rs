@@ -346,15 +346,14 @@ fn markdown(rows: &[Row], secs: u64) -> Result<String> {
     let mut md = String::new();
     writeln!(md, "### Front end: epkv vs memcached (memaslap --binary)")?;
     writeln!(md)?;
-    writeln!(md, "{}", hardware_line())?;
-    if let Some(r) = rows.first() {
-        writeln!(
-            md,
+    let setup = rows.first().map_or_else(String::new, |r| {
+        format!(
             "; {secs} s per run, {VALUE_BYTES}-byte values, {KEY_BYTES}-byte keys, {} server \
-             threads, {} memaslap threads, client and server on the same machine.",
+             threads, {} memaslap threads, client and server on the same machine",
             r.server_threads, r.client_threads
-        )?;
-    }
+        )
+    });
+    writeln!(md, "{}{setup}.", hardware_line())?;
     writeln!(md)?;
     writeln!(
         md,

@@ -106,6 +106,7 @@ impl ServerProcess {
             match rx.recv_timeout(left.min(Duration::from_millis(200))) {
                 Ok(Ok(port)) => {
                     server.port = port;
+                    server.wait_accepting(&line)?;
                     eprintln!(
                         "started `{line}` (pid {}) on 127.0.0.1:{port}",
                         server.pid()
@@ -166,17 +167,23 @@ impl ServerProcess {
             name: "memcached",
             log,
         };
+        server.wait_accepting(&line)?;
+        eprintln!("started `{line}` (pid {})", server.pid());
+        Ok(server)
+    }
+
+    /// Waits (bounded) until the server accepts TCP connections on its port.
+    fn wait_accepting(&mut self, line: &str) -> Result<()> {
         let watch = Stopwatch::start();
         loop {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                eprintln!("started `{line}` (pid {})", server.pid());
-                return Ok(server);
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
             }
-            if let Some(status) = server.try_exited()? {
-                bail!("`{line}` exited with {status}; log:\n{}", server.log_tail());
+            if let Some(status) = self.try_exited()? {
+                bail!("`{line}` exited with {status}; log:\n{}", self.log_tail());
             }
             if watch.elapsed() > START_TIMEOUT {
-                bail!("`{line}` did not accept connections within {START_TIMEOUT:?}");
+                bail!("`{line}` does not accept connections within {START_TIMEOUT:?}");
             }
             thread::sleep(Duration::from_millis(20));
         }

@@ -1,0 +1,161 @@
+"""Fixtures that start a real epkv-server process for the Python client tests.
+
+The server binary is ``$EPKV_SERVER_BIN`` or ``target/debug/epkv-server`` under the
+repository root. It is started with ``--port 0`` and a temporary data directory; the port is
+read from its ``epkv listening on HOST:PORT ...`` line on stdout. At the end of the session
+it gets SIGTERM (and SIGKILL if it does not exit within 10 s).
+
+Set ``EPKV_PYTEST_ADDR=HOST:PORT`` to run the same tests against a server that is already
+running instead (for example ``memcached -p 11311 -U 0``, to check parity).
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import bmemcached
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LISTENING = re.compile(r"listening on (\S+?):(\d+)")
+START_TIMEOUT_SECS = 30
+STOP_TIMEOUT_SECS = 10
+
+
+def _server_bin() -> Path:
+    env = os.environ.get("EPKV_SERVER_BIN")
+    if env:
+        return Path(env)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", REPO_ROOT / "target"))
+    if not target.is_absolute():
+        target = REPO_ROOT / target
+    return target / "debug" / "epkv-server"
+
+
+class Server:
+    """A running epkv-server process and the address it listens on."""
+
+    def __init__(self, proc, addr, log_path):
+        self.proc = proc
+        self.addr = addr
+        self.log_path = log_path
+
+    def log_tail(self, lines=40):
+        try:
+            text = Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _start_server(tmp_path_factory):
+    binary = _server_bin()
+    if not binary.is_file():
+        pytest.fail(f"{binary} does not exist; run `cargo build -p epkv-server` first")
+    data_dir = tmp_path_factory.mktemp("epkv-data")
+    log_path = tmp_path_factory.mktemp("epkv-log") / "epkv-server.log"
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [str(binary), "--port", "0", "--bind", "127.0.0.1", "--data-dir", str(data_dir)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    found = {}
+    ready = threading.Event()
+    seen = []
+
+    def read_stdout():
+        # Keeps draining stdout after the listening line so the server never blocks on it.
+        for line in proc.stdout:
+            if not ready.is_set():
+                match = LISTENING.search(line)
+                if match:
+                    found["addr"] = f"{match.group(1)}:{match.group(2)}"
+                    ready.set()
+                else:
+                    seen.append(line.rstrip())
+        ready.set()
+
+    threading.Thread(target=read_stdout, daemon=True).start()
+    ready.wait(START_TIMEOUT_SECS)
+    if "addr" not in found:
+        proc.kill()
+        proc.wait()
+        log.close()
+        tail = Path(log_path).read_text(errors="replace")[-4000:]
+        pytest.fail(
+            f"epkv-server did not print its listening line within {START_TIMEOUT_SECS}s "
+            f"(exit code {proc.returncode}); stdout: {seen}; log:\n{tail}"
+        )
+    _wait_accepting(found["addr"])
+    return Server(proc, found["addr"], log_path), log
+
+
+def _wait_accepting(addr):
+    """Waits (bounded) until HOST:PORT accepts a TCP connection."""
+    host, port = addr.rsplit(":", 1)
+    deadline = time.monotonic() + START_TIMEOUT_SECS
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"{addr} printed as listening but does not accept connections")
+            time.sleep(0.02)
+
+
+def _stop_server(server, log):
+    proc = server.proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT_SECS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            log.close()
+            pytest.fail(f"epkv-server did not exit within {STOP_TIMEOUT_SECS}s of SIGTERM")
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def server_addr(tmp_path_factory):
+    """Yields HOST:PORT of the server under test, started for this session."""
+    external = os.environ.get("EPKV_PYTEST_ADDR")
+    if external:
+        yield external
+        return
+    server, log = _start_server(tmp_path_factory)
+    try:
+        yield server.addr
+    finally:
+        alive = server.proc.poll() is None
+        _stop_server(server, log)
+        if not alive:
+            pytest.fail(
+                f"epkv-server exited during the tests with code {server.proc.returncode}; "
+                f"log:\n{server.log_tail()}"
+            )
+
+
+@pytest.fixture
+def client(server_addr):
+    """Returns a python-binary-memcached client connected to the server under test."""
+    c = bmemcached.Client([server_addr], socket_timeout=10)
+    yield c
+    c.disconnect_all()
+
+
+@pytest.fixture
+def key(request):
+    """Returns a key prefix unique to this test, so tests never see each other's data."""
+    return f"py-{request.node.name}-{uuid.uuid4().hex[:8]}"
