@@ -1,1 +1,61 @@
-//! Placeholder, filled in by its owner.
+//! The epkv network front end: listener, worker threads, connections, request dispatch,
+//! the engine-status → wire-status mapping and the front end's STAT groups.
+//!
+//! What it is: the part of the server that speaks the memcached binary protocol to
+//! clients. It accepts connections, frames and validates requests with `epkv-protocol`,
+//! executes them against any [`epkv_engine_api::Engine`], and writes the replies. What it
+//! is not: a bucket (it never sees engine internals) nor a codec (it never parses bytes
+//! itself beyond handing them to `epkv-protocol`).
+//!
+//! Key types: [`Frontend`] (bind, then [`Frontend::run_until`] a shutdown future),
+//! [`FrontendConfig`], [`FrontendError`], and [`engine_status_to_wire`], the one
+//! exhaustive mapping from [`epkv_engine_api::EngineStatus`] to
+//! [`epkv_protocol::Status`].
+//!
+//! Threading (memcached's model): one acceptor task on the caller's runtime deals
+//! accepted sockets round-robin to N worker threads, each running a single-threaded Tokio
+//! runtime. Engine calls are synchronous and made directly on the worker; they must not
+//! block. Per-opcode latency histograms are kept per worker (no cross-thread contention)
+//! and merged when the `timings` STAT group is read.
+//!
+//! Invariants:
+//! - Replies on a connection are in request order; quiet commands follow memcached
+//!   (GETQ/GETKQ/GATQ send nothing on a miss; the other quiet variants nothing on
+//!   success; QUITQ closes without a reply).
+//! - A connection never buffers more than about `output_buffer_limit` of replies plus one
+//!   reply and one request packet (backpressure: it stops reading until the client reads).
+//! - A header that cannot be trusted closes its connection; a well-framed invalid request
+//!   gets an error status and the connection stays.
+//! - Connections that never sent HELLO are classic memcached clients: their key requests
+//!   are routed to `vbucket_for_key(key, 1024)`. After HELLO the header's vbid is used.
+//!
+//! Depends on `epkv-types`, `epkv-protocol`, `epkv-engine-api` and `epkv-executor` (for
+//! the clock). Must never depend on `epkv-engine` or any other engine implementation.
+//!
+//! ```
+//! use epkv_engine_api::EngineStatus;
+//! use epkv_frontend::{FrontendConfig, engine_status_to_wire};
+//!
+//! assert_eq!(engine_status_to_wire(EngineStatus::NotMyVbucket).as_u16(), 0x07);
+//! let config = FrontendConfig { threads: 4, ..FrontendConfig::default() };
+//! config.validate()?;
+//! # Ok::<(), epkv_frontend::FrontendError>(())
+//! ```
+#![forbid(unsafe_code)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
+mod config;
+mod connection;
+mod error;
+mod frontend;
+mod response;
+mod session;
+mod stats;
+mod status_map;
+mod timings;
+mod worker;
+
+pub use config::FrontendConfig;
+pub use error::{FrontendError, Result};
+pub use frontend::Frontend;
+pub use status_map::engine_status_to_wire;

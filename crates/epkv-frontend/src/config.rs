@@ -1,0 +1,118 @@
+//! [`FrontendConfig`]: how the front end listens and treats connections.
+
+use crate::error::{FrontendError, Result};
+use epkv_executor::{Clock, SystemClock};
+use epkv_protocol::Limits;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The front end's settings. `epkv-server` fills it from its settings table; tests start
+/// from [`FrontendConfig::default`] (127.0.0.1, port 0, two workers).
+#[derive(Clone)]
+pub struct FrontendConfig {
+    /// Address to listen on; port 0 picks a free port (see [`crate::Frontend::local_addr`]).
+    pub bind: SocketAddr,
+    /// Worker threads serving connections (at least 1). Each runs its own single-threaded
+    /// runtime; accepted connections are dealt to workers in turn.
+    pub threads: usize,
+    /// Most connections at once. One more is accepted and closed at once, and counted in
+    /// the `rejected_conns` stat.
+    pub max_connections: usize,
+    /// Close a connection after this long with no bytes read or written; `None` never
+    /// does (the default, as memcached's `idle_timeout` 0).
+    pub idle_timeout: Option<Duration>,
+    /// Largest request packet, header included. A header announcing more closes the
+    /// connection (its body is never read).
+    pub max_packet_size: u32,
+    /// Replies a connection may have waiting to be sent before the front end stops
+    /// reading and executing that connection's requests. Bounds the memory a client that
+    /// sends but does not read can make the server use (plus at most one reply).
+    pub output_buffer_limit: usize,
+    /// Testing mode: ADJUST_TIMEOFDAY is honoured (passed to the engine); otherwise it is
+    /// answered NotSupported.
+    pub testing: bool,
+    /// On shutdown, how long connections may take to flush their replies before they are
+    /// closed regardless.
+    pub shutdown_timeout: Duration,
+    /// The VERSION reply and the `version` stat.
+    pub version: String,
+    /// Time source for uptime, the `time` stat and command timings.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for FrontendConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            threads: 2,
+            max_connections: 4096,
+            idle_timeout: None,
+            max_packet_size: Limits::default().max_packet_bytes,
+            output_buffer_limit: 2 * 1024 * 1024,
+            testing: false,
+            shutdown_timeout: Duration::from_secs(10),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl fmt::Debug for FrontendConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FrontendConfig")
+            .field("bind", &self.bind)
+            .field("threads", &self.threads)
+            .field("max_connections", &self.max_connections)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_packet_size", &self.max_packet_size)
+            .field("output_buffer_limit", &self.output_buffer_limit)
+            .field("testing", &self.testing)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FrontendConfig {
+    /// Smallest accepted `max_packet_size`: a header plus a 250-byte key and some room.
+    pub const MIN_PACKET_SIZE: u32 = 1024;
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// [`FrontendError::InvalidConfig`] when `threads` or `max_connections` is zero,
+    /// `max_packet_size` is below [`FrontendConfig::MIN_PACKET_SIZE`], or
+    /// `output_buffer_limit` is zero.
+    pub fn validate(&self) -> Result<()> {
+        if self.threads == 0 {
+            return Err(FrontendError::InvalidConfig(
+                "threads must be at least 1".into(),
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(FrontendError::InvalidConfig(
+                "max_connections must be at least 1".into(),
+            ));
+        }
+        if self.max_packet_size < Self::MIN_PACKET_SIZE {
+            return Err(FrontendError::InvalidConfig(format!(
+                "max_packet_size must be at least {} bytes",
+                Self::MIN_PACKET_SIZE
+            )));
+        }
+        if self.output_buffer_limit == 0 {
+            return Err(FrontendError::InvalidConfig(
+                "output_buffer_limit must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn limits(&self) -> Limits {
+        Limits {
+            max_packet_bytes: self.max_packet_size,
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! [`Connection`]: one client socket's read → execute → write loop.
+//!
+//! The loop reads whatever the client sent into the input buffer, frames and executes
+//! every complete request in it (in order), appends the replies to the output buffer and
+//! writes them with as few writes as possible. Reading and writing overlap: while replies
+//! are pending the loop also waits for more input, unless the output buffer holds more
+//! than `output_buffer_limit` bytes. Then it stops reading and executing until the client
+//! has read enough, so a client that sends but never reads holds at most about
+//! `output_buffer_limit` + one reply + one packet of the server's memory.
+//!
+//! Closing rules: a header that cannot be trusted (unknown magic, a packet over the size
+//! limit, section lengths over the body length) closes the connection after the replies
+//! already queued are written; a request that is well framed but invalid is answered
+//! with an error status and the connection stays open.
+
+use crate::frontend::Shared;
+use crate::session::{Flow, Session};
+use crate::timings::WorkerTimings;
+use crate::worker::{Accepted, ConnectionSlot};
+use bytes::{Buf, BytesMut};
+use epkv_protocol::{Request, frame_hint, frame_len};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+/// Bytes the input buffer is topped up to before each read.
+const READ_CHUNK: usize = 16 * 1024;
+/// A buffer grown past this is replaced by a small one once it is empty, so idle
+/// connections do not keep large buffers.
+const SHRINK_ABOVE: usize = 1024 * 1024;
+
+/// Why a connection is closing (for the log).
+#[derive(Debug, Clone, Copy)]
+enum Closing {
+    Quit,
+    BadHeader,
+    Shutdown,
+}
+
+/// One client connection.
+pub(crate) struct Connection {
+    id: u64,
+    peer: SocketAddr,
+    stream: TcpStream,
+    slot: ConnectionSlot,
+    timings: Arc<WorkerTimings>,
+    stop: watch::Receiver<bool>,
+    session: Session,
+}
+
+impl Connection {
+    /// Registers the socket with the current (worker) runtime. Returns `None`, after
+    /// logging, if that fails; the socket is then closed.
+    pub(crate) fn new(
+        id: u64,
+        accepted: Accepted,
+        timings: Arc<WorkerTimings>,
+        stop: watch::Receiver<bool>,
+    ) -> Option<Self> {
+        let Accepted { stream, peer, slot } = accepted;
+        let stream = match TcpStream::from_std(stream) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "cannot register connection");
+                return None;
+            }
+        };
+        // Replies are already batched per read, so Nagle's algorithm would only add
+        // latency. HELLO's TcpDelay turns it back on.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
+        Some(Self {
+            id,
+            peer,
+            stream,
+            slot,
+            timings,
+            stop,
+            session: Session::default(),
+        })
+    }
+
+    /// Serves the connection until the client leaves, QUITs, sends an untrusted header,
+    /// idles out or the server shuts down.
+    pub(crate) async fn run(self) {
+        let Connection {
+            id,
+            peer,
+            mut stream,
+            slot,
+            timings,
+            mut stop,
+            mut session,
+        } = self;
+        let shared: &Shared = slot.shared();
+        let out_limit = shared.config.output_buffer_limit;
+        let idle = shared.config.idle_timeout;
+        tracing::debug!(conn = id, %peer, "connection opened");
+
+        let mut inbuf = BytesMut::with_capacity(READ_CHUNK);
+        let mut out = BytesMut::with_capacity(READ_CHUNK);
+        let mut closing: Option<Closing> = None;
+        let mut eof = false;
+        let mut last_activity = tokio::time::Instant::now();
+        let idle_sleep = tokio::time::sleep(idle.unwrap_or(std::time::Duration::MAX / 4));
+        tokio::pin!(idle_sleep);
+        let stop_signal = async move {
+            if !*stop.borrow_and_update() {
+                let _ = stop.changed().await;
+            }
+        };
+        tokio::pin!(stop_signal);
+        let (mut rd, mut wr) = stream.split();
+
+        let reason: &str = loop {
+            if closing.is_none() {
+                if let Some(c) = process(
+                    shared,
+                    &timings,
+                    &mut session,
+                    &mut inbuf,
+                    &mut out,
+                    id,
+                    peer,
+                ) {
+                    closing = Some(c);
+                }
+                if let Some(nodelay) = session.nodelay_change.take()
+                    && let Err(e) = wr.as_ref().set_nodelay(nodelay)
+                {
+                    tracing::debug!(conn = id, error = %e, "cannot change TCP_NODELAY");
+                }
+            }
+            // Write at once if the socket takes it (the common case), without a trip
+            // through the select below.
+            while !out.is_empty() {
+                match poll_write_now(&mut wr, &out) {
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        out.advance(n);
+                        if idle.is_some() {
+                            last_activity = tokio::time::Instant::now();
+                        }
+                    }
+                    // Errors and a full socket are handled by the select's write branch.
+                    _ => break,
+                }
+            }
+            if out.is_empty() {
+                if out.capacity() > SHRINK_ABOVE {
+                    out = BytesMut::with_capacity(READ_CHUNK);
+                }
+                match closing {
+                    Some(Closing::Quit) => break "quit",
+                    Some(Closing::BadHeader) => break "untrusted packet header",
+                    Some(Closing::Shutdown) => break "server shutdown",
+                    None if eof => break "client closed",
+                    None => {}
+                }
+            }
+            let want_read = closing.is_none() && !eof && out.len() < out_limit;
+            if want_read {
+                if inbuf.is_empty() && inbuf.capacity() > SHRINK_ABOVE {
+                    inbuf = BytesMut::with_capacity(READ_CHUNK);
+                }
+                if inbuf.capacity() - inbuf.len() < READ_CHUNK / 4 {
+                    inbuf.reserve(READ_CHUNK);
+                }
+            }
+            tokio::select! {
+                biased;
+                written = wr.write(&out), if !out.is_empty() => match written {
+                    Ok(0) => break "write returned zero",
+                    Ok(n) => {
+                        out.advance(n);
+                        if idle.is_some() {
+                            last_activity = tokio::time::Instant::now();
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(conn = id, %peer, error = %e, "write failed");
+                        break "write error";
+                    }
+                },
+                read = rd.read_buf(&mut inbuf), if want_read => match read {
+                    Ok(0) => eof = true,
+                    Ok(_) => {
+                        if idle.is_some() {
+                            last_activity = tokio::time::Instant::now();
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(conn = id, %peer, error = %e, "read failed");
+                        break "read error";
+                    }
+                },
+                () = &mut idle_sleep, if idle.is_some() => {
+                    let Some(idle) = idle else { continue };
+                    let deadline = last_activity + idle;
+                    if tokio::time::Instant::now() >= deadline {
+                        tracing::info!(conn = id, %peer, idle_secs = idle.as_secs(), "closing idle connection");
+                        break "idle timeout";
+                    }
+                    idle_sleep.as_mut().reset(deadline);
+                },
+                () = &mut stop_signal, if closing.is_none() => closing = Some(Closing::Shutdown),
+            }
+        };
+        tracing::debug!(conn = id, %peer, agent = session.agent.as_deref().unwrap_or(""), reason, "connection closed");
+    }
+}
+
+/// Tries one write without waiting.
+fn poll_write_now<W: AsyncWrite + Unpin>(w: &mut W, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    let mut cx = Context::from_waker(Waker::noop());
+    Pin::new(w).poll_write(&mut cx, buf)
+}
+
+/// Executes every complete request in `inbuf` while the output stays under its limit.
+/// Returns why the connection must close, if it must.
+fn process(
+    shared: &Shared,
+    timings: &WorkerTimings,
+    session: &mut Session,
+    inbuf: &mut BytesMut,
+    out: &mut BytesMut,
+    id: u64,
+    peer: SocketAddr,
+) -> Option<Closing> {
+    let out_limit = shared.config.output_buffer_limit;
+    let limits = &shared.limits;
+    let clock = &*shared.config.clock;
+    let mut started = None;
+    while out.len() < out_limit {
+        let n = match frame_len(inbuf, limits) {
+            Ok(Some(n)) => n,
+            Ok(None) => {
+                // Make room for the whole packet now that its (trusted) size is known.
+                if let Ok(need) = frame_hint(inbuf, limits)
+                    && need > inbuf.capacity()
+                {
+                    inbuf.reserve(need - inbuf.len());
+                }
+                return None;
+            }
+            Err(e) => {
+                tracing::info!(conn = id, %peer, error = %e, "closing connection: packet header cannot be trusted");
+                inbuf.clear();
+                return Some(Closing::BadHeader);
+            }
+        };
+        let t0 = *started.get_or_insert_with(|| clock.now());
+        let (opcode, flow) = match Request::parse(&inbuf[..n], limits) {
+            Ok(req) => (req.header.opcode, session.execute(shared, &req, out)),
+            // `frame_len` accepted this header, so this cannot happen; close if it does.
+            Err(e) => {
+                tracing::warn!(conn = id, %peer, error = %e, "framed packet does not parse");
+                inbuf.clear();
+                return Some(Closing::BadHeader);
+            }
+        };
+        let t1 = clock.now();
+        timings.record(opcode, t1.saturating_duration_since(t0));
+        started = Some(t1);
+        inbuf.advance(n);
+        if flow == Flow::Close {
+            return Some(Closing::Quit);
+        }
+    }
+    None
+}

@@ -1,0 +1,199 @@
+//! [`Frontend`]: the listener, the acceptor loop and the worker threads.
+
+use crate::config::FrontendConfig;
+use crate::error::{FrontendError, Result};
+use crate::stats::ConnectionStats;
+use crate::timings::WorkerTimings;
+use crate::worker::{Accepted, ConnectionSlot, Worker};
+use epkv_engine_api::Engine;
+use epkv_protocol::Limits;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Pause after an accept error such as EMFILE, so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// What every worker and connection shares.
+pub(crate) struct Shared {
+    pub(crate) engine: Arc<dyn Engine>,
+    pub(crate) config: FrontendConfig,
+    pub(crate) limits: Limits,
+    pub(crate) conns: ConnectionStats,
+    pub(crate) timings: Vec<Arc<WorkerTimings>>,
+    pub(crate) started: Instant,
+}
+
+/// The network front end: a bound listener plus the engine it serves.
+///
+/// [`Frontend::bind`] creates the listening socket at once, so a port that is in use is
+/// reported before anything else starts and [`Frontend::local_addr`] tells the port when
+/// port 0 was asked for. [`Frontend::run_until`] then serves until a shutdown future
+/// completes.
+pub struct Frontend {
+    listener: std::net::TcpListener,
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Frontend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Frontend")
+            .field("local_addr", &self.local_addr)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Frontend {
+    /// Validates the configuration and binds the listening socket.
+    ///
+    /// # Errors
+    /// [`FrontendError::InvalidConfig`] for a bad setting; [`FrontendError::Bind`] when the
+    /// address cannot be bound (in use, privileged port, unknown address).
+    pub fn bind(config: FrontendConfig, engine: Arc<dyn Engine>) -> Result<Frontend> {
+        config.validate()?;
+        let addr = config.bind;
+        let listener = listen(addr).map_err(|source| FrontendError::Bind { addr, source })?;
+        let local_addr = listener.local_addr()?;
+        let timings = (0..config.threads)
+            .map(|_| Arc::new(WorkerTimings::new()))
+            .collect();
+        let limits = config.limits();
+        let started = config.clock.now();
+        Ok(Frontend {
+            listener,
+            local_addr,
+            shared: Arc::new(Shared {
+                engine,
+                config,
+                limits,
+                conns: ConnectionStats::default(),
+                timings,
+                started,
+            }),
+        })
+    }
+
+    /// The address the listener is bound to (with the real port when port 0 was asked).
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves connections until `shutdown` completes, then shuts down gracefully: stops
+    /// accepting, lets every connection finish the batch it is executing and flush its
+    /// replies (for at most `shutdown_timeout`), closes the connections, joins the worker
+    /// threads and finally calls [`Engine::shutdown`].
+    ///
+    /// Must be called inside a Tokio runtime (any flavour): the acceptor runs on it. The
+    /// workers run on their own threads, each with a single-threaded runtime.
+    ///
+    /// # Errors
+    /// [`FrontendError::Io`] when a worker runtime or thread cannot be created, or the
+    /// listener cannot be registered with the runtime.
+    pub async fn run_until<F>(self, shutdown: F) -> Result<()>
+    where
+        F: Future<Output = ()>,
+    {
+        let Frontend {
+            listener,
+            local_addr,
+            shared,
+        } = self;
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+
+        let mut senders = Vec::with_capacity(shared.config.threads);
+        let mut done = Vec::with_capacity(shared.config.threads);
+        let mut threads = Vec::with_capacity(shared.config.threads);
+        for id in 0..shared.config.threads {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let (done_tx, done_rx) = oneshot::channel();
+            let worker = Worker::new(id, Arc::clone(&shared), rx, stop_rx.clone())?;
+            let handle = std::thread::Builder::new()
+                .name(format!("epkv-worker-{id}"))
+                .spawn(move || {
+                    worker.run();
+                    let _ = done_tx.send(());
+                })?;
+            senders.push(tx);
+            done.push(done_rx);
+            threads.push(handle);
+        }
+        tracing::info!(addr = %local_addr, threads = shared.config.threads, "front end serving");
+
+        tokio::pin!(shutdown);
+        let mut next = 0usize;
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        if let Some(conn) = admit(&shared, stream, peer) {
+                            // A worker only goes away at shutdown; if one did, the
+                            // connection is dropped (closed) with the message.
+                            let _ = senders[next].send(conn);
+                            next = (next + 1) % senders.len();
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed; pausing briefly");
+                        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    }
+                },
+            }
+        }
+
+        tracing::info!("shutting down: no longer accepting connections");
+        drop(listener);
+        let _ = stop_tx.send(true);
+        drop(senders);
+        for d in done {
+            let _ = d.await;
+        }
+        for t in threads {
+            if t.join().is_err() {
+                tracing::error!("a worker thread panicked");
+            }
+        }
+        shared.engine.shutdown();
+        tracing::info!("front end stopped");
+        Ok(())
+    }
+}
+
+/// Counts an accepted connection, rejecting it when the limit is reached.
+fn admit(
+    shared: &Arc<Shared>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+) -> Option<Accepted> {
+    let conns = &shared.conns;
+    conns.total.fetch_add(1, Ordering::Relaxed);
+    let before = conns.curr.fetch_add(1, Ordering::Relaxed);
+    let slot = ConnectionSlot::new(Arc::clone(shared));
+    if before >= shared.config.max_connections {
+        conns.rejected.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(%peer, max = shared.config.max_connections, "too many connections; closing the new one");
+        drop(slot);
+        return None;
+    }
+    match stream.into_std() {
+        Ok(stream) => Some(Accepted { stream, peer, slot }),
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "cannot hand the connection to a worker");
+            None
+        }
+    }
+}
+
+/// Binds and listens (the standard library sets SO_REUSEADDR on Unix, so a restart does
+/// not wait for TIME_WAIT connections of the previous run).
+fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    std::net::TcpListener::bind(addr)
+}
