@@ -1,1 +1,124 @@
-//! Placeholder, filled in by its owner.
+//! The epkv bucket: an in-memory, vBucket-partitioned document store implementing
+//! [`epkv_engine_api::Engine`].
+//!
+//! This crate is the engine the front end drives through `epkv-engine-api`: a [`Bucket`]
+//! of 1024 (configurable) vBuckets, each with a state, a hash table of documents, a seqno
+//! counter, hybrid-logical-clock CAS, revision seqnos and a failover log; memcached and
+//! KV-Engine command semantics (SET/ADD/REPLACE/APPEND/PREPEND, DELETE, INCREMENT/
+//! DECREMENT, TOUCH/GAT, GET_LOCKED/UNLOCK, FLUSH); expiry on access and by a background
+//! expiry pager; a memory quota; and the `""`, `memory`, `vbucket` and `vbucket-details`
+//! STAT groups. It is not persistent yet (no checkpoints, flusher or storage), has no
+//! replication or SyncWrite tracking, and never sees the wire format.
+//!
+//! # Key types
+//! - [`Bucket`]: the engine; build it with [`Bucket::new`] from a [`BucketConfig`] and an
+//!   [`EngineClock`].
+//! - [`BucketConfig`]: every setting, with its default and unit.
+//! - [`EngineClock`]: the time source (system, testing offset clock, or any
+//!   [`epkv_executor::Clock`] such as a `ManualClock`).
+//! - [`STATS`]: the single table of the stats the engine emits.
+//!
+//! # Invariants
+//! - Per vBucket, seqnos strictly increase and CAS values strictly increase in seqno
+//!   order: both are handed out together at one ordering point (the vBucket's `order`
+//!   mutex), taken while the written key's stripe lock is held.
+//! - Item memory (key + value + fixed per-item overhead) never exceeds the high watermark
+//!   (85% of the quota by default), hence never the quota: a write that would pass it
+//!   fails with TempFail and changes nothing.
+//! - An expired document is never returned: every access checks expiry under the stripe
+//!   lock and removes the document (with a new seqno) if its time has come.
+//! - Client operations only run on active vBuckets whose vbid the key maps to.
+//!
+//! # Locking
+//! Locks, in the order they may be taken (never the reverse):
+//! 1. `VBucket::state` (`parking_lot::RwLock`): held shared by every client operation for
+//!    its whole duration and by the expiry pass over that vBucket; exclusive only while
+//!    SET_VBUCKET changes the state. It guarantees no write lands after a vBucket left
+//!    the active state.
+//! 2. One hash-table stripe mutex (`epkv_hashtable`): protects the documents of that
+//!    stripe; an operation holds exactly one, for one key. Visitors (expiry pass, flush,
+//!    stats) take the stripes one after another, never two at once.
+//! 3. `VBucket::order` (mutex): the ordering point — high seqno, max CAS, max deleted
+//!    revision. Held for a few instructions.
+//! 4. `VBucket::failover` (mutex): the failover log; taken only with `state` held
+//!    exclusively (state change) or alone (stats).
+//!
+//! Lock-free: the memory tracker (compare-and-swap on one atomic), the per-thread sharded
+//! counters, the failover uuid mirror. The expiry pager's stop flag and thread handle
+//! have their own mutexes, never held while any lock above is taken. GET takes lock 1
+//! shared, one stripe lock, and clones two `Bytes`; it reads the clock only when the
+//! document has an expiry or a lock.
+//!
+//! # Semantics worth knowing
+//! - A pending vBucket answers TempFail where KV-Engine parks the request until the
+//!   vBucket becomes active; replica and dead answer NotMyVbucket.
+//! - ADD with a non-zero CAS is Invalid (memcached's validator says EINVAL).
+//! - Durability level Majority commits at once (a single node with no replicas is its own
+//!   majority); the persist levels answer DurabilityInvalidLevel, as an ephemeral bucket.
+//! - Deleted and expired documents are removed from memory at once; the vBucket remembers
+//!   the highest revision it deleted so a re-created key continues above it.
+//! - FLUSH empties every vBucket but keeps seqnos counting and failover logs.
+//! - Stored keys and values are copied out of the request buffers.
+//!
+//! # Dependencies
+//! Depends on `epkv-types`, `epkv-engine-api`, `epkv-hashtable` and `epkv-executor` (for
+//! the clock). Must never depend on `epkv-protocol`, `epkv-frontend` or `epkv-server`.
+//!
+//! # Example
+//! ```
+//! use bytes::Bytes;
+//! use epkv_engine::{Bucket, BucketConfig, EngineClock};
+//! use epkv_engine_api::{Engine, EngineStatus, Expiry, StoreOp, StoreRequest};
+//! use epkv_types::{vbucket_for_key, Cas, Datatype, NUM_VBUCKETS};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let bucket = Bucket::new(BucketConfig::default(), EngineClock::System)?;
+//! let key = Bytes::from_static(b"greeting");
+//! let vbid = vbucket_for_key(&key, NUM_VBUCKETS);
+//! let info = bucket.store(StoreRequest {
+//!     op: StoreOp::Set,
+//!     vbid,
+//!     key: key.clone(),
+//!     value: Bytes::from_static(b"hello"),
+//!     flags: 0,
+//!     expiry: Expiry::Never,
+//!     preserve_ttl: false,
+//!     datatype: Datatype::RAW,
+//!     cas: Cas::ANY,
+//!     durability: None,
+//! })?;
+//! let item = bucket.get(vbid, &key)?;
+//! assert_eq!(item.value.as_ref(), b"hello");
+//! assert_eq!(item.cas, info.cas);
+//! let other = vbucket_for_key(b"missing", NUM_VBUCKETS);
+//! assert_eq!(bucket.get(other, b"missing"), Err(EngineStatus::KeyNotFound));
+//! bucket.shutdown();
+//! # Ok(())
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
+mod bucket;
+mod clock;
+mod config;
+mod counter_value;
+mod engine_impl;
+mod error;
+mod expiry_pager;
+mod hlc;
+mod ops;
+mod stat_groups;
+mod stats;
+mod vbucket;
+
+pub use bucket::Bucket;
+pub use clock::EngineClock;
+pub use config::{
+    BucketConfig, DEFAULT_EXPIRY_PAGER_INTERVAL, DEFAULT_GETL_DEFAULT_TIMEOUT_SECS,
+    DEFAULT_GETL_MAX_TIMEOUT_SECS, DEFAULT_HT_LOCKS, DEFAULT_MAX_ITEM_SIZE_BYTES,
+    DEFAULT_MEM_HIGH_WAT_PERCENT, DEFAULT_MEM_LOW_WAT_PERCENT, DEFAULT_MEMORY_QUOTA_BYTES,
+    MIN_MEMORY_QUOTA_BYTES,
+};
+pub use error::{Error, Result};
+pub use stats::{STATS, StatDefinition, StatGroup, StatUnit};

@@ -1,0 +1,346 @@
+//! [`Bucket`]: the vBucket map, the clock, memory accounting, counters and the expiry pager,
+//! plus the helpers every operation shares (routing, time, expiry on access, CAS checks).
+
+use crate::expiry_pager::ExpiryPager;
+use crate::stats::{Counter, Counters};
+use crate::vbucket::{Assigned, VBucket};
+use crate::{BucketConfig, EngineClock, Result};
+use bytes::Bytes;
+use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, Item, MutationInfo};
+use epkv_executor::{Clock, OffsetClock};
+use epkv_hashtable::{Entry, ItemMeta, MemoryTracker, StoredValue};
+use epkv_types::{Cas, DurabilityLevel, VBucketState, Vbid, vbucket_for_key};
+use parking_lot::RwLockReadGuard;
+use std::cell::Cell;
+use std::fmt;
+use std::sync::Arc;
+
+/// An in-memory bucket of `num_vbuckets` vBuckets; implements
+/// [`epkv_engine_api::Engine`].
+///
+/// Created by [`Bucket::new`], which also starts the expiry pager thread (unless its
+/// interval is zero); [`epkv_engine_api::Engine::shutdown`] stops and joins it.
+pub struct Bucket {
+    /// Immutable after creation.
+    pub(crate) config: BucketConfig,
+    /// The time source for expiry, lock timeouts and CAS.
+    pub(crate) clock: Arc<dyn Clock>,
+    /// Set in testing mode only; ADJUST_TIMEOFDAY moves it.
+    pub(crate) testing_clock: Option<Arc<OffsetClock>>,
+    /// Indexed by vbid. The slice never changes; each vBucket synchronises itself.
+    pub(crate) vbuckets: Box<[VBucket]>,
+    /// Item memory of every vBucket; its limit is the high watermark.
+    pub(crate) memory: Arc<MemoryTracker>,
+    /// Event counters (sharded per thread).
+    pub(crate) counters: Counters,
+    /// The background expiry pager.
+    pub(crate) pager: ExpiryPager,
+}
+
+impl fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bucket")
+            .field("name", &self.config.name)
+            .field("vbuckets", &self.vbuckets.len())
+            .field("mem_used", &self.memory.used())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The time of one operation, read from the bucket clock at most once, and only if the
+/// operation needs it (a GET of an item with no expiry and no lock never reads the clock).
+pub(crate) struct LazyNow<'a> {
+    clock: &'a dyn Clock,
+    cached: Cell<Option<(u32, u64)>>,
+}
+
+impl<'a> LazyNow<'a> {
+    pub(crate) fn new(clock: &'a dyn Clock) -> Self {
+        Self {
+            clock,
+            cached: Cell::new(None),
+        }
+    }
+
+    fn read(&self) -> (u32, u64) {
+        if let Some(v) = self.cached.get() {
+            return v;
+        }
+        let t = self.clock.unix_time();
+        let v = (
+            u32::try_from(t.as_secs()).unwrap_or(u32::MAX),
+            u64::try_from(t.as_nanos()).unwrap_or(u64::MAX),
+        );
+        self.cached.set(Some(v));
+        v
+    }
+
+    /// Unix time in whole seconds (expiry and lock times).
+    pub(crate) fn secs(&self) -> u32 {
+        self.read().0
+    }
+
+    /// Unix time in nanoseconds (HLC CAS).
+    pub(crate) fn nanos(&self) -> u64 {
+        self.read().1
+    }
+}
+
+/// Returns true when `meta` has expired by `now`.
+pub(crate) fn expired(meta: &ItemMeta, now: &LazyNow<'_>) -> bool {
+    meta.expiry != 0 && meta.is_expired(now.secs())
+}
+
+/// Returns true while `meta` is locked at `now`.
+pub(crate) fn locked(meta: &ItemMeta, now: &LazyNow<'_>) -> bool {
+    meta.lock_expiry != 0 && meta.is_locked(now.secs())
+}
+
+/// The CAS a client must present to change an existing document: while it is locked, the
+/// lock's CAS (anything else → Locked); otherwise the document's CAS, unless the request
+/// carries the wildcard (mismatch → KeyExists).
+pub(crate) fn check_lock_and_cas(meta: &ItemMeta, cas: Cas, now: &LazyNow<'_>) -> EngineResult<()> {
+    if locked(meta, now) {
+        if cas == meta.locked_cas {
+            Ok(())
+        } else {
+            Err(EngineStatus::Locked)
+        }
+    } else if cas.is_any() || cas == meta.cas {
+        Ok(())
+    } else {
+        Err(EngineStatus::KeyExists)
+    }
+}
+
+/// Durability on a single node with no replicas: Majority is satisfied by the active
+/// alone, so it commits at once; the persist levels need persistence, which this bucket
+/// does not have (as an ephemeral bucket, it rejects them).
+pub(crate) fn check_durability(d: Option<&DurabilityRequirements>) -> EngineResult<()> {
+    match d.map(|d| d.level) {
+        None | Some(DurabilityLevel::Majority) => Ok(()),
+        Some(DurabilityLevel::MajorityAndPersistOnMaster | DurabilityLevel::PersistToMajority) => {
+            Err(EngineStatus::DurabilityInvalidLevel)
+        }
+    }
+}
+
+/// Builds the [`Item`] a read returns.
+pub(crate) fn item_of(sv: &StoredValue, vbid: Vbid, cas: Cas) -> Item {
+    let m = sv.meta();
+    Item {
+        key: sv.key().clone(),
+        value: sv.value().clone(),
+        flags: m.flags,
+        expiry_unix_secs: m.expiry,
+        datatype: m.datatype,
+        cas,
+        vbid,
+        seqno: m.by_seqno,
+    }
+}
+
+impl Bucket {
+    /// Creates a bucket with every vBucket active and empty, and starts its expiry pager
+    /// (a thread named `epkv-expiry-pager`) unless `config.expiry_pager_interval` is zero.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] for a configuration [`BucketConfig::validate`]
+    /// rejects; [`crate::Error::SpawnPager`] if the pager thread cannot start.
+    pub fn new(config: BucketConfig, clock: EngineClock) -> Result<Arc<Bucket>> {
+        config.validate()?;
+        let memory = Arc::new(MemoryTracker::new(config.high_wat_bytes()));
+        let vbuckets = (0..config.num_vbuckets)
+            .map(|i| {
+                VBucket::new(
+                    Vbid(i),
+                    VBucketState::Active,
+                    config.ht_locks,
+                    Arc::clone(&memory),
+                )
+            })
+            .collect::<epkv_hashtable::Result<Vec<_>>>()?
+            .into_boxed_slice();
+        let interval = config.expiry_pager_interval;
+        let bucket = Arc::new(Bucket {
+            clock: clock.clock(),
+            testing_clock: clock.testing().cloned(),
+            config,
+            vbuckets,
+            memory,
+            counters: Counters::new(),
+            pager: ExpiryPager::new(),
+        });
+        if !interval.is_zero() {
+            ExpiryPager::start(&bucket, interval)?;
+        }
+        tracing::info!(
+            bucket = %bucket.config.name,
+            vbuckets = bucket.vbuckets.len(),
+            quota_bytes = bucket.config.memory_quota_bytes,
+            flush_enabled = bucket.config.flush_enabled,
+            "bucket created"
+        );
+        Ok(bucket)
+    }
+
+    /// Returns the configuration the bucket was created with.
+    #[must_use]
+    pub fn config(&self) -> &BucketConfig {
+        &self.config
+    }
+
+    /// Returns the item memory in use, in bytes (the `mem_used` stat).
+    #[must_use]
+    pub fn mem_used(&self) -> usize {
+        self.memory.used()
+    }
+
+    /// Returns the number of documents in all vBuckets (the `curr_items_tot` stat).
+    #[must_use]
+    pub fn item_count(&self) -> usize {
+        self.vbuckets.iter().map(|vb| vb.table.len()).sum()
+    }
+
+    /// Returns a vBucket's high seqno (the seqno of its latest mutation; 0 if none), or
+    /// `None` for a vbid outside the bucket.
+    #[must_use]
+    pub fn high_seqno(&self, vbid: Vbid) -> Option<u64> {
+        self.vbuckets
+            .get(usize::from(vbid.0))
+            .map(|vb| vb.ordering_snapshot().0)
+    }
+
+    /// Returns true while the background expiry pager thread runs (it does not when the
+    /// interval is zero, and stops at [`epkv_engine_api::Engine::shutdown`]).
+    #[must_use]
+    pub fn is_expiry_pager_running(&self) -> bool {
+        self.pager.is_running()
+    }
+
+    /// Removes every expired document from every active vBucket, one hash-table stripe at
+    /// a time; each removal gets a seqno like a delete. Returns how many were removed.
+    /// The background pager calls this every `expiry_pager_interval`; tests call it
+    /// directly. Replica, pending and dead vBuckets are skipped (only an active vBucket
+    /// expires items, as in KV-Engine).
+    pub fn run_expiry_pass(&self) -> usize {
+        let mut removed = 0;
+        for vb in self.vbuckets.iter() {
+            let state = vb.state();
+            if *state != VBucketState::Active {
+                continue;
+            }
+            let now = LazyNow::new(&*self.clock);
+            removed += vb.table.retain(|sv| {
+                if expired(sv.meta(), &now) {
+                    vb.assign_deletion(now.nanos(), sv.meta().rev_seqno + 1);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.counters.add(Counter::ExpiredPager, removed as u64);
+        self.counters.incr(Counter::ExpiryPagerRuns);
+        removed
+    }
+
+    /// Finds the vBucket for a client request and checks that it may serve it: the vbid
+    /// must be in range, the key must map to it, and its state must be active (pending →
+    /// TempFail, where KV-Engine would park the request until the vBucket turns active;
+    /// replica and dead → NotMyVbucket). The returned guard keeps the state from changing
+    /// until the operation finishes.
+    pub(crate) fn client_vbucket(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+    ) -> EngineResult<(&VBucket, RwLockReadGuard<'_, VBucketState>)> {
+        let vb = self
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        if vbucket_for_key(key, self.config.num_vbuckets) != vbid {
+            return Err(EngineStatus::NotMyVbucket);
+        }
+        let state = vb.state();
+        match *state {
+            VBucketState::Active => Ok((vb, state)),
+            VBucketState::Pending => Err(EngineStatus::TempFail),
+            VBucketState::Replica | VBucketState::Dead => Err(EngineStatus::NotMyVbucket),
+        }
+    }
+
+    /// Removes the entry's item if it has expired, giving the removal a seqno, as KV-Engine
+    /// does when a client touches an expired document. Afterwards the entry is either
+    /// live or empty.
+    pub(crate) fn expire_on_access(&self, vb: &VBucket, e: &mut Entry<'_>, now: &LazyNow<'_>) {
+        let rev = match e.get() {
+            Some(sv) if expired(sv.meta(), now) => sv.meta().rev_seqno,
+            _ => return,
+        };
+        e.remove();
+        vb.assign_deletion(now.nanos(), rev + 1);
+        self.counters.incr(Counter::ExpiredAccess);
+    }
+
+    /// Stores `sv` in the entry, refusing with TempFail when item memory would pass the
+    /// high watermark.
+    pub(crate) fn insert_or_tempfail(
+        &self,
+        e: &mut Entry<'_>,
+        sv: StoredValue,
+    ) -> EngineResult<()> {
+        match e.insert(sv) {
+            Ok(_) => Ok(()),
+            Err(epkv_hashtable::Error::QuotaExceeded { .. }) => {
+                self.counters.incr(Counter::TmpOomErrors);
+                Err(EngineStatus::TempFail)
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "hash table refused an insert");
+                Err(EngineStatus::Internal)
+            }
+        }
+    }
+
+    /// The ordering point of a write: gives the entry's (just stored) item its seqno, CAS
+    /// and revision (`old_rev + 1`, or the vBucket's max deleted revision + 1 for a new
+    /// key), with the stripe lock held.
+    pub(crate) fn commit_version(
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        now: &LazyNow<'_>,
+        old_rev: Option<u64>,
+    ) -> Assigned {
+        let a = vb.assign_mutation(now.nanos());
+        if let Some(m) = e.meta_mut() {
+            m.by_seqno = a.seqno;
+            m.cas = a.cas;
+            m.rev_seqno = old_rev.map_or(a.new_key_rev, |r| r + 1);
+        }
+        a
+    }
+
+    /// What a mutation reports back.
+    pub(crate) fn mutation_info(vb: &VBucket, a: Assigned) -> MutationInfo {
+        MutationInfo {
+            cas: a.cas,
+            vbucket_uuid: vb.uuid(),
+            seqno: a.seqno,
+        }
+    }
+
+    /// Copies request bytes into a buffer of their own, so a stored item never pins the
+    /// (possibly much larger) network buffer a `Bytes` slice may point into, and memory
+    /// accounting matches what is really held.
+    pub(crate) fn own(bytes: &[u8]) -> Bytes {
+        Bytes::copy_from_slice(bytes)
+    }
+}
+
+impl Drop for Bucket {
+    fn drop(&mut self) {
+        // Never joins here: the last reference may be dropped on the pager thread itself.
+        self.pager.signal_stop();
+    }
+}

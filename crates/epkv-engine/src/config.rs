@@ -1,0 +1,277 @@
+//! [`BucketConfig`]: every setting of a bucket, declared once with its default and unit.
+
+use crate::{Error, Result};
+use std::time::Duration;
+
+/// Default memory quota: 1 GiB. The server's `--memory-quota` overrides it; 1 GiB is small
+/// enough for a laptop and large enough that a benchmark does not hit TMPFAIL.
+pub const DEFAULT_MEMORY_QUOTA_BYTES: u64 = 1024 * 1024 * 1024;
+/// Smallest quota [`BucketConfig::validate`] accepts: 1 MiB.
+pub const MIN_MEMORY_QUOTA_BYTES: u64 = 1024 * 1024;
+/// Default high watermark, percent of the quota (KV-Engine `mem_high_wat_percent` 0.85).
+pub const DEFAULT_MEM_HIGH_WAT_PERCENT: u8 = 85;
+/// Default low watermark, percent of the quota (KV-Engine `mem_low_wat_percent` 0.75).
+pub const DEFAULT_MEM_LOW_WAT_PERCENT: u8 = 75;
+/// Default largest value: 20 MiB (KV-Engine `max_item_size`).
+pub const DEFAULT_MAX_ITEM_SIZE_BYTES: usize = 20 * 1024 * 1024;
+/// Default lock stripes per vBucket hash table.
+pub const DEFAULT_HT_LOCKS: usize = 8;
+/// Default expiry pager interval: 60 s.
+pub const DEFAULT_EXPIRY_PAGER_INTERVAL: Duration = Duration::from_secs(60);
+/// Default GET_LOCKED timeout: 15 s (KV-Engine `getl_default_timeout`).
+pub const DEFAULT_GETL_DEFAULT_TIMEOUT_SECS: u32 = 15;
+/// Default longest GET_LOCKED timeout: 30 s (KV-Engine `getl_max_timeout`).
+pub const DEFAULT_GETL_MAX_TIMEOUT_SECS: u32 = 30;
+
+/// The configuration of one bucket. Build it with `BucketConfig { field: .., ..Default::default() }`
+/// and check it with [`BucketConfig::validate`] ([`crate::Bucket::new`] does so too).
+/// No field can change after the bucket is created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketConfig {
+    /// Bucket name, shown in stats and logs. Default `default`. 1..=100 characters from
+    /// `A-Z a-z 0-9 _ . % -` (Couchbase's bucket-name rule).
+    pub name: String,
+    /// Memory quota in bytes for item memory (key + value + a fixed per-item overhead; see
+    /// `epkv_hashtable::StoredValue::OVERHEAD_BYTES`). Default 1 GiB
+    /// ([`DEFAULT_MEMORY_QUOTA_BYTES`]); at least 1 MiB. Reported as `ep_max_size`.
+    pub memory_quota_bytes: u64,
+    /// High watermark, percent of the quota (1..=100, above the low watermark). Default 85.
+    /// A write that would take item memory above it fails with TMPFAIL, so item memory
+    /// never exceeds the quota. Reported as `ep_mem_high_wat` (bytes).
+    pub mem_high_wat_percent: u8,
+    /// Low watermark, percent of the quota (0..high). Default 75. Reported only, as
+    /// `ep_mem_low_wat` (bytes), until the item pager exists.
+    pub mem_low_wat_percent: u8,
+    /// Whether FLUSH is allowed. Default false (as in Couchbase); when false FLUSH answers
+    /// NotSupported.
+    pub flush_enabled: bool,
+    /// Largest value in bytes a document may have, also after APPEND/PREPEND. Default
+    /// 20 MiB ([`DEFAULT_MAX_ITEM_SIZE_BYTES`]); must be at least 1. Larger → TooBig.
+    pub max_item_size_bytes: usize,
+    /// Number of vBuckets. Default 1024 (`epkv_types::NUM_VBUCKETS`); 1..=1024. Keys map
+    /// to vBuckets with `epkv_types::vbucket_for_key(key, num_vbuckets)`.
+    pub num_vbuckets: u16,
+    /// Lock stripes in each vBucket's hash table. Default 8 ([`DEFAULT_HT_LOCKS`]);
+    /// 1..=1024. KV-Engine uses 47 per vBucket; with 1024 vBuckets already spreading keys,
+    /// 8 keeps contention negligible at 1 MiB of stripe memory per bucket.
+    pub ht_locks: usize,
+    /// Time between two runs of the background expiry pager. Default 60 s
+    /// ([`DEFAULT_EXPIRY_PAGER_INTERVAL`]; KV-Engine's `exp_pager_stime` is 600 s, but
+    /// with no disk to reclaim a shorter period frees memory sooner at little cost).
+    /// `Duration::ZERO` disables the pager thread; expired items then vanish only on
+    /// access or through [`crate::Bucket::run_expiry_pass`].
+    pub expiry_pager_interval: Duration,
+    /// GET_LOCKED timeout in seconds used when the request asks for 0 or for more than
+    /// `getl_max_timeout_secs`. Default 15; 1..=`getl_max_timeout_secs`.
+    pub getl_default_timeout_secs: u32,
+    /// Longest GET_LOCKED timeout in seconds a request may ask for. Default 30; at least
+    /// `getl_default_timeout_secs`.
+    pub getl_max_timeout_secs: u32,
+}
+
+impl Default for BucketConfig {
+    fn default() -> Self {
+        Self {
+            name: "default".to_owned(),
+            memory_quota_bytes: DEFAULT_MEMORY_QUOTA_BYTES,
+            mem_high_wat_percent: DEFAULT_MEM_HIGH_WAT_PERCENT,
+            mem_low_wat_percent: DEFAULT_MEM_LOW_WAT_PERCENT,
+            flush_enabled: false,
+            max_item_size_bytes: DEFAULT_MAX_ITEM_SIZE_BYTES,
+            num_vbuckets: epkv_types::NUM_VBUCKETS,
+            ht_locks: DEFAULT_HT_LOCKS,
+            expiry_pager_interval: DEFAULT_EXPIRY_PAGER_INTERVAL,
+            getl_default_timeout_secs: DEFAULT_GETL_DEFAULT_TIMEOUT_SECS,
+            getl_max_timeout_secs: DEFAULT_GETL_MAX_TIMEOUT_SECS,
+        }
+    }
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> Error {
+    Error::InvalidConfig {
+        field,
+        reason: reason.into(),
+    }
+}
+
+impl BucketConfig {
+    /// Checks every field against its documented range.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first field out of range.
+    pub fn validate(&self) -> Result<()> {
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 100
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'%' | b'-'));
+        if !name_ok {
+            return Err(invalid(
+                "name",
+                "must be 1..=100 characters from A-Z a-z 0-9 _ . % -",
+            ));
+        }
+        if self.memory_quota_bytes < MIN_MEMORY_QUOTA_BYTES {
+            return Err(invalid(
+                "memory_quota_bytes",
+                format!("must be at least {MIN_MEMORY_QUOTA_BYTES}"),
+            ));
+        }
+        if !(1..=100).contains(&self.mem_high_wat_percent) {
+            return Err(invalid("mem_high_wat_percent", "must be 1..=100"));
+        }
+        if self.mem_low_wat_percent >= self.mem_high_wat_percent {
+            return Err(invalid(
+                "mem_low_wat_percent",
+                "must be below mem_high_wat_percent",
+            ));
+        }
+        if self.max_item_size_bytes == 0 {
+            return Err(invalid("max_item_size_bytes", "must be at least 1"));
+        }
+        if !(1..=epkv_types::NUM_VBUCKETS).contains(&self.num_vbuckets) {
+            return Err(invalid("num_vbuckets", "must be 1..=1024"));
+        }
+        if !(1..=1024).contains(&self.ht_locks) {
+            return Err(invalid("ht_locks", "must be 1..=1024"));
+        }
+        if self.getl_default_timeout_secs == 0 {
+            return Err(invalid("getl_default_timeout_secs", "must be at least 1"));
+        }
+        if self.getl_max_timeout_secs < self.getl_default_timeout_secs {
+            return Err(invalid(
+                "getl_max_timeout_secs",
+                "must be at least getl_default_timeout_secs",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Returns the quota in bytes as a `usize` (saturating on 32-bit targets).
+    #[must_use]
+    pub fn quota_bytes(&self) -> usize {
+        usize::try_from(self.memory_quota_bytes).unwrap_or(usize::MAX)
+    }
+
+    /// Returns the high watermark in bytes: the most item memory the bucket will hold.
+    #[must_use]
+    pub fn high_wat_bytes(&self) -> usize {
+        percent_of(self.quota_bytes(), self.mem_high_wat_percent)
+    }
+
+    /// Returns the low watermark in bytes.
+    #[must_use]
+    pub fn low_wat_bytes(&self) -> usize {
+        percent_of(self.quota_bytes(), self.mem_low_wat_percent)
+    }
+}
+
+fn percent_of(bytes: usize, percent: u8) -> usize {
+    // Divide first so the product cannot overflow; the error is below 100 bytes.
+    (bytes / 100).saturating_mul(usize::from(percent))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid() {
+        BucketConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn watermarks_are_percentages_of_the_quota() {
+        let c = BucketConfig {
+            memory_quota_bytes: 100 * 1024 * 1024,
+            ..BucketConfig::default()
+        };
+        assert_eq!(c.high_wat_bytes(), 85 * 1024 * 1024);
+        assert_eq!(c.low_wat_bytes(), 75 * 1024 * 1024);
+        assert!(c.high_wat_bytes() <= c.quota_bytes());
+    }
+
+    fn field_of(c: BucketConfig) -> &'static str {
+        match c.validate() {
+            Err(Error::InvalidConfig { field, .. }) => field,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        let d = BucketConfig::default;
+        assert_eq!(
+            field_of(BucketConfig {
+                name: String::new(),
+                ..d()
+            }),
+            "name"
+        );
+        assert_eq!(
+            field_of(BucketConfig {
+                name: "a b".into(),
+                ..d()
+            }),
+            "name"
+        );
+        assert_eq!(
+            field_of(BucketConfig {
+                memory_quota_bytes: 1000,
+                ..d()
+            }),
+            "memory_quota_bytes"
+        );
+        assert_eq!(
+            field_of(BucketConfig {
+                mem_high_wat_percent: 101,
+                ..d()
+            }),
+            "mem_high_wat_percent"
+        );
+        assert_eq!(
+            field_of(BucketConfig {
+                mem_low_wat_percent: 85,
+                ..d()
+            }),
+            "mem_low_wat_percent"
+        );
+        assert_eq!(
+            field_of(BucketConfig {
+                max_item_size_bytes: 0,
+                ..d()
+            }),
+            "max_item_size_bytes"
+        );
+        assert_eq!(
+            field_of(BucketConfig {
+                num_vbuckets: 0,
+                ..d()
+            }),
+            "num_vbuckets"
+        );
+        assert_eq!(
+            field_of(BucketConfig {
+                num_vbuckets: 1025,
+                ..d()
+            }),
+            "num_vbuckets"
+        );
+        assert_eq!(field_of(BucketConfig { ht_locks: 0, ..d() }), "ht_locks");
+        assert_eq!(
+            field_of(BucketConfig {
+                getl_default_timeout_secs: 0,
+                ..d()
+            }),
+            "getl_default_timeout_secs"
+        );
+        assert_eq!(
+            field_of(BucketConfig {
+                getl_max_timeout_secs: 10,
+                ..d()
+            }),
+            "getl_max_timeout_secs"
+        );
+    }
+}

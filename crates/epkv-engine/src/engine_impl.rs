@@ -1,0 +1,80 @@
+//! `impl Engine for Bucket`: the front end's view of the bucket, delegating to the
+//! operations in `ops.rs` and `stat_groups.rs`.
+
+use crate::Bucket;
+use epkv_engine_api::{
+    ArithmeticRequest, Engine, EngineResult, EngineStatus, Item, MutationInfo, RemoveRequest,
+    StatSink, StoreRequest,
+};
+use epkv_types::{Cas, VBucketState, Vbid};
+
+impl Engine for Bucket {
+    fn get(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
+        self.op_get(vbid, key)
+    }
+
+    fn get_and_touch(&self, vbid: Vbid, key: &[u8], expiry_raw: u32) -> EngineResult<Item> {
+        self.op_get_and_touch(vbid, key, expiry_raw)
+    }
+
+    fn touch(&self, vbid: Vbid, key: &[u8], expiry_raw: u32) -> EngineResult<MutationInfo> {
+        self.op_touch(vbid, key, expiry_raw)
+    }
+
+    fn get_locked(&self, vbid: Vbid, key: &[u8], lock_timeout_secs: u32) -> EngineResult<Item> {
+        self.op_get_locked(vbid, key, lock_timeout_secs)
+    }
+
+    fn unlock(&self, vbid: Vbid, key: &[u8], cas: Cas) -> EngineResult<()> {
+        self.op_unlock(vbid, key, cas)
+    }
+
+    fn store(&self, req: StoreRequest) -> EngineResult<MutationInfo> {
+        self.op_store(&req)
+    }
+
+    fn remove(&self, req: RemoveRequest) -> EngineResult<MutationInfo> {
+        self.op_remove(&req)
+    }
+
+    fn arithmetic(&self, req: ArithmeticRequest) -> EngineResult<(u64, MutationInfo)> {
+        self.op_arithmetic(&req)
+    }
+
+    fn flush(&self) -> EngineResult<()> {
+        self.op_flush()
+    }
+
+    fn stats(&self, group: &str, sink: StatSink<'_>) -> EngineResult<()> {
+        self.op_stats(group, sink)
+    }
+
+    fn vbucket_state(&self, vbid: Vbid) -> Option<VBucketState> {
+        self.vbuckets.get(usize::from(vbid.0)).map(|vb| *vb.state())
+    }
+
+    fn set_vbucket_state(&self, vbid: Vbid, state: VBucketState) -> EngineResult<()> {
+        let vb = self
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        vb.set_state(state);
+        tracing::info!(bucket = %self.config.name, %vbid, state = state.as_str(), "vbucket state changed");
+        Ok(())
+    }
+
+    fn adjust_time(&self, offset_secs: i64) -> EngineResult<()> {
+        let clock = self
+            .testing_clock
+            .as_ref()
+            .ok_or(EngineStatus::NotSupported)?;
+        clock.set_offset_secs(offset_secs);
+        tracing::info!(offset_secs, "engine clock adjusted (testing mode)");
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        self.pager.stop();
+        tracing::info!(bucket = %self.config.name, "bucket shut down");
+    }
+}

@@ -1,0 +1,414 @@
+//! The document operations: each routes to its vBucket, then reads and changes the key
+//! inside one [`epkv_hashtable::HashTable::with_entry`] closure, so everything it decides
+//! (existence, expiry, lock, CAS) and everything it writes happens under the key's stripe
+//! lock, with seqno and CAS assigned at the vBucket's ordering point before it is released.
+
+use crate::Bucket;
+use crate::bucket::{LazyNow, check_durability, check_lock_and_cas, item_of, locked};
+use crate::counter_value;
+use crate::stats::Counter;
+use crate::vbucket::{Assigned, VBucket};
+use bytes::Bytes;
+use epkv_engine_api::{
+    ArithmeticOp, ArithmeticRequest, EngineResult, EngineStatus, Expiry, Item, MutationInfo,
+    RemoveRequest, StoreOp, StoreRequest,
+};
+use epkv_hashtable::{Entry, ItemMeta, StoredValue};
+use epkv_types::{Cas, Datatype, Vbid};
+
+/// Raw expiry that tells INCREMENT/DECREMENT not to create a missing key.
+const ARITHMETIC_NO_CREATE: u32 = 0xffff_ffff;
+
+/// Returns JSON if `value` is a JSON document, else raw bytes (used for values the engine
+/// builds itself, as KV-Engine re-checks the datatype after APPEND/PREPEND).
+fn json_or_raw(value: &[u8]) -> Datatype {
+    if serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok() {
+        Datatype::JSON
+    } else {
+        Datatype::RAW
+    }
+}
+
+impl Bucket {
+    /// GET.
+    pub(crate) fn op_get(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
+        self.counters.incr(Counter::CmdGet);
+        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        let now = LazyNow::new(&*self.clock);
+        let result = vb.table.with_entry(key, |e| {
+            self.expire_on_access(vb, e, &now);
+            let sv = e.get().ok_or(EngineStatus::KeyNotFound)?;
+            // A locked document shows everyone a CAS that can never match.
+            let cas = if locked(sv.meta(), &now) {
+                Cas(u64::MAX)
+            } else {
+                sv.meta().cas
+            };
+            Ok(item_of(sv, vbid, cas))
+        });
+        self.count_read(&result);
+        result
+    }
+
+    fn count_read<T>(&self, result: &EngineResult<T>) {
+        match result {
+            Ok(_) => self.counters.incr(Counter::GetHits),
+            Err(EngineStatus::KeyNotFound) => self.counters.incr(Counter::GetMisses),
+            Err(_) => {}
+        }
+    }
+
+    fn count_touch<T>(&self, result: &EngineResult<T>) {
+        match result {
+            Ok(_) => self.counters.incr(Counter::TouchHits),
+            Err(EngineStatus::KeyNotFound) => self.counters.incr(Counter::TouchMisses),
+            Err(_) => {}
+        }
+    }
+
+    /// Sets a new expiry on the entry's live, unlocked item; a new version with its own
+    /// seqno and CAS.
+    fn touch_entry(
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        expiry_raw: u32,
+        now: &LazyNow<'_>,
+    ) -> EngineResult<Assigned> {
+        let meta = *e.get().ok_or(EngineStatus::KeyNotFound)?.meta();
+        if locked(&meta, now) {
+            return Err(EngineStatus::Locked);
+        }
+        let a = vb.assign_mutation(now.nanos());
+        if let Some(m) = e.meta_mut() {
+            m.expiry = Expiry::from_wire(expiry_raw).to_unix_secs(now.secs());
+            m.by_seqno = a.seqno;
+            m.cas = a.cas;
+            m.rev_seqno += 1;
+            m.clear_lock();
+        }
+        Ok(a)
+    }
+
+    /// GAT.
+    pub(crate) fn op_get_and_touch(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+        expiry_raw: u32,
+    ) -> EngineResult<Item> {
+        self.counters.incr(Counter::CmdGet);
+        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        let now = LazyNow::new(&*self.clock);
+        let result = vb.table.with_entry(key, |e| {
+            self.expire_on_access(vb, e, &now);
+            let a = Self::touch_entry(vb, e, expiry_raw, &now)?;
+            let sv = e.get().ok_or(EngineStatus::Internal)?;
+            Ok(item_of(sv, vbid, a.cas))
+        });
+        self.count_read(&result);
+        self.count_touch(&result);
+        result
+    }
+
+    /// TOUCH.
+    pub(crate) fn op_touch(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+        expiry_raw: u32,
+    ) -> EngineResult<MutationInfo> {
+        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        let now = LazyNow::new(&*self.clock);
+        let result = vb.table.with_entry(key, |e| {
+            self.expire_on_access(vb, e, &now);
+            let a = Self::touch_entry(vb, e, expiry_raw, &now)?;
+            Ok(Self::mutation_info(vb, a))
+        });
+        self.count_touch(&result);
+        result
+    }
+
+    /// GET_LOCKED.
+    pub(crate) fn op_get_locked(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+        lock_timeout_secs: u32,
+    ) -> EngineResult<Item> {
+        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        let timeout =
+            if lock_timeout_secs == 0 || lock_timeout_secs > self.config.getl_max_timeout_secs {
+                self.config.getl_default_timeout_secs
+            } else {
+                lock_timeout_secs
+            };
+        let now = LazyNow::new(&*self.clock);
+        let result = vb.table.with_entry(key, |e| {
+            self.expire_on_access(vb, e, &now);
+            let meta = *e.get().ok_or(EngineStatus::KeyNotFound)?.meta();
+            if locked(&meta, &now) {
+                return Err(EngineStatus::Locked);
+            }
+            let lock_cas = vb.assign_lock_cas(now.nanos());
+            if let Some(m) = e.meta_mut() {
+                m.lock_expiry = now.secs().saturating_add(timeout);
+                m.locked_cas = lock_cas;
+            }
+            let sv = e.get().ok_or(EngineStatus::Internal)?;
+            Ok(item_of(sv, vbid, lock_cas))
+        });
+        match &result {
+            Ok(_) => self.counters.incr(Counter::LockHits),
+            Err(EngineStatus::KeyNotFound) => self.counters.incr(Counter::LockMisses),
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// UNLOCK_KEY.
+    pub(crate) fn op_unlock(&self, vbid: Vbid, key: &[u8], cas: Cas) -> EngineResult<()> {
+        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        let now = LazyNow::new(&*self.clock);
+        vb.table.with_entry(key, |e| {
+            self.expire_on_access(vb, e, &now);
+            let meta = e.meta_mut().ok_or(EngineStatus::KeyNotFound)?;
+            if !(meta.lock_expiry != 0 && meta.is_locked(now.secs())) {
+                meta.clear_lock();
+                return Err(EngineStatus::NotLocked);
+            }
+            if cas != meta.locked_cas {
+                return Err(EngineStatus::Locked);
+            }
+            meta.clear_lock();
+            Ok(())
+        })
+    }
+
+    /// SET, ADD, REPLACE, APPEND, PREPEND.
+    pub(crate) fn op_store(&self, req: &StoreRequest) -> EngineResult<MutationInfo> {
+        self.counters.incr(Counter::CmdSet);
+        if req.value.len() > self.config.max_item_size_bytes {
+            self.counters.incr(Counter::TooBig);
+            return Err(EngineStatus::TooBig);
+        }
+        // memcached's validator rejects ADD with a CAS (EINVAL); the engine agrees.
+        if req.op == StoreOp::Add && !req.cas.is_any() {
+            return Err(EngineStatus::Invalid);
+        }
+        let (vb, _state) = self.client_vbucket(req.vbid, &req.key)?;
+        check_durability(req.durability.as_ref())?;
+        let now = LazyNow::new(&*self.clock);
+        let result = vb
+            .table
+            .with_entry(&req.key, |e| self.store_entry(vb, e, req, &now));
+        if !req.cas.is_any() {
+            self.count_cas(&result);
+        }
+        if matches!(result, Err(EngineStatus::TooBig)) {
+            self.counters.incr(Counter::TooBig);
+        }
+        result
+    }
+
+    fn count_cas<T>(&self, result: &EngineResult<T>) {
+        match result {
+            Ok(_) => self.counters.incr(Counter::CasHits),
+            Err(EngineStatus::KeyNotFound | EngineStatus::NotStored) => {
+                self.counters.incr(Counter::CasMisses);
+            }
+            Err(EngineStatus::KeyExists) => self.counters.incr(Counter::CasBadval),
+            Err(_) => {}
+        }
+    }
+
+    fn store_entry(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        req: &StoreRequest,
+        now: &LazyNow<'_>,
+    ) -> EngineResult<MutationInfo> {
+        self.expire_on_access(vb, e, now);
+        let existing = match e.get() {
+            Some(sv) => {
+                if req.op == StoreOp::Add {
+                    return Err(EngineStatus::KeyExists);
+                }
+                check_lock_and_cas(sv.meta(), req.cas, now)?;
+                Some((sv.key().clone(), sv.value().clone(), *sv.meta()))
+            }
+            None => {
+                match req.op {
+                    StoreOp::Replace => return Err(EngineStatus::KeyNotFound),
+                    StoreOp::Append | StoreOp::Prepend => return Err(EngineStatus::NotStored),
+                    StoreOp::Set if !req.cas.is_any() => return Err(EngineStatus::KeyNotFound),
+                    StoreOp::Set | StoreOp::Add => {}
+                }
+                None
+            }
+        };
+        let new_meta = |flags, expiry, datatype| ItemMeta {
+            flags,
+            expiry,
+            datatype,
+            ..ItemMeta::default()
+        };
+        let (sv, old_rev) = match (req.op, existing) {
+            (StoreOp::Append | StoreOp::Prepend, Some((key, old, meta))) => {
+                let total = old.len().saturating_add(req.value.len());
+                if total > self.config.max_item_size_bytes {
+                    return Err(EngineStatus::TooBig);
+                }
+                let mut buf = Vec::with_capacity(total);
+                if req.op == StoreOp::Append {
+                    buf.extend_from_slice(&old);
+                    buf.extend_from_slice(&req.value);
+                } else {
+                    buf.extend_from_slice(&req.value);
+                    buf.extend_from_slice(&old);
+                }
+                let datatype = json_or_raw(&buf);
+                let meta_new = new_meta(meta.flags, meta.expiry, datatype);
+                (
+                    StoredValue::new(key, Bytes::from(buf), meta_new),
+                    Some(meta.rev_seqno),
+                )
+            }
+            (_, Some((key, _, meta))) => {
+                let expiry = if req.preserve_ttl {
+                    meta.expiry
+                } else {
+                    req.expiry.to_unix_secs(now.secs())
+                };
+                let meta_new = new_meta(req.flags, expiry, req.datatype);
+                (
+                    StoredValue::new(key, Self::own(&req.value), meta_new),
+                    Some(meta.rev_seqno),
+                )
+            }
+            (_, None) => {
+                let expiry = req.expiry.to_unix_secs(now.secs());
+                let meta_new = new_meta(req.flags, expiry, req.datatype);
+                (
+                    StoredValue::new(Self::own(&req.key), Self::own(&req.value), meta_new),
+                    None,
+                )
+            }
+        };
+        self.insert_or_tempfail(e, sv)?;
+        let a = Self::commit_version(vb, e, now, old_rev);
+        Ok(Self::mutation_info(vb, a))
+    }
+
+    /// DELETE.
+    pub(crate) fn op_remove(&self, req: &RemoveRequest) -> EngineResult<MutationInfo> {
+        let (vb, _state) = self.client_vbucket(req.vbid, &req.key)?;
+        check_durability(req.durability.as_ref())?;
+        let now = LazyNow::new(&*self.clock);
+        let result = vb.table.with_entry(&req.key, |e| {
+            self.expire_on_access(vb, e, &now);
+            let meta = *e.get().ok_or(EngineStatus::KeyNotFound)?.meta();
+            check_lock_and_cas(&meta, req.cas, &now)?;
+            e.remove();
+            let a = vb.assign_deletion(now.nanos(), meta.rev_seqno + 1);
+            Ok(Self::mutation_info(vb, a))
+        });
+        match &result {
+            Ok(_) => self.counters.incr(Counter::DeleteHits),
+            Err(EngineStatus::KeyNotFound) => self.counters.incr(Counter::DeleteMisses),
+            Err(_) => {}
+        }
+        if !req.cas.is_any() {
+            self.count_cas(&result);
+        }
+        result
+    }
+
+    /// INCREMENT, DECREMENT.
+    pub(crate) fn op_arithmetic(
+        &self,
+        req: &ArithmeticRequest,
+    ) -> EngineResult<(u64, MutationInfo)> {
+        let (vb, _state) = self.client_vbucket(req.vbid, &req.key)?;
+        check_durability(req.durability.as_ref())?;
+        let now = LazyNow::new(&*self.clock);
+        let result = vb
+            .table
+            .with_entry(&req.key, |e| self.arithmetic_entry(vb, e, req, &now));
+        let (hit, miss) = match req.op {
+            ArithmeticOp::Increment => (Counter::IncrHits, Counter::IncrMisses),
+            ArithmeticOp::Decrement => (Counter::DecrHits, Counter::DecrMisses),
+        };
+        match &result {
+            Ok(_) => self.counters.incr(hit),
+            Err(EngineStatus::KeyNotFound) => self.counters.incr(miss),
+            Err(_) => {}
+        }
+        result
+    }
+
+    fn arithmetic_entry(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        req: &ArithmeticRequest,
+        now: &LazyNow<'_>,
+    ) -> EngineResult<(u64, MutationInfo)> {
+        self.expire_on_access(vb, e, now);
+        let (sv, result, old_rev) = match e.get() {
+            None => {
+                if req.expiry_raw == ARITHMETIC_NO_CREATE || !req.cas.is_any() {
+                    return Err(EngineStatus::KeyNotFound);
+                }
+                // A created counter holds `initial`; the delta is not applied.
+                let meta = ItemMeta {
+                    expiry: Expiry::from_wire(req.expiry_raw).to_unix_secs(now.secs()),
+                    datatype: Datatype::JSON,
+                    ..ItemMeta::default()
+                };
+                let value = Bytes::from(counter_value::format(req.initial));
+                (
+                    StoredValue::new(Self::own(&req.key), value, meta),
+                    req.initial,
+                    None,
+                )
+            }
+            Some(sv) => {
+                let old = *sv.meta();
+                check_lock_and_cas(&old, req.cas, now)?;
+                let current =
+                    counter_value::parse(sv.value()).ok_or(EngineStatus::DeltaBadValue)?;
+                let next = match req.op {
+                    ArithmeticOp::Increment => current.wrapping_add(req.delta),
+                    ArithmeticOp::Decrement => current.saturating_sub(req.delta),
+                };
+                let meta = ItemMeta {
+                    flags: old.flags,
+                    expiry: old.expiry,
+                    datatype: Datatype::JSON,
+                    ..ItemMeta::default()
+                };
+                let value = Bytes::from(counter_value::format(next));
+                (
+                    StoredValue::new(sv.key().clone(), value, meta),
+                    next,
+                    Some(old.rev_seqno),
+                )
+            }
+        };
+        self.insert_or_tempfail(e, sv)?;
+        let a = Self::commit_version(vb, e, now, old_rev);
+        Ok((result, Self::mutation_info(vb, a)))
+    }
+
+    /// FLUSH: removes every document of every vBucket (seqnos keep counting; failover
+    /// logs are kept).
+    pub(crate) fn op_flush(&self) -> EngineResult<()> {
+        if !self.config.flush_enabled {
+            return Err(EngineStatus::NotSupported);
+        }
+        let removed: usize = self.vbuckets.iter().map(|vb| vb.table.clear()).sum();
+        tracing::info!(bucket = %self.config.name, removed, "bucket flushed");
+        Ok(())
+    }
+}

@@ -1,0 +1,147 @@
+//! Emission of the STAT groups the engine answers: the default group, `memory`,
+//! `vbucket` and `vbucket-details` (optionally for one vBucket: `vbucket-details N`).
+
+use crate::Bucket;
+use crate::stats::{Counter, STATS, StatGroup};
+use epkv_engine_api::{EngineResult, EngineStatus, StatSink};
+use epkv_hashtable::StoredValue;
+use epkv_types::VBucketState;
+
+/// Per-state totals over all vBuckets, gathered once per STAT call.
+#[derive(Default)]
+struct Totals {
+    vbs: [usize; 4],
+    items: [usize; 4],
+}
+
+fn state_index(s: VBucketState) -> usize {
+    match s {
+        VBucketState::Active => 0,
+        VBucketState::Replica => 1,
+        VBucketState::Pending => 2,
+        VBucketState::Dead => 3,
+    }
+}
+
+impl Bucket {
+    fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for vb in self.vbuckets.iter() {
+            let i = state_index(*vb.state());
+            t.vbs[i] += 1;
+            t.items[i] += vb.table.len();
+        }
+        t
+    }
+
+    /// Returns the value of one default- or memory-group stat, or `None` for a name the
+    /// group does not have.
+    fn stat_value(&self, group: StatGroup, name: &str, t: &Totals) -> Option<String> {
+        if group == StatGroup::Default
+            && let Some(c) = Counter::ALL.iter().find(|c| c.name() == name)
+        {
+            return Some(self.counters.get(*c).to_string());
+        }
+        let c = &self.config;
+        let v = match name {
+            "ep_bucket_name" => c.name.clone(),
+            "ep_bucket_type" => "ephemeral".to_owned(),
+            "curr_items" | "vb_active_curr_items" => t.items[0].to_string(),
+            "curr_items_tot" => t.items.iter().sum::<usize>().to_string(),
+            "vb_replica_curr_items" => t.items[1].to_string(),
+            "vb_pending_curr_items" => t.items[2].to_string(),
+            "vb_active_num" => t.vbs[0].to_string(),
+            "vb_replica_num" => t.vbs[1].to_string(),
+            "vb_pending_num" => t.vbs[2].to_string(),
+            "vb_dead_num" => t.vbs[3].to_string(),
+            "ep_max_vbuckets" => c.num_vbuckets.to_string(),
+            "ep_max_size" => c.memory_quota_bytes.to_string(),
+            "mem_used" | "ep_kv_size" => self.memory.used().to_string(),
+            "ep_mem_high_wat" => c.high_wat_bytes().to_string(),
+            "ep_mem_low_wat" => c.low_wat_bytes().to_string(),
+            "ep_mem_high_wat_percent" => c.mem_high_wat_percent.to_string(),
+            "ep_mem_low_wat_percent" => c.mem_low_wat_percent.to_string(),
+            "ep_item_overhead_bytes" => StoredValue::OVERHEAD_BYTES.to_string(),
+            "ep_tmp_oom_errors" => self.counters.get(Counter::TmpOomErrors).to_string(),
+            "ep_max_item_size" => c.max_item_size_bytes.to_string(),
+            "ep_flushall_enabled" => c.flush_enabled.to_string(),
+            "ep_exp_pager_stime" => c.expiry_pager_interval.as_secs().to_string(),
+            _ => return None,
+        };
+        Some(v)
+    }
+
+    fn emit_group(&self, group: StatGroup, sink: StatSink<'_>) {
+        let t = self.totals();
+        for def in STATS.iter().filter(|d| d.group == group) {
+            match self.stat_value(group, def.name, &t) {
+                Some(v) => sink(def.name, &v),
+                None => debug_assert!(false, "stat {} has no value", def.name),
+            }
+        }
+    }
+
+    fn emit_vbucket_states(&self, sink: StatSink<'_>) {
+        for vb in self.vbuckets.iter() {
+            let state = *vb.state();
+            sink(&format!("vb_{}", vb.id.0), state.as_str());
+        }
+    }
+
+    fn emit_vbucket_details(&self, only: Option<u16>, sink: StatSink<'_>) -> EngineResult<()> {
+        let vbs = match only {
+            Some(id) => {
+                let vb = self
+                    .vbuckets
+                    .get(usize::from(id))
+                    .ok_or(EngineStatus::NotMyVbucket)?;
+                std::slice::from_ref(vb)
+            }
+            None => &self.vbuckets[..],
+        };
+        for vb in vbs {
+            let state = *vb.state();
+            let (high_seqno, max_cas, max_deleted_rev) = vb.ordering_snapshot();
+            let p = format!("vb_{}", vb.id.0);
+            sink(&p, state.as_str());
+            sink(&format!("{p}:num_items"), &vb.table.len().to_string());
+            sink(&format!("{p}:mem_used"), &vb.table.mem_used().to_string());
+            sink(&format!("{p}:high_seqno"), &high_seqno.to_string());
+            sink(&format!("{p}:max_cas"), &max_cas.to_string());
+            sink(
+                &format!("{p}:max_deleted_revid"),
+                &max_deleted_rev.to_string(),
+            );
+            sink(&format!("{p}:uuid"), &vb.uuid().to_string());
+            let log = vb.failover_log();
+            sink(&format!("{p}:num_failover_entries"), &log.len().to_string());
+        }
+        Ok(())
+    }
+
+    /// STAT: see [`epkv_engine_api::Engine::stats`].
+    pub(crate) fn op_stats(&self, group: &str, sink: StatSink<'_>) -> EngineResult<()> {
+        match group.trim() {
+            "" => {
+                self.emit_group(StatGroup::Default, sink);
+                Ok(())
+            }
+            "memory" => {
+                self.emit_group(StatGroup::Memory, sink);
+                Ok(())
+            }
+            "vbucket" => {
+                self.emit_vbucket_states(sink);
+                Ok(())
+            }
+            "vbucket-details" => self.emit_vbucket_details(None, sink),
+            g => match g.strip_prefix("vbucket-details ") {
+                Some(id) => {
+                    let id = id.trim().parse().map_err(|_| EngineStatus::Invalid)?;
+                    self.emit_vbucket_details(Some(id), sink)
+                }
+                None => Err(EngineStatus::UnknownStatGroup),
+            },
+        }
+    }
+}

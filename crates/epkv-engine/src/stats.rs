@@ -1,0 +1,399 @@
+//! The bucket's statistics: one table naming every stat the engine emits ([`STATS`]),
+//! and the sharded event counters behind the counting ones.
+//!
+//! Counters are sharded: each thread adds to its own cache-line-aligned shard (picked
+//! round-robin the first time the thread counts), so the GET path never writes a cache
+//! line another core is writing. Reading a counter sums the shards.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// The STAT group a stat belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatGroup {
+    /// The default group (`STAT` with no key).
+    Default,
+    /// `STAT memory`.
+    Memory,
+}
+
+/// The unit of a stat's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatUnit {
+    /// A number of events since the bucket started.
+    Count,
+    /// A current number of things (items, vBuckets).
+    Items,
+    /// Bytes.
+    Bytes,
+    /// Seconds.
+    Seconds,
+    /// Text.
+    Text,
+}
+
+/// One stat the engine emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatDefinition {
+    /// The stat key as emitted.
+    pub name: &'static str,
+    /// The group that emits it.
+    pub group: StatGroup,
+    /// Its unit.
+    pub unit: StatUnit,
+    /// What it means.
+    pub description: &'static str,
+}
+
+macro_rules! counters {
+    ($($variant:ident => $name:literal, $desc:literal;)*) => {
+        /// An event counter (one per counting stat of the default group).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[repr(usize)]
+        pub(crate) enum Counter { $($variant),* }
+
+        impl Counter {
+            /// Every counter, in declaration order.
+            pub(crate) const ALL: &'static [Counter] = &[$(Counter::$variant),*];
+
+            /// The stat key of this counter.
+            pub(crate) fn name(self) -> &'static str {
+                match self { $(Counter::$variant => $name),* }
+            }
+        }
+
+        const COUNTER_DEFS: &[StatDefinition] = &[$(StatDefinition {
+            name: $name,
+            group: StatGroup::Default,
+            unit: StatUnit::Count,
+            description: $desc,
+        }),*];
+    };
+}
+
+counters! {
+    CmdGet => "cmd_get", "GET, GETK, GAT and their quiet variants received";
+    GetHits => "get_hits", "reads that found a live document";
+    GetMisses => "get_misses", "reads that found no live document";
+    CmdSet => "cmd_set", "SET, ADD, REPLACE, APPEND and PREPEND received";
+    DeleteHits => "delete_hits", "DELETEs that removed a document";
+    DeleteMisses => "delete_misses", "DELETEs of a missing key";
+    IncrHits => "incr_hits", "INCREMENTs that updated or created a counter";
+    IncrMisses => "incr_misses", "INCREMENTs of a missing key that may not create it";
+    DecrHits => "decr_hits", "DECREMENTs that updated or created a counter";
+    DecrMisses => "decr_misses", "DECREMENTs of a missing key that may not create it";
+    CasHits => "cas_hits", "CAS-conditional mutations that succeeded";
+    CasMisses => "cas_misses", "CAS-conditional mutations of a missing key";
+    CasBadval => "cas_badval", "CAS-conditional mutations whose CAS did not match";
+    TouchHits => "touch_hits", "TOUCH and GAT that found a live document";
+    TouchMisses => "touch_misses", "TOUCH and GAT of a missing key";
+    LockHits => "getl_hits", "GET_LOCKED that locked a document";
+    LockMisses => "getl_misses", "GET_LOCKED of a missing key";
+    ExpiredAccess => "ep_expired_access", "expired documents removed when accessed";
+    ExpiredPager => "ep_expired_pager", "expired documents removed by the expiry pager";
+    ExpiryPagerRuns => "ep_num_expiry_pager_runs", "completed expiry pager passes";
+    TmpOomErrors => "ep_tmp_oom_errors", "writes refused with TMPFAIL for lack of memory";
+    TooBig => "ep_item_too_big", "writes refused because the value was too large";
+}
+
+/// Every stat of the default and `memory` groups, counters first. The `vbucket` and
+/// `vbucket-details` groups emit per-vBucket keys (`vb_N`, `vb_N:high_seqno`, ...) that
+/// are described in the crate docs instead.
+pub static STATS: std::sync::LazyLock<Vec<StatDefinition>> =
+    std::sync::LazyLock::new(|| COUNTER_DEFS.iter().chain(GAUGE_DEFS).copied().collect());
+
+const fn gauge(
+    name: &'static str,
+    group: StatGroup,
+    unit: StatUnit,
+    description: &'static str,
+) -> StatDefinition {
+    StatDefinition {
+        name,
+        group,
+        unit,
+        description,
+    }
+}
+
+const GAUGE_DEFS: &[StatDefinition] = &[
+    gauge(
+        "ep_bucket_name",
+        StatGroup::Default,
+        StatUnit::Text,
+        "the bucket's name",
+    ),
+    gauge(
+        "ep_bucket_type",
+        StatGroup::Default,
+        StatUnit::Text,
+        "`ephemeral`: items live in memory only",
+    ),
+    gauge(
+        "curr_items",
+        StatGroup::Default,
+        StatUnit::Items,
+        "live documents in active vBuckets",
+    ),
+    gauge(
+        "curr_items_tot",
+        StatGroup::Default,
+        StatUnit::Items,
+        "live documents in all vBuckets",
+    ),
+    gauge(
+        "vb_active_curr_items",
+        StatGroup::Default,
+        StatUnit::Items,
+        "live documents in active vBuckets",
+    ),
+    gauge(
+        "vb_replica_curr_items",
+        StatGroup::Default,
+        StatUnit::Items,
+        "live documents in replica vBuckets",
+    ),
+    gauge(
+        "vb_pending_curr_items",
+        StatGroup::Default,
+        StatUnit::Items,
+        "live documents in pending vBuckets",
+    ),
+    gauge(
+        "vb_active_num",
+        StatGroup::Default,
+        StatUnit::Items,
+        "vBuckets in state active",
+    ),
+    gauge(
+        "vb_replica_num",
+        StatGroup::Default,
+        StatUnit::Items,
+        "vBuckets in state replica",
+    ),
+    gauge(
+        "vb_pending_num",
+        StatGroup::Default,
+        StatUnit::Items,
+        "vBuckets in state pending",
+    ),
+    gauge(
+        "vb_dead_num",
+        StatGroup::Default,
+        StatUnit::Items,
+        "vBuckets in state dead",
+    ),
+    gauge(
+        "ep_max_vbuckets",
+        StatGroup::Default,
+        StatUnit::Items,
+        "number of vBuckets of the bucket",
+    ),
+    gauge(
+        "ep_max_size",
+        StatGroup::Default,
+        StatUnit::Bytes,
+        "memory quota",
+    ),
+    gauge(
+        "mem_used",
+        StatGroup::Default,
+        StatUnit::Bytes,
+        "item memory in use (key + value + per-item overhead)",
+    ),
+    gauge(
+        "ep_mem_high_wat",
+        StatGroup::Default,
+        StatUnit::Bytes,
+        "high watermark: writes beyond it get TMPFAIL",
+    ),
+    gauge(
+        "ep_mem_low_wat",
+        StatGroup::Default,
+        StatUnit::Bytes,
+        "low watermark",
+    ),
+    gauge(
+        "ep_max_item_size",
+        StatGroup::Default,
+        StatUnit::Bytes,
+        "largest value a document may have",
+    ),
+    gauge(
+        "ep_flushall_enabled",
+        StatGroup::Default,
+        StatUnit::Text,
+        "`true` when FLUSH is allowed",
+    ),
+    gauge(
+        "ep_exp_pager_stime",
+        StatGroup::Default,
+        StatUnit::Seconds,
+        "seconds between expiry pager runs (0 = pager disabled)",
+    ),
+    gauge(
+        "mem_used",
+        StatGroup::Memory,
+        StatUnit::Bytes,
+        "item memory in use (key + value + per-item overhead)",
+    ),
+    gauge(
+        "ep_kv_size",
+        StatGroup::Memory,
+        StatUnit::Bytes,
+        "memory charged by keys, values and metadata (equal to mem_used for now)",
+    ),
+    gauge(
+        "ep_max_size",
+        StatGroup::Memory,
+        StatUnit::Bytes,
+        "memory quota",
+    ),
+    gauge(
+        "ep_mem_high_wat",
+        StatGroup::Memory,
+        StatUnit::Bytes,
+        "high watermark",
+    ),
+    gauge(
+        "ep_mem_low_wat",
+        StatGroup::Memory,
+        StatUnit::Bytes,
+        "low watermark",
+    ),
+    gauge(
+        "ep_mem_high_wat_percent",
+        StatGroup::Memory,
+        StatUnit::Items,
+        "high watermark as a percentage of the quota",
+    ),
+    gauge(
+        "ep_mem_low_wat_percent",
+        StatGroup::Memory,
+        StatUnit::Items,
+        "low watermark as a percentage of the quota",
+    ),
+    gauge(
+        "ep_item_overhead_bytes",
+        StatGroup::Memory,
+        StatUnit::Bytes,
+        "fixed bytes charged per item on top of key and value",
+    ),
+    gauge(
+        "ep_tmp_oom_errors",
+        StatGroup::Memory,
+        StatUnit::Count,
+        "writes refused with TMPFAIL for lack of memory",
+    ),
+];
+
+/// Number of counter shards: enough that the front end's worker threads rarely share one.
+const SHARDS: usize = 16;
+
+/// One shard of every counter, alone on its cache lines.
+#[repr(align(128))]
+struct Shard {
+    counts: [AtomicU64; Counter::ALL.len()],
+}
+
+/// Sharded event counters.
+pub(crate) struct Counters {
+    shards: Box<[Shard]>,
+}
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static MY_SHARD: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+fn my_shard() -> usize {
+    MY_SHARD.with(|s| {
+        if let Some(i) = s.get() {
+            return i;
+        }
+        let i = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        s.set(Some(i));
+        i
+    })
+}
+
+impl Counters {
+    /// Creates zeroed counters.
+    pub(crate) fn new() -> Self {
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| Shard {
+                    counts: std::array::from_fn(|_| AtomicU64::new(0)),
+                })
+                .collect(),
+        }
+    }
+
+    /// Adds `n` to `c`.
+    pub(crate) fn add(&self, c: Counter, n: u64) {
+        self.shards[my_shard()].counts[c as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Adds one to `c`.
+    pub(crate) fn incr(&self, c: Counter) {
+        self.add(c, 1);
+    }
+
+    /// Returns the sum of `c` over all shards.
+    pub(crate) fn get(&self, c: Counter) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.counts[c as usize].load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn counters_sum_across_threads() {
+        let c = std::sync::Arc::new(Counters::new());
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        c.incr(Counter::GetHits);
+                    }
+                    c.add(Counter::CmdSet, 5);
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        assert_eq!(c.get(Counter::GetHits), 4000);
+        assert_eq!(c.get(Counter::CmdSet), 20);
+        assert_eq!(c.get(Counter::GetMisses), 0);
+    }
+
+    #[test]
+    fn stat_names_are_unique_within_a_group_and_snake_case() {
+        let mut seen = HashSet::new();
+        for d in STATS.iter() {
+            assert!(
+                seen.insert((d.name, d.group as u8)),
+                "duplicate stat {}",
+                d.name
+            );
+            assert!(
+                d.name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            );
+            assert!(!d.description.is_empty());
+        }
+        for c in Counter::ALL {
+            assert!(STATS.iter().any(|d| d.name == c.name()));
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! [`VBucket`]: one partition of the bucket, with its state, hash table, ordering point
+//! (seqno + HLC CAS + deleted revision) and failover log.
+
+use crate::hlc;
+use epkv_hashtable::{HashTable, MemoryTracker};
+use epkv_types::{Cas, Seqno, VBucketState, Vbid};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Most failover entries kept per vBucket (KV-Engine `max_failover_entries`).
+const MAX_FAILOVER_ENTRIES: usize = 25;
+
+/// One entry of a vBucket's failover log: the history branch `uuid` began at `seqno`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FailoverEntry {
+    /// Random branch id (64 random bits shifted right 16; never zero).
+    pub(crate) uuid: u64,
+    /// The high seqno when the branch began.
+    pub(crate) seqno: u64,
+}
+
+/// The values assigned at the vBucket's single ordering point.
+#[derive(Debug, Default)]
+struct OrderPoint {
+    /// The last seqno handed out (0 = none yet).
+    high_seqno: u64,
+    /// The largest CAS handed out (mutations and lock CASes).
+    max_cas: u64,
+    /// The largest revision seqno any deleted (or expired) item of this vBucket had; a
+    /// key created afresh starts above it.
+    max_deleted_rev: u64,
+}
+
+/// Seqno, CAS and (for new keys) revision seqno handed out for one mutation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Assigned {
+    /// The mutation's seqno.
+    pub(crate) seqno: Seqno,
+    /// The mutation's CAS.
+    pub(crate) cas: Cas,
+    /// The revision seqno a newly created key starts with (max deleted revision + 1).
+    pub(crate) new_key_rev: u64,
+}
+
+/// One vBucket.
+///
+/// Locking (see the crate docs for the global order): `state` is held shared by every
+/// client operation for its whole duration and exclusively by a state change; the hash
+/// table's stripe lock is taken next; `order` is taken last, briefly, while the stripe
+/// lock is held; `failover` is taken only by state changes and stats, with `state` held.
+pub(crate) struct VBucket {
+    /// This vBucket's id.
+    pub(crate) id: Vbid,
+    /// The state; protects "which operations may run" for the duration of an operation.
+    state: RwLock<VBucketState>,
+    /// The items.
+    pub(crate) table: HashTable,
+    /// The ordering point. Protected by its own mutex, always taken inside a stripe lock.
+    order: Mutex<OrderPoint>,
+    /// The newest failover entry's uuid, readable without locks; written with `failover`
+    /// held.
+    uuid: AtomicU64,
+    /// The failover log, newest first. Protected by its mutex.
+    failover: Mutex<Vec<FailoverEntry>>,
+}
+
+fn new_failover_uuid() -> u64 {
+    loop {
+        let uuid = rand::random::<u64>() >> 16;
+        if uuid != 0 {
+            return uuid;
+        }
+    }
+}
+
+impl VBucket {
+    /// Creates a vBucket in `state` with an empty table charging `tracker`.
+    pub(crate) fn new(
+        id: Vbid,
+        state: VBucketState,
+        ht_locks: usize,
+        tracker: Arc<MemoryTracker>,
+    ) -> epkv_hashtable::Result<Self> {
+        let uuid = new_failover_uuid();
+        Ok(Self {
+            id,
+            state: RwLock::new(state),
+            table: HashTable::new(ht_locks, tracker)?,
+            order: Mutex::new(OrderPoint::default()),
+            uuid: AtomicU64::new(uuid),
+            failover: Mutex::new(vec![FailoverEntry { uuid, seqno: 0 }]),
+        })
+    }
+
+    /// Takes the state lock shared; the guard keeps the state from changing.
+    pub(crate) fn state(&self) -> RwLockReadGuard<'_, VBucketState> {
+        self.state.read()
+    }
+
+    /// Changes the state. Becoming active from another state starts a new failover branch.
+    pub(crate) fn set_state(&self, new_state: VBucketState) {
+        let mut state = self.state.write();
+        if *state != VBucketState::Active && new_state == VBucketState::Active {
+            let seqno = self.order.lock().high_seqno;
+            let uuid = new_failover_uuid();
+            let mut log = self.failover.lock();
+            log.insert(0, FailoverEntry { uuid, seqno });
+            log.truncate(MAX_FAILOVER_ENTRIES);
+            self.uuid.store(uuid, Ordering::Relaxed);
+        }
+        *state = new_state;
+    }
+
+    /// Returns the current failover uuid.
+    pub(crate) fn uuid(&self) -> u64 {
+        self.uuid.load(Ordering::Relaxed)
+    }
+
+    /// Returns the failover log, newest first.
+    pub(crate) fn failover_log(&self) -> Vec<FailoverEntry> {
+        self.failover.lock().clone()
+    }
+
+    /// Returns (high seqno, max CAS, max deleted revision).
+    pub(crate) fn ordering_snapshot(&self) -> (u64, u64, u64) {
+        let o = self.order.lock();
+        (o.high_seqno, o.max_cas, o.max_deleted_rev)
+    }
+
+    /// The ordering point for a mutation: hands out the next seqno and a CAS above every
+    /// earlier one, so that seqno order and CAS order agree. Call with the key's stripe
+    /// lock held.
+    pub(crate) fn assign_mutation(&self, now_nanos: u64) -> Assigned {
+        let mut o = self.order.lock();
+        o.high_seqno += 1;
+        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
+        Assigned {
+            seqno: Seqno(o.high_seqno),
+            cas: Cas(o.max_cas),
+            new_key_rev: o.max_deleted_rev + 1,
+        }
+    }
+
+    /// The ordering point for a deletion (explicit or expiry) of an item whose tombstone
+    /// has revision `deleted_rev`. Call with the key's stripe lock held.
+    pub(crate) fn assign_deletion(&self, now_nanos: u64, deleted_rev: u64) -> Assigned {
+        let mut o = self.order.lock();
+        o.max_deleted_rev = o.max_deleted_rev.max(deleted_rev);
+        o.high_seqno += 1;
+        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
+        Assigned {
+            seqno: Seqno(o.high_seqno),
+            cas: Cas(o.max_cas),
+            new_key_rev: o.max_deleted_rev + 1,
+        }
+    }
+
+    /// Hands out a CAS without a seqno (the CAS of a GET_LOCKED lock).
+    pub(crate) fn assign_lock_cas(&self, now_nanos: u64) -> Cas {
+        let mut o = self.order.lock();
+        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
+        Cas(o.max_cas)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vb() -> VBucket {
+        VBucket::new(
+            Vbid(3),
+            VBucketState::Active,
+            2,
+            Arc::new(MemoryTracker::unlimited()),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn seqnos_and_cas_increase_together() {
+        let vb = vb();
+        let a = vb.assign_mutation(1_000_000_000);
+        let b = vb.assign_mutation(1_000_000_000);
+        let c = vb.assign_mutation(500);
+        assert_eq!((a.seqno, b.seqno, c.seqno), (Seqno(1), Seqno(2), Seqno(3)));
+        assert!(a.cas < b.cas && b.cas < c.cas);
+    }
+
+    #[test]
+    fn deletion_raises_the_revision_of_new_keys() {
+        let vb = vb();
+        assert_eq!(vb.assign_mutation(1).new_key_rev, 1);
+        vb.assign_deletion(1, 7);
+        vb.assign_deletion(1, 3);
+        assert_eq!(vb.assign_mutation(1).new_key_rev, 8);
+        assert_eq!(vb.ordering_snapshot().0, 4);
+    }
+
+    #[test]
+    fn lock_cas_is_above_mutation_cas_but_takes_no_seqno() {
+        let vb = vb();
+        let m = vb.assign_mutation(10 << 16);
+        let l = vb.assign_lock_cas(10 << 16);
+        let m2 = vb.assign_mutation(10 << 16);
+        assert!(m.cas < l && l < m2.cas);
+        assert_eq!(m2.seqno, Seqno(2));
+    }
+
+    #[test]
+    fn promotion_to_active_starts_a_failover_branch() {
+        let vb = vb();
+        let first = vb.uuid();
+        assert_ne!(first, 0);
+        vb.assign_mutation(1);
+        vb.set_state(VBucketState::Active);
+        assert_eq!(
+            vb.failover_log().len(),
+            1,
+            "active → active is not a promotion"
+        );
+        vb.set_state(VBucketState::Replica);
+        vb.set_state(VBucketState::Active);
+        let log = vb.failover_log();
+        assert_eq!(log.len(), 2);
+        assert_eq!(log[0].seqno, 1);
+        assert_eq!(log[0].uuid, vb.uuid());
+        assert_eq!(log[1].uuid, first);
+        assert_eq!(*vb.state(), VBucketState::Active);
+    }
+}
