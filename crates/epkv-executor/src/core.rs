@@ -1,0 +1,657 @@
+//! The executor's shared core: task cells, the task registry, per-group run queues, timer
+//! shards (one hierarchical [`Wheel`] per worker thread) and the run path. Both the threaded
+//! [`Executor`](crate::Executor) and the [`ManualExecutor`](crate::ManualExecutor) drive the
+//! same core; they differ only in who pops the queues and polls the wheels.
+//!
+//! # Timers and lazy re-arm
+//!
+//! A task's due time lives in its state word (see `state.rs`); the timer wheel only holds
+//! *reasons to look at a task again*. Each task records in `armed_at` the tick of its live
+//! timer entry. Re-arming a task to a due time at or after that tick is one compare-and-swap
+//! on the state word and one load of `armed_at`: no lock, no wheel access. When the entry's
+//! tick comes, the shard claims it (`armed_at` compare-and-swap to [`NOT_ARMED`]), re-reads
+//! the state word and either queues the task (due) or files a new entry (snoozed later).
+//! Only a re-arm to a time *before* the live entry touches the wheel.
+//!
+//! To make that rare, an entry for a due time far ahead is filed at a quarter of the way
+//! there ([`check_tick`]): a task armed 20 s out is looked at after 5 s, then 3.75 s later,
+//! and so on (about 30 looks over its life). A re-arm at least a quarter as far ahead as the
+//! previous one, the SyncWrite timeout pattern, never moves an entry. Stale entries (the
+//! task moved earlier, finished or was cancelled) are dropped when they come round.
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::handle::TaskHandle;
+use crate::state::{Begin, Cancel, DONE, End, Expire, NEVER, QUEUED, Request, StateWord};
+use crate::stats::{StatsCell, TaskInfo};
+use crate::sync::{AtomicBool, AtomicU64, Mutex};
+use crate::task::{Group, Next, Priority, Task, TaskContext, TaskId, TaskSpec};
+use crate::wheel::{TICK_SHIFT, Wheel};
+use crossbeam_queue::SegQueue;
+use crossbeam_utils::CachePadded;
+use std::borrow::Cow;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64, AtomicUsize};
+use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst, fence};
+use std::sync::{Arc, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// `armed_at` value of a task with no live timer entry.
+pub(crate) const NOT_ARMED: u64 = u64::MAX;
+/// Due times closer than this many ticks are filed at their own tick.
+const NEAR_TICKS: u64 = 8;
+/// Registry shards: enough that two scheduling threads rarely meet on one.
+const REGISTRY_SHARDS: usize = 32;
+
+/// The first tick at or after `nanos`: an entry filed there never fires early.
+pub(crate) fn ceil_tick(nanos: u64) -> u64 {
+    nanos.div_ceil(1 << TICK_SHIFT)
+}
+
+/// Where to file the timer entry of a task due at `due`, seen at `now`: the due tick itself
+/// when near, else a quarter of the way there (see the module docs).
+pub(crate) fn check_tick(due: u64, now: u64) -> u64 {
+    let due_tick = ceil_tick(due);
+    let far = due.saturating_sub(now);
+    if far >> TICK_SHIFT <= NEAR_TICKS {
+        due_tick
+    } else {
+        ceil_tick(now + far / 4).min(due_tick)
+    }
+}
+
+/// The shared part of one task; [`TaskHandle`] is an `Arc` of it.
+pub(crate) struct TaskCell {
+    /// Lifecycle flags and due time (see `state.rs`).
+    pub(crate) state: StateWord,
+    /// Tick of the live timer entry, or [`NOT_ARMED`]. Lowered by compare-and-swap only;
+    /// reset by the shard that claims the entry.
+    pub(crate) armed_at: AtomicU64,
+    /// When the task last became ready (executor nanoseconds), for the lateness
+    /// histogram. Written before the task is queued, read by the thread that pops it.
+    pub(crate) ready_at: StdAtomicU64,
+    /// Set before the final state change of a run whose body panicked.
+    pub(crate) panicked: StdAtomicBool,
+    pub(crate) id: TaskId,
+    pub(crate) group: Group,
+    pub(crate) priority: Priority,
+    /// Index of the timer shard within the group.
+    pub(crate) shard: usize,
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) core: Arc<Core>,
+    /// The body; `None` once the task is finished. Locked only by the thread running the
+    /// task and by whoever finishes it, never concurrently with a run.
+    pub(crate) body: Mutex<Option<Box<dyn Task>>>,
+    pub(crate) stats: Box<StatsCell>,
+}
+
+/// Identity hash for task ids (sequential integers), mixed by a multiply so the table's
+/// high and low bits both vary.
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type TaskMap = HashMap<u64, TaskHandle, BuildHasherDefault<IdHasher>>;
+
+/// Every live task, so shutdown can cancel sleeping ones and stats can list them.
+struct Registry {
+    shards: Box<[CachePadded<Mutex<TaskMap>>]>,
+}
+
+impl Registry {
+    fn new() -> Self {
+        Self {
+            shards: (0..REGISTRY_SHARDS)
+                .map(|_| CachePadded::new(Mutex::new(TaskMap::default())))
+                .collect(),
+        }
+    }
+
+    fn shard(&self, id: TaskId) -> &Mutex<TaskMap> {
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "only the low bits select a shard"
+        )]
+        &self.shards[(id.0 as usize) % REGISTRY_SHARDS]
+    }
+
+    fn insert(&self, h: TaskHandle) {
+        self.shard(h.id()).lock().insert(h.id().0, h);
+    }
+
+    fn remove(&self, id: TaskId) -> Option<TaskHandle> {
+        self.shard(id).lock().remove(&id.0)
+    }
+
+    fn all(&self) -> Vec<TaskHandle> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            out.extend(shard.lock().values().cloned());
+        }
+        out
+    }
+
+    fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+}
+
+/// One timer wheel and the tick its owner will next look at it.
+pub(crate) struct TimerShard {
+    pub(crate) wheel: Mutex<Wheel<TaskHandle>>,
+    /// The earliest tick at which the wheel has something, as last published under the
+    /// wheel lock; `u64::MAX` when empty. Lowered by inserters (who then unpark the owner).
+    pub(crate) next_tick: StdAtomicU64,
+}
+
+/// A group's run queues, timer shards and worker bookkeeping.
+pub(crate) struct GroupCore {
+    pub(crate) high: SegQueue<TaskHandle>,
+    pub(crate) normal: SegQueue<TaskHandle>,
+    pub(crate) shards: Box<[CachePadded<TimerShard>]>,
+    /// Bit `i` set while worker `i` is parked (or about to park).
+    pub(crate) sleepers: CachePadded<StdAtomicU64>,
+    /// Workers spinning for work; a pusher need not unpark anyone while one spins.
+    pub(crate) spinning: CachePadded<AtomicUsize>,
+    /// Worker threads, for unparking; set by each worker when it starts.
+    pub(crate) threads: Box<[OnceLock<Thread>]>,
+}
+
+impl GroupCore {
+    pub(crate) fn pop(&self) -> Option<TaskHandle> {
+        self.high.pop().or_else(|| self.normal.pop())
+    }
+
+    pub(crate) fn has_work(&self) -> bool {
+        !self.high.is_empty() || !self.normal.is_empty()
+    }
+
+    /// Wakes one parked worker if no worker is spinning.
+    pub(crate) fn notify_one(&self) {
+        fence(SeqCst);
+        if self.spinning.load(SeqCst) > 0 {
+            return;
+        }
+        let mut s = self.sleepers.load(SeqCst);
+        while s != 0 {
+            let bit = 1u64 << s.trailing_zeros();
+            match self
+                .sleepers
+                .compare_exchange_weak(s, s & !bit, SeqCst, SeqCst)
+            {
+                Ok(_) => {
+                    if let Some(t) = self.threads[s.trailing_zeros() as usize].get() {
+                        t.unpark();
+                    }
+                    return;
+                }
+                Err(actual) => s = actual,
+            }
+        }
+    }
+
+    pub(crate) fn unpark_all(&self) {
+        for t in self.threads.iter().filter_map(OnceLock::get) {
+            t.unpark();
+        }
+    }
+}
+
+/// The queue of the manual executor: ready tasks of every group in the order they became
+/// ready, high priority first.
+#[derive(Default)]
+pub(crate) struct ManualQueues {
+    pub(crate) high: VecDeque<TaskHandle>,
+    pub(crate) normal: VecDeque<TaskHandle>,
+}
+
+/// How the core's queues are drained.
+pub(crate) enum Driver {
+    /// Worker threads per group.
+    Threaded,
+    /// The test's thread, through [`ManualExecutor`](crate::ManualExecutor).
+    Manual(Mutex<ManualQueues>),
+}
+
+/// The executor's shared state.
+pub(crate) struct Core {
+    pub(crate) clock: Arc<dyn Clock>,
+    /// Executor time zero: due times are nanoseconds since this instant.
+    epoch: Instant,
+    shutdown: AtomicBool,
+    registry: Registry,
+    pub(crate) groups: Box<[GroupCore]>,
+    pub(crate) driver: Driver,
+}
+
+static NEXT_ID_BLOCK: StdAtomicU64 = StdAtomicU64::new(1);
+const ID_BLOCK: u64 = 1024;
+
+/// A process-unique task id, taken from a per-thread block so scheduling threads do not
+/// share a counter's cache line.
+fn next_id() -> TaskId {
+    thread_local! {
+        static IDS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    }
+    IDS.with(|ids| {
+        let (mut next, mut end) = ids.get();
+        if next == end {
+            next = NEXT_ID_BLOCK.fetch_add(ID_BLOCK, Relaxed);
+            end = next + ID_BLOCK;
+        }
+        ids.set((next + 1, end));
+        TaskId(next)
+    })
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "non-string panic payload"
+    }
+}
+
+impl Core {
+    /// Builds a core with `workers[g]` timer shards (one per worker) for each group.
+    pub(crate) fn new(clock: Arc<dyn Clock>, workers: [usize; 4], driver: Driver) -> Arc<Self> {
+        let epoch = clock.now();
+        let groups = Group::ALL
+            .iter()
+            .map(|&group| {
+                let n = workers[group.index()].max(1);
+                GroupCore {
+                    high: SegQueue::new(),
+                    normal: SegQueue::new(),
+                    shards: (0..n)
+                        .map(|_| {
+                            CachePadded::new(TimerShard {
+                                wheel: Mutex::new(Wheel::new(0)),
+                                next_tick: StdAtomicU64::new(u64::MAX),
+                            })
+                        })
+                        .collect(),
+                    sleepers: CachePadded::new(StdAtomicU64::new(0)),
+                    spinning: CachePadded::new(AtomicUsize::new(0)),
+                    threads: (0..n).map(|_| OnceLock::new()).collect(),
+                }
+            })
+            .collect();
+        Arc::new(Self {
+            clock,
+            epoch,
+            shutdown: AtomicBool::new(false),
+            registry: Registry::new(),
+            groups,
+            driver,
+        })
+    }
+
+    /// Executor time now, in nanoseconds since the epoch.
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.to_ns(self.clock.now())
+    }
+
+    /// Executor nanoseconds of `at` (0 if before the epoch), below [`NEVER`].
+    pub(crate) fn to_ns(&self, at: Instant) -> u64 {
+        let n = at.saturating_duration_since(self.epoch).as_nanos();
+        u64::try_from(n).unwrap_or(u64::MAX).min(NEVER - 1)
+    }
+
+    pub(crate) fn to_instant(&self, ns: u64) -> Instant {
+        self.epoch + Duration::from_nanos(ns)
+    }
+
+    /// `now + d` in executor nanoseconds, saturating below [`NEVER`].
+    pub(crate) fn after(now: u64, d: Duration) -> u64 {
+        let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        now.saturating_add(d).min(NEVER - 1)
+    }
+
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shutdown.load(SeqCst)
+    }
+
+    pub(crate) fn task_count(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// Registers and starts a task.
+    pub(crate) fn schedule(self: &Arc<Self>, spec: TaskSpec, body: Box<dyn Task>) -> Result<TaskHandle> {
+        if self.is_shut_down() {
+            return Err(Error::ShutDown);
+        }
+        let now = self.now_ns();
+        let due = match spec.start {
+            crate::task::Start::Now => 0,
+            crate::task::Start::After(d) => Self::after(now, d),
+            crate::task::Start::At(t) => self.to_ns(t),
+            crate::task::Start::Sleep => NEVER,
+        };
+        let id = next_id();
+        let group = &self.groups[spec.group.index()];
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "only the low bits select a shard"
+        )]
+        let shard = (id.0 as usize) % group.shards.len();
+        let immediate = due <= now;
+        let cell = TaskCell {
+            state: if immediate {
+                StateWord::queued()
+            } else {
+                StateWord::idle(due)
+            },
+            armed_at: AtomicU64::new(NOT_ARMED),
+            ready_at: StdAtomicU64::new(now),
+            panicked: StdAtomicBool::new(false),
+            id,
+            group: spec.group,
+            priority: spec.priority,
+            shard,
+            name: spec.name,
+            core: Arc::clone(self),
+            body: Mutex::new(Some(body)),
+            stats: Box::new(StatsCell::new()),
+        };
+        let h = TaskHandle::from_cell(Arc::new(cell));
+        self.registry.insert(h.clone());
+        // A shutdown that began before the insert is seen here; one that begins after it
+        // finds the task in the registry and cancels it.
+        if self.is_shut_down() {
+            self.cancel(&h);
+            return Err(Error::ShutDown);
+        }
+        if immediate {
+            self.enqueue(h.clone());
+        } else {
+            self.arm(&h, due, now);
+        }
+        Ok(h)
+    }
+
+    /// Asks for `h` to be due at `due`; `false` if it is finished or cancelled.
+    pub(crate) fn request(&self, h: &TaskHandle, due: u64, now: u64) -> bool {
+        match h.cell().state.request(due, now) {
+            Request::Dead => false,
+            Request::Recorded => true,
+            Request::Enqueue => {
+                h.cell().ready_at.store(now, Relaxed);
+                self.enqueue(h.clone());
+                true
+            }
+            Request::Arm(due) => {
+                self.arm(h, due, now);
+                true
+            }
+        }
+    }
+
+    /// Cancels `h`; `false` if it was already finished or cancelled.
+    pub(crate) fn cancel(&self, h: &TaskHandle) -> bool {
+        match h.cell().state.cancel() {
+            Cancel::AlreadyDead => false,
+            Cancel::Marked => true,
+            Cancel::Finish => {
+                self.finish(h);
+                true
+            }
+        }
+    }
+
+    /// Puts a task whose state word says QUEUED on its run queue.
+    pub(crate) fn enqueue(&self, h: TaskHandle) {
+        match &self.driver {
+            Driver::Threaded => {
+                let g = &self.groups[h.cell().group.index()];
+                match h.cell().priority {
+                    Priority::High => g.high.push(h),
+                    Priority::Normal => g.normal.push(h),
+                }
+                g.notify_one();
+            }
+            Driver::Manual(q) => {
+                let mut q = q.lock();
+                match h.cell().priority {
+                    Priority::High => q.high.push_back(h),
+                    Priority::Normal => q.normal.push_back(h),
+                }
+            }
+        }
+    }
+
+    /// Makes sure an idle task due at `due` has a timer entry at or before it.
+    pub(crate) fn arm(&self, h: &TaskHandle, due: u64, now: u64) {
+        if due >= NEVER {
+            return;
+        }
+        let cell = h.cell();
+        let due_tick = ceil_tick(due);
+        let mut cur = cell.armed_at.load(SeqCst);
+        if cur <= due_tick {
+            // The live entry comes round first and re-reads the due time.
+            return;
+        }
+        let at = check_tick(due, now);
+        loop {
+            match cell.armed_at.compare_exchange(cur, at, SeqCst, SeqCst) {
+                Ok(_) => break,
+                Err(actual) if actual <= due_tick => return,
+                Err(actual) => cur = actual,
+            }
+        }
+        let group = &self.groups[cell.group.index()];
+        let shard = &group.shards[cell.shard];
+        let unpark = {
+            let mut wheel = shard.wheel.lock();
+            wheel.insert(at, h.clone());
+            let at = at.max(wheel.elapsed());
+            if at < shard.next_tick.load(Relaxed) {
+                shard.next_tick.store(at, Relaxed);
+                true
+            } else {
+                false
+            }
+        };
+        if unpark && matches!(self.driver, Driver::Threaded) {
+            if let Some(t) = group.threads[cell.shard].get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Advances one timer shard to tick `upto` and acts on every entry that came round,
+    /// judging due times against `now`. Worker threads poll up to the tick `now` is in, so
+    /// a task runs at most one tick after its due time; the manual executor polls one tick
+    /// further, so a task is ready as soon as the manual clock reaches its due time.
+    pub(crate) fn poll_shard(&self, shard: &TimerShard, now: u64, upto: u64) {
+        let mut due = Vec::new();
+        {
+            let mut wheel = shard.wheel.lock();
+            wheel.poll(upto, &mut due);
+            shard
+                .next_tick
+                .store(wheel.next_expiration().unwrap_or(u64::MAX), Relaxed);
+        }
+        for (at, h) in due {
+            self.expire(at, &h, now);
+        }
+    }
+
+    /// Handles one timer entry filed at tick `at`.
+    fn expire(&self, at: u64, h: &TaskHandle, now: u64) {
+        let cell = h.cell();
+        if cell
+            .armed_at
+            .compare_exchange(at, NOT_ARMED, SeqCst, SeqCst)
+            .is_err()
+        {
+            return; // stale: the task was re-armed earlier since this entry was filed
+        }
+        match cell.state.expire(now) {
+            Expire::Ignore => {}
+            Expire::Enqueue(due) => {
+                cell.ready_at.store(due, Relaxed);
+                self.enqueue(h.clone());
+            }
+            Expire::Rearm(due) => self.arm(h, due, now),
+        }
+    }
+
+    /// Runs a task popped from a run queue: checks it is still due, runs the body with
+    /// panics caught, records statistics and acts on the answer.
+    pub(crate) fn run(&self, h: &TaskHandle) {
+        let cell = h.cell();
+        let start = self.now_ns();
+        match cell.state.begin(start) {
+            Begin::Finish => {
+                self.finish(h);
+                return;
+            }
+            Begin::NotDue(due) => {
+                self.arm(h, due, start);
+                return;
+            }
+            Begin::Run => {}
+        }
+        let ready = cell.ready_at.load(Relaxed);
+        let answer = {
+            let mut body = cell.body.lock();
+            match body.as_mut() {
+                Some(task) => {
+                    let cx = TaskContext {
+                        handle: h,
+                        now: self.to_instant(start),
+                    };
+                    catch_unwind(AssertUnwindSafe(|| task.run(&cx)))
+                }
+                None => Ok(Next::Done),
+            }
+        };
+        let end = self.now_ns();
+        cell.stats
+            .record(start, end.saturating_sub(start), start.saturating_sub(ready));
+        let next = match answer {
+            Ok(Next::Done) => None,
+            Ok(Next::After(d)) => Some(Self::after(end, d)),
+            Ok(Next::At(t)) => Some(self.to_ns(t)),
+            Ok(Next::Sleep) => Some(NEVER),
+            Err(payload) => {
+                tracing::error!(
+                    task = %cell.name,
+                    task_id = cell.id.0,
+                    group = %cell.group,
+                    "task panicked, marking it dead: {}",
+                    panic_message(payload.as_ref())
+                );
+                cell.panicked.store(true, SeqCst);
+                None
+            }
+        };
+        match cell.state.end(next, end) {
+            End::Finish => self.finish(h),
+            End::Enqueue => {
+                cell.ready_at.store(end, Relaxed);
+                self.enqueue(h.clone());
+            }
+            End::Arm(due) => self.arm(h, due, end),
+        }
+    }
+
+    /// Releases a task whose state word says DONE: drops its body and unregisters it.
+    fn finish(&self, h: &TaskHandle) {
+        debug_assert!(h.cell().state.load() & DONE != 0);
+        let body = h.cell().body.lock().take();
+        self.registry.remove(h.id());
+        // The body's destructor runs with no executor lock held: it may schedule or
+        // cancel other tasks.
+        drop(body);
+    }
+
+    /// Marks the core shut down and cancels every registered task.
+    pub(crate) fn begin_shutdown(&self) {
+        self.shutdown.store(true, SeqCst);
+        for h in self.registry.all() {
+            self.cancel(&h);
+        }
+    }
+
+    /// After shutdown: finishes every task still queued and empties every wheel, so no
+    /// task keeps the core alive through a reference cycle.
+    pub(crate) fn drain(&self) {
+        for g in self.groups.iter() {
+            while let Some(h) = g.pop() {
+                self.drain_one(&h);
+            }
+            for shard in g.shards.iter() {
+                let entries = shard.wheel.lock().drain();
+                drop(entries);
+            }
+        }
+        if let Driver::Manual(q) = &self.driver {
+            let taken: Vec<TaskHandle> = {
+                let mut q = q.lock();
+                let q = &mut *q;
+                q.high.drain(..).chain(q.normal.drain(..)).collect()
+            };
+            for h in &taken {
+                self.drain_one(h);
+            }
+        }
+        // Anything left registered is idle and uncancelled only if it was scheduled in a
+        // race with shutdown; cancel it too.
+        for h in self.registry.all() {
+            self.cancel(&h);
+        }
+    }
+
+    /// Finishes a task taken off a run queue during shutdown. Every queued task was
+    /// cancelled by `begin_shutdown`; cancelling again covers one scheduled in a race.
+    fn drain_one(&self, h: &TaskHandle) {
+        let _ = h.cell().state.cancel();
+        if h.cell().state.load() & QUEUED != 0 && h.cell().state.begin(0) == Begin::Finish {
+            self.finish(h);
+        }
+    }
+
+    /// Timer entries held by all wheels, stale ones included.
+    pub(crate) fn timer_entries(&self) -> usize {
+        self.groups
+            .iter()
+            .flat_map(|g| g.shards.iter())
+            .map(|s| s.wheel.lock().len())
+            .sum()
+    }
+
+    /// Every registered task.
+    pub(crate) fn tasks_handles(&self) -> Vec<TaskHandle> {
+        self.registry.all()
+    }
+
+    /// A snapshot of every registered task, ordered by id.
+    pub(crate) fn tasks(&self) -> Vec<TaskInfo> {
+        let mut all: Vec<TaskInfo> = self.registry.all().iter().map(TaskHandle::info).collect();
+        all.sort_by_key(|t| t.id);
+        all
+    }
+}

@@ -1,0 +1,102 @@
+//! The worker thread loop: poll the own timer shard, run ready tasks of the group, spin a
+//! little after work, then park until the next timer tick or an unpark.
+//!
+//! Parking protocol (no lost wake-up): a worker sets its bit in the group's `sleepers`,
+//! issues a SeqCst fence and re-checks the run queues before parking; a pusher pushes,
+//! fences and then reads `sleepers` (and `spinning`). Of the two fenced sides one sees the
+//! other. Timer inserts publish an earlier `next_tick` under the wheel lock and unpark the
+//! shard's worker, whose park deadline is computed under the same lock.
+
+use crate::core::{Core, GroupCore};
+use crate::handle::TaskHandle;
+use crate::wheel::TICK_SHIFT;
+use std::hint::spin_loop;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::fence;
+use std::thread;
+use std::time::Duration;
+
+/// The longest a worker parks without looking at its clock again. Bounds how late a timer
+/// fires when the executor's clock jumps (an [`OffsetClock`](crate::OffsetClock) moved
+/// forward) while the worker sleeps.
+const MAX_PARK: Duration = Duration::from_secs(1);
+
+/// Busy-polls the group's queues for a while after a run, so back-to-back work is picked
+/// up without a park/unpark round trip: first with pause instructions, then yielding the
+/// CPU (on a busy machine the producer may need this core).
+fn spin_for_work(g: &GroupCore, rounds: u32) -> Option<TaskHandle> {
+    g.spinning.fetch_add(1, SeqCst);
+    let mut found = None;
+    for i in 0..rounds {
+        if let Some(h) = g.pop() {
+            found = Some(h);
+            break;
+        }
+        if i < rounds / 2 {
+            for _ in 0..16 {
+                spin_loop();
+            }
+        } else {
+            thread::yield_now();
+        }
+    }
+    g.spinning.fetch_sub(1, SeqCst);
+    found
+}
+
+/// Runs worker `me` of group `gi` until the core shuts down.
+pub(crate) fn worker_loop(core: &Core, gi: usize, me: usize, spin_rounds: u32) {
+    let g = &core.groups[gi];
+    // Set once per slot; a second set can only come from a bug and is harmless.
+    let _ = g.threads[me].set(thread::current());
+    let shard = &g.shards[me];
+    let bit = 1u64 << me;
+    let mut hot = false;
+    loop {
+        if core.is_shut_down() {
+            break;
+        }
+        let now = core.now_ns();
+        if now >> TICK_SHIFT >= shard.next_tick.load(Relaxed) {
+            core.poll_shard(shard, now, now >> TICK_SHIFT);
+        }
+        if let Some(h) = g.pop() {
+            core.run(&h);
+            hot = true;
+            continue;
+        }
+        if hot {
+            hot = false;
+            if let Some(h) = spin_for_work(g, spin_rounds) {
+                if g.has_work() {
+                    g.notify_one();
+                }
+                core.run(&h);
+                hot = true;
+                continue;
+            }
+        }
+        g.sleepers.fetch_or(bit, SeqCst);
+        fence(SeqCst);
+        if g.has_work() || core.is_shut_down() {
+            g.sleepers.fetch_and(!bit, SeqCst);
+            continue;
+        }
+        let next = {
+            let wheel = shard.wheel.lock();
+            let next = wheel.next_expiration().unwrap_or(u64::MAX);
+            shard.next_tick.store(next, Relaxed);
+            next
+        };
+        let wait = if next == u64::MAX {
+            MAX_PARK
+        } else {
+            let at = next.saturating_mul(1 << TICK_SHIFT);
+            Duration::from_nanos(at.saturating_sub(core.now_ns())).min(MAX_PARK)
+        };
+        if !wait.is_zero() {
+            thread::park_timeout(wait);
+        }
+        g.sleepers.fetch_and(!bit, SeqCst);
+    }
+}
