@@ -1,0 +1,153 @@
+//! Shared helpers for the engine's integration tests: a bucket on a manual clock and
+//! `must_*` request helpers that panic on failure.
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different subset of the helpers"
+)]
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers outside #[test] functions may panic"
+)]
+
+use bytes::Bytes;
+use epkv_engine::{Bucket, BucketConfig, EngineClock};
+use epkv_engine_api::{
+    ArithmeticOp, ArithmeticRequest, DurabilityRequirements, Engine, EngineResult, Expiry, Item,
+    MutationInfo, RemoveRequest, StoreOp, StoreRequest,
+};
+use epkv_executor::ManualClock;
+use epkv_types::{Cas, Datatype, NUM_VBUCKETS, Vbid, vbucket_for_key};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Wall-clock start of every manual clock: 2023-11-14T22:13:20Z.
+pub const START_UNIX_SECS: u64 = 1_700_000_000;
+
+pub struct Fixture {
+    pub bucket: Arc<Bucket>,
+    pub clock: Arc<ManualClock>,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        Self::with_config(BucketConfig::default())
+    }
+
+    /// A bucket with `config` (pager disabled unless the config enables it explicitly)
+    /// on a manual clock.
+    pub fn with_config(config: BucketConfig) -> Self {
+        let clock = Arc::new(ManualClock::new(Duration::from_secs(START_UNIX_SECS)));
+        let bucket = Bucket::new(config, EngineClock::Custom(clock.clone())).unwrap();
+        Self { bucket, clock }
+    }
+
+    pub fn advance(&self, secs: u64) {
+        self.clock.advance(Duration::from_secs(secs));
+    }
+
+    pub fn now_secs(&self) -> u32 {
+        use epkv_executor::Clock;
+        u32::try_from(self.clock.unix_time().as_secs()).unwrap()
+    }
+
+    pub fn stat(&self, group: &str, name: &str) -> String {
+        let mut found = None;
+        self.bucket
+            .stats(group, &mut |k, v| {
+                if k == name {
+                    found = Some(v.to_owned());
+                }
+            })
+            .unwrap();
+        found.unwrap_or_else(|| panic!("stat {name} missing from group {group:?}"))
+    }
+
+    pub fn stat_u64(&self, name: &str) -> u64 {
+        self.stat("", name).parse().unwrap()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.bucket.shutdown();
+    }
+}
+
+pub fn vb(key: &[u8]) -> Vbid {
+    vbucket_for_key(key, NUM_VBUCKETS)
+}
+
+pub fn store_req(op: StoreOp, key: &str, value: &str) -> StoreRequest {
+    let key = Bytes::copy_from_slice(key.as_bytes());
+    StoreRequest {
+        op,
+        vbid: vb(&key),
+        key,
+        value: Bytes::copy_from_slice(value.as_bytes()),
+        flags: 0,
+        expiry: Expiry::Never,
+        preserve_ttl: false,
+        datatype: Datatype::RAW,
+        cas: Cas::ANY,
+        durability: None,
+    }
+}
+
+pub fn remove_req(key: &str, cas: Cas) -> RemoveRequest {
+    let key = Bytes::copy_from_slice(key.as_bytes());
+    RemoveRequest {
+        vbid: vb(&key),
+        key,
+        cas,
+        durability: None,
+    }
+}
+
+pub fn arith_req(
+    op: ArithmeticOp,
+    key: &str,
+    delta: u64,
+    initial: u64,
+    expiry_raw: u32,
+) -> ArithmeticRequest {
+    let key = Bytes::copy_from_slice(key.as_bytes());
+    ArithmeticRequest {
+        op,
+        vbid: vb(&key),
+        key,
+        delta,
+        initial,
+        expiry_raw,
+        cas: Cas::ANY,
+        durability: None,
+    }
+}
+
+pub fn durability(level: epkv_types::DurabilityLevel) -> Option<DurabilityRequirements> {
+    Some(DurabilityRequirements {
+        level,
+        timeout: None,
+    })
+}
+
+pub fn get(b: &Bucket, key: &str) -> EngineResult<Item> {
+    b.get(vb(key.as_bytes()), key.as_bytes())
+}
+
+pub fn must_set(b: &Bucket, key: &str, value: &str) -> MutationInfo {
+    b.store(store_req(StoreOp::Set, key, value)).unwrap()
+}
+
+pub fn must_get(b: &Bucket, key: &str) -> Item {
+    get(b, key).unwrap()
+}
+
+/// Returns `n` distinct keys that all map to the same vBucket.
+pub fn keys_in_one_vbucket(n: usize) -> Vec<String> {
+    let target = vb(b"anchor");
+    (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| vb(k.as_bytes()) == target)
+        .take(n)
+        .collect()
+}
