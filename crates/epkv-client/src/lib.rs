@@ -21,15 +21,36 @@
 //!
 //! ```
 //! use epkv_client::{Client, StoreOptions};
-//! use epkv_protocol::Status;
+//! use epkv_protocol::{Command, Limits, Request, Response, Status, frame_len};
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
 //!
-//! # async fn demo(addr: std::net::SocketAddr) -> Result<(), epkv_client::Error> {
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // A stand-in server that answers every request with Success and echoes the value.
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let addr = listener.local_addr()?;
+//! tokio::spawn(async move {
+//!     let (mut sock, _) = listener.accept().await?;
+//!     let (limits, mut buf) = (Limits::default(), Vec::new());
+//!     loop {
+//!         while let Some(n) = frame_len(&buf, &limits)? {
+//!             let req = Request::parse(&buf[..n], &limits)?;
+//!             let mut out = Vec::new();
+//!             Response::for_request(&req, Status::Success).with_value(req.value).encode(&mut out)?;
+//!             sock.write_all(&out).await?;
+//!             buf.drain(..n);
+//!         }
+//!         if sock.read_buf(&mut buf).await? == 0 {
+//!             return Ok::<(), Box<dyn std::error::Error + Send + Sync>>(());
+//!         }
+//!     }
+//! });
+//!
 //! let mut client = Client::connect(addr).await?;
 //! let stored = client.set(b"k1", b"hello", StoreOptions::new().flags(7)).await?;
 //! assert_eq!(stored.status(), Some(Status::Success));
-//! let got = client.get(b"k1").await?;
-//! assert_eq!(&got.value[..], b"hello");
-//! assert_eq!(got.flags(), Some(7));
+//! assert_eq!(&stored.value[..], b"hello");
+//! client.noop().await?;
 //! # Ok(())
 //! # }
 //! ```

@@ -52,3 +52,50 @@ pub fn frame_hint(buf: &[u8], limits: &Limits) -> Result<usize, HeaderError> {
     };
     Ok(RequestHeader::decode(head, limits)?.packet_len())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Opcode, RequestBuilder, Response, Status};
+
+    #[test]
+    fn hint_is_the_header_until_it_is_buffered_then_the_packet() {
+        let limits = Limits::default();
+        let wire = RequestBuilder::new(Opcode::Set)
+            .key(b"k")
+            .value(b"value")
+            .extras(&[0; 8]);
+        let wire = wire.to_vec().unwrap();
+        assert_eq!(frame_hint(&wire[..10], &limits), Ok(HEADER_LEN));
+        assert_eq!(frame_hint(&wire[..HEADER_LEN], &limits), Ok(wire.len()));
+        assert_eq!(frame_len(&wire[..HEADER_LEN], &limits), Ok(None));
+        assert_eq!(frame_len(&wire, &limits), Ok(Some(wire.len())));
+        let mut two = wire.clone();
+        two.extend_from_slice(&wire);
+        assert_eq!(frame_len(&two, &limits), Ok(Some(wire.len())));
+    }
+
+    #[test]
+    fn requests_and_responses_are_framed_by_their_own_function_only() {
+        let limits = Limits::default();
+        let req = RequestBuilder::new(Opcode::Noop).to_vec().unwrap();
+        let mut resp = Vec::new();
+        Response::new(0x0a, Status::Success, 0)
+            .encode(&mut resp)
+            .unwrap();
+        assert_eq!(frame_len(&req, &limits), Ok(Some(24)));
+        assert_eq!(response_frame_len(&resp, &limits), Ok(Some(24)));
+        assert_eq!(
+            frame_len(&resp, &limits),
+            Err(HeaderError::UnexpectedMagic(0x81))
+        );
+        assert_eq!(
+            response_frame_len(&req, &limits),
+            Err(HeaderError::UnexpectedMagic(0x80))
+        );
+        assert_eq!(
+            frame_hint(&resp, &limits),
+            Err(HeaderError::UnexpectedMagic(0x81))
+        );
+    }
+}

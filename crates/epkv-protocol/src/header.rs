@@ -327,3 +327,80 @@ impl ResponseHeader {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_header_fields_are_big_endian_at_their_offsets() {
+        let h = RequestHeader {
+            magic: Magic::ClientRequest,
+            opcode: 0x01,
+            framing_extras_len: 0,
+            key_len: 0x0102,
+            extras_len: 8,
+            datatype: Datatype::JSON,
+            vbucket: Vbid(0x0304),
+            body_len: 0x0102 + 8 + 5,
+            opaque: 0x0506_0708,
+            cas: Cas(0x1112_1314_1516_1718),
+        };
+        let b = h.encode();
+        assert_eq!(b[..8], [0x80, 0x01, 0x01, 0x02, 8, 0x01, 0x03, 0x04]);
+        assert_eq!(b[8..12], (0x0102u32 + 13).to_be_bytes());
+        assert_eq!(b[12..16], [5, 6, 7, 8]);
+        assert_eq!(b[16..], [0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]);
+        assert_eq!(RequestHeader::decode(&b, &Limits::default()), Ok(h));
+        assert_eq!(h.value_len(), 5);
+        assert_eq!(h.packet_len(), 24 + 0x0102 + 13);
+    }
+
+    #[test]
+    fn alt_headers_split_bytes_two_and_three() {
+        let h = ResponseHeader {
+            magic: Magic::AltClientResponse,
+            opcode: 0x00,
+            framing_extras_len: 3,
+            key_len: 2,
+            extras_len: 4,
+            datatype: Datatype::RAW,
+            status: 0x0001,
+            body_len: 3 + 2 + 4 + 1,
+            opaque: 9,
+            cas: Cas(0),
+        };
+        let b = h.encode();
+        assert_eq!(b[..8], [0x18, 0x00, 3, 2, 4, 0, 0x00, 0x01]);
+        assert_eq!(ResponseHeader::decode(&b, &Limits::default()), Ok(h));
+        assert_eq!(h.value_len(), 1);
+    }
+
+    #[test]
+    fn encodable_lengths_are_bounded_by_their_fields() {
+        assert!(check_encodable(0, 255, 65535, 0).is_ok());
+        assert_eq!(
+            check_encodable(0, 256, 0, 0),
+            Err(EncodeError::ExtrasTooLong(256))
+        );
+        assert_eq!(
+            check_encodable(256, 0, 0, 0),
+            Err(EncodeError::FramingExtrasTooLong(256))
+        );
+        assert_eq!(
+            check_encodable(1, 0, 256, 0),
+            Err(EncodeError::KeyTooLong { len: 256, max: 255 })
+        );
+        assert_eq!(
+            check_encodable(0, 0, 65536, 0),
+            Err(EncodeError::KeyTooLong {
+                len: 65536,
+                max: 65535
+            })
+        );
+        assert!(matches!(
+            check_encodable(0, 1, 0, u32::MAX as usize),
+            Err(EncodeError::BodyTooLong(_))
+        ));
+    }
+}

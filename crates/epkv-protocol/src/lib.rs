@@ -29,7 +29,7 @@
 //!
 //! let limits = Limits::default();
 //! let wire = RequestBuilder::new(Opcode::GetK).vbucket(Vbid(526)).key(b"k1").to_vec()?;
-//! let n = frame_len(&wire, &limits)?.expect("a whole packet");
+//! let n = frame_len(&wire, &limits)?.ok_or("need more bytes")?;
 //! let req = Request::parse(&wire[..n], &limits)?;
 //! assert_eq!(req.header.vbucket, Vbid(526));
 //! assert_eq!(
