@@ -9,7 +9,7 @@ use epkv_protocol::{
     ResponseHeader, StoreOp, response_frame_len,
 };
 use epkv_types::{Cas, NUM_VBUCKETS, VBucketState, Vbid, vbucket_for_key};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 
 use crate::error::{Error, Result};
@@ -170,36 +170,34 @@ impl Client {
     /// [`Error::Header`] for an untrusted header, [`Error::Closed`] at end of stream,
     /// [`Error::Timeout`], [`Error::Io`].
     pub async fn recv(&mut self) -> Result<Response> {
-        loop {
-            if let Some(n) = response_frame_len(&self.rbuf, &self.config.limits)? {
-                let packet = self.rbuf.split_to(n).freeze();
-                return to_response(packet, &self.config.limits);
-            }
-            if self.read_more().await? == 0 {
-                return Err(Error::Closed {
-                    buffered: self.rbuf.len(),
-                });
-            }
-        }
+        read_response(&mut self.stream, &mut self.rbuf, &self.config).await
     }
 
-    /// Reads more bytes into the read buffer, reserving only what a trusted header
-    /// announces (bounded by the limits); returns the bytes read (0 at end of stream).
-    async fn read_more(&mut self) -> Result<usize> {
-        let needed = match self.rbuf.first_chunk::<HEADER_LEN>() {
-            Some(head) => ResponseHeader::decode(head, &self.config.limits)?.packet_len(),
-            None => HEADER_LEN,
+    /// Writes the write buffer while concurrently reading `count` responses, so a
+    /// pipeline of any size cannot deadlock against a server that stops reading until
+    /// its replies are consumed. Returns the responses in arrival order.
+    ///
+    /// # Errors
+    /// As [`Client::flush`] and [`Client::recv`].
+    pub async fn flush_and_recv(&mut self, count: usize) -> Result<Vec<Response>> {
+        let (mut rd, mut wr) = self.stream.split();
+        let (wbuf, rbuf, config) = (&mut self.wbuf, &mut self.rbuf, &self.config);
+        let write = async {
+            wr.write_all(wbuf).await?;
+            wbuf.clear();
+            Ok::<(), Error>(())
         };
-        self.rbuf
-            .reserve(needed.saturating_sub(self.rbuf.len()).max(MIN_READ_BYTES));
-        let read = self.stream.read_buf(&mut self.rbuf);
-        let n = match self.config.timeout {
-            Some(t) => tokio::time::timeout(t, read)
-                .await
-                .map_err(|_| Error::Timeout)??,
-            None => read.await?,
+        let read = async {
+            // Capacity is not sized from `count` alone: it is the caller's number, but
+            // keep the up-front allocation modest.
+            let mut out = Vec::with_capacity(count.min(4096));
+            for _ in 0..count {
+                out.push(read_response(&mut rd, rbuf, config).await?);
+            }
+            Ok::<Vec<Response>, Error>(out)
         };
-        Ok(n)
+        let ((), responses) = tokio::try_join!(write, read)?;
+        Ok(responses)
     }
 
     /// Sends one request and returns its response.
@@ -229,7 +227,7 @@ impl Client {
                 "data received where the connection should close",
             ));
         }
-        match self.read_more().await {
+        match read_more(&mut self.stream, &mut self.rbuf, &self.config).await {
             Ok(0) => Ok(()),
             Ok(_) => Err(Error::Malformed(
                 "data received where the connection should close",
@@ -613,6 +611,47 @@ impl Client {
     pub fn config(&self) -> &ClientConfig {
         &self.config
     }
+}
+
+/// Reads the next response from `rd`, buffering in `rbuf`.
+async fn read_response<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    rbuf: &mut BytesMut,
+    config: &ClientConfig,
+) -> Result<Response> {
+    loop {
+        if let Some(n) = response_frame_len(rbuf, &config.limits)? {
+            let packet = rbuf.split_to(n).freeze();
+            return to_response(packet, &config.limits);
+        }
+        if read_more(rd, rbuf, config).await? == 0 {
+            return Err(Error::Closed {
+                buffered: rbuf.len(),
+            });
+        }
+    }
+}
+
+/// Reads more bytes into `rbuf`, reserving only what a trusted header announces (bounded
+/// by the limits); returns the bytes read (0 at end of stream).
+async fn read_more<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    rbuf: &mut BytesMut,
+    config: &ClientConfig,
+) -> Result<usize> {
+    let needed = match rbuf.first_chunk::<HEADER_LEN>() {
+        Some(head) => ResponseHeader::decode(head, &config.limits)?.packet_len(),
+        None => HEADER_LEN,
+    };
+    rbuf.reserve(needed.saturating_sub(rbuf.len()).max(MIN_READ_BYTES));
+    let read = rd.read_buf(rbuf);
+    let n = match config.timeout {
+        Some(t) => tokio::time::timeout(t, read)
+            .await
+            .map_err(|_| Error::Timeout)??,
+        None => read.await?,
+    };
+    Ok(n)
 }
 
 /// Splits a whole response packet into an owned [`Response`] without copying.

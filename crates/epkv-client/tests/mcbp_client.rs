@@ -407,3 +407,56 @@ async fn quit_fails_when_the_server_keeps_talking() {
     let c = Client::connect(addr).await.unwrap();
     assert!(matches!(c.quit().await, Err(Error::Malformed(_))));
 }
+
+/// Starts a server that answers every request with Success and echoes its value, so
+/// replies are as large as requests.
+async fn echo_server() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let limits = Limits::default();
+        let mut buf = BytesMut::new();
+        loop {
+            while let Some(n) = frame_len(&buf, &limits).unwrap() {
+                let packet = buf.split_to(n);
+                let req = Request::parse(&packet, &limits).unwrap();
+                let mut out = Vec::new();
+                Response::for_request(&req, Status::Success)
+                    .with_value(req.value)
+                    .encode(&mut out)
+                    .unwrap();
+                // Blocks while the client does not read: the server stops reading too.
+                sock.write_all(&out).await.unwrap();
+            }
+            if sock.read_buf(&mut buf).await.unwrap_or(0) == 0 {
+                return;
+            }
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_pipeline_larger_than_socket_buffers_completes() {
+    let addr = echo_server().await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let value = vec![0x5a; 64 * 1024];
+    let count = 300; // about 19 MiB each way, far beyond loopback socket buffers
+    let mut opaques = Vec::new();
+    for _ in 0..count {
+        let req = RequestBuilder::new(Opcode::Set)
+            .key(b"big")
+            .value(&value)
+            .extras(&[0; 8]);
+        opaques.push(c.queue(req).unwrap());
+    }
+    let responses = c.flush_and_recv(count).await.unwrap();
+    assert_eq!(responses.len(), count);
+    for (r, opaque) in responses.iter().zip(opaques) {
+        assert_eq!(r.opaque, opaque);
+        assert_eq!(r.value.len(), value.len());
+    }
+    // The connection is still in step afterwards.
+    c.noop().await.unwrap();
+}
