@@ -412,3 +412,102 @@ impl Bucket {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BucketConfig, EngineClock};
+    use epkv_engine_api::Engine;
+    use epkv_executor::ManualClock;
+    use epkv_types::{NUM_VBUCKETS, vbucket_for_key};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn bucket() -> Arc<Bucket> {
+        let clock = Arc::new(ManualClock::new(Duration::from_secs(1_700_000_000)));
+        Bucket::new(
+            BucketConfig {
+                expiry_pager_interval: Duration::ZERO,
+                ..BucketConfig::default()
+            },
+            EngineClock::Custom(clock),
+        )
+        .unwrap()
+    }
+
+    fn set(b: &Bucket, key: &'static str) {
+        b.store(StoreRequest {
+            op: StoreOp::Set,
+            vbid: vbucket_for_key(key.as_bytes(), NUM_VBUCKETS),
+            key: Bytes::from_static(key.as_bytes()),
+            value: Bytes::from_static(b"1"),
+            flags: 0,
+            expiry: Expiry::Never,
+            preserve_ttl: false,
+            datatype: Datatype::RAW,
+            cas: Cas::ANY,
+            durability: None,
+        })
+        .unwrap();
+    }
+
+    fn rev(b: &Bucket, key: &str) -> Option<u64> {
+        let vb = &b.vbuckets[usize::from(vbucket_for_key(key.as_bytes(), NUM_VBUCKETS).0)];
+        vb.table.get(key.as_bytes()).map(|sv| sv.meta().rev_seqno)
+    }
+
+    #[test]
+    fn revision_seqno_counts_writes_across_deletes() {
+        let b = bucket();
+        set(&b, "k");
+        assert_eq!(rev(&b, "k"), Some(1));
+        set(&b, "k");
+        b.touch(vbucket_for_key(b"k", NUM_VBUCKETS), b"k", 10)
+            .unwrap();
+        assert_eq!(rev(&b, "k"), Some(3));
+        b.arithmetic(ArithmeticRequest {
+            op: ArithmeticOp::Increment,
+            vbid: vbucket_for_key(b"k", NUM_VBUCKETS),
+            key: Bytes::from_static(b"k"),
+            delta: 1,
+            initial: 0,
+            expiry_raw: 0,
+            cas: Cas::ANY,
+            durability: None,
+        })
+        .unwrap();
+        assert_eq!(rev(&b, "k"), Some(4));
+        b.remove(RemoveRequest {
+            vbid: vbucket_for_key(b"k", NUM_VBUCKETS),
+            key: Bytes::from_static(b"k"),
+            cas: Cas::ANY,
+            durability: None,
+        })
+        .unwrap();
+        assert_eq!(rev(&b, "k"), None);
+        // The tombstone had revision 5; the re-created key continues above it.
+        set(&b, "k");
+        assert_eq!(rev(&b, "k"), Some(6));
+        b.shutdown();
+    }
+
+    #[test]
+    fn get_locked_keeps_the_real_cas_and_revision() {
+        let b = bucket();
+        set(&b, "k");
+        let vbid = vbucket_for_key(b"k", NUM_VBUCKETS);
+        let before = b.vbuckets[usize::from(vbid.0)].table.get(b"k").unwrap();
+        let locked = b.get_locked(vbid, b"k", 5).unwrap();
+        let after = b.vbuckets[usize::from(vbid.0)].table.get(b"k").unwrap();
+        assert_eq!(after.meta().cas, before.meta().cas);
+        assert_eq!(after.meta().rev_seqno, before.meta().rev_seqno);
+        assert_eq!(after.meta().by_seqno, before.meta().by_seqno);
+        assert_eq!(after.meta().locked_cas, locked.cas);
+        assert_eq!(
+            after.meta().lock_expiry,
+            1_700_000_000 + 5,
+            "lock expiry is absolute Unix seconds"
+        );
+        b.shutdown();
+    }
+}

@@ -14,10 +14,10 @@ use support::*;
 
 fn stats_of(b: &Bucket, group: &str) -> HashMap<String, String> {
     let mut m = HashMap::new();
-    b.stats(group, &mut |k, v| {
+    let r = b.stats(group, &mut |k, v| {
         m.insert(k.to_owned(), v.to_owned());
-    })
-    .unwrap();
+    });
+    assert_eq!(r, Ok(()), "stat group {group:?}");
     m
 }
 

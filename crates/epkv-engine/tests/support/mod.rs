@@ -21,36 +21,36 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Wall-clock start of every manual clock: 2023-11-14T22:13:20Z.
-pub const START_UNIX_SECS: u64 = 1_700_000_000;
+pub(crate) const START_UNIX_SECS: u64 = 1_700_000_000;
 
-pub struct Fixture {
-    pub bucket: Arc<Bucket>,
-    pub clock: Arc<ManualClock>,
+pub(crate) struct Fixture {
+    pub(crate) bucket: Arc<Bucket>,
+    pub(crate) clock: Arc<ManualClock>,
 }
 
 impl Fixture {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::with_config(BucketConfig::default())
     }
 
     /// A bucket with `config` (pager disabled unless the config enables it explicitly)
     /// on a manual clock.
-    pub fn with_config(config: BucketConfig) -> Self {
+    pub(crate) fn with_config(config: BucketConfig) -> Self {
         let clock = Arc::new(ManualClock::new(Duration::from_secs(START_UNIX_SECS)));
         let bucket = Bucket::new(config, EngineClock::Custom(clock.clone())).unwrap();
         Self { bucket, clock }
     }
 
-    pub fn advance(&self, secs: u64) {
+    pub(crate) fn advance(&self, secs: u64) {
         self.clock.advance(Duration::from_secs(secs));
     }
 
-    pub fn now_secs(&self) -> u32 {
+    pub(crate) fn now_secs(&self) -> u32 {
         use epkv_executor::Clock;
         u32::try_from(self.clock.unix_time().as_secs()).unwrap()
     }
 
-    pub fn stat(&self, group: &str, name: &str) -> String {
+    pub(crate) fn stat(&self, group: &str, name: &str) -> String {
         let mut found = None;
         self.bucket
             .stats(group, &mut |k, v| {
@@ -62,7 +62,7 @@ impl Fixture {
         found.unwrap_or_else(|| panic!("stat {name} missing from group {group:?}"))
     }
 
-    pub fn stat_u64(&self, name: &str) -> u64 {
+    pub(crate) fn stat_u64(&self, name: &str) -> u64 {
         self.stat("", name).parse().unwrap()
     }
 }
@@ -73,11 +73,11 @@ impl Drop for Fixture {
     }
 }
 
-pub fn vb(key: &[u8]) -> Vbid {
+pub(crate) fn vb(key: &[u8]) -> Vbid {
     vbucket_for_key(key, NUM_VBUCKETS)
 }
 
-pub fn store_req(op: StoreOp, key: &str, value: &str) -> StoreRequest {
+pub(crate) fn store_req(op: StoreOp, key: &str, value: &str) -> StoreRequest {
     let key = Bytes::copy_from_slice(key.as_bytes());
     StoreRequest {
         op,
@@ -93,7 +93,7 @@ pub fn store_req(op: StoreOp, key: &str, value: &str) -> StoreRequest {
     }
 }
 
-pub fn remove_req(key: &str, cas: Cas) -> RemoveRequest {
+pub(crate) fn remove_req(key: &str, cas: Cas) -> RemoveRequest {
     let key = Bytes::copy_from_slice(key.as_bytes());
     RemoveRequest {
         vbid: vb(&key),
@@ -103,7 +103,7 @@ pub fn remove_req(key: &str, cas: Cas) -> RemoveRequest {
     }
 }
 
-pub fn arith_req(
+pub(crate) fn arith_req(
     op: ArithmeticOp,
     key: &str,
     delta: u64,
@@ -123,27 +123,27 @@ pub fn arith_req(
     }
 }
 
-pub fn durability(level: epkv_types::DurabilityLevel) -> Option<DurabilityRequirements> {
+pub(crate) fn durability(level: epkv_types::DurabilityLevel) -> Option<DurabilityRequirements> {
     Some(DurabilityRequirements {
         level,
         timeout: None,
     })
 }
 
-pub fn get(b: &Bucket, key: &str) -> EngineResult<Item> {
+pub(crate) fn get(b: &Bucket, key: &str) -> EngineResult<Item> {
     b.get(vb(key.as_bytes()), key.as_bytes())
 }
 
-pub fn must_set(b: &Bucket, key: &str, value: &str) -> MutationInfo {
+pub(crate) fn must_set(b: &Bucket, key: &str, value: &str) -> MutationInfo {
     b.store(store_req(StoreOp::Set, key, value)).unwrap()
 }
 
-pub fn must_get(b: &Bucket, key: &str) -> Item {
+pub(crate) fn must_get(b: &Bucket, key: &str) -> Item {
     get(b, key).unwrap()
 }
 
 /// Returns `n` distinct keys that all map to the same vBucket.
-pub fn keys_in_one_vbucket(n: usize) -> Vec<String> {
+pub(crate) fn keys_in_one_vbucket(n: usize) -> Vec<String> {
     let target = vb(b"anchor");
     (0..)
         .map(|i| format!("k{i}"))
