@@ -337,7 +337,11 @@ impl Core {
     }
 
     /// Registers and starts a task.
-    pub(crate) fn schedule(self: &Arc<Self>, spec: TaskSpec, body: Box<dyn Task>) -> Result<TaskHandle> {
+    pub(crate) fn schedule(
+        self: &Arc<Self>,
+        spec: TaskSpec,
+        body: Box<dyn Task>,
+    ) -> Result<TaskHandle> {
         if self.is_shut_down() {
             return Err(Error::ShutDown);
         }
@@ -549,8 +553,11 @@ impl Core {
             }
         };
         let end = self.now_ns();
-        cell.stats
-            .record(start, end.saturating_sub(start), start.saturating_sub(ready));
+        cell.stats.record(
+            start,
+            end.saturating_sub(start),
+            start.saturating_sub(ready),
+        );
         let next = match answer {
             Ok(Next::Done) => None,
             Ok(Next::After(d)) => Some(Self::after(end, d)),

@@ -304,7 +304,10 @@ mod tests {
         assert_eq!(snap.last_run_time, Duration::from_micros(100));
         assert_eq!(snap.total_run_time, Duration::from_micros(5050));
         assert_eq!(snap.run_time.count(), 100);
-        assert_eq!(snap.lateness.quantile(1.0), Some(Duration::from_nanos(1024)));
+        assert_eq!(
+            snap.lateness.quantile(1.0),
+            Some(Duration::from_nanos(1024))
+        );
         let p50 = snap.run_time.quantile(0.5).unwrap();
         assert!(p50 >= Duration::from_micros(50) && p50 <= Duration::from_micros(128));
         assert_eq!(snap.last_start, Some(base + Duration::from_nanos(99)));

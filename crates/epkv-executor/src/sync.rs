@@ -14,8 +14,8 @@ mod imp {
 
 #[cfg(epkv_loom)]
 mod imp {
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64};
     use loom::sync::MutexGuard;
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64};
 
     /// loom's mutex behind parking_lot's panic-free `lock()` signature.
     #[derive(Debug)]

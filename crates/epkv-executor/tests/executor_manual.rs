@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn exec() -> ManualExecutor {
-    ManualExecutor::new(Arc::new(ManualClock::new(Duration::from_secs(1_700_000_000))))
+    ManualExecutor::new(Arc::new(ManualClock::new(Duration::from_secs(
+        1_700_000_000,
+    ))))
 }
 
 fn secs(s: u64) -> Duration {
@@ -89,7 +91,11 @@ fn snooze_to_an_earlier_deadline_takes_effect() {
     assert_eq!(exec.run_until_idle(10), 1);
     assert_eq!(runs.load(SeqCst), 1);
     exec.advance(secs(60));
-    assert_eq!(exec.run_until_idle(10), 0, "the old deadline must not fire too");
+    assert_eq!(
+        exec.run_until_idle(10),
+        0,
+        "the old deadline must not fire too"
+    );
 }
 
 #[test]
@@ -214,7 +220,10 @@ fn cancel_stops_future_runs_and_drops_the_body() {
     assert_eq!(exec.run_until_idle(10), 1);
     assert!(h.cancel());
     assert!(!h.cancel(), "second cancel reports already dead");
-    assert!(dropped.load(SeqCst), "the body is dropped when cancelled while idle");
+    assert!(
+        dropped.load(SeqCst),
+        "the body is dropped when cancelled while idle"
+    );
     assert_eq!(h.state(), TaskState::Cancelled);
     assert!(!h.wake() && !h.snooze(Duration::ZERO));
     exec.advance(secs(10));
@@ -237,15 +246,12 @@ fn cancel_of_a_ready_task_prevents_its_run() {
 fn cancel_inside_the_run_ends_the_task_after_it() {
     let exec = exec();
     let h = exec
-        .schedule(
-            TaskSpec::new("t", Group::AuxIo),
-            |cx: &TaskContext<'_>| {
-                assert!(cx.handle().cancel());
-                assert!(cx.is_cancelled());
-                assert!(!cx.handle().wake());
-                Next::After(Duration::ZERO)
-            },
-        )
+        .schedule(TaskSpec::new("t", Group::AuxIo), |cx: &TaskContext<'_>| {
+            assert!(cx.handle().cancel());
+            assert!(cx.is_cancelled());
+            assert!(!cx.handle().wake());
+            Next::After(Duration::ZERO)
+        })
         .unwrap();
     assert_eq!(exec.run_until_idle(10), 1);
     assert_eq!(h.state(), TaskState::Cancelled);
@@ -255,13 +261,10 @@ fn cancel_inside_the_run_ends_the_task_after_it() {
 fn done_answer_ends_the_task_even_if_woken_during_the_run() {
     let exec = exec();
     let h = exec
-        .schedule(
-            TaskSpec::new("t", Group::NonIo),
-            |cx: &TaskContext<'_>| {
-                cx.handle().wake();
-                Next::Done
-            },
-        )
+        .schedule(TaskSpec::new("t", Group::NonIo), |cx: &TaskContext<'_>| {
+            cx.handle().wake();
+            Next::Done
+        })
         .unwrap();
     assert_eq!(exec.run_until_idle(10), 1);
     assert_eq!(h.state(), TaskState::Completed);
@@ -331,7 +334,10 @@ fn stats_count_runs_and_lateness() {
     assert_eq!(s.runs, 1);
     assert_eq!(s.lateness.count(), 1);
     let late = s.lateness.quantile(1.0).unwrap();
-    assert!(late >= secs(2) && late <= secs(4), "lateness bucket {late:?}");
+    assert!(
+        late >= secs(2) && late <= secs(4),
+        "lateness bucket {late:?}"
+    );
     assert_eq!(s.last_start, Some(clock.now()));
     assert_eq!(s.run_time.count(), 1);
     let info = exec.tasks();
@@ -371,9 +377,10 @@ fn shutdown_cancels_everything_and_refuses_new_work() {
     assert_eq!(exec.handle().task_count(), 0);
     assert_eq!(exec.handle().timer_entries(), 0);
     let err = exec
-        .schedule(TaskSpec::new("late", Group::NonIo), |_: &TaskContext<'_>| {
-            Next::Done
-        })
+        .schedule(
+            TaskSpec::new("late", Group::NonIo),
+            |_: &TaskContext<'_>| Next::Done,
+        )
         .unwrap_err();
     assert!(matches!(err, Error::ShutDown));
     assert_eq!(exec.run_until_idle(10), 0);
@@ -385,7 +392,11 @@ fn run_at_an_instant_in_the_past_runs_at_once() {
     let past = exec.clock().now();
     exec.advance(secs(5));
     let (h, runs) = counting(&exec, "t", Start::At(past), Next::At(past));
-    assert_eq!(exec.run_until_idle(3), 3, "Next::At in the past keeps it due");
+    assert_eq!(
+        exec.run_until_idle(3),
+        3,
+        "Next::At in the past keeps it due"
+    );
     assert_eq!(runs.load(SeqCst), 3);
     assert!(h.cancel());
 }

@@ -60,7 +60,11 @@ fn random_requests_keep_every_guarantee() {
             runs: AtomicU64::new(0),
         });
         let (probe, bad) = (Arc::clone(&p), Arc::clone(&violations));
-        let group = if i % 3 == 0 { Group::Writer } else { Group::NonIo };
+        let group = if i % 3 == 0 {
+            Group::Writer
+        } else {
+            Group::NonIo
+        };
         let h = exec
             .schedule(
                 TaskSpec::new(format!("stress-{i}"), group).start(Start::Sleep),

@@ -34,12 +34,22 @@ fn small() -> ExecutorConfig {
 fn defaults_follow_the_core_count() {
     let c = ExecutorConfig::for_cores(2);
     assert_eq!(
-        [c.reader_threads, c.writer_threads, c.aux_io_threads, c.non_io_threads],
+        [
+            c.reader_threads,
+            c.writer_threads,
+            c.aux_io_threads,
+            c.non_io_threads
+        ],
         [4, 4, 2, 2]
     );
     let c = ExecutorConfig::for_cores(64);
     assert_eq!(
-        [c.reader_threads, c.writer_threads, c.aux_io_threads, c.non_io_threads],
+        [
+            c.reader_threads,
+            c.writer_threads,
+            c.aux_io_threads,
+            c.non_io_threads
+        ],
         [16, 4, 8, 8]
     );
 }
@@ -58,14 +68,11 @@ fn each_group_runs_on_its_own_named_threads() {
     let (tx, rx) = mpsc::channel();
     for g in Group::ALL {
         let tx = tx.clone();
-        exec.schedule(
-            TaskSpec::new("where", g),
-            move |_: &TaskContext<'_>| {
-                let name = std::thread::current().name().unwrap_or("").to_owned();
-                tx.send((g, name)).unwrap();
-                Next::Done
-            },
-        )
+        exec.schedule(TaskSpec::new("where", g), move |_: &TaskContext<'_>| {
+            let name = std::thread::current().name().unwrap_or("").to_owned();
+            tx.send((g, name)).unwrap();
+            Next::Done
+        })
         .unwrap();
     }
     for _ in 0..4 {
@@ -122,7 +129,9 @@ fn wake_and_earlier_snooze_from_another_thread_take_effect() {
         .unwrap();
     wait_until("the earlier snooze", || runs.load(SeqCst) == 1);
     let h2 = h.clone();
-    std::thread::spawn(move || assert!(h2.wake())).join().unwrap();
+    std::thread::spawn(move || assert!(h2.wake()))
+        .join()
+        .unwrap();
     wait_until("the wake", || runs.load(SeqCst) == 2);
     exec.shutdown(LIMIT).unwrap();
     assert_eq!(h.state(), TaskState::Cancelled);
@@ -225,7 +234,10 @@ fn shutdown_cancels_a_task_mid_run_and_joins() {
     assert_eq!(idle.state(), TaskState::Cancelled);
     assert_eq!(exec.handle().task_count(), 0);
     assert!(matches!(
-        exec.schedule(TaskSpec::new("late", Group::NonIo), |_: &TaskContext<'_>| Next::Done),
+        exec.schedule(
+            TaskSpec::new("late", Group::NonIo),
+            |_: &TaskContext<'_>| Next::Done
+        ),
         Err(Error::ShutDown)
     ));
     assert!(exec.shutdown(LIMIT).is_ok(), "second shutdown is a no-op");

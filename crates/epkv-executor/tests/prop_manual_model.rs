@@ -141,7 +141,11 @@ impl World {
             Op::RunOne => match self.exec.run_next() {
                 Some(h) => {
                     let i = self.handles.iter().position(|x| *x == h).unwrap();
-                    prop_assert!(self.model[i].is_due(self.now), "task {} ran when not due", i);
+                    prop_assert!(
+                        self.model[i].is_due(self.now),
+                        "task {} ran when not due",
+                        i
+                    );
                     self.model[i].ran(self.now);
                 }
                 None => {
@@ -158,7 +162,10 @@ impl World {
             if t.cancelled {
                 // A task cancelled while ready stays Cancelling until its queue entry is
                 // popped (and then finished without running).
-                prop_assert!(matches!(h.state(), TaskState::Cancelled | TaskState::Cancelling));
+                prop_assert!(matches!(
+                    h.state(),
+                    TaskState::Cancelled | TaskState::Cancelling
+                ));
             } else {
                 let want = t.due.map(|d| self.start + Duration::from_nanos(d));
                 prop_assert_eq!(h.next_due(), want, "due of {}", h.name());
