@@ -60,6 +60,20 @@
 //! - FLUSH empties every vBucket but keeps seqnos counting and failover logs.
 //! - Stored keys and values are copied out of the request buffers.
 //!
+//! # Stats
+//! [`epkv_engine_api::Engine::stats`] answers these groups (anything else is
+//! `UnknownStatGroup`):
+//! - `""` (default) and `memory`: exactly the stats listed in [`STATS`] for that group,
+//!   with their units and meanings.
+//! - `vbucket`: `vb_N` → `active` / `replica` / `pending` / `dead` for every vBucket.
+//! - `vbucket-details` (or `vbucket-details N` for one vBucket): `vb_N` → state, plus
+//!   `vb_N:num_items`, `vb_N:mem_used` (bytes), `vb_N:high_seqno`, `vb_N:max_cas`,
+//!   `vb_N:max_deleted_revid`, `vb_N:uuid` and `vb_N:num_failover_entries`. A vbid outside
+//!   the bucket is `NotMyVbucket`, a non-number `Invalid`.
+//!
+//! Counters are kept per thread (sharded, cache-line aligned) and summed when read, so
+//! counting never makes two cores write one cache line.
+//!
 //! # Dependencies
 //! Depends on `epkv-types`, `epkv-engine-api`, `epkv-hashtable` and `epkv-executor` (for
 //! the clock). Must never depend on `epkv-protocol`, `epkv-frontend` or `epkv-server`.
