@@ -389,17 +389,19 @@ impl Core {
         if immediate {
             self.enqueue(h.clone());
         } else {
-            self.arm(&h, due, now);
+            self.arm(&h, due, Some(now));
         }
         Ok(h)
     }
 
-    /// Asks for `h` to be due at `due`; `false` if it is finished or cancelled.
-    pub(crate) fn request(&self, h: &TaskHandle, due: u64, now: u64) -> bool {
-        match h.cell().state.request(due, now) {
+    /// Asks for `h` to be due at `due`; `false` if it is finished or cancelled. `now` is
+    /// the current time if the caller has it (it is read only if needed otherwise).
+    pub(crate) fn request(&self, h: &TaskHandle, due: u64, now: Option<u64>) -> bool {
+        match h.cell().state.request(due) {
             Request::Dead => false,
             Request::Recorded => true,
             Request::Enqueue => {
+                let now = now.unwrap_or_else(|| self.now_ns());
                 h.cell().ready_at.store(now, Relaxed);
                 self.enqueue(h.clone());
                 true
@@ -444,8 +446,10 @@ impl Core {
         }
     }
 
-    /// Makes sure an idle task due at `due` has a timer entry at or before it.
-    pub(crate) fn arm(&self, h: &TaskHandle, due: u64, now: u64) {
+    /// Makes sure an idle task due at `due` has a timer entry at or before it, or queues
+    /// it if `due` has come. The fast path (an entry at or before `due` already exists)
+    /// is one load and reads no clock.
+    pub(crate) fn arm(&self, h: &TaskHandle, due: u64, now: Option<u64>) {
         if due >= NEVER {
             return;
         }
@@ -454,6 +458,16 @@ impl Core {
         let mut cur = cell.armed_at.load(SeqCst);
         if cur <= due_tick {
             // The live entry comes round first and re-reads the due time.
+            return;
+        }
+        let now = now.unwrap_or_else(|| self.now_ns());
+        if due <= now {
+            // Already due: queue it now rather than through a timer tick. If the word
+            // changed meanwhile, whoever changed it acts on it.
+            if let Expire::Enqueue(due) = cell.state.expire(now) {
+                cell.ready_at.store(due, Relaxed);
+                self.enqueue(h.clone());
+            }
             return;
         }
         let at = check_tick(due, now);
@@ -518,7 +532,7 @@ impl Core {
                 cell.ready_at.store(due, Relaxed);
                 self.enqueue(h.clone());
             }
-            Expire::Rearm(due) => self.arm(h, due, now),
+            Expire::Rearm(due) => self.arm(h, due, Some(now)),
         }
     }
 
@@ -533,7 +547,7 @@ impl Core {
                 return;
             }
             Begin::NotDue(due) => {
-                self.arm(h, due, start);
+                self.arm(h, due, Some(start));
                 return;
             }
             Begin::Run => {}
@@ -581,7 +595,7 @@ impl Core {
                 cell.ready_at.store(end, Relaxed);
                 self.enqueue(h.clone());
             }
-            End::Arm(due) => self.arm(h, due, end),
+            End::Arm(due) => self.arm(h, due, Some(end)),
         }
     }
 

@@ -60,28 +60,25 @@ impl TaskHandle {
     /// after it (unless the run answers [`Next::Done`](crate::Next::Done)).
     pub fn wake(&self) -> bool {
         let core = &self.cell.core;
-        let now = core.now_ns();
-        core.request(self, 0, now)
+        core.request(self, 0, None)
     }
 
     /// Makes the task due `after` from now, earlier or later than it was.
     pub fn snooze(&self, after: Duration) -> bool {
         let core = &self.cell.core;
         let now = core.now_ns();
-        core.request(self, crate::core::Core::after(now, after), now)
+        core.request(self, crate::core::Core::after(now, after), Some(now))
     }
 
     /// Makes the task due at `at`, earlier or later than it was (at once if `at` passed).
     pub fn snooze_until(&self, at: Instant) -> bool {
         let core = &self.cell.core;
-        let due = core.to_ns(at);
-        let now = core.now_ns();
-        core.request(self, due, now)
+        core.request(self, core.to_ns(at), None)
     }
 
     /// Makes the task sleep until woken or snoozed, dropping any due time.
     pub fn sleep(&self) -> bool {
-        self.cell.core.request(self, NEVER, 0)
+        self.cell.core.request(self, NEVER, None)
     }
 
     /// Cancels the task: it never starts another run. A run in progress finishes (its

@@ -38,10 +38,10 @@ pub(crate) enum Request {
     Dead,
     /// Recorded; whoever holds the task (queue, runner) will see it.
     Recorded,
-    /// The idle task became due: the requester must put it on a run queue.
+    /// The idle task was woken: the requester must put it on a run queue.
     Enqueue,
-    /// The idle task has a new future due time: the requester must make sure a timer entry
-    /// at or before it exists.
+    /// The idle task has a new due time: the requester must make sure a timer entry at or
+    /// before it exists, or queue the task if that time has already come.
     Arm(u64),
 }
 
@@ -128,9 +128,10 @@ impl StateWord {
         }
     }
 
-    /// Asks for the task to be due at `due` (0 = wake now). `now` decides whether an idle
-    /// task is already due.
-    pub(crate) fn request(&self, due: u64, now: u64) -> Request {
+    /// Asks for the task to be due at `due` (0 = wake now). Needs no clock: an idle task
+    /// with a non-zero due time is left to [`Request::Arm`], which reads the clock only if
+    /// it has to file a timer entry.
+    pub(crate) fn request(&self, due: u64) -> Request {
         let due = due.min(NEVER);
         self.update(|cur| {
             if cur & (CANCELLED | DONE) != 0 {
@@ -139,7 +140,7 @@ impl StateWord {
             let new = (cur & !DUE_MASK) | due;
             if cur & (QUEUED | RUNNING) != 0 {
                 Ok((new, Request::Recorded))
-            } else if due <= now {
+            } else if due == 0 {
                 Ok((new | QUEUED, Request::Enqueue))
             } else {
                 Ok((new, Request::Arm(due)))
@@ -221,8 +222,8 @@ mod tests {
     #[test]
     fn wake_of_idle_task_enqueues_once() {
         let s = StateWord::idle(NEVER);
-        assert_eq!(s.request(0, 10), Request::Enqueue);
-        assert_eq!(s.request(0, 10), Request::Recorded);
+        assert_eq!(s.request(0), Request::Enqueue);
+        assert_eq!(s.request(0), Request::Recorded);
         assert_eq!(s.begin(10), Begin::Run);
     }
 
@@ -230,7 +231,7 @@ mod tests {
     fn wake_during_run_makes_it_due_again() {
         let s = StateWord::queued();
         assert_eq!(s.begin(5), Begin::Run);
-        assert_eq!(s.request(0, 6), Request::Recorded);
+        assert_eq!(s.request(0), Request::Recorded);
         assert_eq!(s.end(Some(NEVER), 7), End::Enqueue);
     }
 
@@ -238,7 +239,7 @@ mod tests {
     fn run_answer_and_requests_during_run_merge_to_the_earlier() {
         let s = StateWord::queued();
         assert_eq!(s.begin(5), Begin::Run);
-        assert_eq!(s.request(500, 6), Request::Recorded);
+        assert_eq!(s.request(500), Request::Recorded);
         assert_eq!(s.end(Some(900), 7), End::Arm(500));
         let s = StateWord::queued();
         assert_eq!(s.begin(5), Begin::Run);
@@ -248,7 +249,7 @@ mod tests {
     #[test]
     fn snooze_while_queued_defers_the_run() {
         let s = StateWord::queued();
-        assert_eq!(s.request(1000, 5), Request::Recorded);
+        assert_eq!(s.request(1000), Request::Recorded);
         assert_eq!(s.begin(6), Begin::NotDue(1000));
         assert_eq!(s.expire(999), Expire::Rearm(1000));
         assert_eq!(s.expire(1000), Expire::Enqueue(1000));
@@ -259,7 +260,7 @@ mod tests {
         let s = StateWord::idle(100);
         assert_eq!(s.cancel(), Cancel::Finish);
         assert_eq!(s.cancel(), Cancel::AlreadyDead);
-        assert_eq!(s.request(0, 1), Request::Dead);
+        assert_eq!(s.request(0), Request::Dead);
         assert_eq!(s.expire(1000), Expire::Ignore);
     }
 
@@ -268,7 +269,7 @@ mod tests {
         let s = StateWord::queued();
         assert_eq!(s.begin(1), Begin::Run);
         assert_eq!(s.cancel(), Cancel::Marked);
-        assert_eq!(s.request(0, 2), Request::Dead);
+        assert_eq!(s.request(0), Request::Dead);
         assert_eq!(s.end(Some(0), 3), End::Finish);
         assert_eq!(s.load() & DONE, DONE);
     }
@@ -284,7 +285,7 @@ mod tests {
     fn done_answer_wins_over_wake_during_run() {
         let s = StateWord::queued();
         assert_eq!(s.begin(1), Begin::Run);
-        assert_eq!(s.request(0, 2), Request::Recorded);
+        assert_eq!(s.request(0), Request::Recorded);
         assert_eq!(s.end(None, 3), End::Finish);
     }
 }
