@@ -183,7 +183,7 @@ fn flush_is_not_supported_unless_enabled() {
 fn flush_empties_every_vbucket() {
     let f = Fixture::with_config(BucketConfig {
         flush_enabled: true,
-        ..BucketConfig::default()
+        ..test_config()
     });
     for i in 0..200 {
         must_set(&f.bucket, &format!("key{i}"), "v");
@@ -213,7 +213,10 @@ fn default_and_memory_groups_emit_exactly_the_stat_table() {
 
 #[test]
 fn default_group_reports_items_memory_and_config() {
-    let f = Fixture::new();
+    let f = Fixture::with_config(BucketConfig {
+        expiry_pager_interval: Duration::from_secs(90),
+        ..test_config()
+    });
     must_set(&f.bucket, "a", "1");
     must_set(&f.bucket, "b", "22");
     let s = stats_of(&f.bucket, "");
@@ -227,7 +230,7 @@ fn default_group_reports_items_memory_and_config() {
     assert_eq!(s["mem_used"], f.bucket.mem_used().to_string());
     assert_eq!(s["ep_bucket_name"], "default");
     assert_eq!(s["ep_flushall_enabled"], "false");
-    assert_eq!(s["ep_exp_pager_stime"], "60");
+    assert_eq!(s["ep_exp_pager_stime"], "90");
     assert!(f.bucket.mem_used() > 0);
     let m = stats_of(&f.bucket, "memory");
     assert_eq!(m["mem_used"], s["mem_used"]);
@@ -276,7 +279,7 @@ fn writes_beyond_the_high_watermark_get_tempfail_and_never_exceed_the_quota() {
     let quota: usize = 1024 * 1024;
     let f = Fixture::with_config(BucketConfig {
         memory_quota_bytes: quota as u64,
-        ..BucketConfig::default()
+        ..test_config()
     });
     let high_wat = quota / 100 * 85;
     let value = "x".repeat(100 * 1024);
@@ -385,21 +388,26 @@ fn pager_thread_expires_items_on_the_injected_clock() {
     clock.advance(Duration::from_secs(30));
     // Wait (bounded) for a pager pass to pick the item up; nothing here sleeps to make
     // the item expire, the manual clock already did that.
+    let expired_by_pager = || {
+        let mut n = 0u64;
+        bucket
+            .stats("", &mut |k, v| {
+                if k == "ep_expired_pager" {
+                    n = v.parse().unwrap();
+                }
+            })
+            .unwrap();
+        n
+    };
     let mut waited = 0;
-    while bucket.item_count() != 0 {
+    while expired_by_pager() == 0 {
         assert!(waited < 10_000, "the pager never ran");
         std::thread::sleep(Duration::from_millis(1));
         waited += 1;
     }
-    let mut expired_pager = 0;
-    bucket
-        .stats("", &mut |k, v| {
-            if k == "ep_expired_pager" {
-                expired_pager = v.parse().unwrap();
-            }
-        })
-        .unwrap();
-    assert_eq!(expired_pager, 1);
+    assert_eq!(expired_by_pager(), 1);
+    assert_eq!(bucket.item_count(), 0);
+    assert_eq!(get(&bucket, "k"), Err(EngineStatus::KeyNotFound));
     bucket.shutdown();
     assert!(!bucket.is_expiry_pager_running());
 }
@@ -425,7 +433,7 @@ fn shutdown_stops_a_sleeping_pager_at_once() {
 fn zero_interval_disables_the_pager() {
     let f = Fixture::with_config(BucketConfig {
         expiry_pager_interval: Duration::ZERO,
-        ..BucketConfig::default()
+        ..test_config()
     });
     assert!(!f.bucket.is_expiry_pager_running());
     assert_eq!(f.stat("", "ep_exp_pager_stime"), "0");
@@ -469,7 +477,7 @@ fn invalid_config_is_rejected_by_new() {
 fn fewer_vbuckets_route_by_the_smaller_count() {
     let f = Fixture::with_config(BucketConfig {
         num_vbuckets: 4,
-        ..BucketConfig::default()
+        ..test_config()
     });
     let id = epkv_types::vbucket_for_key(b"k", 4);
     let mut req = store_req(StoreOp::Set, "k", "v");

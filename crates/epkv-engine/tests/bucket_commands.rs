@@ -113,7 +113,7 @@ fn replace_needs_an_existing_key_and_honours_cas() {
 fn value_above_the_item_size_limit_is_too_big() {
     let f = Fixture::with_config(BucketConfig {
         max_item_size_bytes: 10,
-        ..BucketConfig::default()
+        ..test_config()
     });
     must_set(&f.bucket, "k", "0123456789");
     assert_eq!(
@@ -199,7 +199,7 @@ fn append_honours_cas() {
 fn append_beyond_the_size_limit_is_too_big_and_keeps_the_value() {
     let f = Fixture::with_config(BucketConfig {
         max_item_size_bytes: 8,
-        ..BucketConfig::default()
+        ..test_config()
     });
     must_set(&f.bucket, "k", "12345");
     assert_eq!(

@@ -23,6 +23,15 @@ use std::time::Duration;
 /// Wall-clock start of every manual clock: 2023-11-14T22:13:20Z.
 pub(crate) const START_UNIX_SECS: u64 = 1_700_000_000;
 
+/// The default configuration without the background pager thread, so that no pass can
+/// run in the middle of a test however slow the machine; tests run passes themselves.
+pub(crate) fn test_config() -> BucketConfig {
+    BucketConfig {
+        expiry_pager_interval: Duration::ZERO,
+        ..BucketConfig::default()
+    }
+}
+
 pub(crate) struct Fixture {
     pub(crate) bucket: Arc<Bucket>,
     pub(crate) clock: Arc<ManualClock>,
@@ -30,11 +39,10 @@ pub(crate) struct Fixture {
 
 impl Fixture {
     pub(crate) fn new() -> Self {
-        Self::with_config(BucketConfig::default())
+        Self::with_config(test_config())
     }
 
-    /// A bucket with `config` (pager disabled unless the config enables it explicitly)
-    /// on a manual clock.
+    /// A bucket with `config` on a manual clock.
     pub(crate) fn with_config(config: BucketConfig) -> Self {
         let clock = Arc::new(ManualClock::new(Duration::from_secs(START_UNIX_SECS)));
         let bucket = Bucket::new(config, EngineClock::Custom(clock.clone())).unwrap();
