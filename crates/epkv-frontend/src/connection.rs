@@ -118,6 +118,9 @@ impl Connection {
         let (mut rd, mut wr) = stream.split();
 
         let reason: &str = loop {
+            // Whether execution stopped at the output limit with requests possibly left in
+            // the input buffer.
+            let mut backlog = false;
             if closing.is_none() {
                 if let Some(c) = process(
                     shared,
@@ -130,6 +133,7 @@ impl Connection {
                 ) {
                     closing = Some(c);
                 }
+                backlog = out.len() >= out_limit;
                 if let Some(nodelay) = session.nodelay_change.take()
                     && let Err(e) = wr.as_ref().set_nodelay(nodelay)
                 {
@@ -158,9 +162,15 @@ impl Connection {
                     Some(Closing::Quit) => break "quit",
                     Some(Closing::BadHeader) => break "untrusted packet header",
                     Some(Closing::Shutdown) => break "server shutdown",
-                    None if eof => break "client closed",
+                    None if eof && !backlog => break "client closed",
                     None => {}
                 }
+            }
+            if backlog && out.len() < out_limit {
+                // The replies went out at once and more requests are buffered: execute
+                // them, after letting the worker's other connections run.
+                tokio::task::yield_now().await;
+                continue;
             }
             let want_read = closing.is_none() && !eof && out.len() < out_limit;
             if want_read {
