@@ -1,4 +1,8 @@
 //! Command dispatch through a real front end over TCP, against the fake engine.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failure is a test failure"
+)]
 
 mod common;
 

@@ -1,5 +1,9 @@
 //! Connection handling through a real front end: pipelining, backpressure, malformed
 //! input, connection limit, idle timeout and graceful shutdown.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failure is a test failure"
+)]
 
 mod common;
 

@@ -1,6 +1,11 @@
 //! Test fixtures for the front end: an in-memory [`FakeEngine`], a [`TestServer`] that
 //! runs a real [`Frontend`] on 127.0.0.1:0 in a thread, and a blocking raw [`Client`].
 #![allow(dead_code, unreachable_pub, missing_docs)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test fixture: a failure here is a test failure"
+)]
 
 use bytes::Bytes;
 use epkv_engine_api::{
