@@ -1,2 +1,246 @@
-//! epkv-server: placeholder.
-fn main() {}
+//! `epkv-server`: the epkv key-value server.
+//!
+//! With no arguments it listens on 127.0.0.1:11210, creates the bucket `default` and keeps
+//! its data under `./epkv-data`, and prints one line saying how to connect:
+//!
+//! ```text
+//! epkv listening on 127.0.0.1:11210 (bucket "default", data ./epkv-data)
+//! ```
+//!
+//! Every setting is declared once in `settings.rs` and can be given as a flag
+//! (`--max-connections 100`) or in a TOML file (`--config epkv.toml`, same names with
+//! dashes or underscores); flags win over the file. `epkv-server --print-settings` prints
+//! the table. Logs go to stderr (`--log-level`, `--log-format`, `RUST_LOG`).
+//!
+//! This binary is thin: it resolves the settings, sets up logging, builds the bucket
+//! (`epkv-engine`) and hands it to the front end (`epkv-frontend`), then waits for
+//! SIGINT/SIGTERM and shuts down gracefully (exit code 0). A second signal exits at once.
+
+mod byte_size;
+mod rlimit;
+mod settings;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use epkv_engine::{Bucket, BucketConfig, EngineClock};
+use epkv_executor::{OffsetClock, SystemClock};
+use epkv_frontend::{Frontend, FrontendConfig, FrontendError};
+use settings::{LogFormat, Resolved, SettingFlags};
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing_subscriber::EnvFilter;
+
+/// Command line: one flag per setting plus a few actions.
+#[derive(Debug, Parser)]
+#[command(
+    name = "epkv-server",
+    version,
+    about = "epkv: a memory-first key-value server speaking the memcached binary protocol",
+    after_help = "Every setting can also be given in the TOML file named by --config, with the \
+                  same name (dashes or underscores). Flags win over the file."
+)]
+struct Cli {
+    #[command(flatten)]
+    settings: SettingFlags,
+    /// TOML file with settings (keys as the flags without `--`, e.g. `max-connections = 100`)
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Print the settings table (markdown) and exit
+    #[arg(long)]
+    print_settings: bool,
+    /// Testing mode: ADJUST_TIMEOFDAY may shift the server clock (for test suites only)
+    #[arg(long, hide = true)]
+    testing: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if cli.print_settings {
+        print!("{}", settings::markdown_table());
+        return ExitCode::SUCCESS;
+    }
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("epkv-server: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let resolved = settings::resolve(&cli.settings, cli.config.as_deref())?;
+    init_logging(&resolved)?;
+    let s = &resolved.settings;
+
+    let threads = match s.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let max_connections = rlimit::clamp_connections(s.max_connections, threads);
+    let max_packet_size = u32::try_from(s.max_packet_size.bytes())
+        .ok()
+        .filter(|&n| n >= FrontendConfig::MIN_PACKET_SIZE)
+        .with_context(|| {
+            format!(
+                "max-packet-size must be between {} bytes and 4GiB, not {}",
+                FrontendConfig::MIN_PACKET_SIZE,
+                s.max_packet_size
+            )
+        })?;
+    let output_buffer_limit = usize::try_from(s.output_buffer_limit.bytes())
+        .ok()
+        .filter(|&n| n > 0)
+        .context("output-buffer-limit must be positive")?;
+
+    std::fs::create_dir_all(&s.data_dir)
+        .with_context(|| format!("cannot create data directory {}", s.data_dir.display()))?;
+
+    let engine_clock = if cli.testing {
+        tracing::warn!("testing mode: ADJUST_TIMEOFDAY can shift the server clock");
+        EngineClock::Testing(OffsetClock::new())
+    } else {
+        EngineClock::System
+    };
+    let bucket_config = BucketConfig {
+        name: s.bucket.clone(),
+        memory_quota_bytes: s.memory_quota.bytes(),
+        flush_enabled: s.flush_enabled,
+        ..BucketConfig::default()
+    };
+    let bucket = Bucket::new(bucket_config, engine_clock)
+        .with_context(|| format!("cannot create bucket {:?}", s.bucket))?;
+
+    let config = FrontendConfig {
+        bind: SocketAddr::new(s.bind, s.port),
+        threads,
+        max_connections,
+        idle_timeout: (s.idle_timeout > 0).then(|| Duration::from_secs(s.idle_timeout)),
+        max_packet_size,
+        output_buffer_limit,
+        testing: cli.testing,
+        shutdown_timeout: Duration::from_secs(s.shutdown_timeout),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        clock: Arc::new(SystemClock),
+    };
+    let frontend = Frontend::bind(config, bucket).map_err(explain_bind_error)?;
+    let addr = frontend.local_addr();
+
+    tracing::info!(
+        %addr,
+        bucket = %s.bucket,
+        data_dir = %s.data_dir.display(),
+        threads,
+        max_connections,
+        memory_quota = %s.memory_quota,
+        flush_enabled = s.flush_enabled,
+        "epkv-server {} started",
+        env!("CARGO_PKG_VERSION")
+    );
+    tracing::warn!(
+        data_dir = %s.data_dir.display(),
+        "persistence is not implemented yet: documents live in memory only and are lost at exit"
+    );
+    // The one line on stdout: how to connect. Tests read the address from it.
+    let mut stdout = std::io::stdout().lock();
+    writeln!(
+        stdout,
+        "epkv listening on {addr} (bucket \"{}\", data {})",
+        s.bucket,
+        s.data_dir.display()
+    )
+    .and_then(|()| stdout.flush())
+    .context("cannot write to stdout")?;
+    drop(stdout);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("epkv-acceptor")
+        .build()
+        .context("cannot start the acceptor runtime")?;
+    runtime.block_on(async {
+        let shutdown = shutdown_signal().context("cannot install signal handlers")?;
+        frontend
+            .run_until(shutdown)
+            .await
+            .context("front end failed")
+    })?;
+    tracing::info!("epkv-server stopped");
+    Ok(())
+}
+
+/// Resolves on the first SIGINT or SIGTERM; a second one exits at once.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received; shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT received; shutting down"),
+        }
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            eprintln!("epkv-server: second signal received; exiting without waiting");
+            std::process::exit(130);
+        });
+    })
+}
+
+/// Turns a bind failure into one line that says what to do.
+fn explain_bind_error(e: FrontendError) -> anyhow::Error {
+    let FrontendError::Bind { addr, source } = &e else {
+        return e.into();
+    };
+    let hint = match source.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "{addr} is already in use (is another epkv-server or memcached running?); \
+             choose another port with --port"
+        ),
+        std::io::ErrorKind::PermissionDenied if addr.port() < 1024 => format!(
+            "permission denied listening on {addr}: ports below 1024 need root or \
+             CAP_NET_BIND_SERVICE; use a port of 1024 or more (the default is 11210)"
+        ),
+        std::io::ErrorKind::PermissionDenied => format!("permission denied listening on {addr}"),
+        std::io::ErrorKind::AddrNotAvailable => format!(
+            "{} is not an address of this machine; check --bind",
+            addr.ip()
+        ),
+        _ => return e.into(),
+    };
+    anyhow::anyhow!(hint)
+}
+
+/// Logs to stderr. An explicit `log-level` wins; otherwise `RUST_LOG` if set; otherwise
+/// the default level.
+fn init_logging(resolved: &Resolved) -> Result<()> {
+    let s = &resolved.settings;
+    let from_env = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    let directives = match from_env {
+        Some(env) if !resolved.is_explicit("log_level") => env,
+        _ => s.log_level.clone(),
+    };
+    let filter = EnvFilter::try_new(&directives)
+        .with_context(|| format!("invalid log filter {directives:?}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    let installed = match s.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    if let Err(e) = installed {
+        bail!("cannot install the logger: {e}");
+    }
+    Ok(())
+}

@@ -1,0 +1,389 @@
+//! Every server setting, declared once in the [`settings!`] table below.
+//!
+//! The one declaration produces:
+//! - [`Settings`], the resolved values the server runs with;
+//! - [`SettingFlags`], one optional command-line flag per setting (`--max-connections`);
+//! - the TOML file format read by `--config FILE` (the same names, written with dashes or
+//!   underscores: `max-connections = 100` and `max_connections = 100` are the same key);
+//! - [`SETTINGS`], the name / default / unit / help table printed by
+//!   `epkv-server --print-settings` (markdown) and used by the docs.
+//!
+//! Precedence: a command-line flag beats the file, which beats the default. Defaults are
+//! written as the text a user would type, and parsed with the same parser as the flags, so
+//! the documented default is the real one.
+
+use crate::byte_size::ByteSize;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            other => Err(format!("unknown log format {other:?}: use text or json")),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for LogFormat {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One row of the settings table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SettingInfo {
+    /// The name, with underscores (the flag is the same with dashes).
+    pub(crate) name: &'static str,
+    /// The default, as text.
+    pub(crate) default: &'static str,
+    /// The unit or kind of value.
+    pub(crate) unit: &'static str,
+    /// What it does.
+    pub(crate) help: &'static str,
+}
+
+impl SettingInfo {
+    /// The command-line flag for this setting.
+    #[must_use]
+    pub(crate) fn flag(&self) -> String {
+        format!("--{}", self.name.replace('_', "-"))
+    }
+}
+
+/// Why the settings could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SettingsError {
+    /// The config file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML or has a bad value or unknown key.
+    #[error("config file {path}: {message}")]
+    ParseFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A built-in default did not parse (a bug in the table; covered by a test).
+    #[error("built-in default {value:?} of setting {name} does not parse: {message}")]
+    BadDefault {
+        /// The setting.
+        name: &'static str,
+        /// The default text.
+        value: &'static str,
+        /// The parser's complaint.
+        message: String,
+    },
+}
+
+/// Parses a default from the table.
+fn parse_default<T: FromStr>(name: &'static str, value: &'static str) -> Result<T, SettingsError>
+where
+    T::Err: std::fmt::Display,
+{
+    value
+        .parse()
+        .map_err(|e: T::Err| SettingsError::BadDefault {
+            name,
+            value,
+            message: e.to_string(),
+        })
+}
+
+macro_rules! settings {
+    ($(
+        $name:ident : $ty:ty = $default:literal, unit = $unit:literal, help = $help:literal
+            $(, clap($($attr:tt)*))? ;
+    )*) => {
+        /// The resolved settings the server runs with.
+        #[derive(Debug, Clone, PartialEq)]
+        pub(crate) struct Settings {
+            $( #[doc = $help] pub(crate) $name: $ty, )*
+        }
+
+        /// One optional command-line flag per setting; `None` when not given.
+        #[derive(Debug, Default, Clone, clap::Args)]
+        pub(crate) struct SettingFlags {
+            $(
+                #[arg(long, value_name = $unit, help = $help $(, $($attr)*)?)]
+                #[doc = $help]
+                pub(crate) $name: Option<$ty>,
+            )*
+        }
+
+        /// The TOML file: the same settings, every one optional.
+        #[derive(Debug, Default, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct FileSettings {
+            $( #[serde(default)] $name: Option<$ty>, )*
+        }
+
+        /// The settings table: every setting with its default, unit and help text.
+        pub(crate) const SETTINGS: &[SettingInfo] = &[
+            $( SettingInfo {
+                name: stringify!($name),
+                default: $default,
+                unit: $unit,
+                help: $help,
+            }, )*
+        ];
+
+        impl Settings {
+            /// The built-in defaults.
+            ///
+            /// # Errors
+            /// Only if a default in the table does not parse, which a test rules out.
+            pub(crate) fn defaults() -> Result<Self, SettingsError> {
+                Ok(Self { $( $name: parse_default(stringify!($name), $default)?, )* })
+            }
+
+            /// Flags over file over defaults. Returns the settings and the names of those
+            /// given explicitly (by a flag or the file).
+            fn merge(
+                flags: &SettingFlags,
+                file: FileSettings,
+            ) -> Result<(Self, BTreeSet<&'static str>), SettingsError> {
+                let mut explicit = BTreeSet::new();
+                let defaults = Self::defaults()?;
+                let s = Self { $(
+                    $name: match (flags.$name.clone(), file.$name) {
+                        (Some(v), _) | (None, Some(v)) => {
+                            explicit.insert(stringify!($name));
+                            v
+                        }
+                        (None, None) => defaults.$name,
+                    },
+                )* };
+                Ok((s, explicit))
+            }
+        }
+    };
+}
+
+settings! {
+    bind: IpAddr = "127.0.0.1", unit = "address",
+        help = "IP address to listen on (0.0.0.0 for every interface)";
+    port: u16 = "11210", unit = "port",
+        help = "TCP port for memcached binary protocol clients (0 picks a free port)";
+    threads: usize = "0", unit = "count",
+        help = "Front-end worker threads; 0 means one per CPU core";
+    bucket: String = "default", unit = "name",
+        help = "Name of the bucket the server creates";
+    memory_quota: ByteSize = "1GiB", unit = "bytes",
+        help = "Bucket memory quota; accepts suffixes such as 512MiB or 2GiB";
+    data_dir: PathBuf = "./epkv-data", unit = "path",
+        help = "Directory for the bucket's data (created if missing)";
+    max_connections: usize = "4096", unit = "count",
+        help = "Most client connections at once; more are accepted and closed at once. Clamped to the open-file limit minus a reserve";
+    idle_timeout: u64 = "0", unit = "seconds",
+        help = "Close a connection that sends nothing for this long; 0 never closes idle connections (as memcached)";
+    max_packet_size: ByteSize = "20MiB", unit = "bytes",
+        help = "Largest request packet (header + body) accepted; larger ones close the connection";
+    output_buffer_limit: ByteSize = "2MiB", unit = "bytes",
+        help = "Per-connection replies pending before the server stops reading from that client";
+    flush_enabled: bool = "false", unit = "bool",
+        help = "Allow FLUSH to remove every document (off by default, as in Couchbase)",
+        clap(num_args = 0..=1, default_missing_value = "true");
+    shutdown_timeout: u64 = "10", unit = "seconds",
+        help = "On SIGINT/SIGTERM, how long to let connections flush their replies before closing them";
+    log_level: String = "info", unit = "filter",
+        help = "Log filter (error, warn, info, debug, trace, or tracing directives such as epkv_frontend=debug); RUST_LOG overrides the default but not an explicit value";
+    log_format: LogFormat = "text", unit = "format",
+        help = "Log line format on stderr: text or json";
+}
+
+/// The settings the server resolved, with where they came from.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    /// The values.
+    pub(crate) settings: Settings,
+    /// Names of the settings given explicitly by a flag or the file.
+    pub(crate) explicit: BTreeSet<&'static str>,
+}
+
+impl Resolved {
+    /// Whether a setting was given explicitly.
+    #[must_use]
+    pub(crate) fn is_explicit(&self, name: &str) -> bool {
+        self.explicit.contains(name)
+    }
+}
+
+/// Resolves the settings from the flags and, if given, the TOML file.
+///
+/// # Errors
+/// An unreadable file, invalid TOML, an unknown key or a bad value.
+pub(crate) fn resolve(
+    flags: &SettingFlags,
+    config_file: Option<&Path>,
+) -> Result<Resolved, SettingsError> {
+    let file = match config_file {
+        None => FileSettings::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| SettingsError::ReadFile {
+                path: path.to_owned(),
+                source,
+            })?;
+            parse_file(&text).map_err(|message| SettingsError::ParseFile {
+                path: path.to_owned(),
+                message,
+            })?
+        }
+    };
+    let (settings, explicit) = Settings::merge(flags, file)?;
+    Ok(Resolved { settings, explicit })
+}
+
+/// Parses the TOML text of a config file, accepting dashes or underscores in key names.
+fn parse_file(text: &str) -> Result<FileSettings, String> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    let mut normalized = toml::Table::new();
+    for (key, value) in table {
+        let name = key.replace('-', "_");
+        if !SETTINGS.iter().any(|s| s.name == name) {
+            let known: Vec<_> = SETTINGS.iter().map(|s| s.name.replace('_', "-")).collect();
+            return Err(format!(
+                "unknown setting {key:?}; known settings: {}",
+                known.join(", ")
+            ));
+        }
+        if normalized.insert(name, value).is_some() {
+            return Err(format!(
+                "setting {key:?} is given twice (with dashes and underscores)"
+            ));
+        }
+    }
+    toml::Value::Table(normalized)
+        .try_into()
+        .map_err(|e: toml::de::Error| e.to_string())
+}
+
+/// The settings table as markdown (`epkv-server --print-settings`).
+#[must_use]
+pub(crate) fn markdown_table() -> String {
+    let mut out = String::from("| setting (flag / TOML key) | default | unit | description |\n");
+    out.push_str("|---|---|---|---|\n");
+    for s in SETTINGS {
+        out.push_str(&format!(
+            "| `{}` / `{}` | `{}` | {} | {} |\n",
+            s.flag(),
+            s.name,
+            s.default,
+            s.unit,
+            s.help
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct TestCli {
+        #[command(flatten)]
+        flags: SettingFlags,
+    }
+
+    fn flags(args: &[&str]) -> SettingFlags {
+        let mut argv = vec!["epkv-server"];
+        argv.extend_from_slice(args);
+        TestCli::try_parse_from(argv).unwrap().flags
+    }
+
+    #[test]
+    fn every_default_parses() {
+        let d = Settings::defaults().unwrap();
+        assert_eq!(d.port, 11210);
+        assert_eq!(d.bind, IpAddr::from([127, 0, 0, 1]));
+        assert_eq!(d.bucket, "default");
+        assert_eq!(d.data_dir, PathBuf::from("./epkv-data"));
+        assert_eq!(d.max_packet_size, ByteSize(20 << 20));
+        assert!(!d.flush_enabled);
+        assert_eq!(d.idle_timeout, 0);
+    }
+
+    #[test]
+    fn flags_override_file_which_overrides_defaults() {
+        let file =
+            parse_file("port = 2000\nmax-connections = 7\nmemory_quota = \"256MiB\"\n").unwrap();
+        let (s, explicit) = Settings::merge(&flags(&["--port", "3000"]), file).unwrap();
+        assert_eq!(s.port, 3000);
+        assert_eq!(s.max_connections, 7);
+        assert_eq!(s.memory_quota, ByteSize(256 << 20));
+        assert_eq!(s.threads, 0);
+        assert!(explicit.contains("port") && explicit.contains("max_connections"));
+        assert!(!explicit.contains("threads"));
+    }
+
+    #[test]
+    fn bool_flag_works_with_and_without_a_value() {
+        let (s, _) = Settings::merge(
+            &flags(&["--flush-enabled", "--port", "0"]),
+            FileSettings::default(),
+        )
+        .unwrap();
+        assert!(s.flush_enabled);
+        assert_eq!(s.port, 0);
+        let (s, _) =
+            Settings::merge(&flags(&["--flush-enabled=false"]), FileSettings::default()).unwrap();
+        assert!(!s.flush_enabled);
+    }
+
+    #[test]
+    fn file_rejects_unknown_and_duplicate_keys_and_bad_values() {
+        assert!(
+            parse_file("nope = 1")
+                .unwrap_err()
+                .contains("unknown setting")
+        );
+        assert!(
+            parse_file("max-connections = 1\nmax_connections = 2")
+                .unwrap_err()
+                .contains("twice")
+        );
+        assert!(parse_file("port = \"abc\"").is_err());
+        assert!(parse_file("port = 70000").is_err());
+        assert!(parse_file("memory-quota = \"5 parsecs\"").is_err());
+    }
+
+    #[test]
+    fn sizes_accept_numbers_and_suffixes_on_the_command_line() {
+        let f = flags(&["--memory-quota", "512MiB", "--max-packet-size", "1048576"]);
+        assert_eq!(f.memory_quota, Some(ByteSize(512 << 20)));
+        assert_eq!(f.max_packet_size, Some(ByteSize(1 << 20)));
+    }
+
+    #[test]
+    fn markdown_table_lists_every_setting() {
+        let t = markdown_table();
+        for s in SETTINGS {
+            assert!(t.contains(&s.flag()), "{}", s.name);
+        }
+        assert_eq!(t.lines().count(), SETTINGS.len() + 2);
+    }
+}
