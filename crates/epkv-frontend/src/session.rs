@@ -135,6 +135,16 @@ impl Session {
                     cas,
                     durability: durability(d),
                 });
+                // Classic memcached clients get CAS 0 on a DELETE, as memcached answers
+                // (memcapable checks it); Couchbase clients get the tombstone's CAS, as
+                // kv_engine answers.
+                let result = match result {
+                    Ok(info) if !self.vbucket_aware => Ok(MutationInfo {
+                        cas: Cas::ANY,
+                        ..info
+                    }),
+                    other => other,
+                };
                 self.put_mutation(out, to, result, quiet);
             }
             Command::Arithmetic {

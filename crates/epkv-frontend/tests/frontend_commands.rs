@@ -257,6 +257,7 @@ fn mutation_seqno_adds_uuid_and_seqno_extras_to_mutations() {
     assert_ne!(set.extras[8..], [0; 8]);
     let del = c.request(RequestBuilder::new(Opcode::Delete).vbucket(vb).key(key));
     assert_eq!((del.status, del.extras.len()), (0, 16));
+    assert_ne!(del.cas, 0, "HELLO clients get the tombstone's CAS");
     let mut extras = [0u8; 20];
     extras[..8].copy_from_slice(&1u64.to_be_bytes());
     let inc = c.request(
@@ -589,10 +590,11 @@ fn append_prepend_add_replace_delete() {
         .status,
         0
     );
+    let del = c.request(RequestBuilder::new(Opcode::Delete).key(b"a"));
     assert_eq!(
-        c.request(RequestBuilder::new(Opcode::Delete).key(b"a"))
-            .status,
-        0
+        (del.status, del.cas),
+        (0, 0),
+        "classic clients get CAS 0, as from memcached"
     );
     assert_eq!(
         c.request(RequestBuilder::new(Opcode::Delete).key(b"a"))
