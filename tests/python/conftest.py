@@ -124,6 +124,10 @@ def _stop_server(server, log):
             proc.wait()
             log.close()
             pytest.fail(f"epkv-server did not exit within {STOP_TIMEOUT_SECS}s of SIGTERM")
+        log.close()
+        if proc.returncode != 0:
+            pytest.fail(f"epkv-server exited with {proc.returncode} after SIGTERM, not 0")
+        return
     log.close()
 
 
