@@ -1,1 +1,19 @@
-//! End-to-end tests (filled in by the front-end work).
+//! End-to-end tests: a real `epkv-server` process (epkv-frontend + epkv-engine, wired as
+//! the binary wires them) driven over TCP with `epkv-client`.
+//!
+//! Run with `cargo build -p epkv-server && cargo test -p epkv-e2e`. Set `EPKV_E2E_ADDR`
+//! to run against a server that is already running; see `harness.rs`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a failure is a test failure"
+)]
+
+mod harness;
+
+mod commands;
+mod expiry;
+mod malformed;
+mod pipelining;
+mod process;
+mod vbuckets;

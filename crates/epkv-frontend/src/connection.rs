@@ -18,7 +18,7 @@ use crate::session::{Flow, Session};
 use crate::timings::WorkerTimings;
 use crate::worker::{Accepted, ConnectionSlot};
 use bytes::{Buf, BytesMut};
-use epkv_protocol::{Request, frame_hint, frame_len};
+use epkv_protocol::{Magic, Request, frame_hint, frame_len};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -249,6 +249,15 @@ fn process(
         let n = match frame_len(inbuf, limits) {
             Ok(Some(n)) => n,
             Ok(None) => {
+                // A client speaking something else (the text protocol, HTTP, TLS) is
+                // told apart by its first byte without waiting for a whole header.
+                if let Some(&first) = inbuf.first()
+                    && !Magic::from_u8(first).is_some_and(Magic::is_client_request)
+                {
+                    tracing::info!(conn = id, %peer, magic = first, "closing connection: not a binary protocol request");
+                    inbuf.clear();
+                    return Some(Closing::BadHeader);
+                }
                 // Make room for the whole packet now that its (trusted) size is known.
                 if let Ok(need) = frame_hint(inbuf, limits)
                     && need > inbuf.capacity()

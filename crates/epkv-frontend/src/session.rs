@@ -411,5 +411,9 @@ fn default_stats(shared: &Shared, sink: &mut dyn FnMut(&str, &str)) {
             .load(std::sync::atomic::Ordering::Relaxed)
             .to_string(),
     );
+    sink(
+        "max_connections",
+        &shared.config.max_connections.to_string(),
+    );
     sink("threads", &shared.config.threads.to_string());
 }

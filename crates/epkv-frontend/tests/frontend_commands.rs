@@ -396,6 +396,7 @@ fn stat_groups_default_timings_engine_and_unknown() {
         "curr_connections",
         "total_connections",
         "rejected_conns",
+        "max_connections",
         "threads",
         "fake_curr_items",
     ] {

@@ -140,6 +140,11 @@ fn untrusted_headers_close_only_their_connection() {
     c.send(&pkt);
     assert!(c.until_closed().is_empty());
 
+    // The text protocol, shorter than a header: told apart by its first byte.
+    let mut c = server.client();
+    c.send(b"get foo\r\n");
+    assert!(c.until_closed().is_empty());
+
     // A response magic sent to the server.
     let mut c = server.client();
     let mut pkt = RequestBuilder::new(Opcode::Noop).to_vec().unwrap();

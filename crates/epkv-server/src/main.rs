@@ -39,6 +39,7 @@ use tracing_subscriber::EnvFilter;
 #[command(
     name = "epkv-server",
     version,
+    args_override_self = true,
     about = "epkv: a memory-first key-value server speaking the memcached binary protocol",
     after_help = "Every setting can also be given in the TOML file named by --config, with the \
                   same name (dashes or underscores). Flags win over the file."

@@ -1,0 +1,265 @@
+//! Starting and stopping a real `epkv-server` process, or using one that already runs.
+//!
+//! - The binary is `$EPKV_SERVER_BIN`, else `target/<profile>/epkv-server` next to this
+//!   test executable (build it with `cargo build -p epkv-server`).
+//! - `EPKV_E2E_ADDR=host:port` points the suite at a server that is already running
+//!   (ours under a debugger, or another memcached-binary server for parity). Tests that
+//!   need their own process (signals, limits, RSS, vBucket states, the clock) are skipped
+//!   then, with a note on stderr.
+//!
+//! A spawned server listens on 127.0.0.1 port 0 with `--testing --flush-enabled` (plus
+//! whatever a test adds), and the harness reads the bound address from the line it
+//! prints on stdout. [`Server`] kills the process when dropped.
+
+use epkv_client::{Client, ClientConfig};
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How long the server may take to print its address.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long any client read may wait before the test fails.
+pub(crate) const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Locates the server binary.
+pub(crate) fn server_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("EPKV_SERVER_BIN") {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "EPKV_SERVER_BIN={} is not a file", p.display());
+        return p;
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/e2e-<hash> → target/<profile>/epkv-server
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>");
+    let bin = profile_dir.join("epkv-server");
+    assert!(
+        bin.is_file(),
+        "epkv-server binary not found at {}: run `cargo build -p epkv-server` (same profile as \
+         the tests) first, or set EPKV_SERVER_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// The externally running server named by `EPKV_E2E_ADDR`, if any.
+pub(crate) fn external_addr() -> Option<SocketAddr> {
+    let v = std::env::var("EPKV_E2E_ADDR").ok()?;
+    let addr = v
+        .parse()
+        .unwrap_or_else(|e| panic!("EPKV_E2E_ADDR={v:?} is not host:port: {e}"));
+    Some(addr)
+}
+
+/// Returns true (and says so) when the suite runs against an external server, for tests
+/// that need a process of their own.
+pub(crate) fn skip_if_external(test: &str) -> bool {
+    if external_addr().is_some() {
+        eprintln!("{test}: skipped with EPKV_E2E_ADDR (needs its own server process)");
+        return true;
+    }
+    false
+}
+
+/// A server under test: a child process (killed on drop) or an external address.
+pub(crate) struct Server {
+    pub(crate) addr: SocketAddr,
+    child: Option<Child>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+    data_dir: Option<PathBuf>,
+}
+
+impl Server {
+    /// The external server if `EPKV_E2E_ADDR` is set, else a fresh process with the
+    /// default test flags.
+    pub(crate) fn start() -> Server {
+        match external_addr() {
+            Some(addr) => Server {
+                addr,
+                child: None,
+                stderr: None,
+                data_dir: None,
+            },
+            None => Server::spawn(&[]),
+        }
+    }
+
+    /// A fresh process with `--port 0 --testing --flush-enabled` and `extra` flags.
+    pub(crate) fn spawn(extra: &[&str]) -> Server {
+        let mut args = vec!["--port", "0", "--testing", "--flush-enabled"];
+        args.extend_from_slice(extra);
+        Server::spawn_exact(&args)
+    }
+
+    /// A fresh process with exactly these arguments (plus a private data directory).
+    pub(crate) fn spawn_exact(args: &[&str]) -> Server {
+        let data_dir = std::env::temp_dir().join(format!(
+            "epkv-e2e-{}-{}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let mut child = Command::new(server_binary())
+            .args(args)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .env(
+                "RUST_LOG",
+                std::env::var("EPKV_E2E_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn epkv-server");
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = BufReader::new(stderr).read_to_string(&mut s);
+            s
+        });
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next();
+            let _ = tx.send(first);
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(START_TIMEOUT) {
+            Ok(Some(Ok(line))) => line,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let err = stderr.join().unwrap_or_default();
+                panic!("epkv-server did not print its address ({other:?}); stderr:\n{err}");
+            }
+        };
+        let addr = parse_listening_line(&line);
+        Server {
+            addr,
+            child: Some(child),
+            stderr: Some(stderr),
+            data_dir: Some(data_dir),
+        }
+    }
+
+    /// Runs the server with `args` (plus a private data directory) expecting it to fail
+    /// at start; returns its exit status and stderr.
+    pub(crate) fn spawn_exact_expecting_failure(args: &[&str]) -> (ExitStatus, String) {
+        let data_dir = std::env::temp_dir().join(format!(
+            "epkv-e2e-{}-{}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let mut child = Command::new(server_binary())
+            .args(args)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn epkv-server");
+        let mut stderr = child.stderr.take().expect("stderr");
+        let status = wait_bounded(&mut child, START_TIMEOUT);
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        let _ = std::fs::remove_dir_all(&data_dir);
+        (status, text)
+    }
+
+    /// The process id of a spawned server.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Resident memory of a spawned server, from /proc.
+    pub(crate) fn rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+
+    /// Connects a client.
+    pub(crate) async fn client(&self) -> Client {
+        let config = ClientConfig {
+            timeout: Some(CLIENT_TIMEOUT),
+            ..ClientConfig::default()
+        };
+        Client::connect_with(self.addr, config)
+            .await
+            .expect("connect to epkv-server")
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the process to exit; returns its status and
+    /// stderr.
+    pub(crate) fn terminate(mut self) -> (ExitStatus, String) {
+        let mut child = self.child.take().expect("a spawned server");
+        let pid = child.id();
+        let rc = Command::new("kill")
+            .arg("-TERM")
+            .arg(pid.to_string())
+            .status()
+            .expect("kill");
+        assert!(rc.success(), "kill -TERM {pid} failed");
+        let status = wait_bounded(&mut child, Duration::from_secs(30));
+        let stderr = self
+            .stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        (status, stderr)
+    }
+}
+
+static NEXT_DIR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Waits for a child to exit, killing it (and failing) after `limit`.
+fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
+    let step = Duration::from_millis(20);
+    let mut waited = Duration::ZERO;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if waited >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("epkv-server did not exit within {limit:?}");
+        }
+        std::thread::sleep(step);
+        waited += step;
+    }
+}
+
+/// Parses `epkv listening on 127.0.0.1:PORT (bucket "default", data DIR)`.
+pub(crate) fn parse_listening_line(line: &str) -> SocketAddr {
+    line.strip_prefix("epkv listening on ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first stdout line: {line:?}"))
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(dir) = self.data_dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A key unique to this test run and `name`, so tests sharing an external server do not
+/// step on each other.
+pub(crate) fn key(name: &str) -> Vec<u8> {
+    format!("e2e-{}-{name}", std::process::id()).into_bytes()
+}
