@@ -23,7 +23,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::handle::TaskHandle;
 use crate::state::{Begin, Cancel, DONE, End, Expire, NEVER, QUEUED, Request, StateWord};
-use crate::stats::{StatsCell, TaskInfo};
+use crate::stats::{LazyStats, TaskInfo};
 use crate::sync::{AtomicBool, AtomicU64, Mutex};
 use crate::task::{Group, Next, Priority, Task, TaskContext, TaskId, TaskSpec};
 use crate::wheel::{TICK_SHIFT, Wheel};
@@ -85,7 +85,7 @@ pub(crate) struct TaskCell {
     /// The body; `None` once the task is finished. Locked only by the thread running the
     /// task and by whoever finishes it, never concurrently with a run.
     pub(crate) body: Mutex<Option<Box<dyn Task>>>,
-    pub(crate) stats: Box<StatsCell>,
+    pub(crate) stats: LazyStats,
 }
 
 /// Identity hash for task ids (sequential integers), mixed by a multiply so the table's
@@ -313,6 +313,7 @@ impl Core {
     }
 
     /// Executor nanoseconds of `at` (0 if before the epoch), below [`NEVER`].
+    #[inline]
     pub(crate) fn to_ns(&self, at: Instant) -> u64 {
         let n = at.saturating_duration_since(self.epoch).as_nanos();
         u64::try_from(n).unwrap_or(u64::MAX).min(NEVER - 1)
@@ -376,7 +377,7 @@ impl Core {
             name: spec.name,
             core: Arc::clone(self),
             body: Mutex::new(Some(body)),
-            stats: Box::new(StatsCell::new()),
+            stats: LazyStats::default(),
         };
         let h = TaskHandle::from_cell(Arc::new(cell));
         self.registry.insert(h.clone());
@@ -396,6 +397,7 @@ impl Core {
 
     /// Asks for `h` to be due at `due`; `false` if it is finished or cancelled. `now` is
     /// the current time if the caller has it (it is read only if needed otherwise).
+    #[inline]
     pub(crate) fn request(&self, h: &TaskHandle, due: u64, now: Option<u64>) -> bool {
         match h.cell().state.request(due) {
             Request::Dead => false,
@@ -449,15 +451,21 @@ impl Core {
     /// Makes sure an idle task due at `due` has a timer entry at or before it, or queues
     /// it if `due` has come. The fast path (an entry at or before `due` already exists)
     /// is one load and reads no clock.
+    #[inline]
     pub(crate) fn arm(&self, h: &TaskHandle, due: u64, now: Option<u64>) {
-        if due >= NEVER {
+        if due >= NEVER || h.cell().armed_at.load(SeqCst) <= ceil_tick(due) {
+            // Asleep, or the live entry comes round first and re-reads the due time.
             return;
         }
+        self.arm_slow(h, due, now);
+    }
+
+    #[inline(never)]
+    fn arm_slow(&self, h: &TaskHandle, due: u64, now: Option<u64>) {
         let cell = h.cell();
         let due_tick = ceil_tick(due);
         let mut cur = cell.armed_at.load(SeqCst);
         if cur <= due_tick {
-            // The live entry comes round first and re-reads the due time.
             return;
         }
         let now = now.unwrap_or_else(|| self.now_ns());
@@ -491,10 +499,11 @@ impl Core {
                 false
             }
         };
-        if unpark && matches!(self.driver, Driver::Threaded) {
-            if let Some(t) = group.threads[cell.shard].get() {
-                t.unpark();
-            }
+        if unpark
+            && matches!(self.driver, Driver::Threaded)
+            && let Some(t) = group.threads[cell.shard].get()
+        {
+            t.unpark();
         }
     }
 

@@ -55,7 +55,7 @@ impl ExecutorConfig {
             writer_threads: 4,
             aux_io_threads: cores.clamp(2, 8),
             non_io_threads: (cores * 3 / 10).clamp(2, 8),
-            spin_rounds: 64,
+            spin_rounds: 128,
             thread_name_prefix: "epkv".to_owned(),
             clock: Arc::new(SystemClock),
         }

@@ -71,6 +71,7 @@ impl TaskHandle {
     }
 
     /// Makes the task due at `at`, earlier or later than it was (at once if `at` passed).
+    #[inline]
     pub fn snooze_until(&self, at: Instant) -> bool {
         let core = &self.cell.core;
         core.request(self, core.to_ns(at), None)

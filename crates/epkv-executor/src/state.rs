@@ -114,6 +114,7 @@ impl StateWord {
         self.0.load(SeqCst)
     }
 
+    #[inline]
     fn update<R>(&self, mut f: impl FnMut(u64) -> Result<(u64, R), R>) -> R {
         let mut cur = self.0.load(SeqCst);
         loop {
@@ -131,6 +132,7 @@ impl StateWord {
     /// Asks for the task to be due at `due` (0 = wake now). Needs no clock: an idle task
     /// with a non-zero due time is left to [`Request::Arm`], which reads the clock only if
     /// it has to file a timer entry.
+    #[inline]
     pub(crate) fn request(&self, due: u64) -> Request {
         let due = due.min(NEVER);
         self.update(|cur| {

@@ -111,6 +111,39 @@ impl StatsCell {
     }
 }
 
+/// A task's statistics, allocated at its first run: a one-shot task's requester does not
+/// pay for them, and a timeout task that never fires never allocates them.
+#[derive(Debug, Default)]
+pub(crate) struct LazyStats(std::sync::OnceLock<Box<StatsCell>>);
+
+impl LazyStats {
+    /// Records a run (see [`StatsCell::record`]); single writer only.
+    pub(crate) fn record(&self, start: u64, run_nanos: u64, late_nanos: u64) {
+        self.0
+            .get_or_init(|| Box::new(StatsCell::new()))
+            .record(start, run_nanos, late_nanos);
+    }
+
+    pub(crate) fn runs(&self) -> u64 {
+        self.0.get().map_or(0, |s| s.runs())
+    }
+
+    pub(crate) fn snapshot(&self, to_instant: impl Fn(u64) -> Instant) -> TaskStats {
+        match self.0.get() {
+            Some(s) => s.snapshot(to_instant),
+            None => TaskStats {
+                runs: 0,
+                total_run_time: Duration::ZERO,
+                last_run_time: Duration::ZERO,
+                max_run_time: Duration::ZERO,
+                last_start: None,
+                run_time: Histogram::default(),
+                lateness: Histogram::default(),
+            },
+        }
+    }
+}
+
 /// A power-of-two histogram of durations (see [`HISTOGRAM_BUCKETS`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Histogram {
@@ -297,7 +330,7 @@ mod tests {
         for i in 0..100u64 {
             s.record(i, 1_000 * (i + 1), 500);
         }
-        let base = Instant::now();
+        let base = crate::clock::Clock::now(&crate::clock::SystemClock);
         let snap = s.snapshot(|n| base + Duration::from_nanos(n));
         assert_eq!(snap.runs, 100);
         assert_eq!(snap.max_run_time, Duration::from_micros(100));

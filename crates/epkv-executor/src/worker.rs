@@ -33,7 +33,7 @@ fn spin_for_work(g: &GroupCore, rounds: u32) -> Option<TaskHandle> {
             break;
         }
         if i < rounds / 2 {
-            for _ in 0..16 {
+            for _ in 0..4 {
                 spin_loop();
             }
         } else {

@@ -1,5 +1,9 @@
 //! The executor's guarantees, driven deterministically through the ManualExecutor.
 #![cfg(not(epkv_loom))]
+#![allow(
+    clippy::unwrap_used,
+    reason = "integration-test helpers outside #[test] fns panic on failure by design"
+)]
 
 use epkv_executor::{
     Clock, Error, Group, ManualClock, ManualExecutor, Next, Priority, Start, TaskContext,

@@ -4,6 +4,10 @@
 //! surviving task is woken once more and must run after that wake (no lost wake), and
 //! shutdown must join everything. Bounded in iterations and in waiting time.
 #![cfg(not(epkv_loom))]
+#![allow(
+    clippy::unwrap_used,
+    reason = "integration-test helpers outside #[test] fns panic on failure by design"
+)]
 
 use epkv_executor::{
     Executor, ExecutorConfig, Group, Next, Start, TaskContext, TaskHandle, TaskSpec, TaskState,
@@ -117,7 +121,7 @@ fn random_requests_keep_every_guarantee() {
                         }
                         _ => {
                             // Cancel a few tasks, never the first ones, so most survive.
-                            if i >= TASKS / 2 && (r >> 48) % 8 == 0 && h.cancel() {
+                            if i >= TASKS / 2 && (r >> 48).is_multiple_of(8) && h.cancel() {
                                 p.cancelled.store(true, SeqCst);
                             }
                         }

@@ -1,6 +1,10 @@
 //! The threaded executor: groups, wake/snooze from other threads, panics, shutdown.
 //! Waits are bounded polls on conditions; nothing asserts a duration.
 #![cfg(not(epkv_loom))]
+#![allow(
+    clippy::unwrap_used,
+    reason = "integration-test helpers outside #[test] fns panic on failure by design"
+)]
 
 use epkv_executor::{
     Error, Executor, ExecutorConfig, Group, Next, Start, TaskContext, TaskSpec, TaskState,

@@ -3,6 +3,10 @@
 //! (latest wins), a task never runs before it is due, a due task runs when the executor
 //! runs what is ready, and a cancelled task never runs again.
 #![cfg(not(epkv_loom))]
+#![allow(
+    clippy::unwrap_used,
+    reason = "integration-test helpers outside #[test] fns panic on failure by design"
+)]
 
 use epkv_executor::{
     Clock, Group, ManualClock, ManualExecutor, Next, Start, TaskContext, TaskHandle, TaskSpec,
