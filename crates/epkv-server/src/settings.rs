@@ -1,4 +1,4 @@
-//! Every server setting, declared once in the [`settings!`] table below.
+//! Every server setting, declared once in the `settings!` table below.
 //!
 //! The one declaration produces:
 //! - [`Settings`], the resolved values the server runs with;
