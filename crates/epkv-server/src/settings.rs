@@ -198,7 +198,7 @@ settings! {
     max_connections: usize = "4096", unit = "count",
         help = "Most client connections at once; more are accepted and closed at once. Clamped to the open-file limit minus a reserve";
     idle_timeout: u64 = "0", unit = "seconds",
-        help = "Close a connection that sends nothing for this long; 0 never closes idle connections (as memcached)";
+        help = "Close a connection with no traffic (nothing read or written) for this long; 0 never closes idle connections (as memcached)";
     max_packet_size: ByteSize = "20MiB", unit = "bytes",
         help = "Largest request packet (header + body) accepted; larger ones close the connection";
     output_buffer_limit: ByteSize = "2MiB", unit = "bytes",
