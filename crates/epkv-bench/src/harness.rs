@@ -276,62 +276,67 @@ impl Report {
         &self.rows
     }
 
-    /// A markdown table: one line per case, `base`'s rate and each peer's rate with the
-    /// ratio `base / peer`.
+    /// Markdown: one table per benchmark, one line per case, `base`'s rate and each
+    /// peer's rate with the ratio `base / peer`; then the notes.
     #[must_use]
     pub fn markdown(&self, base: &str) -> String {
-        let mut impls: Vec<&str> = Vec::new();
+        let mut benches: Vec<&str> = Vec::new();
         for r in &self.rows {
-            if r.imp != base && !impls.contains(&r.imp.as_str()) {
-                impls.push(&r.imp);
-            }
-        }
-        let mut cases: Vec<(String, String)> = Vec::new();
-        for r in &self.rows {
-            let c = (r.bench.clone(), r.case());
-            if !cases.contains(&c) {
-                cases.push(c);
+            if !benches.contains(&r.bench.as_str()) {
+                benches.push(&r.bench);
             }
         }
         let mut md = String::new();
-        let _ = write!(md, "| benchmark | params | {base} |");
-        for i in &impls {
-            let _ = write!(md, " {i} | {base}/{i} |");
-        }
-        md.push('\n');
-        md.push_str("|---|---|---:|");
-        for _ in &impls {
-            md.push_str("---:|---:|");
-        }
-        md.push('\n');
-        for (bench, case) in &cases {
-            let find = |imp: &str| {
-                self.rows
-                    .iter()
-                    .find(|r| &r.bench == bench && &r.case() == case && r.imp == imp)
-                    .map(|r| r.items_per_sec)
-            };
-            let b = find(base);
-            let _ = write!(
-                md,
-                "| {bench} | {case} | {} |",
-                b.map_or_else(|| "-".to_owned(), rate)
-            );
-            for i in &impls {
-                match (b, find(i)) {
-                    (Some(b), Some(p)) => {
-                        let _ = write!(md, " {} | {:.2}x |", rate(p), b / p);
-                    }
-                    (None, Some(p)) => {
-                        let _ = write!(md, " {} | - |", rate(p));
-                    }
-                    _ => md.push_str(" - | - |"),
+        for bench in benches {
+            let rows: Vec<&Row> = self.rows.iter().filter(|r| r.bench == bench).collect();
+            let mut impls: Vec<&str> = Vec::new();
+            let mut cases: Vec<String> = Vec::new();
+            for r in &rows {
+                if r.imp != base && !impls.contains(&r.imp.as_str()) {
+                    impls.push(&r.imp);
                 }
+                if !cases.contains(&r.case()) {
+                    cases.push(r.case());
+                }
+            }
+            let _ = write!(md, "**{bench}**\n\n| params | {base} |");
+            for i in &impls {
+                let _ = write!(md, " {i} | {base}/{i} |");
+            }
+            md.push_str("\n|---|---:|");
+            for _ in &impls {
+                md.push_str("---:|---:|");
+            }
+            md.push('\n');
+            for case in &cases {
+                let find = |imp: &str| {
+                    rows.iter()
+                        .find(|r| &r.case() == case && r.imp == imp)
+                        .map(|r| r.items_per_sec)
+                };
+                let b = find(base);
+                let _ = write!(
+                    md,
+                    "| {case} | {} |",
+                    b.map_or_else(|| "-".to_owned(), rate)
+                );
+                for i in &impls {
+                    match (b, find(i)) {
+                        (Some(b), Some(p)) => {
+                            let _ = write!(md, " {} | {:.2}x |", rate(p), b / p);
+                        }
+                        (None, Some(p)) => {
+                            let _ = write!(md, " {} | - |", rate(p));
+                        }
+                        _ => md.push_str(" - | - |"),
+                    }
+                }
+                md.push('\n');
             }
             md.push('\n');
         }
         for n in &self.notes {
-            let _ = writeln!(md, "\n{n}");
+            let _ = writeln!(md, "{n}\n");
         }
         md
     }
@@ -414,10 +419,8 @@ mod tests {
         r.push(Row::new("B", &[("threads", 1)], "tokio", 100.0));
         r.push(Row::new("B", &[("threads", 2)], "epkv", 400.0));
         let md = r.markdown("epkv");
-        assert!(
-            md.contains("| B | threads:1 | 300/s | 100/s | 3.00x |"),
-            "{md}"
-        );
-        assert!(md.contains("| B | threads:2 | 400/s | - | - |"), "{md}");
+        assert!(md.contains("**B**"), "{md}");
+        assert!(md.contains("| threads:1 | 300/s | 100/s | 3.00x |"), "{md}");
+        assert!(md.contains("| threads:2 | 400/s | - | - |"), "{md}");
     }
 }

@@ -29,9 +29,13 @@ pub struct ExecutorConfig {
     pub aux_io_threads: usize,
     /// NonIO threads.
     pub non_io_threads: usize,
-    /// How long an idle worker polls for more work after a run before parking, in rounds
-    /// (half with pause instructions, half yielding the CPU). 0 parks at once.
+    /// How long an idle worker busy-polls for more work after a run, in rounds of one
+    /// queue check and one pause instruction (256 rounds: a few microseconds). 0 skips
+    /// the spin.
     pub spin_rounds: u32,
+    /// After the spin, how many times an idle worker yields the CPU (checking for work in
+    /// between, and wakeable by pushers) before it parks. 0 parks at once.
+    pub yield_rounds: u32,
     /// Threads are named `<prefix>-<group>-<n>`.
     pub thread_name_prefix: String,
     /// The clock every due time is read from.
@@ -55,7 +59,8 @@ impl ExecutorConfig {
             writer_threads: 4,
             aux_io_threads: cores.clamp(2, 8),
             non_io_threads: (cores * 3 / 10).clamp(2, 8),
-            spin_rounds: 128,
+            spin_rounds: 256,
+            yield_rounds: 16,
             thread_name_prefix: "epkv".to_owned(),
             clock: Arc::new(SystemClock),
         }
@@ -91,10 +96,12 @@ impl ExecutorConfig {
         self
     }
 
-    /// Sets the idle spin (see [`ExecutorConfig::spin_rounds`]).
+    /// Sets the idle spin and yield rounds (see [`ExecutorConfig::spin_rounds`] and
+    /// [`ExecutorConfig::yield_rounds`]).
     #[must_use]
-    pub fn with_spin_rounds(mut self, rounds: u32) -> Self {
-        self.spin_rounds = rounds;
+    pub fn with_idle_rounds(mut self, spin_rounds: u32, yield_rounds: u32) -> Self {
+        self.spin_rounds = spin_rounds;
+        self.yield_rounds = yield_rounds;
         self
     }
 
@@ -125,6 +132,7 @@ impl fmt::Debug for ExecutorConfig {
             .field("aux_io_threads", &self.aux_io_threads)
             .field("non_io_threads", &self.non_io_threads)
             .field("spin_rounds", &self.spin_rounds)
+            .field("yield_rounds", &self.yield_rounds)
             .field("thread_name_prefix", &self.thread_name_prefix)
             .finish_non_exhaustive()
     }
@@ -252,11 +260,11 @@ impl Executor {
                 let name = format!("{}-{}-{i}", exec.config.thread_name_prefix, g.as_str());
                 let core = Arc::clone(&exec.handle.core);
                 let guard = ExitGuard(Arc::clone(&exec.live));
-                let spin = exec.config.spin_rounds;
+                let (spin, yields) = (exec.config.spin_rounds, exec.config.yield_rounds);
                 *exec.live.count.lock() += 1;
                 let spawned = spawn_named(name.clone(), move || {
                     let _guard = guard;
-                    worker_loop(&core, g.index(), i, spin);
+                    worker_loop(&core, g.index(), i, spin, yields);
                 });
                 match spawned {
                     Ok(j) => exec.workers.lock().push(j),

@@ -21,31 +21,29 @@ use std::time::Duration;
 /// forward) while the worker sleeps.
 const MAX_PARK: Duration = Duration::from_secs(1);
 
-/// Busy-polls the group's queues for a while after a run, so back-to-back work is picked
-/// up without a park/unpark round trip: first with pause instructions, then yielding the
-/// CPU (on a busy machine the producer may need this core).
+/// Busy-polls the group's queues with pause instructions for a few microseconds after a
+/// run, so back-to-back work is picked up without a park/unpark round trip. While this
+/// lasts the worker counts as spinning and pushers skip the unpark; the phase is kept short
+/// because a spinner the OS switches out would delay the work it was expected to take.
 fn spin_for_work(g: &GroupCore, rounds: u32) -> Option<TaskHandle> {
+    if rounds == 0 {
+        return None;
+    }
     g.spinning.fetch_add(1, SeqCst);
     let mut found = None;
-    for i in 0..rounds {
+    for _ in 0..rounds {
         if let Some(h) = g.pop() {
             found = Some(h);
             break;
         }
-        if i < rounds / 2 {
-            for _ in 0..4 {
-                spin_loop();
-            }
-        } else {
-            thread::yield_now();
-        }
+        spin_loop();
     }
     g.spinning.fetch_sub(1, SeqCst);
     found
 }
 
 /// Runs worker `me` of group `gi` until the core shuts down.
-pub(crate) fn worker_loop(core: &Core, gi: usize, me: usize, spin_rounds: u32) {
+pub(crate) fn worker_loop(core: &Core, gi: usize, me: usize, spin_rounds: u32, yield_rounds: u32) {
     let g = &core.groups[gi];
     // Set once per slot; a second set can only come from a bug and is harmless.
     let _ = g.threads[me].set(thread::current());
@@ -65,6 +63,7 @@ pub(crate) fn worker_loop(core: &Core, gi: usize, me: usize, spin_rounds: u32) {
             hot = true;
             continue;
         }
+        let was_hot = hot;
         if hot {
             hot = false;
             if let Some(h) = spin_for_work(g, spin_rounds) {
@@ -81,6 +80,21 @@ pub(crate) fn worker_loop(core: &Core, gi: usize, me: usize, spin_rounds: u32) {
         if g.has_work() || core.is_shut_down() {
             g.sleepers.fetch_and(!bit, SeqCst);
             continue;
+        }
+        if was_hot {
+            // Give the CPU away a few times before parking. The sleeper bit is already
+            // set, so a pusher unparks this worker (a token, no syscall, while it is not
+            // parked) instead of relying on it to come back by itself.
+            for _ in 0..yield_rounds {
+                thread::yield_now();
+                if g.has_work() || core.is_shut_down() {
+                    break;
+                }
+            }
+            if g.has_work() || core.is_shut_down() {
+                g.sleepers.fetch_and(!bit, SeqCst);
+                continue;
+            }
         }
         let next = {
             let wheel = shard.wheel.lock();
