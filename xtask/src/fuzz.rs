@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 
 use crate::util;
 
-/// The cargo-fuzz targets the smoke runs (fuzz/fuzz_targets/<name>.rs).
+/// The cargo-fuzz targets the smoke runs (`fuzz/fuzz_targets/<name>.rs`).
 pub(crate) const TARGETS: &[&str] = &["decode_request"];
 
 /// Runs each target for `secs` seconds with nightly cargo-fuzz.

@@ -51,7 +51,7 @@ enum Cmd {
         #[arg(long)]
         addr: Option<String>,
     },
-    /// Run the Python client tests (tests/python) against target/<profile>/epkv-server.
+    /// Run the Python client tests (tests/python) against `target/<profile>/epkv-server`.
     Pytest {
         /// Cargo profile of the epkv-server binary.
         #[arg(long, default_value = "debug")]

@@ -165,7 +165,7 @@ pub(crate) fn run_against(addr: &str) -> Result<usize> {
 /// Which server `cargo xtask memcapable` starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Target {
-    /// target/<profile>/epkv-server
+    /// `target/<profile>/epkv-server`
     Epkv,
     /// Debian's memcached, to confirm the expected list
     Memcached,
