@@ -1,7 +1,8 @@
 //! Executor benchmarks (seeds 002 and 000), epkv and its peers side by side in one run.
 //!
 //! `cargo bench -p epkv-bench --bench executor -- [--quick] [--threads 1,2]
-//!  [--timeouts 1000,4096,30000] [OneShot|Timeout]`
+//!  [--timeouts 1000,4096,30000] [--waiter-spin-us 2,50] [--epkv-idle SPIN,YIELD]
+//!  [OneShot|Timeout]`
 //!
 //! - **OneShotScheduleRun**: N requesting threads each create a one-shot task, schedule it
 //!   on a pool of N worker threads, and wait for the task to signal back. items/s =
@@ -83,8 +84,15 @@ fn die(what: &str, e: impl std::fmt::Display) -> ! {
     std::process::exit(2)
 }
 
+/// Idle spin and yield rounds of epkv's workers (`--epkv-idle spin,yield`), default the
+/// executor's own defaults.
+static IDLE: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+
 fn executor(non_io: usize) -> Executor {
-    let config = ExecutorConfig::for_cores(2)
+    let defaults = ExecutorConfig::for_cores(2);
+    let (spin, yields) = *IDLE.get_or_init(|| (defaults.spin_rounds, defaults.yield_rounds));
+    let config = defaults
+        .with_idle_rounds(spin, yields)
         .with_threads(Group::Reader, 1)
         .with_threads(Group::Writer, 1)
         .with_threads(Group::AuxIo, 1)
@@ -303,6 +311,12 @@ fn compare(
 
 fn main() {
     let args = Args::parse();
+    if let [spin, yields] = args.list("epkv-idle", &[])[..] {
+        let _ = IDLE.set((
+            u32::try_from(spin).unwrap_or(u32::MAX),
+            u32::try_from(yields).unwrap_or(u32::MAX),
+        ));
+    }
     let d = args.measure_time();
     let mut report = Report::new("executor");
     println!(
