@@ -301,3 +301,31 @@ fn tasks_lists_every_live_task_with_stats() {
     assert!(far.next_due.is_some());
     exec.shutdown(LIMIT).unwrap();
 }
+
+#[test]
+fn handles_and_executors_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<epkv_executor::TaskHandle>();
+    check::<epkv_executor::ExecutorHandle>();
+    check::<Executor>();
+    check::<epkv_executor::ManualExecutor>();
+}
+
+#[test]
+fn timers_follow_an_offset_clock_that_jumps_forward() {
+    let clock = epkv_executor::OffsetClock::new();
+    let exec = Executor::new(small().with_clock(clock.clone())).unwrap();
+    let (tx, rx) = mpsc::channel();
+    exec.schedule(
+        TaskSpec::new("in-an-hour", Group::NonIo).start(Start::After(Duration::from_secs(3600))),
+        move |_: &TaskContext<'_>| {
+            tx.send(()).unwrap();
+            Next::Done
+        },
+    )
+    .unwrap();
+    // ADJUST_TIMEOFDAY-style jump: the parked worker notices within its longest park.
+    clock.set_offset_secs(3601);
+    rx.recv_timeout(LIMIT).unwrap();
+    exec.shutdown(LIMIT).unwrap();
+}
