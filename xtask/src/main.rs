@@ -7,6 +7,7 @@
 //! `bench frontend`. See CONTRIBUTING.md and docs/testing.md.
 
 mod bench_frontend;
+mod bench_micro;
 mod ci;
 mod deps;
 mod fuzz;
@@ -66,7 +67,8 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         secs: u64,
     },
-    /// Benchmarks that compare epkv with its peers.
+    /// Benchmarks that compare epkv with its peers: `frontend`, or any bench in
+    /// crates/epkv-bench/benches (`cargo xtask bench executor --quick`).
     Bench {
         #[command(subcommand)]
         which: BenchCmd,
@@ -77,6 +79,11 @@ enum Cmd {
 enum BenchCmd {
     /// epkv-server vs memcached under memaslap --binary (ops/s and server CPU per op).
     Frontend(bench_frontend::FrontendOptions),
+    /// Any other name runs the epkv-bench bench of that name:
+    /// `cargo xtask bench executor --quick` is
+    /// `cargo bench -p epkv-bench --bench executor -- --quick`.
+    #[command(external_subcommand)]
+    Micro(Vec<String>),
 }
 
 fn main() -> ExitCode {
@@ -98,6 +105,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Frontend(opts),
         } => bench_frontend::bench_frontend(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Micro(args),
+        } => bench_micro::bench_micro(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
