@@ -24,12 +24,15 @@ use crate::util::{self, Stopwatch};
 /// Options of `cargo xtask bench frontend`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct FrontendOptions {
-    /// About 1-2 minutes in all: 5 s per run instead of 20 s.
+    /// About 1-2 minutes in all: 2 rounds of 5 s runs (default: 3 rounds of 10 s).
     #[arg(long)]
     pub(crate) quick: bool,
     /// Seconds per run (overrides --quick).
     #[arg(long)]
     pub(crate) secs: Option<u64>,
+    /// Rounds over every case; each row reports the median (overrides --quick).
+    #[arg(long)]
+    pub(crate) rounds: Option<usize>,
     /// Server worker threads for both servers (default: the number of cores).
     #[arg(long)]
     pub(crate) server_threads: Option<usize>,
@@ -70,26 +73,27 @@ const KEY_BYTES: usize = 16;
 /// Value length in bytes, per the issue.
 const VALUE_BYTES: usize = 512;
 
-/// One measured run.
+/// One measured run, or the median of several runs of the same case.
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
     workload: &'static str,
     connections: usize,
     implementation: &'static str,
+    /// Operations memaslap completed (summed over rounds).
     ops: u64,
+    /// Seconds memaslap ran (summed over rounds).
     secs: f64,
-    cpu_secs: f64,
+    /// Operations per second (median over rounds).
+    items_per_sec: f64,
+    /// Server CPU (user + system) microseconds per operation (median over rounds).
+    cpu_us_per_op: f64,
+    /// How many runs this row summarises.
+    rounds: usize,
     server_threads: usize,
     client_threads: usize,
 }
 
 impl Row {
-    fn items_per_sec(&self) -> f64 {
-        self.ops as f64 / self.secs
-    }
-    fn cpu_us_per_op(&self) -> f64 {
-        self.cpu_secs * 1e6 / self.ops as f64
-    }
     fn to_json(&self) -> serde_json::Value {
         json!({
             "bench": format!("frontend/{}", self.workload),
@@ -102,13 +106,49 @@ impl Row {
                 "client": "memaslap --binary",
             },
             "impl": self.implementation,
-            "items_per_sec": self.items_per_sec(),
-            "ns_per_op": 1e9 / self.items_per_sec(),
-            "cpu_us_per_op": self.cpu_us_per_op(),
+            "items_per_sec": self.items_per_sec,
+            "ns_per_op": 1e9 / self.items_per_sec,
+            "cpu_us_per_op": self.cpu_us_per_op,
+            "rounds": self.rounds,
             "ops": self.ops,
             "secs": self.secs,
         })
     }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Folds the runs of each (workload, connections, implementation) into one row holding
+/// the medians, in first-seen order.
+pub(crate) fn summarise(runs: &[Row]) -> Vec<Row> {
+    let mut out: Vec<Row> = Vec::new();
+    for r in runs {
+        let same = |o: &Row| {
+            o.workload == r.workload
+                && o.connections == r.connections
+                && o.implementation == r.implementation
+        };
+        if out.iter().any(same) {
+            continue;
+        }
+        let group: Vec<&Row> = runs.iter().filter(|o| same(o)).collect();
+        out.push(Row {
+            ops: group.iter().map(|g| g.ops).sum(),
+            secs: group.iter().map(|g| g.secs).sum(),
+            items_per_sec: median(group.iter().map(|g| g.items_per_sec).collect()),
+            cpu_us_per_op: median(group.iter().map(|g| g.cpu_us_per_op).collect()),
+            rounds: group.iter().map(|g| g.rounds).sum(),
+            ..r.clone()
+        });
+    }
+    out
 }
 
 /// Writes a memaslap `-F` configuration file for `w`.
@@ -151,7 +191,8 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
             bail!("{tool} is not installed; run `cargo xtask deps`");
         }
     }
-    let secs = opts.secs.unwrap_or(if opts.quick { 5 } else { 20 });
+    let secs = opts.secs.unwrap_or(if opts.quick { 5 } else { 10 });
+    let rounds = opts.rounds.unwrap_or(if opts.quick { 2 } else { 3 }).max(1);
     let server_threads = opts.server_threads.unwrap_or_else(cores);
     let client_threads = opts.client_threads.unwrap_or_else(cores);
     let bin = match &opts.epkv_bin {
@@ -170,71 +211,84 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
         if conns < client_threads {
             bail!("memaslap needs at least as many connections ({conns}) as threads");
         }
-        for w in WORKLOADS {
-            let cfg = out_dir.join(format!("memaslap-{}.cfg", w.name));
-            std::fs::write(&cfg, memaslap_config(w))?;
-            for implementation in ["epkv", "memcached"] {
-                let logs = out_dir.join(format!("{implementation}-{}-{conns}.log", w.name));
-                let server = match implementation {
-                    "epkv" => {
-                        let data = tempdir("bench-frontend")?;
-                        let args = vec![
-                            "--threads".into(),
-                            server_threads.to_string(),
-                            "--memory-quota".into(),
-                            format!("{}MiB", opts.memory_mib),
-                            "--max-connections".into(),
-                            "4096".into(),
-                            "--data-dir".into(),
-                            data.display().to_string(),
-                        ];
-                        ServerProcess::start_epkv(&bin, &args, logs)?
-                    }
-                    _ => ServerProcess::start_memcached(
-                        &[
-                            "-t".into(),
-                            server_threads.to_string(),
-                            "-m".into(),
-                            opts.memory_mib.to_string(),
-                            "-c".into(),
-                            "4096".into(),
-                        ],
-                        logs,
-                    )?,
+    }
+    // Rounds interleave the servers case by case, and alternate which goes first, so
+    // that a burst of load from elsewhere on the machine hits both alike.
+    for round in 0..rounds {
+        for &conns in &opts.connections {
+            for w in WORKLOADS {
+                let cfg = out_dir.join(format!("memaslap-{}.cfg", w.name));
+                std::fs::write(&cfg, memaslap_config(w))?;
+                let order = if round % 2 == 0 {
+                    ["epkv", "memcached"]
+                } else {
+                    ["memcached", "epkv"]
                 };
-                let row = measure(
-                    server,
-                    implementation,
-                    w,
-                    conns,
-                    secs,
-                    client_threads,
-                    server_threads,
-                    &cfg,
-                    ticks,
-                )?;
-                println!(
-                    "{:<10} {:<14} conns={:<3} {:>10.0} ops/s {:>7.2} cpu_us/op",
-                    row.implementation,
-                    row.workload,
-                    row.connections,
-                    row.items_per_sec(),
-                    row.cpu_us_per_op()
-                );
-                rows.push(row);
+                for implementation in order {
+                    let logs = out_dir.join(format!("{implementation}-{}-{conns}.log", w.name));
+                    let server = match implementation {
+                        "epkv" => {
+                            let data = tempdir("bench-frontend")?;
+                            let args = vec![
+                                "--threads".into(),
+                                server_threads.to_string(),
+                                "--memory-quota".into(),
+                                format!("{}MiB", opts.memory_mib),
+                                "--max-connections".into(),
+                                "4096".into(),
+                                "--data-dir".into(),
+                                data.display().to_string(),
+                            ];
+                            ServerProcess::start_epkv(&bin, &args, logs)?
+                        }
+                        _ => ServerProcess::start_memcached(
+                            &[
+                                "-t".into(),
+                                server_threads.to_string(),
+                                "-m".into(),
+                                opts.memory_mib.to_string(),
+                                "-c".into(),
+                                "4096".into(),
+                            ],
+                            logs,
+                        )?,
+                    };
+                    let row = measure(
+                        server,
+                        implementation,
+                        w,
+                        conns,
+                        secs,
+                        client_threads,
+                        server_threads,
+                        &cfg,
+                        ticks,
+                    )?;
+                    println!(
+                        "round {}/{rounds} {:<10} {:<14} conns={:<3} {:>10.0} ops/s {:>7.2} cpu_us/op",
+                        round + 1,
+                        row.implementation,
+                        row.workload,
+                        row.connections,
+                        row.items_per_sec,
+                        row.cpu_us_per_op
+                    );
+                    rows.push(row);
+                }
             }
         }
     }
+    let runs = rows.len();
+    let rows = summarise(&rows);
     let json_rows: Vec<_> = rows.iter().map(Row::to_json).collect();
     let json_path = out_dir.join("frontend.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&json_rows)?)?;
-    let md = markdown(&rows, secs)?;
+    let md = markdown(&rows, secs, rounds)?;
     let md_path = out_dir.join("frontend.md");
     std::fs::write(&md_path, &md)?;
     println!("\n{md}");
     println!(
-        "bench frontend: {} runs in {}; wrote {} and {}",
-        rows.len(),
+        "bench frontend: {runs} runs in {}; wrote {} and {}",
         util::fmt_duration(total.elapsed()),
         json_path.display(),
         md_path.display()
@@ -297,7 +351,10 @@ fn measure(
         implementation,
         ops,
         secs: run_secs,
-        cpu_secs: (cpu_after.saturating_sub(cpu_before)) as f64 / ticks_per_sec,
+        items_per_sec: ops as f64 / run_secs,
+        cpu_us_per_op: (cpu_after.saturating_sub(cpu_before)) as f64 / ticks_per_sec * 1e6
+            / ops as f64,
+        rounds: 1,
         server_threads,
         client_threads,
     })
@@ -342,13 +399,13 @@ fn hardware_line() -> String {
     )
 }
 
-fn markdown(rows: &[Row], secs: u64) -> Result<String> {
+fn markdown(rows: &[Row], secs: u64, rounds: usize) -> Result<String> {
     let mut md = String::new();
     writeln!(md, "### Front end: epkv vs memcached (memaslap --binary)")?;
     writeln!(md)?;
     let setup = rows.first().map_or_else(String::new, |r| {
         format!(
-            "; {secs} s per run, {VALUE_BYTES}-byte values, {KEY_BYTES}-byte keys, {} server \
+            "; median of {rounds} rounds of {secs} s per server and case, {VALUE_BYTES}-byte values, {KEY_BYTES}-byte keys, {} server \
              threads, {} memaslap threads, client and server on the same machine",
             r.server_threads, r.client_threads
         )
@@ -374,12 +431,12 @@ fn markdown(rows: &[Row], secs: u64) -> Result<String> {
             "| {} | {} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
             r.workload,
             r.connections,
-            r.items_per_sec(),
-            peer.items_per_sec(),
-            r.items_per_sec() / peer.items_per_sec(),
-            r.cpu_us_per_op(),
-            peer.cpu_us_per_op(),
-            r.cpu_us_per_op() / peer.cpu_us_per_op(),
+            r.items_per_sec,
+            peer.items_per_sec,
+            r.items_per_sec / peer.items_per_sec,
+            r.cpu_us_per_op,
+            peer.cpu_us_per_op,
+            r.cpu_us_per_op / peer.cpu_us_per_op,
         )?;
     }
     writeln!(md)?;
@@ -410,34 +467,64 @@ mod tests {
         assert!(cfg.ends_with("cmd\n0 0.10\n1 0.90\n"), "{cfg}");
     }
 
-    #[test]
-    fn markdown_pairs_rows_and_computes_ratios() {
-        let row = |implementation, ops, cpu_secs| Row {
+    fn run(implementation: &'static str, items_per_sec: f64, cpu_us_per_op: f64) -> Row {
+        Row {
             workload: "set_100",
             connections: 16,
             implementation,
-            ops,
+            ops: (items_per_sec * 10.0) as u64,
             secs: 10.0,
-            cpu_secs,
+            items_per_sec,
+            cpu_us_per_op,
+            rounds: 1,
             server_threads: 2,
             client_threads: 2,
-        };
+        }
+    }
+
+    #[test]
+    fn markdown_pairs_rows_and_computes_ratios() {
         let md = markdown(
             &[
-                row("epkv", 2_000_000, 4.0),
-                row("memcached", 1_000_000, 4.0),
+                run("epkv", 200_000.0, 2.0),
+                run("memcached", 100_000.0, 4.0),
             ],
             10,
+            1,
         )
         .unwrap();
         assert!(
             md.contains("| set_100 | 16 | 200000 | 100000 | 2.00 | 2.00 | 4.00 | 0.50 |"),
             "{md}"
         );
-        let j = row("epkv", 1_000_000, 2.0).to_json();
+        let j = run("epkv", 100_000.0, 2.0).to_json();
         assert_eq!(j["impl"], "epkv");
         assert_eq!(j["items_per_sec"], 100_000.0);
         assert_eq!(j["ns_per_op"], 10_000.0);
         assert_eq!(j["cpu_us_per_op"], 2.0);
+    }
+
+    #[test]
+    fn summarise_takes_medians_per_case() {
+        let mut other_conns = run("epkv", 1.0, 1.0);
+        other_conns.connections = 64;
+        let runs = [
+            run("epkv", 100.0, 3.0),
+            run("memcached", 50.0, 9.0),
+            run("epkv", 300.0, 1.0),
+            other_conns,
+            run("epkv", 200.0, 2.0),
+        ];
+        let rows = summarise(&runs);
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].implementation, "epkv");
+        assert_eq!(rows[0].connections, 16);
+        assert_eq!(rows[0].items_per_sec, 200.0);
+        assert_eq!(rows[0].cpu_us_per_op, 2.0);
+        assert_eq!(rows[0].rounds, 3);
+        assert_eq!(rows[0].ops, 6_000);
+        assert_eq!(rows[1].implementation, "memcached");
+        assert_eq!(rows[2].connections, 64);
+        assert_eq!(median(vec![4.0, 1.0]), 2.5);
     }
 }
