@@ -207,12 +207,26 @@ pub(crate) fn memcapable(target: Target, profile: &str, addr: Option<&str>) -> R
     stopped
 }
 
-/// Creates a fresh empty directory under target/xtask/tmp for a server's data.
+/// Creates a fresh empty directory under target/xtask/tmp for a server's data, named
+/// after this process; directories left by xtask processes that are gone are removed.
 pub(crate) fn tempdir(name: &str) -> Result<std::path::PathBuf> {
-    let dir = util::target_dir()
-        .join("xtask")
-        .join("tmp")
-        .join(format!("{name}-{}", std::process::id()));
+    let root = util::target_dir().join("xtask").join("tmp");
+    if let Ok(entries) = std::fs::read_dir(&root) {
+        for entry in entries.flatten() {
+            let file_name = entry.file_name();
+            let pid = file_name
+                .to_string_lossy()
+                .rsplit_once('-')
+                .map(|(_, p)| p.to_owned());
+            let stale = pid.is_some_and(|p| {
+                p.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(&p).exists()
+            });
+            if stale {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = root.join(format!("{name}-{}", std::process::id()));
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
     }
