@@ -5,7 +5,6 @@ use crate::expiry_pager::ExpiryPager;
 use crate::stats::{Counter, Counters};
 use crate::vbucket::{Assigned, VBucket};
 use crate::{BucketConfig, EngineClock, Result};
-use bytes::Bytes;
 use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, Item, MutationInfo};
 use epkv_executor::{Clock, OffsetClock};
 use epkv_hashtable::{Entry, ItemMeta, MemoryTracker, StoredValue};
@@ -97,11 +96,11 @@ pub(crate) fn locked(meta: &ItemMeta, now: &LazyNow<'_>) -> bool {
 }
 
 /// The CAS a client must present to change an existing document: while it is locked, the
-/// lock's CAS (anything else → Locked); otherwise the document's CAS, unless the request
+/// lock's CAS, which GET_LOCKED made the document's CAS (anything else → Locked); otherwise the document's CAS, unless the request
 /// carries the wildcard (mismatch → KeyExists).
 pub(crate) fn check_lock_and_cas(meta: &ItemMeta, cas: Cas, now: &LazyNow<'_>) -> EngineResult<()> {
     if locked(meta, now) {
-        if cas == meta.locked_cas {
+        if cas == meta.cas {
             Ok(())
         } else {
             Err(EngineStatus::Locked)
@@ -129,8 +128,8 @@ pub(crate) fn check_durability(d: Option<&DurabilityRequirements>) -> EngineResu
 pub(crate) fn item_of(sv: &StoredValue, vbid: Vbid, cas: Cas) -> Item {
     let m = sv.meta();
     Item {
-        key: sv.key().clone(),
-        value: sv.value().clone(),
+        key: sv.key_bytes(),
+        value: sv.value_bytes(),
         flags: m.flags,
         expiry_unix_secs: m.expiry,
         datatype: m.datatype,
@@ -328,13 +327,6 @@ impl Bucket {
             vbucket_uuid: vb.uuid(),
             seqno: a.seqno,
         }
-    }
-
-    /// Copies request bytes into a buffer of their own, so a stored item never pins the
-    /// (possibly much larger) network buffer a `Bytes` slice may point into, and memory
-    /// accounting matches what is really held.
-    pub(crate) fn own(bytes: &[u8]) -> Bytes {
-        Bytes::copy_from_slice(bytes)
     }
 }
 

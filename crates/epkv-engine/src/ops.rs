@@ -8,7 +8,6 @@ use crate::bucket::{LazyNow, check_durability, check_lock_and_cas, item_of, lock
 use crate::counter_value;
 use crate::stats::Counter;
 use crate::vbucket::{Assigned, VBucket};
-use bytes::Bytes;
 use epkv_engine_api::{
     ArithmeticOp, ArithmeticRequest, EngineResult, EngineStatus, Expiry, Item, MutationInfo,
     RemoveRequest, StoreOp, StoreRequest,
@@ -149,10 +148,12 @@ impl Bucket {
             if locked(&meta, &now) {
                 return Err(EngineStatus::Locked);
             }
+            // As KV-Engine: the lock's CAS (fresh from the HLC, no seqno) becomes the
+            // document's CAS and is the token unlock and writers must present.
             let lock_cas = vb.assign_lock_cas(now.nanos());
             if let Some(m) = e.meta_mut() {
                 m.lock_expiry = now.secs().saturating_add(timeout);
-                m.locked_cas = lock_cas;
+                m.cas = lock_cas;
             }
             let sv = e.get().ok_or(EngineStatus::Internal)?;
             Ok(item_of(sv, vbid, lock_cas))
@@ -176,7 +177,7 @@ impl Bucket {
                 meta.clear_lock();
                 return Err(EngineStatus::NotLocked);
             }
-            if cas != meta.locked_cas {
+            if cas != meta.cas {
                 return Err(EngineStatus::Locked);
             }
             meta.clear_lock();
@@ -235,7 +236,7 @@ impl Bucket {
                     return Err(EngineStatus::KeyExists);
                 }
                 check_lock_and_cas(sv.meta(), req.cas, now)?;
-                Some((sv.key().clone(), sv.value().clone(), *sv.meta()))
+                Some((sv.value(), *sv.meta()))
             }
             None => {
                 match req.op {
@@ -254,27 +255,24 @@ impl Bucket {
             ..ItemMeta::default()
         };
         let (sv, old_rev) = match (req.op, existing) {
-            (StoreOp::Append | StoreOp::Prepend, Some((key, old, meta))) => {
+            (StoreOp::Append | StoreOp::Prepend, Some((old, meta))) => {
                 let total = old.len().saturating_add(req.value.len());
                 if total > self.config.max_item_size_bytes {
                     return Err(EngineStatus::TooBig);
                 }
-                let mut buf = Vec::with_capacity(total);
-                if req.op == StoreOp::Append {
-                    buf.extend_from_slice(&old);
-                    buf.extend_from_slice(&req.value);
+                let parts: [&[u8]; 2] = if req.op == StoreOp::Append {
+                    [old, &req.value]
                 } else {
-                    buf.extend_from_slice(&req.value);
-                    buf.extend_from_slice(&old);
-                }
-                let datatype = json_or_raw(&buf);
+                    [&req.value, old]
+                };
+                let mut sv = StoredValue::with_value_parts(&req.key, &parts, ItemMeta::default())
+                    .map_err(|_| EngineStatus::Invalid)?;
+                let datatype = json_or_raw(sv.value());
                 let meta_new = new_meta(meta.flags, meta.expiry, datatype);
-                (
-                    StoredValue::new(key, Bytes::from(buf), meta_new),
-                    Some(meta.rev_seqno),
-                )
+                sv = sv.with_meta(meta_new);
+                (sv, Some(meta.rev_seqno))
             }
-            (_, Some((key, _, meta))) => {
+            (_, Some((_, meta))) => {
                 let expiry = if req.preserve_ttl {
                     meta.expiry
                 } else {
@@ -282,7 +280,8 @@ impl Bucket {
                 };
                 let meta_new = new_meta(req.flags, expiry, req.datatype);
                 (
-                    StoredValue::new(key, Self::own(&req.value), meta_new),
+                    StoredValue::new(&req.key, &req.value, meta_new)
+                        .map_err(|_| EngineStatus::Invalid)?,
                     Some(meta.rev_seqno),
                 )
             }
@@ -290,7 +289,8 @@ impl Bucket {
                 let expiry = req.expiry.to_unix_secs(now.secs());
                 let meta_new = new_meta(req.flags, expiry, req.datatype);
                 (
-                    StoredValue::new(Self::own(&req.key), Self::own(&req.value), meta_new),
+                    StoredValue::new(&req.key, &req.value, meta_new)
+                        .map_err(|_| EngineStatus::Invalid)?,
                     None,
                 )
             }
@@ -366,9 +366,10 @@ impl Bucket {
                     datatype: Datatype::JSON,
                     ..ItemMeta::default()
                 };
-                let value = Bytes::from(counter_value::format(req.initial));
+                let value = counter_value::format(req.initial);
                 (
-                    StoredValue::new(Self::own(&req.key), value, meta),
+                    StoredValue::new(&req.key, value.as_ref(), meta)
+                        .map_err(|_| EngineStatus::Invalid)?,
                     req.initial,
                     None,
                 )
@@ -388,9 +389,10 @@ impl Bucket {
                     datatype: Datatype::JSON,
                     ..ItemMeta::default()
                 };
-                let value = Bytes::from(counter_value::format(next));
+                let value = counter_value::format(next);
                 (
-                    StoredValue::new(sv.key().clone(), value, meta),
+                    StoredValue::new(sv.key(), value.as_ref(), meta)
+                        .map_err(|_| EngineStatus::Invalid)?,
                     next,
                     Some(old.rev_seqno),
                 )
@@ -417,6 +419,7 @@ impl Bucket {
 mod tests {
     use super::*;
     use crate::{BucketConfig, EngineClock};
+    use bytes::Bytes;
     use epkv_engine_api::Engine;
     use epkv_executor::ManualClock;
     use epkv_types::{NUM_VBUCKETS, vbucket_for_key};
@@ -492,17 +495,21 @@ mod tests {
     }
 
     #[test]
-    fn get_locked_keeps_the_real_cas_and_revision() {
+    fn get_locked_gives_a_fresh_cas_but_keeps_seqno_and_revision() {
         let b = bucket();
         set(&b, "k");
         let vbid = vbucket_for_key(b"k", NUM_VBUCKETS);
         let before = b.vbuckets[usize::from(vbid.0)].table.get(b"k").unwrap();
         let locked = b.get_locked(vbid, b"k", 5).unwrap();
         let after = b.vbuckets[usize::from(vbid.0)].table.get(b"k").unwrap();
-        assert_eq!(after.meta().cas, before.meta().cas);
+        assert!(locked.cas > before.meta().cas);
+        assert_eq!(
+            after.meta().cas,
+            locked.cas,
+            "the lock CAS is the document's CAS"
+        );
         assert_eq!(after.meta().rev_seqno, before.meta().rev_seqno);
         assert_eq!(after.meta().by_seqno, before.meta().by_seqno);
-        assert_eq!(after.meta().locked_cas, locked.cas);
         assert_eq!(
             after.meta().lock_expiry,
             1_700_000_000 + 5,

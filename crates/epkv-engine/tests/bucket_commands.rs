@@ -492,7 +492,7 @@ fn get_locked_hides_the_cas_and_blocks_writers_without_the_lock_cas() {
         f.bucket.get_locked(vb(b"k"), b"k", 10),
         Err(EngineStatus::Locked)
     );
-    // Writers without the lock CAS (wildcard or the real CAS) are refused.
+    // Writers without the lock CAS (wildcard or the CAS from before the lock) are refused.
     assert_eq!(
         f.bucket.store(store_req(StoreOp::Set, "k", "x")),
         Err(EngineStatus::Locked)
@@ -556,8 +556,9 @@ fn unlock_outcomes() {
         Err(EngineStatus::Locked)
     );
     f.bucket.unlock(vb(b"k"), b"k", locked.cas).unwrap();
-    // Unlocking restores the document's real CAS and lets anyone write.
-    assert_eq!(must_get(&f.bucket, "k").cas, set.cas);
+    // As KV-Engine: the lock CAS stays the document's CAS after unlock, and anyone may
+    // write again.
+    assert_eq!(must_get(&f.bucket, "k").cas, locked.cas);
     assert_eq!(
         f.bucket.unlock(vb(b"k"), b"k", locked.cas),
         Err(EngineStatus::NotLocked)
@@ -568,15 +569,16 @@ fn unlock_outcomes() {
 #[test]
 fn lock_expires_by_the_clock() {
     let f = Fixture::new();
-    let set = must_set(&f.bucket, "k", "v");
-    f.bucket.get_locked(vb(b"k"), b"k", 5).unwrap();
+    must_set(&f.bucket, "k", "v");
+    let locked = f.bucket.get_locked(vb(b"k"), b"k", 5).unwrap();
     f.advance(4);
     assert_eq!(
         f.bucket.store(store_req(StoreOp::Set, "k", "x")),
         Err(EngineStatus::Locked)
     );
     f.advance(1);
-    assert_eq!(must_get(&f.bucket, "k").cas, set.cas);
+    // Once the lock lapses readers see its CAS, which became the document's CAS.
+    assert_eq!(must_get(&f.bucket, "k").cas, locked.cas);
     must_set(&f.bucket, "k", "x");
 }
 

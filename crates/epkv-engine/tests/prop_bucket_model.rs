@@ -520,6 +520,9 @@ impl Harness {
                         };
                         let i = self.m.items.get_mut(&k).unwrap();
                         assert_ne!(item.cas, i.cas);
+                        // As KV-Engine: the lock CAS becomes the document's CAS (and stays
+                        // its CAS after unlock or once the lock lapses).
+                        i.cas = item.cas;
                         i.lock_until = now + eff;
                         i.lock_cas = item.cas;
                         self.m.last_lock_cas.insert(k, item.cas);

@@ -20,6 +20,9 @@ pub enum Error {
     /// A table needs at least one lock stripe.
     #[error("invalid stripe count {0}: a table needs at least one stripe")]
     InvalidStripeCount(usize),
+    /// A key longer than [`crate::StoredValue::MAX_KEY_LEN`] bytes cannot be stored.
+    #[error("key of {0} bytes is longer than the 255 an item can have")]
+    KeyTooLong(usize),
 }
 
 /// Result alias for this crate.

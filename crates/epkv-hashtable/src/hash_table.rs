@@ -159,7 +159,7 @@ impl HashTable {
     pub fn with_entry<R>(&self, key: &[u8], f: impl FnOnce(&mut Entry<'_>) -> R) -> R {
         let hash = self.shared.hash(key);
         let mut table = self.stripe_for(hash).map.lock();
-        let index = table.find_bucket_index(hash, |sv| sv.key().as_ref() == key);
+        let index = table.find_bucket_index(hash, |sv| sv.key() == key);
         let mut entry = Entry {
             table: &mut table,
             shared: &self.shared,
@@ -182,7 +182,9 @@ impl HashTable {
     /// [`Error::QuotaExceeded`] when the tracker refuses the extra bytes; the table is
     /// unchanged.
     pub fn insert(&self, sv: StoredValue) -> Result<Option<StoredValue>> {
-        let key = sv.key().clone();
+        // A copy, not `key_bytes`: slicing the item's buffer would make `Bytes` allocate
+        // its shared header for the item's whole life.
+        let key = sv.key().to_vec();
         self.with_entry(&key, |e| e.insert(sv))
     }
 
@@ -266,7 +268,7 @@ impl Entry<'_> {
     /// [`Error::KeyMismatch`] for an item with another key; [`Error::QuotaExceeded`] when
     /// the memory tracker refuses the extra bytes. Either way nothing changes.
     pub fn insert(&mut self, sv: StoredValue) -> Result<Option<StoredValue>> {
-        if sv.key().as_ref() != self.key {
+        if sv.key() != self.key {
             return Err(Error::KeyMismatch);
         }
         let new_fp = sv.footprint();
@@ -283,7 +285,7 @@ impl Entry<'_> {
         shared.charge(new_fp)?;
         let occupied = self
             .table
-            .insert_unique(self.hash, sv, |v| shared.hash(v.key().as_ref()));
+            .insert_unique(self.hash, sv, |v| shared.hash(v.key()));
         self.index = Some(occupied.bucket_index());
         shared.items.fetch_add(1, Ordering::Relaxed);
         Ok(None)
@@ -301,18 +303,18 @@ impl Entry<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
     use epkv_types::Cas;
 
     fn sv(key: &str, value: &str, cas: u64) -> StoredValue {
         StoredValue::new(
-            Bytes::copy_from_slice(key.as_bytes()),
-            Bytes::copy_from_slice(value.as_bytes()),
+            key.as_bytes(),
+            value.as_bytes(),
             ItemMeta {
                 cas: Cas(cas),
                 ..ItemMeta::default()
             },
         )
+        .unwrap()
     }
 
     #[test]
@@ -331,11 +333,11 @@ mod tests {
         assert_eq!(t.len(), 1);
         assert_eq!(t.mem_used(), sv("a", "1", 1).footprint());
         let old = t.insert(sv("a", "22", 2)).unwrap().unwrap();
-        assert_eq!(old.value().as_ref(), b"1");
+        assert_eq!(old.value(), b"1");
         assert_eq!(t.len(), 1);
         assert_eq!(t.mem_used(), sv("a", "22", 2).footprint());
         assert_eq!(t.get(b"a").unwrap().meta().cas, Cas(2));
-        assert_eq!(t.remove(b"a").unwrap().value().as_ref(), b"22");
+        assert_eq!(t.remove(b"a").unwrap().value(), b"22");
         assert_eq!(t.remove(b"a"), None);
         assert_eq!(t.len(), 0);
         assert_eq!(t.mem_used(), 0);
@@ -348,7 +350,7 @@ mod tests {
         t.with_entry(b"k", |e| {
             assert!(e.get().is_none());
             e.insert(sv("k", "v", 1)).unwrap();
-            assert_eq!(e.get().unwrap().value().as_ref(), b"v");
+            assert_eq!(e.get().unwrap().value(), b"v");
             e.meta_mut().unwrap().flags = 9;
             assert_eq!(e.get().unwrap().meta().flags, 9);
             assert!(e.remove().is_some());
@@ -378,7 +380,7 @@ mod tests {
             t.insert(sv("k", "vvvv", 2)),
             Err(Error::QuotaExceeded { needed: 3, .. })
         ));
-        assert_eq!(t.get(b"k").unwrap().value().as_ref(), b"v");
+        assert_eq!(t.get(b"k").unwrap().value(), b"v");
         assert!(t.insert(sv("x", "v", 1)).is_err());
         assert_eq!(t.len(), 1);
         t.insert(sv("k", "", 3)).unwrap();
@@ -426,7 +428,7 @@ mod tests {
         }
         for i in 0..5_000u32 {
             let got = t.get(i.to_string().as_bytes()).unwrap();
-            assert_eq!(got.value().as_ref(), i.to_string().as_bytes());
+            assert_eq!(got.value(), i.to_string().as_bytes());
         }
         assert_eq!(t.len(), 5_000);
     }

@@ -12,8 +12,9 @@
 //!   key's [`Entry`] under that key's stripe lock, which is how the engine does
 //!   check-and-modify atomically; [`HashTable::retain`] / [`HashTable::for_each`] visit
 //!   every item one stripe at a time.
-//! - [`StoredValue`] / [`ItemMeta`]: an item; key and value are immutable `Bytes`, the
-//!   metadata is plain data that can be changed in place.
+//! - [`StoredValue`] / [`ItemMeta`]: an item; key and value are immutable and share one
+//!   `Bytes` buffer (one allocation per item), the metadata is plain data that can be
+//!   changed in place.
 //! - [`MemoryTracker`]: bytes charged by items, shared by all tables of a bucket, with a
 //!   limit it never lets the count exceed.
 //!
@@ -36,15 +37,14 @@
 //!
 //! # Example
 //! ```
-//! use bytes::Bytes;
 //! use epkv_hashtable::{HashTable, ItemMeta, StoredValue};
 //! # fn main() -> Result<(), epkv_hashtable::Error> {
 //! let table = HashTable::unlimited(16)?;
-//! let item = StoredValue::new(Bytes::from_static(b"k"), Bytes::from_static(b"v"), ItemMeta::default());
+//! let item = StoredValue::new(b"k", b"v", ItemMeta::default())?;
 //! table.insert(item)?;
 //! // Atomic check-and-modify of one key: bump the flags only if the value is "v".
 //! let changed = table.with_entry(b"k", |entry| {
-//!     if entry.get().is_some_and(|sv| sv.value().as_ref() == b"v") {
+//!     if entry.get().is_some_and(|sv| sv.value() == b"v") {
 //!         if let Some(meta) = entry.meta_mut() {
 //!             meta.flags += 1;
 //!             return true;

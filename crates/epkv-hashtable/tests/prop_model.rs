@@ -5,7 +5,6 @@
     clippy::unwrap_used,
     reason = "test helpers outside #[test] functions may panic"
 )]
-use bytes::Bytes;
 use epkv_hashtable::{Error, HashTable, ItemMeta, MemoryTracker, StoredValue};
 use epkv_types::Cas;
 use proptest::prelude::*;
@@ -42,13 +41,14 @@ fn key_bytes(k: u8) -> Vec<u8> {
 
 fn item(key: &[u8], value_len: usize, cas: u64) -> StoredValue {
     StoredValue::new(
-        Bytes::copy_from_slice(key),
-        Bytes::from(vec![b'v'; value_len]),
+        key,
+        &vec![b'v'; value_len],
         ItemMeta {
             cas: Cas(cas),
             ..ItemMeta::default()
         },
     )
+    .unwrap()
 }
 
 fn check(table: &HashTable, model: &HashMap<Vec<u8>, StoredValue>) {
@@ -58,7 +58,7 @@ fn check(table: &HashTable, model: &HashMap<Vec<u8>, StoredValue>) {
     assert_eq!(table.tracker().used(), expected_mem);
     let mut seen = 0;
     table.for_each(|sv| {
-        assert_eq!(model.get(sv.key().as_ref()), Some(sv));
+        assert_eq!(model.get(sv.key()), Some(sv));
         seen += 1;
     });
     assert_eq!(seen, model.len());
@@ -102,9 +102,9 @@ fn run(ops: Vec<Op>, stripes: usize, limit: usize) {
                     })
                 });
                 let expected = model.get_mut(&k).map(|sv| {
-                    let (key, value, mut meta) = sv.clone().into_parts();
+                    let mut meta = *sv.meta();
                     meta.flags = flags;
-                    *sv = StoredValue::new(key, value, meta);
+                    *sv = sv.clone().with_meta(meta);
                 });
                 assert_eq!(changed, expected);
             }

@@ -2,7 +2,6 @@
 //! no update, and concurrent inserts, removes and visits must leave the item count and
 //! memory accounting exact.
 
-use bytes::Bytes;
 use epkv_hashtable::{HashTable, ItemMeta, MemoryTracker, StoredValue};
 use epkv_types::Cas;
 use std::sync::Arc;
@@ -30,13 +29,14 @@ fn concurrent_increments_lose_no_update() {
                             meta.flags += 1;
                         } else {
                             let sv = StoredValue::new(
-                                Bytes::copy_from_slice(&k),
-                                Bytes::from_static(b"counter"),
+                                &k,
+                                b"counter",
                                 ItemMeta {
                                     flags: 1,
                                     ..ItemMeta::default()
                                 },
-                            );
+                            )
+                            .unwrap();
                             e.insert(sv).unwrap();
                         }
                     });
@@ -67,13 +67,14 @@ fn concurrent_churn_keeps_accounting_exact() {
                     match n % 4 {
                         0 | 1 => {
                             let sv = StoredValue::new(
-                                Bytes::copy_from_slice(&k),
-                                Bytes::from(vec![b'x'; (n + t) % 100]),
+                                &k,
+                                &vec![b'x'; (n + t) % 100],
                                 ItemMeta {
                                     cas: Cas(n as u64),
                                     ..ItemMeta::default()
                                 },
-                            );
+                            )
+                            .unwrap();
                             table.insert(sv).unwrap();
                         }
                         2 => {
@@ -81,7 +82,7 @@ fn concurrent_churn_keeps_accounting_exact() {
                         }
                         _ => {
                             if let Some(sv) = table.get(&k) {
-                                assert_eq!(sv.key().as_ref(), k.as_slice());
+                                assert_eq!(sv.key(), k.as_slice());
                             }
                         }
                     }
@@ -126,11 +127,7 @@ fn concurrent_writers_never_exceed_the_limit() {
             thread::spawn(move || {
                 for n in 0..5_000 {
                     let k = key((n * 3 + t) % 10 + t * 10);
-                    let sv = StoredValue::new(
-                        Bytes::copy_from_slice(&k),
-                        Bytes::from(vec![b'y'; 10]),
-                        ItemMeta::default(),
-                    );
+                    let sv = StoredValue::new(&k, &[b'y'; 10], ItemMeta::default()).unwrap();
                     // Refusals are expected once the limit is reached.
                     let _ = table.insert(sv);
                     assert!(tracker.used() <= limit);
