@@ -17,7 +17,8 @@
 //!   1 worker thread), `tokio_util::time::DelayQueue::reset_at` (one queue per thread,
 //!   since it needs `&mut`), and a naive mutex-protected heap with lazy deletion. Deadlines
 //!   for every peer are `base + offset`, `base` being the clock read every 64 re-arms, so
-//!   no peer pays a clock read per re-arm.
+//!   no peer pays a clock read per re-arm, and `offset` a random pick per re-arm, so about
+//!   half the re-arms move a timeout earlier and half later, at every K.
 
 use epkv_bench::baton::Baton;
 use epkv_bench::harness::{Args, Measurement, Report, Row, median, run_threads};
@@ -51,11 +52,17 @@ impl Rng {
     }
 }
 
-/// Deadlines `base + offset`: `base` is the clock re-read every 64 calls, `offset` comes
-/// from a per-thread table of 1024 uniform 10-30 s values drawn up front, so drawing a
-/// deadline costs every peer the same few nanoseconds.
+/// Deadlines `base + offset`: `base` is the clock re-read every 64 calls, `offset` is a
+/// random pick (one xorshift step) from a per-thread table of 1024 uniform 10-30 s values
+/// drawn up front, so drawing a deadline costs every peer the same few nanoseconds.
+///
+/// The pick must be random per call: indexing the table by a call counter would give a
+/// timeout the same offset on every visit whenever K is a multiple of the table size
+/// (K = 4096), so each re-arm would move it slightly *later*, never earlier, and the run
+/// would measure only the peers' "later" fast paths.
 struct Deadlines {
     offsets: Vec<Duration>,
+    rng: Rng,
     base: Instant,
     n: usize,
 }
@@ -65,6 +72,7 @@ impl Deadlines {
         let mut rng = Rng::new(seed);
         Self {
             offsets: (0..1024).map(|_| rng.offset()).collect(),
+            rng,
             base: SystemClock.now(),
             n: 0,
         }
@@ -75,7 +83,9 @@ impl Deadlines {
         if self.n.is_multiple_of(64) {
             self.base = SystemClock.now();
         }
-        self.base + self.offsets[self.n % 1024]
+        // The top 10 bits: always below 1024, so the index needs no bounds check.
+        let pick = (self.rng.next() >> 54) as usize;
+        self.base + self.offsets[pick]
     }
 }
 
@@ -379,8 +389,9 @@ fn main() {
         report.note(
             "TimeoutAddCancel counts COMPLETED re-arms: the new deadline is in force when \
              the call returns (KV-Engine's seed counted re-arm requests posted to a \
-             scheduler thread). Deadlines are base + uniform 10-30 s (a per-thread \
-             table of 1024 random offsets), base re-read every 64 re-arms, for every peer.",
+             scheduler thread). Deadlines are base + uniform 10-30 s (a random pick per \
+             re-arm from a per-thread table of 1024 random offsets), base re-read every 64 \
+             re-arms, for every peer.",
         );
     }
     report.note(
