@@ -47,19 +47,19 @@ pub trait Engine: Send + Sync + 'static {
     /// # Errors
     /// `KeyExists`, `KeyNotFound`, `NotStored`, `Locked`, `TooBig`, `NotMyVbucket`,
     /// `TempFail`, `NoMemory`, durability statuses.
-    fn store(&self, req: StoreRequest) -> EngineResult<MutationInfo>;
+    fn store(&self, req: StoreRequest<'_>) -> EngineResult<MutationInfo>;
 
     /// Deletes a document (DELETE), leaving a tombstone.
     ///
     /// # Errors
     /// `KeyNotFound`, `KeyExists` (CAS mismatch), `Locked`, `NotMyVbucket`, `TempFail`.
-    fn remove(&self, req: RemoveRequest) -> EngineResult<MutationInfo>;
+    fn remove(&self, req: RemoveRequest<'_>) -> EngineResult<MutationInfo>;
 
     /// Increments or decrements a decimal counter, returning the new value.
     ///
     /// # Errors
     /// `DeltaBadValue`, `KeyNotFound`, `KeyExists`, `Locked`, `NotMyVbucket`, `TempFail`.
-    fn arithmetic(&self, req: ArithmeticRequest) -> EngineResult<(u64, MutationInfo)>;
+    fn arithmetic(&self, req: ArithmeticRequest<'_>) -> EngineResult<(u64, MutationInfo)>;
 
     /// Removes every document from every vBucket (FLUSH).
     ///

@@ -1,6 +1,5 @@
 //! Request types passed to [`crate::Engine`] methods.
 
-use bytes::Bytes;
 use epkv_types::{Cas, Datatype, DurabilityLevel, Vbid};
 use std::time::Duration;
 
@@ -68,16 +67,19 @@ pub enum StoreOp {
 }
 
 /// A SET / ADD / REPLACE / APPEND / PREPEND.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreRequest {
+///
+/// Key and value are borrowed from the request packet: the engine copies them once, into
+/// the item it stores, so the front end never allocates for a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreRequest<'a> {
     /// Which store.
     pub op: StoreOp,
     /// The vBucket named in the request header.
     pub vbid: Vbid,
     /// The key (1..=250 bytes, validated by the front end).
-    pub key: Bytes,
+    pub key: &'a [u8],
     /// The value.
-    pub value: Bytes,
+    pub value: &'a [u8],
     /// Client flags (ignored by APPEND/PREPEND, which keep the existing flags).
     pub flags: u32,
     /// Raw expiry (ignored by APPEND/PREPEND).
@@ -93,12 +95,12 @@ pub struct StoreRequest {
 }
 
 /// A DELETE.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoveRequest {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoveRequest<'a> {
     /// The vBucket named in the request header.
     pub vbid: Vbid,
     /// The key.
-    pub key: Bytes,
+    pub key: &'a [u8],
     /// CAS the document must currently have, or [`Cas::ANY`].
     pub cas: Cas,
     /// Durability requirements, if this is a SyncWrite.
@@ -115,14 +117,14 @@ pub enum ArithmeticOp {
 }
 
 /// An INCREMENT / DECREMENT.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArithmeticRequest {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArithmeticRequest<'a> {
     /// Which way.
     pub op: ArithmeticOp,
     /// The vBucket named in the request header.
     pub vbid: Vbid,
     /// The key.
-    pub key: Bytes,
+    pub key: &'a [u8],
     /// The amount.
     pub delta: u64,
     /// The value to create the key with when it is missing.

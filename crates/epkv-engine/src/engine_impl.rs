@@ -29,15 +29,15 @@ impl Engine for Bucket {
         self.op_unlock(vbid, key, cas)
     }
 
-    fn store(&self, req: StoreRequest) -> EngineResult<MutationInfo> {
+    fn store(&self, req: StoreRequest<'_>) -> EngineResult<MutationInfo> {
         self.op_store(&req)
     }
 
-    fn remove(&self, req: RemoveRequest) -> EngineResult<MutationInfo> {
+    fn remove(&self, req: RemoveRequest<'_>) -> EngineResult<MutationInfo> {
         self.op_remove(&req)
     }
 
-    fn arithmetic(&self, req: ArithmeticRequest) -> EngineResult<(u64, MutationInfo)> {
+    fn arithmetic(&self, req: ArithmeticRequest<'_>) -> EngineResult<(u64, MutationInfo)> {
         self.op_arithmetic(&req)
     }
 

@@ -80,20 +80,19 @@
 //!
 //! # Example
 //! ```
-//! use bytes::Bytes;
 //! use epkv_engine::{Bucket, BucketConfig, EngineClock};
 //! use epkv_engine_api::{Engine, EngineStatus, Expiry, StoreOp, StoreRequest};
 //! use epkv_types::{vbucket_for_key, Cas, Datatype, NUM_VBUCKETS};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let bucket = Bucket::new(BucketConfig::default(), EngineClock::System)?;
-//! let key = Bytes::from_static(b"greeting");
-//! let vbid = vbucket_for_key(&key, NUM_VBUCKETS);
+//! let key: &[u8] = b"greeting";
+//! let vbid = vbucket_for_key(key, NUM_VBUCKETS);
 //! let info = bucket.store(StoreRequest {
 //!     op: StoreOp::Set,
 //!     vbid,
-//!     key: key.clone(),
-//!     value: Bytes::from_static(b"hello"),
+//!     key,
+//!     value: b"hello",
 //!     flags: 0,
 //!     expiry: Expiry::Never,
 //!     preserve_ttl: false,
@@ -101,7 +100,7 @@
 //!     cas: Cas::ANY,
 //!     durability: None,
 //! })?;
-//! let item = bucket.get(vbid, &key)?;
+//! let item = bucket.get(vbid, key)?;
 //! assert_eq!(item.value.as_ref(), b"hello");
 //! assert_eq!(item.cas, info.cas);
 //! let other = vbucket_for_key(b"missing", NUM_VBUCKETS);

@@ -186,7 +186,7 @@ impl Bucket {
     }
 
     /// SET, ADD, REPLACE, APPEND, PREPEND.
-    pub(crate) fn op_store(&self, req: &StoreRequest) -> EngineResult<MutationInfo> {
+    pub(crate) fn op_store(&self, req: &StoreRequest<'_>) -> EngineResult<MutationInfo> {
         self.counters.incr(Counter::CmdSet);
         if req.value.len() > self.config.max_item_size_bytes {
             self.counters.incr(Counter::TooBig);
@@ -196,12 +196,12 @@ impl Bucket {
         if req.op == StoreOp::Add && !req.cas.is_any() {
             return Err(EngineStatus::Invalid);
         }
-        let (vb, _state) = self.client_vbucket(req.vbid, &req.key)?;
+        let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
         check_durability(req.durability.as_ref())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb
             .table
-            .with_entry(&req.key, |e| self.store_entry(vb, e, req, &now));
+            .with_entry(req.key, |e| self.store_entry(vb, e, req, &now));
         if !req.cas.is_any() {
             self.count_cas(&result);
         }
@@ -226,7 +226,7 @@ impl Bucket {
         &self,
         vb: &VBucket,
         e: &mut Entry<'_>,
-        req: &StoreRequest,
+        req: &StoreRequest<'_>,
         now: &LazyNow<'_>,
     ) -> EngineResult<MutationInfo> {
         self.expire_on_access(vb, e, now);
@@ -261,11 +261,11 @@ impl Bucket {
                     return Err(EngineStatus::TooBig);
                 }
                 let parts: [&[u8]; 2] = if req.op == StoreOp::Append {
-                    [old, &req.value]
+                    [old, req.value]
                 } else {
-                    [&req.value, old]
+                    [req.value, old]
                 };
-                let mut sv = StoredValue::with_value_parts(&req.key, &parts, ItemMeta::default())
+                let mut sv = StoredValue::with_value_parts(req.key, &parts, ItemMeta::default())
                     .map_err(|_| EngineStatus::Invalid)?;
                 let datatype = json_or_raw(sv.value());
                 let meta_new = new_meta(meta.flags, meta.expiry, datatype);
@@ -280,7 +280,7 @@ impl Bucket {
                 };
                 let meta_new = new_meta(req.flags, expiry, req.datatype);
                 (
-                    StoredValue::new(&req.key, &req.value, meta_new)
+                    StoredValue::new(req.key, req.value, meta_new)
                         .map_err(|_| EngineStatus::Invalid)?,
                     Some(meta.rev_seqno),
                 )
@@ -289,7 +289,7 @@ impl Bucket {
                 let expiry = req.expiry.to_unix_secs(now.secs());
                 let meta_new = new_meta(req.flags, expiry, req.datatype);
                 (
-                    StoredValue::new(&req.key, &req.value, meta_new)
+                    StoredValue::new(req.key, req.value, meta_new)
                         .map_err(|_| EngineStatus::Invalid)?,
                     None,
                 )
@@ -301,11 +301,11 @@ impl Bucket {
     }
 
     /// DELETE.
-    pub(crate) fn op_remove(&self, req: &RemoveRequest) -> EngineResult<MutationInfo> {
-        let (vb, _state) = self.client_vbucket(req.vbid, &req.key)?;
+    pub(crate) fn op_remove(&self, req: &RemoveRequest<'_>) -> EngineResult<MutationInfo> {
+        let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
         check_durability(req.durability.as_ref())?;
         let now = LazyNow::new(&*self.clock);
-        let result = vb.table.with_entry(&req.key, |e| {
+        let result = vb.table.with_entry(req.key, |e| {
             self.expire_on_access(vb, e, &now);
             let meta = *e.get().ok_or(EngineStatus::KeyNotFound)?.meta();
             check_lock_and_cas(&meta, req.cas, &now)?;
@@ -327,14 +327,14 @@ impl Bucket {
     /// INCREMENT, DECREMENT.
     pub(crate) fn op_arithmetic(
         &self,
-        req: &ArithmeticRequest,
+        req: &ArithmeticRequest<'_>,
     ) -> EngineResult<(u64, MutationInfo)> {
-        let (vb, _state) = self.client_vbucket(req.vbid, &req.key)?;
+        let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
         check_durability(req.durability.as_ref())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb
             .table
-            .with_entry(&req.key, |e| self.arithmetic_entry(vb, e, req, &now));
+            .with_entry(req.key, |e| self.arithmetic_entry(vb, e, req, &now));
         let (hit, miss) = match req.op {
             ArithmeticOp::Increment => (Counter::IncrHits, Counter::IncrMisses),
             ArithmeticOp::Decrement => (Counter::DecrHits, Counter::DecrMisses),
@@ -351,7 +351,7 @@ impl Bucket {
         &self,
         vb: &VBucket,
         e: &mut Entry<'_>,
-        req: &ArithmeticRequest,
+        req: &ArithmeticRequest<'_>,
         now: &LazyNow<'_>,
     ) -> EngineResult<(u64, MutationInfo)> {
         self.expire_on_access(vb, e, now);
@@ -368,7 +368,7 @@ impl Bucket {
                 };
                 let value = counter_value::format(req.initial);
                 (
-                    StoredValue::new(&req.key, value.as_ref(), meta)
+                    StoredValue::new(req.key, value.as_ref(), meta)
                         .map_err(|_| EngineStatus::Invalid)?,
                     req.initial,
                     None,
@@ -419,7 +419,6 @@ impl Bucket {
 mod tests {
     use super::*;
     use crate::{BucketConfig, EngineClock};
-    use bytes::Bytes;
     use epkv_engine_api::Engine;
     use epkv_executor::ManualClock;
     use epkv_types::{NUM_VBUCKETS, vbucket_for_key};
@@ -442,8 +441,8 @@ mod tests {
         b.store(StoreRequest {
             op: StoreOp::Set,
             vbid: vbucket_for_key(key.as_bytes(), NUM_VBUCKETS),
-            key: Bytes::from_static(key.as_bytes()),
-            value: Bytes::from_static(b"1"),
+            key: key.as_bytes(),
+            value: b"1",
             flags: 0,
             expiry: Expiry::Never,
             preserve_ttl: false,
@@ -471,7 +470,7 @@ mod tests {
         b.arithmetic(ArithmeticRequest {
             op: ArithmeticOp::Increment,
             vbid: vbucket_for_key(b"k", NUM_VBUCKETS),
-            key: Bytes::from_static(b"k"),
+            key: b"k",
             delta: 1,
             initial: 0,
             expiry_raw: 0,
@@ -482,7 +481,7 @@ mod tests {
         assert_eq!(rev(&b, "k"), Some(4));
         b.remove(RemoveRequest {
             vbid: vbucket_for_key(b"k", NUM_VBUCKETS),
-            key: Bytes::from_static(b"k"),
+            key: b"k",
             cas: Cas::ANY,
             durability: None,
         })

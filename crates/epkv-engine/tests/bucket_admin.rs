@@ -341,7 +341,8 @@ fn adjust_time_moves_the_testing_clock_and_expires_items() {
 fn expiry_pass_removes_expired_items_of_active_vbuckets_only() {
     let f = Fixture::new();
     for i in 0..50 {
-        let mut req = store_req(StoreOp::Set, &format!("ttl{i}"), "v");
+        let key = format!("ttl{i}");
+        let mut req = store_req(StoreOp::Set, &key, "v");
         req.expiry = Expiry::Relative(10);
         f.bucket.store(req).unwrap();
         must_set(&f.bucket, &format!("keep{i}"), "v");

@@ -58,7 +58,7 @@ fn cas_set_matches_conflicts_and_misses_like_memcached() {
     let first = must_set(&f.bucket, "k", "v1");
     let mut req = store_req(StoreOp::Set, "k", "v2");
     req.cas = first.cas;
-    let second = f.bucket.store(req.clone()).unwrap();
+    let second = f.bucket.store(req).unwrap();
     // The same (now stale) CAS again: KeyExists, value unchanged.
     assert_eq!(f.bucket.store(req), Err(EngineStatus::KeyExists));
     assert_eq!(must_get(&f.bucket, "k").cas, second.cas);
@@ -127,10 +127,11 @@ fn value_above_the_item_size_limit_is_too_big() {
 #[test]
 fn default_item_size_limit_is_20_mib() {
     let f = Fixture::new();
+    let too_big = vec![b'x'; DEFAULT_MAX_ITEM_SIZE_BYTES + 1];
     let mut req = store_req(StoreOp::Set, "big", "");
-    req.value = Bytes::from(vec![b'x'; DEFAULT_MAX_ITEM_SIZE_BYTES + 1]);
-    assert_eq!(f.bucket.store(req.clone()), Err(EngineStatus::TooBig));
-    req.value = Bytes::from(vec![b'x'; DEFAULT_MAX_ITEM_SIZE_BYTES]);
+    req.value = &too_big;
+    assert_eq!(f.bucket.store(req), Err(EngineStatus::TooBig));
+    req.value = &too_big[..DEFAULT_MAX_ITEM_SIZE_BYTES];
     f.bucket.store(req).unwrap();
 }
 
@@ -139,8 +140,8 @@ fn stored_bytes_do_not_alias_the_request_buffer() {
     let f = Fixture::new();
     let network_buffer = Bytes::from(b"xxkeyvalueyy".to_vec());
     let mut req = store_req(StoreOp::Set, "key", "");
-    req.key = network_buffer.slice(2..5);
-    req.value = network_buffer.slice(5..10);
+    req.key = &network_buffer[2..5];
+    req.value = &network_buffer[5..10];
     f.bucket.store(req).unwrap();
     let item = must_get(&f.bucket, "key");
     assert_eq!(item.value.as_ref(), b"value");
@@ -351,10 +352,7 @@ fn arithmetic_honours_cas() {
     let set = must_set(&f.bucket, "c", "1");
     let mut req = arith_req(ArithmeticOp::Increment, "c", 1, 0, 0);
     req.cas = Cas(set.cas.0 + 1);
-    assert_eq!(
-        f.bucket.arithmetic(req.clone()),
-        Err(EngineStatus::KeyExists)
-    );
+    assert_eq!(f.bucket.arithmetic(req), Err(EngineStatus::KeyExists));
     req.cas = set.cas;
     assert_eq!(f.bucket.arithmetic(req).unwrap().0, 2);
 }

@@ -168,7 +168,8 @@ fn concurrent_cas_updates_let_exactly_one_writer_win_each_round() {
                     loop {
                         let item = must_get(&bucket, "shared");
                         let n: u64 = std::str::from_utf8(&item.value).unwrap().parse().unwrap();
-                        let mut req = store_req(StoreOp::Set, "shared", &(n + 1).to_string());
+                        let next = (n + 1).to_string();
+                        let mut req = store_req(StoreOp::Set, "shared", &next);
                         req.cas = item.cas;
                         match bucket.store(req) {
                             Ok(_) => {

@@ -9,7 +9,6 @@
 
 mod support;
 
-use bytes::Bytes;
 use epkv_engine::{BucketConfig, EngineClock};
 use epkv_engine_api::{
     ArithmeticOp, Engine, EngineResult, EngineStatus, Expiry, Item, MutationInfo, StoreOp,
@@ -296,12 +295,13 @@ impl Harness {
             } => {
                 let cas = self.cas_for(k, cas);
                 let now = self.now();
-                let mut req = store_req(op, &self.keys[k], &value);
+                let key = self.keys[k].clone();
+                let mut req = store_req(op, &key, &value);
                 req.flags = flags;
                 req.expiry = resolve(exp, now);
                 req.preserve_ttl = preserve;
                 req.cas = cas;
-                let got = b.store(req.clone());
+                let got = b.store(req);
                 let expected = (|| {
                     if value.len() > MAX_ITEM {
                         return Err(EngineStatus::TooBig);
@@ -611,7 +611,7 @@ fn the_model_harness_can_tell_a_wrong_answer() {
     });
     let key = h.keys[0].clone();
     let _ = h.f.bucket.store(epkv_engine_api::StoreRequest {
-        value: Bytes::from_static(b"b"),
+        value: b"b",
         datatype: Datatype::RAW,
         ..store_req(StoreOp::Set, &key, "b")
     });

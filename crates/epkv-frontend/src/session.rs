@@ -8,7 +8,7 @@ use crate::frontend::Shared;
 use crate::response::{ReplyTo, put_error_text, put_status, put_success};
 use crate::status_map::engine_status_to_wire;
 use crate::timings;
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use epkv_engine_api::{
     ArithmeticOp, ArithmeticRequest, DurabilityRequirements, EngineStatus, Expiry, Item,
     MutationInfo, RemoveRequest, StoreOp, StoreRequest,
@@ -107,13 +107,13 @@ impl Session {
                     epkv_protocol::StoreOp::Append => StoreOp::Append,
                     epkv_protocol::StoreOp::Prepend => StoreOp::Prepend,
                 };
-                // Copied out of the read buffer: the engine keeps these, and a slice of
-                // the buffer would pin the whole buffer for as long as the item lives.
+                // Borrowed from the read buffer: the engine copies key and value once,
+                // into the item it stores.
                 let result = engine.store(StoreRequest {
                     op,
                     vbid,
-                    key: Bytes::copy_from_slice(key),
-                    value: Bytes::copy_from_slice(value),
+                    key,
+                    value,
                     flags,
                     expiry: Expiry::from_wire(expiry),
                     preserve_ttl,
@@ -131,7 +131,7 @@ impl Session {
             } => {
                 let result = engine.remove(RemoveRequest {
                     vbid,
-                    key: Bytes::copy_from_slice(key),
+                    key,
                     cas,
                     durability: durability(d),
                 });
@@ -164,7 +164,7 @@ impl Session {
                 let result = engine.arithmetic(ArithmeticRequest {
                     op,
                     vbid,
-                    key: Bytes::copy_from_slice(key),
+                    key,
                     delta,
                     initial,
                     expiry_raw: expiry,

@@ -9,7 +9,6 @@
     reason = "test helpers outside #[test] functions may panic"
 )]
 
-use bytes::Bytes;
 use epkv_engine::{Bucket, BucketConfig, EngineClock};
 use epkv_engine_api::{
     ArithmeticOp, ArithmeticRequest, DurabilityRequirements, Engine, EngineResult, Expiry, Item,
@@ -85,13 +84,13 @@ pub(crate) fn vb(key: &[u8]) -> Vbid {
     vbucket_for_key(key, NUM_VBUCKETS)
 }
 
-pub(crate) fn store_req(op: StoreOp, key: &str, value: &str) -> StoreRequest {
-    let key = Bytes::copy_from_slice(key.as_bytes());
+pub(crate) fn store_req<'a>(op: StoreOp, key: &'a str, value: &'a str) -> StoreRequest<'a> {
+    let key = key.as_bytes();
     StoreRequest {
         op,
-        vbid: vb(&key),
+        vbid: vb(key),
         key,
-        value: Bytes::copy_from_slice(value.as_bytes()),
+        value: value.as_bytes(),
         flags: 0,
         expiry: Expiry::Never,
         preserve_ttl: false,
@@ -101,10 +100,10 @@ pub(crate) fn store_req(op: StoreOp, key: &str, value: &str) -> StoreRequest {
     }
 }
 
-pub(crate) fn remove_req(key: &str, cas: Cas) -> RemoveRequest {
-    let key = Bytes::copy_from_slice(key.as_bytes());
+pub(crate) fn remove_req(key: &str, cas: Cas) -> RemoveRequest<'_> {
+    let key = key.as_bytes();
     RemoveRequest {
-        vbid: vb(&key),
+        vbid: vb(key),
         key,
         cas,
         durability: None,
@@ -117,11 +116,11 @@ pub(crate) fn arith_req(
     delta: u64,
     initial: u64,
     expiry_raw: u32,
-) -> ArithmeticRequest {
-    let key = Bytes::copy_from_slice(key.as_bytes());
+) -> ArithmeticRequest<'_> {
+    let key = key.as_bytes();
     ArithmeticRequest {
         op,
-        vbid: vb(&key),
+        vbid: vb(key),
         key,
         delta,
         initial,

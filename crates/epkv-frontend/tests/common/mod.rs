@@ -172,10 +172,10 @@ impl Engine for FakeEngine {
         }
     }
 
-    fn store(&self, req: StoreRequest) -> EngineResult<MutationInfo> {
-        self.check("store", req.vbid, &req.key)?;
+    fn store(&self, req: StoreRequest<'_>) -> EngineResult<MutationInfo> {
+        self.check("store", req.vbid, req.key)?;
         let mut items = self.items.lock();
-        let existing = items.get(&req.key[..]);
+        let existing = items.get(req.key);
         if let Some(it) = existing
             && let Some(lc) = it.locked_cas
             && lc != req.cas.0
@@ -192,16 +192,16 @@ impl Engine for FakeEngine {
             (StoreOp::Append | StoreOp::Prepend, None) => return Err(EngineStatus::NotStored),
             (_, Some(it)) if !cas_ok(it) => return Err(EngineStatus::KeyExists),
             (StoreOp::Append, Some(it)) => (
-                [&it.value[..], &req.value[..]].concat().into(),
+                Bytes::from([&it.value[..], req.value].concat()),
                 it.flags,
                 it.datatype,
             ),
             (StoreOp::Prepend, Some(it)) => (
-                [&req.value[..], &it.value[..]].concat().into(),
+                Bytes::from([req.value, &it.value[..]].concat()),
                 it.flags,
                 it.datatype,
             ),
-            _ => (req.value.clone(), req.flags, req.datatype),
+            _ => (Bytes::copy_from_slice(req.value), req.flags, req.datatype),
         };
         let cas = self.cas();
         let seqno = self.next_seqno.fetch_add(1, Ordering::Relaxed);
@@ -219,25 +219,25 @@ impl Engine for FakeEngine {
         Ok(self.info(cas, seqno))
     }
 
-    fn remove(&self, req: RemoveRequest) -> EngineResult<MutationInfo> {
-        self.check("remove", req.vbid, &req.key)?;
+    fn remove(&self, req: RemoveRequest<'_>) -> EngineResult<MutationInfo> {
+        self.check("remove", req.vbid, req.key)?;
         let mut items = self.items.lock();
-        let it = items.get(&req.key[..]).ok_or(EngineStatus::KeyNotFound)?;
+        let it = items.get(req.key).ok_or(EngineStatus::KeyNotFound)?;
         if it.locked_cas.is_some_and(|c| c != req.cas.0) {
             return Err(EngineStatus::Locked);
         }
         if !req.cas.is_any() && it.cas != req.cas.0 && it.locked_cas != Some(req.cas.0) {
             return Err(EngineStatus::KeyExists);
         }
-        items.remove(&req.key[..]);
+        items.remove(req.key);
         let seqno = self.next_seqno.fetch_add(1, Ordering::Relaxed);
         Ok(self.info(self.cas(), seqno))
     }
 
-    fn arithmetic(&self, req: ArithmeticRequest) -> EngineResult<(u64, MutationInfo)> {
-        self.check("arithmetic", req.vbid, &req.key)?;
+    fn arithmetic(&self, req: ArithmeticRequest<'_>) -> EngineResult<(u64, MutationInfo)> {
+        self.check("arithmetic", req.vbid, req.key)?;
         let mut items = self.items.lock();
-        let new = match items.get(&req.key[..]) {
+        let new = match items.get(req.key) {
             None if req.expiry_raw == u32::MAX => return Err(EngineStatus::KeyNotFound),
             None => req.initial,
             Some(it) => {
