@@ -315,8 +315,12 @@ impl Core {
     /// Executor nanoseconds of `at` (0 if before the epoch), below [`NEVER`].
     #[inline]
     pub(crate) fn to_ns(&self, at: Instant) -> u64 {
-        let n = at.saturating_duration_since(self.epoch).as_nanos();
-        u64::try_from(n).unwrap_or(u64::MAX).min(NEVER - 1)
+        // On every re-arm: u64 arithmetic rather than `as_nanos()`'s u128 multiply.
+        let d = at.saturating_duration_since(self.epoch);
+        d.as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(d.subsec_nanos()))
+            .min(NEVER - 1)
     }
 
     pub(crate) fn to_instant(&self, ns: u64) -> Instant {
