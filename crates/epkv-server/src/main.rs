@@ -19,6 +19,7 @@
 mod byte_size;
 mod rlimit;
 mod settings;
+mod thp;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -82,6 +83,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     let resolved = settings::resolve(&cli.settings, cli.config.as_deref())?;
     init_logging(&resolved)?;
+    thp::disable_for_process();
     let s = &resolved.settings;
 
     let threads = match s.threads {
