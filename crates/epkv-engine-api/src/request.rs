@@ -1,5 +1,6 @@
 //! Request types passed to [`crate::Engine`] methods.
 
+pub use epkv_types::{ArithmeticOp, StoreOp};
 use epkv_types::{Cas, Datatype, DurabilityLevel, Vbid};
 use std::time::Duration;
 
@@ -51,21 +52,6 @@ pub struct DurabilityRequirements {
     pub timeout: Option<Duration>,
 }
 
-/// The kind of store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreOp {
-    /// Store unconditionally (or if the CAS matches).
-    Set,
-    /// Store only if the key does not exist.
-    Add,
-    /// Store only if the key exists (and the CAS matches, if given).
-    Replace,
-    /// Append the value to the existing one; the key must exist.
-    Append,
-    /// Prepend the value to the existing one; the key must exist.
-    Prepend,
-}
-
 /// A SET / ADD / REPLACE / APPEND / PREPEND.
 ///
 /// Key and value are borrowed from the request packet: the engine copies them once, into
@@ -105,15 +91,6 @@ pub struct RemoveRequest<'a> {
     pub cas: Cas,
     /// Durability requirements, if this is a SyncWrite.
     pub durability: Option<DurabilityRequirements>,
-}
-
-/// Increment or decrement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ArithmeticOp {
-    /// Add the delta; wraps at 2^64 as memcached does.
-    Increment,
-    /// Subtract the delta; never goes below zero.
-    Decrement,
 }
 
 /// An INCREMENT / DECREMENT.

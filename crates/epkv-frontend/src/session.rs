@@ -10,8 +10,8 @@ use crate::status_map::engine_status_to_wire;
 use crate::timings;
 use bytes::BytesMut;
 use epkv_engine_api::{
-    ArithmeticOp, ArithmeticRequest, DurabilityRequirements, EngineStatus, Expiry, Item,
-    MutationInfo, RemoveRequest, StoreOp, StoreRequest,
+    ArithmeticRequest, DurabilityRequirements, EngineStatus, Expiry, Item, MutationInfo,
+    RemoveRequest, StoreRequest,
 };
 use epkv_protocol::{Command, DurabilityRequirement, Feature, Request, Status};
 use epkv_types::{Cas, Datatype, NUM_VBUCKETS, vbucket_for_key};
@@ -100,13 +100,6 @@ impl Session {
                 preserve_ttl,
                 quiet,
             } => {
-                let op = match op {
-                    epkv_protocol::StoreOp::Set => StoreOp::Set,
-                    epkv_protocol::StoreOp::Add => StoreOp::Add,
-                    epkv_protocol::StoreOp::Replace => StoreOp::Replace,
-                    epkv_protocol::StoreOp::Append => StoreOp::Append,
-                    epkv_protocol::StoreOp::Prepend => StoreOp::Prepend,
-                };
                 // Borrowed from the read buffer: the engine copies key and value once,
                 // into the item it stores.
                 let result = engine.store(StoreRequest {
@@ -157,10 +150,6 @@ impl Session {
                 quiet,
                 ..
             } => {
-                let op = match op {
-                    epkv_protocol::ArithmeticOp::Increment => ArithmeticOp::Increment,
-                    epkv_protocol::ArithmeticOp::Decrement => ArithmeticOp::Decrement,
-                };
                 let result = engine.arithmetic(ArithmeticRequest {
                     op,
                     vbid,

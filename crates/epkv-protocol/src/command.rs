@@ -12,31 +12,8 @@ use crate::hello_features::HelloFeatures;
 use crate::opcode::Opcode;
 use crate::request::Request;
 use crate::status::Status;
+pub use epkv_types::{ArithmeticOp, StoreOp};
 use epkv_types::{Cas, Datatype, MAX_KEY_LEN, VBucketState};
-
-/// Which store a [`Command::Store`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum StoreOp {
-    /// SET / SETQ: store unconditionally (or if the CAS matches).
-    Set,
-    /// ADD / ADDQ: store only if absent.
-    Add,
-    /// REPLACE / REPLACEQ: store only if present.
-    Replace,
-    /// APPEND / APPENDQ: append to the existing value.
-    Append,
-    /// PREPEND / PREPENDQ: prepend to the existing value.
-    Prepend,
-}
-
-/// Which way a [`Command::Arithmetic`] counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ArithmeticOp {
-    /// INCREMENT / INCREMENTQ.
-    Increment,
-    /// DECREMENT / DECREMENTQ.
-    Decrement,
-}
 
 /// A validated client command, borrowing its key and value from the request packet.
 ///
@@ -561,31 +538,6 @@ impl<'a> Command<'a> {
             | Command::GetLocked { key, .. }
             | Command::UnlockKey { key, .. } => Some(key),
             _ => None,
-        }
-    }
-}
-
-impl ArithmeticOp {
-    /// Returns the non-quiet opcode.
-    #[must_use]
-    pub fn opcode(self) -> Opcode {
-        match self {
-            ArithmeticOp::Increment => Opcode::Increment,
-            ArithmeticOp::Decrement => Opcode::Decrement,
-        }
-    }
-}
-
-impl StoreOp {
-    /// Returns the non-quiet opcode.
-    #[must_use]
-    pub fn opcode(self) -> Opcode {
-        match self {
-            StoreOp::Set => Opcode::Set,
-            StoreOp::Add => Opcode::Add,
-            StoreOp::Replace => Opcode::Replace,
-            StoreOp::Append => Opcode::Append,
-            StoreOp::Prepend => Opcode::Prepend,
         }
     }
 }

@@ -328,6 +328,50 @@ impl ResponseHeader {
     }
 }
 
+/// The four body sections of one packet, borrowed from the receive buffer.
+pub(crate) struct Sections<'a> {
+    pub(crate) framing_extras: &'a [u8],
+    pub(crate) extras: &'a [u8],
+    pub(crate) key: &'a [u8],
+    pub(crate) value: &'a [u8],
+}
+
+/// Returns the header bytes at the front of `buf`, or `Incomplete`.
+pub(crate) fn header_bytes(buf: &[u8]) -> Result<&[u8; HEADER_LEN], HeaderError> {
+    buf.first_chunk::<HEADER_LEN>()
+        .ok_or(HeaderError::Incomplete {
+            needed: HEADER_LEN as u64,
+            available: buf.len(),
+        })
+}
+
+/// Splits the body of the packet at the front of `buf` by section lengths a decoded
+/// (hence trusted: framing + extras + key <= body) header gave; `Incomplete` when `buf`
+/// is shorter than `packet_len`. Shared by request and response parsing.
+pub(crate) fn split_body(
+    buf: &[u8],
+    packet_len: usize,
+    framing_extras_len: u8,
+    extras_len: u8,
+    key_len: u16,
+) -> Result<Sections<'_>, HeaderError> {
+    let body = buf
+        .get(HEADER_LEN..packet_len)
+        .ok_or(HeaderError::Incomplete {
+            needed: packet_len as u64,
+            available: buf.len(),
+        })?;
+    let (framing_extras, rest) = body.split_at(usize::from(framing_extras_len));
+    let (extras, rest) = rest.split_at(usize::from(extras_len));
+    let (key, value) = rest.split_at(usize::from(key_len));
+    Ok(Sections {
+        framing_extras,
+        extras,
+        key,
+        value,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,9 +1,9 @@
 //! A parsed, borrowed view of one whole request packet.
 
 use crate::frame_info::RequestFrameInfo;
-use crate::header::RequestHeader;
+use crate::header::{RequestHeader, Sections, header_bytes, split_body};
 use crate::header_error::HeaderError;
-use crate::limits::{HEADER_LEN, Limits};
+use crate::limits::Limits;
 use crate::opcode::Opcode;
 use crate::status::Status;
 
@@ -32,23 +32,19 @@ impl<'a> Request<'a> {
     /// [`HeaderError`] when the header cannot be trusted under `limits`, or
     /// [`HeaderError::Incomplete`] when `buf` is shorter than the packet.
     pub fn parse(buf: &'a [u8], limits: &Limits) -> Result<Request<'a>, HeaderError> {
-        let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
-            return Err(HeaderError::Incomplete {
-                needed: HEADER_LEN as u64,
-                available: buf.len(),
-            });
-        };
-        let header = RequestHeader::decode(head, limits)?;
-        let Some(body) = buf.get(HEADER_LEN..header.packet_len()) else {
-            return Err(HeaderError::Incomplete {
-                needed: header.packet_len() as u64,
-                available: buf.len(),
-            });
-        };
-        // `RequestHeader::decode` checked framing + extras + key <= body length.
-        let (framing_extras, rest) = body.split_at(usize::from(header.framing_extras_len));
-        let (extras, rest) = rest.split_at(usize::from(header.extras_len));
-        let (key, value) = rest.split_at(usize::from(header.key_len));
+        let header = RequestHeader::decode(header_bytes(buf)?, limits)?;
+        let Sections {
+            framing_extras,
+            extras,
+            key,
+            value,
+        } = split_body(
+            buf,
+            header.packet_len(),
+            header.framing_extras_len,
+            header.extras_len,
+            header.key_len,
+        )?;
         Ok(Request {
             header,
             framing_extras,

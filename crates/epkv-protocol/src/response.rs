@@ -1,7 +1,7 @@
 //! Responses: a borrowed view that is both what the server encodes and what the client
 //! parses.
 
-use crate::header::{ResponseHeader, check_encodable};
+use crate::header::{ResponseHeader, Sections, check_encodable, header_bytes, split_body};
 use crate::header_error::{EncodeError, HeaderError};
 use crate::limits::{HEADER_LEN, Limits};
 use crate::magic::Magic;
@@ -184,23 +184,19 @@ impl<'a> Response<'a> {
     /// other than 0x81/0x18), or [`HeaderError::Incomplete`] when `buf` is shorter than
     /// the packet.
     pub fn parse(buf: &'a [u8], limits: &Limits) -> Result<Response<'a>, HeaderError> {
-        let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
-            return Err(HeaderError::Incomplete {
-                needed: HEADER_LEN as u64,
-                available: buf.len(),
-            });
-        };
-        let header = ResponseHeader::decode(head, limits)?;
-        let Some(body) = buf.get(HEADER_LEN..header.packet_len()) else {
-            return Err(HeaderError::Incomplete {
-                needed: header.packet_len() as u64,
-                available: buf.len(),
-            });
-        };
-        // `ResponseHeader::decode` checked framing + extras + key <= body length.
-        let (framing_extras, rest) = body.split_at(usize::from(header.framing_extras_len));
-        let (extras, rest) = rest.split_at(usize::from(header.extras_len));
-        let (key, value) = rest.split_at(usize::from(header.key_len));
+        let header = ResponseHeader::decode(header_bytes(buf)?, limits)?;
+        let Sections {
+            framing_extras,
+            extras,
+            key,
+            value,
+        } = split_body(
+            buf,
+            header.packet_len(),
+            header.framing_extras_len,
+            header.extras_len,
+            header.key_len,
+        )?;
         Ok(Response {
             opcode: header.opcode,
             status: header.status,

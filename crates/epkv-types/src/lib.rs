@@ -19,10 +19,12 @@
 
 mod datatype;
 mod ids;
+mod ops;
 mod vbucket_state;
 
 pub use datatype::Datatype;
 pub use ids::{Cas, Seqno, Vbid};
+pub use ops::{ArithmeticOp, StoreOp};
 pub use vbucket_state::{DurabilityLevel, VBucketState};
 
 /// Number of vBuckets in a bucket, as in KV-Engine's on-premises profile (`max_vbuckets`).
