@@ -210,6 +210,18 @@ impl Bucket {
             .map(|vb| vb.ordering_snapshot().0)
     }
 
+    /// Returns a snapshot of one vBucket's hash-table statistics (items, tombstones,
+    /// prepares, non-resident and dirty items, bytes, MFU histogram), or `None` for a
+    /// vbid outside the bucket. Every item also exposes its dirty bit and by-seqno
+    /// ([`epkv_hashtable::StoredValue::is_dirty`], `meta().by_seqno`), and
+    /// [`epkv_hashtable::Entry::mark_clean`] clears the bit once that version is persisted.
+    #[must_use]
+    pub fn hash_table_stats(&self, vbid: Vbid) -> Option<epkv_hashtable::TableStats> {
+        self.vbuckets
+            .get(usize::from(vbid.0))
+            .map(|vb| vb.table.stats())
+    }
+
     /// Returns true while the background expiry pager thread runs (it does not when the
     /// interval is zero, and stops at [`epkv_engine_api::Engine::shutdown`]).
     #[must_use]

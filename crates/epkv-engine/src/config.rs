@@ -31,8 +31,8 @@ pub struct BucketConfig {
     /// Bucket name, shown in stats and logs. Default `default`. 1..=100 characters from
     /// `A-Z a-z 0-9 _ . % -` (Couchbase's bucket-name rule).
     pub name: String,
-    /// Memory quota in bytes for item memory (key + value + a fixed per-item overhead; see
-    /// `epkv_hashtable::StoredValue::OVERHEAD_BYTES`). Default 1 GiB
+    /// Memory quota in bytes for item memory (the exact allocation sizes of each item; see
+    /// `epkv_hashtable::StoredValue::footprint`). Default 1 GiB
     /// ([`DEFAULT_MEMORY_QUOTA_BYTES`]); at least 1 MiB. Reported as `ep_max_size`.
     pub memory_quota_bytes: u64,
     /// High watermark, percent of the quota (1..=100, above the low watermark). Default 85.

@@ -36,6 +36,7 @@ impl Bucket {
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
             self.expire_on_access(vb, e, &now);
+            e.track_reference();
             let sv = e.get().ok_or(EngineStatus::KeyNotFound)?;
             // A locked document shows everyone a CAS that can never match.
             let cas = if locked(sv.meta(), &now) {

@@ -61,7 +61,7 @@ impl Bucket {
             "ep_mem_low_wat" => c.low_wat_bytes().to_string(),
             "ep_mem_high_wat_percent" => c.mem_high_wat_percent.to_string(),
             "ep_mem_low_wat_percent" => c.mem_low_wat_percent.to_string(),
-            "ep_item_overhead_bytes" => StoredValue::OVERHEAD_BYTES.to_string(),
+            "ep_item_overhead_bytes" => StoredValue::FIXED_BYTES.to_string(),
             "ep_tmp_oom_errors" => self.counters.get(Counter::TmpOomErrors).to_string(),
             "ep_max_item_size" => c.max_item_size_bytes.to_string(),
             "ep_flushall_enabled" => c.flush_enabled.to_string(),

@@ -654,3 +654,29 @@ fn majority_commits_at_once_and_persist_levels_are_invalid() {
     del.durability = durability(DurabilityLevel::Majority);
     f.bucket.remove(del).unwrap();
 }
+
+// ---------------------------------------------------------------- hash-table state
+
+#[test]
+fn writes_are_dirty_with_their_seqno_and_gets_feed_the_mfu_histogram() {
+    let f = Fixture::new();
+    let info = must_set(&f.bucket, "hot", "v");
+    let stats = f.bucket.hash_table_stats(vb(b"hot")).unwrap();
+    assert_eq!((stats.items, stats.dirty, stats.prepared), (1, 1, 0));
+    assert_eq!(stats.mfu_histogram.iter().sum::<u64>(), 1);
+    let start = stats.mfu_percentile(50.0).unwrap();
+    for _ in 0..200 {
+        must_get(&f.bucket, "hot");
+    }
+    let after = f.bucket.hash_table_stats(vb(b"hot")).unwrap();
+    assert!(
+        after.mfu_percentile(50.0).unwrap() > start,
+        "GETs bump the MFU counter"
+    );
+    assert!(info.seqno.0 > 0);
+    assert!(
+        f.bucket
+            .hash_table_stats(epkv_types::Vbid(u16::MAX))
+            .is_none()
+    );
+}

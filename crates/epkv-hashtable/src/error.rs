@@ -14,9 +14,15 @@ pub enum Error {
         /// The tracker's limit.
         limit: usize,
     },
-    /// [`crate::Entry::insert`] was given an item whose key is not the entry's key.
+    /// An [`crate::Entry`] was given an item whose key is not the entry's key.
     #[error("the stored value's key does not match the entry's key")]
     KeyMismatch,
+    /// A committed item was given where a prepare belongs, or the other way round.
+    #[error("the stored value's committed state does not fit this slot")]
+    WrongState,
+    /// The operation needs a version of the key that is not there.
+    #[error("no such version of the key")]
+    NotFound,
     /// A table needs at least one lock stripe.
     #[error("invalid stripe count {0}: a table needs at least one stripe")]
     InvalidStripeCount(usize),

@@ -1,71 +1,113 @@
-//! [`HashTable`], a lock-striped concurrent map from key to [`StoredValue`], and [`Entry`],
-//! the handle through which one key is read and changed atomically.
+//! [`HashTable`]: a lock-striped concurrent map from key to a committed and a prepared
+//! [`StoredValue`]; [`Entry`], the handle through which one key is read and changed
+//! atomically; the `find_for_*` lookups.
 //!
-//! The table is an array of stripes; each stripe is a `parking_lot::Mutex` over a
-//! `hashbrown::HashTable<StoredValue>` (open addressing, SwissTable). A key's 64-bit
-//! foldhash picks the stripe from bits 20..52 and hashbrown uses the low bits for the slot
-//! and the top 7 bits for its tag byte, so the three uses do not correlate. This is the
-//! structure of KV-Engine's `HashTable` (`ht_locks` mutexes over hash buckets) with the
-//! chained buckets replaced by per-stripe SwissTables that grow independently, so no
-//! whole-table resize exists.
+//! The table is an array of stripes; each stripe is a `parking_lot::Mutex` over two
+//! `hashbrown::HashTable<Box<StoredValue>>` (open addressing, SwissTable): one for the
+//! committed versions, one for the prepared versions (empty, and unallocated, unless
+//! SyncWrites are in flight, so a lookup without prepares never probes it). A key's 64-bit
+//! foldhash picks the stripe from bits 20..52; hashbrown uses the low bits for the slot
+//! and the top 7 bits for its tag byte, so the three uses do not correlate.
+//!
+//! Each stripe grows (doubling) and shrinks (to twice its items once it is a quarter
+//! full) on its own, under its own lock: a resize stops only that stripe's keys, for as
+//! long as it takes to rehash that stripe.
 
-use crate::{Error, ItemMeta, MemoryTracker, Result, StoredValue};
+use crate::mfu;
+use crate::stats::{MfuHistogram, Props, StripeCounts, TableStats};
+use crate::{CommittedState, Error, ItemMeta, MemoryTracker, Result, StoredValue};
 use foldhash::fast::RandomState;
 use parking_lot::Mutex;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-type RawTable = hashbrown::HashTable<StoredValue>;
+pub(crate) type Slot = Box<StoredValue>;
+pub(crate) type RawTable = hashbrown::HashTable<Slot>;
 
-/// One lock stripe, aligned to 128 bytes so neighbouring stripes' mutexes never share a
-/// cache line (nor the adjacent line the x86 spatial prefetcher pulls in).
+/// Stripes whose committed table has at most this many buckets are never shrunk.
+const MIN_SHRINK_BUCKETS: usize = 64;
+
+/// Whether a read counts as a reference for the MFU counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrackReference {
+    /// Bump the item's MFU counter (a client read).
+    Yes,
+    /// Leave it (internal reads: stats, pagers, tests).
+    No,
+}
+
+/// Whether a lookup returns tombstones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WantsDeleted {
+    /// Return a deleted (tombstone) committed version too.
+    Yes,
+    /// Treat a tombstone as absent.
+    No,
+}
+
+/// The contents of one stripe, behind its lock.
+#[derive(Default)]
+pub(crate) struct Inner {
+    pub(crate) committed: RawTable,
+    pub(crate) prepared: RawTable,
+    pub(crate) mfu: MfuHistogram,
+}
+
+impl Inner {
+    fn table_bytes(&self) -> usize {
+        fn one(t: &RawTable) -> usize {
+            let n = t.num_buckets();
+            if n == 0 {
+                0
+            } else {
+                // One slot (a pointer) and one control byte per bucket, plus a group of
+                // trailing control bytes.
+                n * (std::mem::size_of::<Slot>() + 1) + 16
+            }
+        }
+        one(&self.committed) + one(&self.prepared) + self.mfu.heap_bytes()
+    }
+}
+
+/// One lock stripe, aligned to 128 bytes so neighbouring stripes' locks and counters
+/// never share a cache line (nor the adjacent line the x86 spatial prefetcher pulls in).
 #[repr(align(128))]
-struct Stripe {
-    map: Mutex<RawTable>,
+pub(crate) struct Stripe {
+    pub(crate) inner: Mutex<Inner>,
+    pub(crate) counts: StripeCounts,
 }
 
 /// State shared by every stripe of one table.
-struct Shared {
+pub(crate) struct Shared {
     /// Random seed per table: a client cannot pick keys that collide on every server.
     build: RandomState,
-    /// Items in this table. Updated under the owning stripe's lock; read without locks.
-    items: AtomicUsize,
-    /// Bytes charged by this table's items. Same protection as `items`.
-    mem_used: AtomicUsize,
-    /// The bucket-wide tracker every charge also goes to.
-    tracker: Arc<MemoryTracker>,
+    /// The bucket-wide tracker every item's footprint is charged to.
+    pub(crate) tracker: Arc<MemoryTracker>,
 }
 
 impl Shared {
-    fn hash(&self, key: &[u8]) -> u64 {
+    #[inline]
+    pub(crate) fn hash(&self, key: &[u8]) -> u64 {
         self.build.hash_one(key)
     }
 
-    fn charge(&self, bytes: usize) -> Result<()> {
-        self.tracker.try_charge(bytes)?;
-        self.mem_used.fetch_add(bytes, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn release(&self, bytes: usize) {
-        self.tracker.release(bytes);
-        self.mem_used.fetch_sub(bytes, Ordering::Relaxed);
-    }
-
-    fn account_removed(&self, sv: &StoredValue) {
-        self.release(sv.footprint());
-        self.items.fetch_sub(1, Ordering::Relaxed);
+    /// Charges or releases the difference between two footprints.
+    pub(crate) fn recharge(&self, old: usize, new: usize) -> Result<()> {
+        if new > old {
+            self.tracker.try_charge(new - old)
+        } else {
+            self.tracker.release(old - new);
+            Ok(())
+        }
     }
 }
 
-/// A concurrent map from key to [`StoredValue`] with lock striping and memory accounting.
+/// A concurrent map from key to a committed and a prepared [`StoredValue`], with lock
+/// striping, incremental statistics and memory accounting.
 ///
-/// All access to an item happens under its stripe's mutex, through
-/// [`HashTable::with_entry`] (check-and-modify of one key) or a visitor
-/// ([`HashTable::retain`], [`HashTable::for_each`]), which lock one stripe at a time.
-/// Item count and charged bytes are kept per table and, for bytes, in the shared
-/// [`MemoryTracker`] too, which can refuse growth.
+/// All access to an item happens under its stripe's mutex: through the `find_for_*`
+/// lookups, through [`HashTable::with_entry`] (check-and-modify of one key), or through
+/// the visitor ([`HashTable::visit`] and its wrappers), which locks one stripe at a time.
 pub struct HashTable {
     stripes: Box<[Stripe]>,
     shared: Shared,
@@ -92,15 +134,14 @@ impl HashTable {
         }
         let stripes = (0..num_stripes)
             .map(|_| Stripe {
-                map: Mutex::new(RawTable::new()),
+                inner: Mutex::new(Inner::default()),
+                counts: StripeCounts::default(),
             })
             .collect();
         Ok(Self {
             stripes,
             shared: Shared {
                 build: RandomState::default(),
-                items: AtomicUsize::new(0),
-                mem_used: AtomicUsize::new(0),
                 tracker,
             },
         })
@@ -120,22 +161,36 @@ impl HashTable {
         self.stripes.len()
     }
 
-    /// Returns the number of items (a snapshot; concurrent writers may change it at once).
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.shared.items.load(Ordering::Relaxed)
+    fn sum(&self, f: impl Fn(&StripeCounts) -> &std::sync::atomic::AtomicUsize) -> usize {
+        self.stripes
+            .iter()
+            .map(|s| f(&s.counts).load(std::sync::atomic::Ordering::Relaxed))
+            .fold(0usize, usize::wrapping_add)
     }
 
-    /// Returns true when the table holds no items.
+    /// Returns the number of live committed items (a snapshot; concurrent writers may
+    /// change it at once). Tombstones and prepares are not counted.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.sum(|c| &c.items)
+    }
+
+    /// Returns true when the table holds no live committed item.
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Returns the bytes charged by this table's items.
+    /// Returns the number of prepared SyncWrites in the table.
+    #[must_use]
+    pub fn num_prepared(&self) -> usize {
+        self.sum(|c| &c.prepared)
+    }
+
+    /// Returns the bytes charged by this table's items (committed and prepared).
     #[must_use]
     pub fn mem_used(&self) -> usize {
-        self.shared.mem_used.load(Ordering::Relaxed)
+        self.sum(|c| &c.mem)
     }
 
     /// Returns the memory tracker this table charges.
@@ -144,101 +199,327 @@ impl HashTable {
         &self.shared.tracker
     }
 
-    fn stripe_for(&self, hash: u64) -> &Stripe {
-        // Multiply-shift range reduction over bits 20..52 of the hash.
-        let bits = (hash >> 20) & 0xffff_ffff;
-        let n = self.stripes.len() as u64;
-        // `bits * n >> 32 < n`, so the index is in range and fits usize.
-        let idx = ((bits * n) >> 32) as usize;
-        &self.stripes[idx]
+    /// Returns a snapshot of the statistics (locks each stripe briefly for the table's
+    /// array sizes and MFU histogram).
+    #[must_use]
+    pub fn stats(&self) -> TableStats {
+        let mut hist = Box::new([0u64; 256]);
+        let mut table_bytes = std::mem::size_of_val::<[Stripe]>(&self.stripes);
+        for s in &self.stripes {
+            let inner = s.inner.lock();
+            table_bytes += inner.table_bytes();
+            inner.mfu.add_to(&mut hist);
+        }
+        TableStats {
+            items: self.len(),
+            deleted: self.sum(|c| &c.deleted),
+            prepared: self.num_prepared(),
+            non_resident: self.sum(|c| &c.non_resident),
+            dirty: self.sum(|c| &c.dirty),
+            mem_bytes: self.mem_used(),
+            table_bytes,
+            resizes: self.sum(|c| &c.resizes),
+            mfu_histogram: hist,
+        }
     }
 
-    /// Locks `key`'s stripe and runs `f` on the key's [`Entry`]; whatever `f` reads and
-    /// changes through the entry happens atomically with respect to every other access to
-    /// the key. Keep `f` short: it blocks every key of the stripe.
+    #[inline]
+    fn stripe_index(&self, hash: u64) -> usize {
+        // Multiply-shift range reduction over bits 20..52 of the hash: `bits * n >> 32 < n`.
+        let bits = (hash >> 20) & 0xffff_ffff;
+        ((bits * self.stripes.len() as u64) >> 32) as usize
+    }
+
+    pub(crate) fn stripes(&self) -> &[Stripe] {
+        &self.stripes
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Locks `key`'s stripe and runs `f` on the key's [`Entry`] (committed and prepared
+    /// versions); whatever `f` reads and changes through the entry happens atomically
+    /// with respect to every other access to the key. Keep `f` short: it blocks every key
+    /// of the stripe. This is KV-Engine's `findForUpdate`.
     pub fn with_entry<R>(&self, key: &[u8], f: impl FnOnce(&mut Entry<'_>) -> R) -> R {
         let hash = self.shared.hash(key);
-        let mut table = self.stripe_for(hash).map.lock();
-        let index = table.find_bucket_index(hash, |sv| sv.key() == key);
+        let stripe = &self.stripes[self.stripe_index(hash)];
+        let mut inner = stripe.inner.lock();
+        let buckets = inner.committed.num_buckets() + inner.prepared.num_buckets();
+        let committed = inner
+            .committed
+            .find_bucket_index(hash, |sv| sv.key() == key);
+        let prepared = if inner.prepared.is_empty() {
+            None
+        } else {
+            inner.prepared.find_bucket_index(hash, |sv| sv.key() == key)
+        };
         let mut entry = Entry {
-            table: &mut table,
+            inner: &mut inner,
+            counts: &stripe.counts,
             shared: &self.shared,
             hash,
             key,
-            index,
+            committed,
+            prepared,
+            shrink: false,
         };
-        f(&mut entry)
+        let r = f(&mut entry);
+        let shrink = entry.shrink;
+        if shrink {
+            shrink_if_sparse(&mut inner, &self.shared);
+        }
+        if inner.committed.num_buckets() + inner.prepared.num_buckets() != buckets {
+            stripe.counts.count_resize();
+        }
+        r
     }
 
-    /// Returns a copy of the item stored under `key` (cheap: key and value are shared).
+    /// Same as [`Self::with_entry`] (KV-Engine's name).
+    pub fn find_for_update<R>(&self, key: &[u8], f: impl FnOnce(&mut Entry<'_>) -> R) -> R {
+        self.with_entry(key, f)
+    }
+
+    /// Looks `key` up for a client read and runs `f` on what a reader may see: the
+    /// committed version (a tombstone only with [`WantsDeleted::Yes`]), or, when the key
+    /// has a [`CommittedState::PreparedMaybeVisible`] prepare, that prepare (the caller
+    /// must refuse the read until it completes). A pending prepare is invisible. With
+    /// [`TrackReference::Yes`] a live committed item's MFU counter is bumped.
+    pub fn find_for_read<R>(
+        &self,
+        key: &[u8],
+        track: TrackReference,
+        wants_deleted: WantsDeleted,
+        f: impl FnOnce(&StoredValue) -> R,
+    ) -> Option<R> {
+        let hash = self.shared.hash(key);
+        let stripe = &self.stripes[self.stripe_index(hash)];
+        let mut guard = stripe.inner.lock();
+        let inner = &mut *guard;
+        if !inner.prepared.is_empty()
+            && let Some(p) = inner.prepared.find(hash, |sv| sv.key() == key)
+            && p.committed_state() == CommittedState::PreparedMaybeVisible
+        {
+            return Some(f(p));
+        }
+        let sv = inner.committed.find_mut(hash, |sv| sv.key() == key)?;
+        if sv.is_deleted() {
+            return (wants_deleted == WantsDeleted::Yes).then(|| f(sv));
+        }
+        if track == TrackReference::Yes {
+            bump_mfu(sv, &mut inner.mfu);
+        }
+        Some(f(sv))
+    }
+
+    /// Looks `key` up for a write and runs `f` on the version a write must build on: the
+    /// in-flight prepare if there is one, else the committed version (tombstones
+    /// included). No MFU bump.
+    pub fn find_for_write<R>(&self, key: &[u8], f: impl FnOnce(&StoredValue) -> R) -> Option<R> {
+        let hash = self.shared.hash(key);
+        let stripe = &self.stripes[self.stripe_index(hash)];
+        let inner = stripe.inner.lock();
+        if !inner.prepared.is_empty()
+            && let Some(p) = inner.prepared.find(hash, |sv| sv.key() == key)
+            && p.committed_state().is_in_flight()
+        {
+            return Some(f(p));
+        }
+        inner
+            .committed
+            .find(hash, |sv| sv.key() == key)
+            .map(|sv| f(sv))
+    }
+
+    /// Returns a copy of the live committed item stored under `key` (cheap: the value is
+    /// shared). No MFU bump.
     #[must_use]
     pub fn get(&self, key: &[u8]) -> Option<StoredValue> {
         self.with_entry(key, |e| e.get().cloned())
     }
 
-    /// Stores `sv` under its key, returning the item it replaced.
+    /// Returns a copy of the prepared version of `key`, if any.
+    #[must_use]
+    pub fn get_prepared(&self, key: &[u8]) -> Option<StoredValue> {
+        self.with_entry(key, |e| e.prepared().cloned())
+    }
+
+    /// Stores `sv` under its key (as the committed or the prepared version, by its
+    /// state), returning the version it replaced.
     ///
     /// # Errors
     /// [`Error::QuotaExceeded`] when the tracker refuses the extra bytes; the table is
     /// unchanged.
     pub fn insert(&self, sv: StoredValue) -> Result<Option<StoredValue>> {
-        // A copy, not `key_bytes`: slicing the item's buffer would make `Bytes` allocate
-        // its shared header for the item's whole life.
-        let key = sv.key().to_vec();
-        self.with_entry(&key, |e| e.insert(sv))
+        let key = KeyBuf::new(sv.key());
+        self.with_entry(key.as_slice(), |e| {
+            if sv.is_prepared() {
+                e.insert_prepared(sv)
+            } else {
+                e.insert(sv)
+            }
+        })
     }
 
-    /// Removes and returns the item stored under `key`.
+    /// Replaces the committed version of `sv`'s key, only if there is a live one.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] without a live committed version; [`Error::WrongState`] for a
+    /// prepare; [`Error::QuotaExceeded`] as for [`Self::insert`].
+    pub fn replace(&self, sv: StoredValue) -> Result<StoredValue> {
+        let key = KeyBuf::new(sv.key());
+        self.with_entry(key.as_slice(), |e| {
+            if e.get().is_none() {
+                return Err(Error::NotFound);
+            }
+            e.insert(sv)?.ok_or(Error::NotFound)
+        })
+    }
+
+    /// Removes and returns the committed version of `key` (live or tombstone).
     pub fn remove(&self, key: &[u8]) -> Option<StoredValue> {
         self.with_entry(key, |e| e.remove())
     }
 
-    /// Visits every item, one stripe at a time, and removes those for which `keep` returns
-    /// false; returns how many were removed.
-    ///
-    /// `keep` runs under the stripe's lock (so it may act atomically on the item it is
-    /// shown), but no lock is held between stripes: items written concurrently may or may
-    /// not be visited.
+    /// Visits every committed item, one stripe at a time, and removes those for which
+    /// `keep` returns false; returns how many were removed. No lock is held between
+    /// stripes: items written concurrently may or may not be visited.
     pub fn retain(&self, mut keep: impl FnMut(&StoredValue) -> bool) -> usize {
         let mut removed = 0;
-        for stripe in &self.stripes {
-            let mut table = stripe.map.lock();
-            table.retain(|sv| {
-                let k = keep(sv);
-                if !k {
-                    self.shared.account_removed(sv);
-                    removed += 1;
-                }
-                k
-            });
-        }
+        self.visit(crate::Position::START, |item| {
+            if item.item().is_some_and(|sv| !keep(sv)) {
+                item.remove();
+                removed += 1;
+            }
+            crate::Visit::Continue
+        });
         removed
     }
 
-    /// Calls `f` on every item, one stripe at a time, holding only that stripe's lock.
+    /// Calls `f` on every committed item, one stripe at a time, holding only that
+    /// stripe's lock.
     pub fn for_each(&self, mut f: impl FnMut(&StoredValue)) {
-        for stripe in &self.stripes {
-            let table = stripe.map.lock();
-            table.iter().for_each(&mut f);
+        self.visit(crate::Position::START, |item| {
+            if let Some(sv) = item.item() {
+                f(sv);
+            }
+            crate::Visit::Continue
+        });
+    }
+
+    /// Calls `f` on every prepared version, one stripe at a time.
+    pub fn for_each_prepared(&self, mut f: impl FnMut(&StoredValue)) {
+        for s in self.stripes.iter() {
+            let inner = s.inner.lock();
+            inner.prepared.iter().for_each(|sv| f(sv));
         }
     }
 
-    /// Removes every item, one stripe at a time; returns how many were removed.
+    /// Removes every item, committed and prepared, one stripe at a time; returns how many
+    /// committed items (live or tombstones) were removed.
     pub fn clear(&self) -> usize {
-        self.retain(|_| false)
+        let mut removed = 0;
+        for s in self.stripes.iter() {
+            let mut inner = s.inner.lock();
+            let inner = &mut *inner;
+            for sv in inner.committed.drain().chain(inner.prepared.drain()) {
+                let p = Props::of(&sv);
+                self.shared.tracker.release(p.footprint());
+                s.counts.apply(Some(&p), None);
+                inner.mfu.apply(p.evictable_mfu, None);
+                if sv.is_committed() {
+                    removed += 1;
+                }
+            }
+            let before = inner.committed.num_buckets() + inner.prepared.num_buckets();
+            inner
+                .committed
+                .shrink_to(0, |sv| self.shared.hash(sv.key()));
+            inner.prepared.shrink_to(0, |sv| self.shared.hash(sv.key()));
+            if before != 0 {
+                s.counts.count_resize();
+            }
+        }
+        removed
     }
 }
 
-/// The slot of one key inside a locked stripe: present or absent, readable and changeable
-/// while [`HashTable::with_entry`]'s closure runs.
+/// A key copied to the stack (or, when long, the heap) so an item can be moved into the
+/// table while its key is still being looked up.
+struct KeyBuf {
+    len: usize,
+    inline: [u8; 32],
+    heap: Vec<u8>,
+}
+
+impl KeyBuf {
+    fn new(key: &[u8]) -> Self {
+        let mut inline = [0u8; 32];
+        if let Some(dst) = inline.get_mut(..key.len()) {
+            dst.copy_from_slice(key);
+            Self {
+                len: key.len(),
+                inline,
+                heap: Vec::new(),
+            }
+        } else {
+            Self {
+                len: key.len(),
+                inline,
+                heap: key.to_vec(),
+            }
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        if self.heap.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+}
+
+/// Bumps a live resident item's MFU counter probabilistically, moving it in the
+/// histogram.
+#[inline]
+pub(crate) fn bump_mfu(sv: &mut StoredValue, hist: &mut MfuHistogram) {
+    let c = sv.mfu();
+    let n = mfu::next_on_access(c);
+    if n != c {
+        sv.set_mfu(n);
+        if sv.is_resident() && sv.is_committed() && !sv.is_deleted() {
+            hist.apply(Some(c), Some(n));
+        }
+    }
+}
+
+/// Shrinks a stripe's tables that are under a quarter full to about half full.
+pub(crate) fn shrink_if_sparse(inner: &mut Inner, shared: &Shared) {
+    for t in [&mut inner.committed, &mut inner.prepared] {
+        let buckets = t.num_buckets();
+        if buckets > MIN_SHRINK_BUCKETS && t.len() * 4 < buckets {
+            t.shrink_to(t.len() * 2, |sv| shared.hash(sv.key()));
+        }
+    }
+}
+
+/// The committed and prepared versions of one key inside a locked stripe, readable and
+/// changeable while [`HashTable::with_entry`]'s closure runs. Every change keeps the
+/// statistics and the memory accounting exact.
 pub struct Entry<'a> {
-    table: &'a mut RawTable,
+    inner: &'a mut Inner,
+    counts: &'a StripeCounts,
     shared: &'a Shared,
     hash: u64,
     key: &'a [u8],
-    /// Bucket index of the key's item; valid because nothing else can touch the stripe
-    /// while the entry exists, and refreshed by every insert and remove.
-    index: Option<usize>,
+    /// Bucket indices of the key's versions; valid because nothing else can touch the
+    /// stripe while the entry exists, refreshed by every insert and remove, and never
+    /// invalidated by a shrink (which waits until the closure has returned).
+    committed: Option<usize>,
+    prepared: Option<usize>,
+    shrink: bool,
 }
 
 impl Entry<'_> {
@@ -248,188 +529,242 @@ impl Entry<'_> {
         self.key
     }
 
-    /// Returns the item, if the key is present.
+    /// Returns the live committed version (not a tombstone), if any.
     #[must_use]
     pub fn get(&self) -> Option<&StoredValue> {
-        self.index.and_then(|i| self.table.get_bucket(i))
+        self.committed().filter(|sv| !sv.is_deleted())
     }
 
-    /// Returns the item's metadata for in-place change, if the key is present. Key and
-    /// value cannot change this way; use [`Entry::insert`].
+    /// Returns the committed version, tombstone included, if any.
+    #[must_use]
+    pub fn committed(&self) -> Option<&StoredValue> {
+        self.committed
+            .and_then(|i| self.inner.committed.get_bucket(i))
+            .map(|b| &**b)
+    }
+
+    /// Returns the prepared version, if any.
+    #[must_use]
+    pub fn prepared(&self) -> Option<&StoredValue> {
+        self.prepared
+            .and_then(|i| self.inner.prepared.get_bucket(i))
+            .map(|b| &**b)
+    }
+
+    /// KV-Engine's `selectSVToModify`: for a durable write the prepare if there is one,
+    /// else the committed version; for a plain write the prepare only while it is in
+    /// flight.
+    #[must_use]
+    pub fn select_to_modify(&self, durable: bool) -> Option<&StoredValue> {
+        match self.prepared() {
+            Some(p) if durable || p.committed_state().is_in_flight() => Some(p),
+            _ => self.committed(),
+        }
+    }
+
+    fn committed_mut(&mut self) -> Option<&mut StoredValue> {
+        self.committed
+            .and_then(|i| self.inner.committed.get_bucket_mut(i))
+            .map(|b| &mut **b)
+    }
+
+    /// Returns the committed version's metadata for in-place change (tombstones
+    /// included). Key, value and state cannot change this way.
     pub fn meta_mut(&mut self) -> Option<&mut ItemMeta> {
-        self.index
-            .and_then(|i| self.table.get_bucket_mut(i))
-            .map(StoredValue::meta_mut)
+        self.committed_mut().map(StoredValue::meta_mut)
     }
 
-    /// Stores `sv` (whose key must be this entry's key), returning the item it replaced.
+    /// Returns the prepared version's metadata for in-place change.
+    pub fn prepared_meta_mut(&mut self) -> Option<&mut ItemMeta> {
+        self.prepared
+            .and_then(|i| self.inner.prepared.get_bucket_mut(i))
+            .map(|b| b.meta_mut())
+    }
+
+    /// Counts a client reference to the live committed version (MFU bump).
+    pub fn track_reference(&mut self) {
+        let Some(i) = self.committed else { return };
+        if let Some(sv) = self.inner.committed.get_bucket_mut(i)
+            && !sv.is_deleted()
+        {
+            bump_mfu(sv, &mut self.inner.mfu);
+        }
+    }
+
+    /// Stores `sv` as the committed version, returning the one it replaced. An existing
+    /// version is overwritten in place (same allocation) and its MFU counter carries over
+    /// with one access added, as in KV-Engine.
     ///
     /// # Errors
-    /// [`Error::KeyMismatch`] for an item with another key; [`Error::QuotaExceeded`] when
-    /// the memory tracker refuses the extra bytes. Either way nothing changes.
+    /// [`Error::KeyMismatch`] for an item with another key; [`Error::WrongState`] for a
+    /// prepare; [`Error::QuotaExceeded`] when the memory tracker refuses the extra bytes.
+    /// Either way nothing changes.
     pub fn insert(&mut self, sv: StoredValue) -> Result<Option<StoredValue>> {
         if sv.key() != self.key {
             return Err(Error::KeyMismatch);
         }
-        let new_fp = sv.footprint();
-        let shared = self.shared;
-        if let Some(slot) = self.index.and_then(|i| self.table.get_bucket_mut(i)) {
-            let old_fp = slot.footprint();
-            if new_fp >= old_fp {
-                shared.charge(new_fp - old_fp)?;
-            } else {
-                shared.release(old_fp - new_fp);
-            }
-            return Ok(Some(std::mem::replace(slot, sv)));
+        if !sv.is_committed() {
+            return Err(Error::WrongState);
         }
-        shared.charge(new_fp)?;
-        let occupied = self
-            .table
-            .insert_unique(self.hash, sv, |v| shared.hash(v.key()));
-        self.index = Some(occupied.bucket_index());
-        shared.items.fetch_add(1, Ordering::Relaxed);
-        Ok(None)
+        let shared = self.shared;
+        let counts = self.counts;
+        let inner = &mut *self.inner;
+        insert_into(
+            &mut inner.committed,
+            &mut inner.mfu,
+            &mut self.committed,
+            counts,
+            shared,
+            self.hash,
+            sv,
+        )
     }
 
-    /// Removes and returns the item, if present.
+    /// Stores `sv` (a prepare) as the prepared version, returning the one it replaced.
+    ///
+    /// # Errors
+    /// As [`Self::insert`]; [`Error::WrongState`] for a committed item.
+    pub fn insert_prepared(&mut self, sv: StoredValue) -> Result<Option<StoredValue>> {
+        if sv.key() != self.key {
+            return Err(Error::KeyMismatch);
+        }
+        if !sv.is_prepared() {
+            return Err(Error::WrongState);
+        }
+        let shared = self.shared;
+        let counts = self.counts;
+        let inner = &mut *self.inner;
+        insert_into(
+            &mut inner.prepared,
+            &mut inner.mfu,
+            &mut self.prepared,
+            counts,
+            shared,
+            self.hash,
+            sv,
+        )
+    }
+
+    /// Removes and returns the committed version (live or tombstone), if any.
     pub fn remove(&mut self) -> Option<StoredValue> {
-        let index = self.index.take()?;
-        let (sv, _) = self.table.get_bucket_entry(index).ok()?.remove();
-        self.shared.account_removed(&sv);
-        Some(sv)
+        let index = self.committed.take()?;
+        let (sv, _) = self.inner.committed.get_bucket_entry(index).ok()?.remove();
+        let p = Props::of(&sv);
+        self.shared.tracker.release(p.footprint());
+        self.counts.apply(Some(&p), None);
+        self.inner.mfu.apply(p.evictable_mfu, None);
+        self.shrink = true;
+        Some(*sv)
+    }
+
+    /// Removes and returns the prepared version (an abort, or the end of a completed
+    /// prepare), if any.
+    pub fn remove_prepared(&mut self) -> Option<StoredValue> {
+        let index = self.prepared.take()?;
+        let (sv, _) = self.inner.prepared.get_bucket_entry(index).ok()?.remove();
+        let p = Props::of(&sv);
+        self.shared.tracker.release(p.footprint());
+        self.counts.apply(Some(&p), None);
+        self.shrink = true;
+        Some(*sv)
+    }
+
+    /// Commits the prepared version: it becomes the committed version (state
+    /// [`CommittedState::CommittedViaPrepare`], metadata `meta`, with the seqno and CAS the
+    /// caller assigned to the commit), replacing any committed version, and the prepare
+    /// is gone. Returns the committed version it replaced.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when there is no prepare; [`Error::QuotaExceeded`] as for
+    /// [`Self::insert`] (nothing changes).
+    pub fn commit_prepared(&mut self, meta: ItemMeta) -> Result<Option<StoredValue>> {
+        let committed = self
+            .prepared()
+            .ok_or(Error::NotFound)?
+            .clone()
+            .with_state(CommittedState::CommittedViaPrepare)
+            .with_meta(meta);
+        let old = self.insert(committed)?;
+        self.remove_prepared();
+        Ok(old)
+    }
+
+    /// Marks the committed version clean if it is still the version with `by_seqno`
+    /// (the flusher persisted it); returns whether it did.
+    pub fn mark_clean(&mut self, by_seqno: epkv_types::Seqno) -> bool {
+        let counts = self.counts;
+        match self.committed_mut() {
+            Some(sv) if sv.meta().by_seqno == by_seqno && sv.is_dirty() => {
+                let before = Props::of(sv);
+                sv.set_dirty(false);
+                counts.apply(Some(&before), Some(&Props::of(sv)));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Evicts the committed version's value if it is live, clean and resident (value
+    /// eviction); returns whether it did. The metadata stays.
+    pub fn evict_value(&mut self) -> bool {
+        let counts = self.counts;
+        let shared = self.shared;
+        let Some(i) = self.committed else {
+            return false;
+        };
+        let inner = &mut *self.inner;
+        let Some(sv) = inner.committed.get_bucket_mut(i) else {
+            return false;
+        };
+        evict(sv, counts, shared, &mut inner.mfu)
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use epkv_types::Cas;
-
-    fn sv(key: &str, value: &str, cas: u64) -> StoredValue {
-        StoredValue::new(
-            key.as_bytes(),
-            value.as_bytes(),
-            ItemMeta {
-                cas: Cas(cas),
-                ..ItemMeta::default()
-            },
-        )
-        .unwrap()
+/// Evicts a live, clean, resident committed item's value.
+pub(crate) fn evict(
+    sv: &mut StoredValue,
+    counts: &StripeCounts,
+    shared: &Shared,
+    hist: &mut MfuHistogram,
+) -> bool {
+    if !sv.is_committed() || sv.is_deleted() || sv.is_dirty() || !sv.is_resident() {
+        return false;
     }
+    let before = Props::of(sv);
+    sv.eject_value();
+    let after = Props::of(sv);
+    shared
+        .tracker
+        .release(before.footprint() - after.footprint());
+    counts.apply(Some(&before), Some(&after));
+    hist.apply(before.evictable_mfu, after.evictable_mfu);
+    true
+}
 
-    #[test]
-    fn zero_stripes_is_rejected() {
-        assert_eq!(
-            HashTable::unlimited(0).unwrap_err(),
-            Error::InvalidStripeCount(0)
-        );
+/// Inserts or overwrites one version in `table` at `index`, keeping the accounting.
+fn insert_into(
+    table: &mut RawTable,
+    hist: &mut MfuHistogram,
+    index: &mut Option<usize>,
+    counts: &StripeCounts,
+    shared: &Shared,
+    hash: u64,
+    mut sv: StoredValue,
+) -> Result<Option<StoredValue>> {
+    if let Some(slot) = index.and_then(|i| table.get_bucket_mut(i)) {
+        sv.set_mfu(mfu::next_on_access(slot.mfu()));
+        let before = Props::of(slot);
+        let after = Props::of(&sv);
+        shared.recharge(before.footprint(), after.footprint())?;
+        counts.apply(Some(&before), Some(&after));
+        hist.apply(before.evictable_mfu, after.evictable_mfu);
+        return Ok(Some(std::mem::replace(&mut **slot, sv)));
     }
-
-    #[test]
-    fn insert_get_replace_remove_keep_counts() {
-        let t = HashTable::unlimited(4).unwrap();
-        assert!(t.is_empty());
-        assert_eq!(t.insert(sv("a", "1", 1)).unwrap(), None);
-        assert_eq!(t.len(), 1);
-        assert_eq!(t.mem_used(), sv("a", "1", 1).footprint());
-        let old = t.insert(sv("a", "22", 2)).unwrap().unwrap();
-        assert_eq!(old.value(), b"1");
-        assert_eq!(t.len(), 1);
-        assert_eq!(t.mem_used(), sv("a", "22", 2).footprint());
-        assert_eq!(t.get(b"a").unwrap().meta().cas, Cas(2));
-        assert_eq!(t.remove(b"a").unwrap().value(), b"22");
-        assert_eq!(t.remove(b"a"), None);
-        assert_eq!(t.len(), 0);
-        assert_eq!(t.mem_used(), 0);
-        assert_eq!(t.tracker().used(), 0);
-    }
-
-    #[test]
-    fn entry_insert_then_remove_within_one_closure() {
-        let t = HashTable::unlimited(1).unwrap();
-        t.with_entry(b"k", |e| {
-            assert!(e.get().is_none());
-            e.insert(sv("k", "v", 1)).unwrap();
-            assert_eq!(e.get().unwrap().value(), b"v");
-            e.meta_mut().unwrap().flags = 9;
-            assert_eq!(e.get().unwrap().meta().flags, 9);
-            assert!(e.remove().is_some());
-            assert!(e.get().is_none());
-            assert!(e.meta_mut().is_none());
-        });
-        assert!(t.is_empty());
-        assert_eq!(t.mem_used(), 0);
-    }
-
-    #[test]
-    fn entry_refuses_a_foreign_key() {
-        let t = HashTable::unlimited(2).unwrap();
-        let r = t.with_entry(b"k", |e| e.insert(sv("other", "v", 1)));
-        assert_eq!(r, Err(Error::KeyMismatch));
-        assert!(t.is_empty());
-    }
-
-    #[test]
-    fn quota_refuses_growth_but_allows_shrink_and_leaves_old_item() {
-        let one = sv("k", "v", 1).footprint();
-        let tracker = Arc::new(MemoryTracker::new(one + 2));
-        let t = HashTable::new(2, tracker.clone()).unwrap();
-        t.insert(sv("k", "v", 1)).unwrap();
-        // Growing by 3 bytes is more than the 2 left.
-        assert!(matches!(
-            t.insert(sv("k", "vvvv", 2)),
-            Err(Error::QuotaExceeded { needed: 3, .. })
-        ));
-        assert_eq!(t.get(b"k").unwrap().value(), b"v");
-        assert!(t.insert(sv("x", "v", 1)).is_err());
-        assert_eq!(t.len(), 1);
-        t.insert(sv("k", "", 3)).unwrap();
-        assert_eq!(tracker.used(), one - 1);
-    }
-
-    #[test]
-    fn tables_sharing_a_tracker_add_up() {
-        let tracker = Arc::new(MemoryTracker::unlimited());
-        let a = HashTable::new(2, tracker.clone()).unwrap();
-        let b = HashTable::new(3, tracker.clone()).unwrap();
-        a.insert(sv("a", "1", 1)).unwrap();
-        b.insert(sv("b", "22", 1)).unwrap();
-        assert_eq!(tracker.used(), a.mem_used() + b.mem_used());
-        a.clear();
-        assert_eq!(tracker.used(), b.mem_used());
-    }
-
-    #[test]
-    fn retain_removes_rejected_items_and_accounts_them() {
-        let t = HashTable::unlimited(8).unwrap();
-        for i in 0..100u64 {
-            t.insert(sv(&format!("k{i}"), "v", i)).unwrap();
-        }
-        let removed = t.retain(|sv| sv.meta().cas.0 % 2 == 0);
-        assert_eq!(removed, 50);
-        assert_eq!(t.len(), 50);
-        let mut seen = 0;
-        t.for_each(|sv| {
-            assert_eq!(sv.meta().cas.0 % 2, 0);
-            seen += 1;
-        });
-        assert_eq!(seen, 50);
-        assert_eq!(t.mem_used(), 50 * sv("k10", "v", 0).footprint() - 5);
-        assert_eq!(t.clear(), 50);
-        assert_eq!(t.mem_used(), 0);
-    }
-
-    #[test]
-    fn many_keys_survive_growth_of_every_stripe() {
-        let t = HashTable::unlimited(3).unwrap();
-        for i in 0..5_000u32 {
-            t.insert(sv(&i.to_string(), &i.to_string(), u64::from(i)))
-                .unwrap();
-        }
-        for i in 0..5_000u32 {
-            let got = t.get(i.to_string().as_bytes()).unwrap();
-            assert_eq!(got.value(), i.to_string().as_bytes());
-        }
-        assert_eq!(t.len(), 5_000);
-    }
+    let after = Props::of(&sv);
+    shared.tracker.try_charge(after.footprint())?;
+    counts.apply(None, Some(&after));
+    hist.apply(None, after.evictable_mfu);
+    let occupied = table.insert_unique(hash, Box::new(sv), |v| shared.hash(v.key()));
+    *index = Some(occupied.bucket_index());
+    Ok(None)
 }

@@ -1,14 +1,16 @@
-//! [`StoredValue`] and its mutable metadata, [`ItemMeta`].
+//! [`StoredValue`], its document metadata [`ItemMeta`], and its [`CommittedState`].
 
+use crate::mfu;
 use crate::{Error, Result};
 use bytes::Bytes;
 use epkv_types::{Cas, Datatype, Seqno};
 
-/// The metadata of a stored item: everything except its key and value.
+/// The document metadata of a stored item: what a client can see of it besides key and
+/// value.
 ///
 /// It can be changed in place through [`crate::Entry::meta_mut`] because none of it affects
-/// where the item lives in the table or how much memory it is charged for. 40 bytes (the
-/// compiler orders the fields; 3 bytes of tail padding).
+/// where the item lives, how much memory it is charged for, or the table's statistics.
+/// 40 bytes (37 used).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ItemMeta {
     /// The item's CAS. While a GET_LOCKED lock holds, this is the lock's CAS (GET_LOCKED
@@ -48,37 +50,188 @@ impl ItemMeta {
     }
 }
 
-/// One document in the table: key, value and metadata.
+/// Where an item stands in the SyncWrite life cycle (KV-Engine's `CommittedState`).
 ///
-/// Key and value live in ONE reference-counted buffer, `[key_len: u8] ++ key ++ value`,
-/// so storing an item costs one allocation and a table slot holds one [`Bytes`] (72 bytes
-/// per slot in all). Keys are therefore at most [`Self::MAX_KEY_LEN`] bytes (the protocol
-/// allows 250).
+/// A key has at most one *committed* version (the first two states) and at most one
+/// *prepared* version (the other four) in the table at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u8)]
+pub enum CommittedState {
+    /// Written by a plain (non-durable) mutation.
+    #[default]
+    CommittedViaMutation = 0,
+    /// Written by committing a prepared SyncWrite.
+    CommittedViaPrepare = 1,
+    /// A prepared SyncWrite waiting for its durability requirements; invisible to reads.
+    Pending = 2,
+    /// A prepare loaded by warmup or kept over a promotion whose outcome is unknown: it
+    /// may already have been acknowledged elsewhere, so it blocks every read of the key
+    /// until it is completed.
+    PreparedMaybeVisible = 3,
+    /// A prepare that was aborted (kept only where completed prepares are retained).
+    PrepareAborted = 4,
+    /// A prepare that was committed (kept only where completed prepares are retained).
+    PrepareCommitted = 5,
+}
+
+impl CommittedState {
+    /// True for the committed versions (via mutation or via prepare).
+    #[must_use]
+    pub fn is_committed(self) -> bool {
+        matches!(self, Self::CommittedViaMutation | Self::CommittedViaPrepare)
+    }
+
+    /// True for the four prepare states.
+    #[must_use]
+    pub fn is_prepared(self) -> bool {
+        !self.is_committed()
+    }
+
+    /// True for a prepare that is still in flight (pending or maybe-visible).
+    #[must_use]
+    pub fn is_in_flight(self) -> bool {
+        matches!(self, Self::Pending | Self::PreparedMaybeVisible)
+    }
+
+    /// True for a prepare that was committed or aborted.
+    #[must_use]
+    pub fn is_completed(self) -> bool {
+        matches!(self, Self::PrepareAborted | Self::PrepareCommitted)
+    }
+}
+
+/// Keys up to this length live inside the [`StoredValue`]; longer ones get their own
+/// allocation of exactly their length.
+pub(crate) const INLINE_KEY_LEN: usize = 22;
+
+/// A key, inline when short (no allocation), boxed when long. 24 bytes.
+#[derive(Clone)]
+enum Key {
+    Inline { len: u8, buf: [u8; INLINE_KEY_LEN] },
+    Heap(Box<[u8]>),
+}
+
+impl Key {
+    fn new(key: &[u8]) -> Self {
+        if key.len() <= INLINE_KEY_LEN {
+            let mut buf = [0u8; INLINE_KEY_LEN];
+            buf[..key.len()].copy_from_slice(key);
+            // Fits: len <= 22.
+            Self::Inline {
+                len: key.len() as u8,
+                buf,
+            }
+        } else {
+            Self::Heap(key.into())
+        }
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, buf } => &buf[..usize::from(*len)],
+            Self::Heap(b) => b,
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Self::Inline { .. } => 0,
+            Self::Heap(b) => b.len(),
+        }
+    }
+}
+
+/// Bits of [`StoredValue::bits`].
+const DELETED: u8 = 1;
+const DIRTY: u8 = 2;
+const RESIDENT: u8 = 4;
+
+/// One version of a document in the table: key, value (absent once evicted), metadata,
+/// life-cycle state, deleted/dirty/resident bits and the MFU frequency counter.
 ///
-/// The key and value are immutable once built: a new value means a new `StoredValue`
-/// passed to [`crate::Entry::insert`], which is how the table keeps its memory accounting
-/// exact. Cloning is cheap (the buffer is shared), and so are [`Self::key_bytes`] and
-/// [`Self::value_bytes`] (slices of the same buffer).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// # Memory layout (what [`Self::footprint`] counts, exactly)
+/// - the `StoredValue` itself, 104 bytes, in its own allocation (the table's slot holds a
+///   pointer to it);
+/// - keys longer than 22 bytes: one more allocation of exactly the key's length (shorter
+///   keys live inside the `StoredValue`);
+/// - a non-empty resident value: one allocation of exactly its length plus the 24-byte
+///   shared header of [`Bytes`] (allocated when the item is built, so that readers share
+///   the value without copying it).
+///
+/// These are the sizes requested from the allocator; its size-class rounding comes on
+/// top and is not counted (documented in `docs/hashtable.md`). The table's slot arrays
+/// are counted separately ([`crate::TableStats::table_bytes`]).
+///
+/// The key is immutable; the value is replaced only through the table
+/// ([`crate::Entry::insert`], eviction) so the accounting stays exact.
+#[derive(Clone)]
 pub struct StoredValue {
-    /// `[key_len: u8] ++ key ++ value`.
-    data: Bytes,
+    /// `None` when evicted (non-resident) or when the item has no value.
+    value: Option<Bytes>,
     meta: ItemMeta,
+    key: Key,
+    state: CommittedState,
+    bits: u8,
+    mfu: u8,
+}
+
+impl std::fmt::Debug for StoredValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredValue")
+            .field("key", &String::from_utf8_lossy(self.key()))
+            .field("value_len", &self.value_len())
+            .field("meta", &self.meta)
+            .field("state", &self.state)
+            .field("deleted", &self.is_deleted())
+            .field("dirty", &self.is_dirty())
+            .field("resident", &self.is_resident())
+            .field("mfu", &self.mfu)
+            .finish()
+    }
+}
+
+impl PartialEq for StoredValue {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+            && self.value.as_deref() == other.value.as_deref()
+            && self.meta == other.meta
+            && self.state == other.state
+            && self.bits == other.bits
+            && self.mfu == other.mfu
+    }
+}
+
+impl Eq for StoredValue {}
+
+/// Bytes of the shared header [`Bytes`] allocates to share an owned buffer: a buffer
+/// pointer, a capacity and a reference count.
+pub(crate) const BYTES_SHARED_HEADER: usize = 3 * std::mem::size_of::<usize>();
+
+/// Builds a value buffer of exactly `len` bytes, already in its shared form.
+fn value_buffer(parts: &[&[u8]], len: usize) -> Option<Bytes> {
+    if len == 0 {
+        return None;
+    }
+    let mut buf = Vec::with_capacity(len);
+    for p in parts {
+        buf.extend_from_slice(p);
+    }
+    let bytes = Bytes::from(buf);
+    // The first clone moves the buffer into `Bytes`' shared form (allocating its header);
+    // doing it now rather than on the first read keeps the footprint constant.
+    drop(bytes.clone());
+    Some(bytes)
 }
 
 impl StoredValue {
-    /// The longest key an item can have.
+    /// The longest key an item can have (the protocol's limit is 250).
     pub const MAX_KEY_LEN: usize = u8::MAX as usize;
 
-    /// Fixed bytes charged per item on top of its key and value: the `StoredValue` itself
-    /// (its table slot), hashbrown's one control byte per slot, the key-length byte at the
-    /// start of the buffer, and an allowance of 48 bytes for the one buffer's allocator
-    /// rounding and the 24-byte shared header `Bytes` allocates when the buffer is first
-    /// sliced or cloned (a read). An estimate, not a measurement; it only has to be stable
-    /// so that accounting adds up.
-    pub const OVERHEAD_BYTES: usize = std::mem::size_of::<StoredValue>() + 1 + 1 + 48;
+    /// Size of the `StoredValue` allocation every item has.
+    pub const FIXED_BYTES: usize = std::mem::size_of::<StoredValue>();
 
-    /// Creates an item with the given metadata, copying key and value into one buffer.
+    /// Creates a committed, dirty, resident item, copying key and value.
     ///
     /// # Errors
     /// [`Error::KeyTooLong`] for a key longer than [`Self::MAX_KEY_LEN`].
@@ -92,62 +245,39 @@ impl StoredValue {
     /// # Errors
     /// [`Error::KeyTooLong`] for a key longer than [`Self::MAX_KEY_LEN`].
     pub fn with_value_parts(key: &[u8], parts: &[&[u8]], meta: ItemMeta) -> Result<Self> {
-        let key_len = u8::try_from(key.len()).map_err(|_| Error::KeyTooLong(key.len()))?;
-        let value_len = parts
+        if key.len() > Self::MAX_KEY_LEN {
+            return Err(Error::KeyTooLong(key.len()));
+        }
+        let len = parts
             .iter()
             .map(|p| p.len())
             .fold(0usize, usize::saturating_add);
-        let mut buf =
-            Vec::with_capacity(1usize.saturating_add(key.len()).saturating_add(value_len));
-        buf.push(key_len);
-        buf.extend_from_slice(key);
-        for p in parts {
-            buf.extend_from_slice(p);
-        }
         Ok(Self {
-            data: Bytes::from(buf),
+            value: value_buffer(parts, len),
             meta,
+            key: Key::new(key),
+            state: CommittedState::CommittedViaMutation,
+            bits: DIRTY | RESIDENT,
+            mfu: mfu::INITIAL,
         })
     }
 
-    fn value_start(&self) -> usize {
-        1 + usize::from(self.data.first().copied().unwrap_or(0))
+    /// Creates a committed tombstone (a deleted document) with no value.
+    ///
+    /// # Errors
+    /// [`Error::KeyTooLong`] for a key longer than [`Self::MAX_KEY_LEN`].
+    pub fn new_deleted(key: &[u8], meta: ItemMeta) -> Result<Self> {
+        let mut sv = Self::new(key, &[], meta)?;
+        sv.bits |= DELETED;
+        Ok(sv)
     }
 
-    /// Returns the key.
+    /// Returns the same item in another life-cycle state (for example
+    /// [`CommittedState::Pending`] to build a prepare).
     #[must_use]
-    pub fn key(&self) -> &[u8] {
-        self.data.get(1..self.value_start()).unwrap_or_default()
-    }
-
-    /// Returns the key as a shared [`Bytes`] (no copy).
-    #[must_use]
-    pub fn key_bytes(&self) -> Bytes {
-        self.data.slice(1..self.value_start())
-    }
-
-    /// Returns the value.
-    #[must_use]
-    pub fn value(&self) -> &[u8] {
-        self.data.get(self.value_start()..).unwrap_or_default()
-    }
-
-    /// Returns the value as a shared [`Bytes`] (no copy).
-    #[must_use]
-    pub fn value_bytes(&self) -> Bytes {
-        self.data.slice(self.value_start()..)
-    }
-
-    /// Returns the value's length in bytes.
-    #[must_use]
-    pub fn value_len(&self) -> usize {
-        self.data.len().saturating_sub(self.value_start())
-    }
-
-    /// Returns the metadata.
-    #[must_use]
-    pub fn meta(&self) -> &ItemMeta {
-        &self.meta
+    pub fn with_state(mut self, state: CommittedState) -> Self {
+        self.state = state;
+        self
     }
 
     /// Returns the same key and value with other metadata.
@@ -157,22 +287,141 @@ impl StoredValue {
         self
     }
 
-    /// Returns the bytes this item is charged for: key + value + [`Self::OVERHEAD_BYTES`].
+    /// Returns the same item marked deleted (or not). A deleted item keeps any value it
+    /// has (KV-Engine keeps system xattrs this way).
     #[must_use]
-    pub fn footprint(&self) -> usize {
-        Self::footprint_for(self.key().len(), self.value_len())
+    pub fn with_deleted(mut self, deleted: bool) -> Self {
+        if deleted {
+            self.bits |= DELETED;
+        } else {
+            self.bits &= !DELETED;
+        }
+        self
     }
 
-    /// Returns the footprint an item with these key and value lengths would have.
+    /// Returns the key.
+    #[inline]
+    #[must_use]
+    pub fn key(&self) -> &[u8] {
+        self.key.as_slice()
+    }
+
+    /// Returns a copy of the key as [`Bytes`].
+    #[must_use]
+    pub fn key_bytes(&self) -> Bytes {
+        Bytes::copy_from_slice(self.key())
+    }
+
+    /// Returns the value; empty when the item has none or it was evicted.
+    #[must_use]
+    pub fn value(&self) -> &[u8] {
+        self.value.as_deref().unwrap_or_default()
+    }
+
+    /// Returns the value as a shared [`Bytes`] (no copy); empty when there is none.
+    #[must_use]
+    pub fn value_bytes(&self) -> Bytes {
+        self.value.clone().unwrap_or_default()
+    }
+
+    /// Returns the value's length in bytes (0 when evicted).
+    #[must_use]
+    pub fn value_len(&self) -> usize {
+        self.value.as_ref().map_or(0, Bytes::len)
+    }
+
+    /// Returns the metadata.
+    #[must_use]
+    pub fn meta(&self) -> &ItemMeta {
+        &self.meta
+    }
+
+    /// Returns the life-cycle state.
+    #[must_use]
+    pub fn committed_state(&self) -> CommittedState {
+        self.state
+    }
+
+    /// True for a committed version (not a prepare).
+    #[must_use]
+    pub fn is_committed(&self) -> bool {
+        self.state.is_committed()
+    }
+
+    /// True for a prepare (in flight or completed).
+    #[must_use]
+    pub fn is_prepared(&self) -> bool {
+        self.state.is_prepared()
+    }
+
+    /// True for a tombstone.
+    #[must_use]
+    pub fn is_deleted(&self) -> bool {
+        self.bits & DELETED != 0
+    }
+
+    /// True until the item is marked clean (persisted).
+    #[must_use]
+    pub fn is_dirty(&self) -> bool {
+        self.bits & DIRTY != 0
+    }
+
+    /// False once the value has been evicted from memory.
+    #[must_use]
+    pub fn is_resident(&self) -> bool {
+        self.bits & RESIDENT != 0
+    }
+
+    /// The 8-bit MFU (most frequently used) counter.
+    #[must_use]
+    pub fn mfu(&self) -> u8 {
+        self.mfu
+    }
+
+    /// Returns the bytes this item is charged for (see the type's docs).
+    #[must_use]
+    pub fn footprint(&self) -> usize {
+        let value = match &self.value {
+            Some(v) if !v.is_empty() => v.len() + BYTES_SHARED_HEADER,
+            _ => 0,
+        };
+        Self::FIXED_BYTES + self.key.heap_bytes() + value
+    }
+
+    /// Returns the footprint a resident item with these key and value lengths would have.
     #[must_use]
     pub fn footprint_for(key_len: usize, value_len: usize) -> usize {
-        key_len
-            .saturating_add(value_len)
-            .saturating_add(Self::OVERHEAD_BYTES)
+        let key = if key_len > INLINE_KEY_LEN { key_len } else { 0 };
+        let value = if value_len == 0 {
+            0
+        } else {
+            value_len.saturating_add(BYTES_SHARED_HEADER)
+        };
+        Self::FIXED_BYTES.saturating_add(key).saturating_add(value)
     }
+
+    // ---- crate-internal mutators (the table keeps its statistics around these) ----
 
     pub(crate) fn meta_mut(&mut self) -> &mut ItemMeta {
         &mut self.meta
+    }
+
+    pub(crate) fn set_mfu(&mut self, mfu: u8) {
+        self.mfu = mfu;
+    }
+
+    pub(crate) fn set_dirty(&mut self, dirty: bool) {
+        if dirty {
+            self.bits |= DIRTY;
+        } else {
+            self.bits &= !DIRTY;
+        }
+    }
+
+    /// Drops the value and marks the item non-resident.
+    pub(crate) fn eject_value(&mut self) {
+        self.value = None;
+        self.bits &= !RESIDENT;
     }
 }
 
@@ -212,25 +461,46 @@ mod tests {
     }
 
     #[test]
-    fn footprint_counts_key_value_and_overhead() {
+    fn footprint_counts_fixed_key_and_value() {
         let sv = StoredValue::new(b"key", b"value", ItemMeta::default()).unwrap();
-        assert_eq!(sv.footprint(), 3 + 5 + StoredValue::OVERHEAD_BYTES);
+        assert_eq!(sv.footprint(), 104 + 5 + 24);
+        assert_eq!(sv.footprint(), StoredValue::footprint_for(3, 5));
+        let long = vec![b'k'; 30];
+        let sv = StoredValue::new(&long, b"", ItemMeta::default()).unwrap();
+        assert_eq!(sv.footprint(), 104 + 30);
+        assert_eq!(sv.footprint(), StoredValue::footprint_for(30, 0));
     }
 
     #[test]
-    fn key_and_value_share_one_buffer() {
-        let sv = StoredValue::new(b"key", b"value", ItemMeta::default()).unwrap();
-        assert_eq!(sv.key(), b"key");
-        assert_eq!(sv.value(), b"value");
-        assert_eq!(sv.value_len(), 5);
-        assert_eq!(sv.key_bytes().as_ref(), b"key");
-        assert_eq!(sv.value_bytes().as_ref(), b"value");
-        let empty = StoredValue::new(b"", b"", ItemMeta::default()).unwrap();
-        assert_eq!((empty.key(), empty.value()), (&b""[..], &b""[..]));
+    fn key_inline_and_heap_and_values() {
+        for len in [0, 1, 21, 22, 23, 200, 255] {
+            let key = vec![b'a' + (len % 26) as u8; len];
+            let sv = StoredValue::new(&key, b"value", ItemMeta::default()).unwrap();
+            assert_eq!(sv.key(), key.as_slice());
+            assert_eq!(sv.value(), b"value");
+            assert_eq!(sv.value_len(), 5);
+            assert_eq!(sv.key_bytes().as_ref(), key.as_slice());
+            assert_eq!(sv.value_bytes().as_ref(), b"value");
+        }
         let parts =
             StoredValue::with_value_parts(b"k", &[b"ab", b"", b"cd"], ItemMeta::default()).unwrap();
         assert_eq!(parts.value(), b"abcd");
-        assert_eq!(parts.key(), b"k");
+    }
+
+    #[test]
+    fn new_items_are_committed_dirty_resident_with_initial_mfu() {
+        let sv = StoredValue::new(b"k", b"v", ItemMeta::default()).unwrap();
+        assert_eq!(sv.committed_state(), CommittedState::CommittedViaMutation);
+        assert!(sv.is_committed() && sv.is_dirty() && sv.is_resident() && !sv.is_deleted());
+        assert_eq!(sv.mfu(), mfu::INITIAL);
+        let p = sv.clone().with_state(CommittedState::Pending);
+        assert!(p.is_prepared() && p.committed_state().is_in_flight());
+        let d = StoredValue::new_deleted(b"k", ItemMeta::default()).unwrap();
+        assert!(d.is_deleted() && d.value().is_empty());
+        let mut e = sv.clone();
+        e.eject_value();
+        assert!(!e.is_resident() && e.value().is_empty());
+        assert_eq!(e.footprint(), StoredValue::FIXED_BYTES);
     }
 
     #[test]
@@ -238,7 +508,6 @@ mod tests {
         let key = vec![b'k'; StoredValue::MAX_KEY_LEN];
         let sv = StoredValue::new(&key, b"v", ItemMeta::default()).unwrap();
         assert_eq!(sv.key(), key.as_slice());
-        assert_eq!(sv.value(), b"v");
         let long = vec![b'k'; StoredValue::MAX_KEY_LEN + 1];
         assert_eq!(
             StoredValue::new(&long, b"v", ItemMeta::default()),
@@ -249,6 +518,7 @@ mod tests {
     #[test]
     fn layout_sizes() {
         assert_eq!(std::mem::size_of::<ItemMeta>(), 40);
-        assert_eq!(std::mem::size_of::<StoredValue>(), 72);
+        assert_eq!(std::mem::size_of::<Key>(), 24);
+        assert_eq!(std::mem::size_of::<StoredValue>(), 104);
     }
 }

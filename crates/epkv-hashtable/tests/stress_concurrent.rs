@@ -144,3 +144,139 @@ fn concurrent_writers_never_exceed_the_limit() {
     assert!(tracker.used() <= limit);
     assert_eq!(tracker.used(), table.mem_used());
 }
+
+/// Writers commit and abort SyncWrites and churn plain writes while readers check what
+/// they may see and a paused-and-resumed visitor walks the table; afterwards the
+/// statistics equal a full scan.
+#[test]
+fn concurrent_sync_writes_keep_invariants() {
+    use epkv_hashtable::{CommittedState, Position, TrackReference, Visit, WantsDeleted};
+    let tracker = Arc::new(MemoryTracker::unlimited());
+    let table = Arc::new(HashTable::new(4, Arc::clone(&tracker)).unwrap());
+    let mut handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let table = Arc::clone(&table);
+            thread::spawn(move || {
+                for n in 0..OPS_PER_THREAD / 2 {
+                    let k = key((n * 5 + t) % KEYS);
+                    match (n + t) % 6 {
+                        0 => {
+                            let sv = StoredValue::new(&k, b"p", ItemMeta::default())
+                                .unwrap()
+                                .with_state(CommittedState::Pending);
+                            table.insert(sv).unwrap();
+                        }
+                        1 => {
+                            let _ =
+                                table.with_entry(&k, |e| e.commit_prepared(ItemMeta::default()));
+                        }
+                        2 => {
+                            table.with_entry(&k, |e| e.remove_prepared());
+                        }
+                        3 => {
+                            table
+                                .insert(StoredValue::new(&k, b"c", ItemMeta::default()).unwrap())
+                                .unwrap();
+                        }
+                        4 => {
+                            // A reader never sees a pending prepare.
+                            let v = table.find_for_read(
+                                &k,
+                                TrackReference::Yes,
+                                WantsDeleted::No,
+                                |sv| sv.is_committed(),
+                            );
+                            assert_ne!(v, Some(false));
+                        }
+                        _ => {
+                            table.with_entry(&k, |e| {
+                                assert!(e.committed().is_none_or(|c| c.is_committed()));
+                                assert!(e.prepared().is_none_or(|p| p.is_prepared()));
+                                if n % 12 == 5 {
+                                    e.remove();
+                                }
+                            });
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let visitor_table = Arc::clone(&table);
+    handles.push(thread::spawn(move || {
+        for _ in 0..50 {
+            let mut pos = Some(Position::START);
+            let mut n = 0;
+            while let Some(p) = pos {
+                pos = visitor_table.visit(p, |item| {
+                    assert!(item.item().unwrap().is_committed());
+                    n += 1;
+                    if n % 7 == 0 {
+                        Visit::Pause
+                    } else {
+                        Visit::Continue
+                    }
+                });
+            }
+        }
+    }));
+    for h in handles {
+        h.join().unwrap();
+    }
+    let s = table.stats();
+    let (mut items, mut bytes, mut hist) = (0, 0, [0u64; 256]);
+    table.for_each(|sv| {
+        items += 1;
+        bytes += sv.footprint();
+        hist[usize::from(sv.mfu())] += 1;
+    });
+    let mut prepared = 0;
+    table.for_each_prepared(|sv| {
+        prepared += 1;
+        bytes += sv.footprint();
+    });
+    assert_eq!((s.items, s.prepared, s.mem_bytes), (items, prepared, bytes));
+    assert_eq!(tracker.used(), bytes);
+    assert_eq!(*s.mfu_histogram, hist);
+}
+
+/// Stripes grow and shrink while other threads read and write: no key a thread owns is
+/// ever lost or duplicated.
+#[test]
+fn resize_under_concurrent_access_loses_nothing() {
+    let table = Arc::new(HashTable::unlimited(2).unwrap());
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let table = Arc::clone(&table);
+            thread::spawn(move || {
+                for round in 0..3 {
+                    // Fill far past the initial size (many growths), check, then empty
+                    // (shrinks), checking the keys that remain.
+                    for i in 0..4_000 {
+                        let k = format!("r-{t}-{i}").into_bytes();
+                        let sv = StoredValue::new(&k, b"v", ItemMeta::default()).unwrap();
+                        assert!(table.insert(sv).unwrap().is_none(), "round {round}");
+                    }
+                    for i in 0..4_000 {
+                        let k = format!("r-{t}-{i}").into_bytes();
+                        assert!(table.get(&k).is_some());
+                    }
+                    for i in 0..3_990 {
+                        let k = format!("r-{t}-{i}").into_bytes();
+                        assert!(table.remove(&k).is_some());
+                    }
+                    for i in 3_990..4_000 {
+                        let k = format!("r-{t}-{i}").into_bytes();
+                        assert!(table.remove(&k).is_some());
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let s = table.stats();
+    assert_eq!((s.items, s.mem_bytes), (0, 0));
+    assert!(s.resizes > 10, "{s:?}");
+}

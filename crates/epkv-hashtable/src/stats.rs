@@ -1,0 +1,203 @@
+//! Table statistics: per-stripe counters kept incrementally (KV-Engine's prologue /
+//! epilogue: every mutation subtracts the item's properties before and adds them after),
+//! and [`TableStats`], a snapshot summed over the stripes.
+
+use crate::StoredValue;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Counters of one stripe. Written only under the stripe's lock (a load and a store, no
+/// read-modify-write), read without it.
+#[derive(Debug, Default)]
+pub(crate) struct StripeCounts {
+    pub(crate) items: AtomicUsize,
+    pub(crate) deleted: AtomicUsize,
+    pub(crate) prepared: AtomicUsize,
+    pub(crate) non_resident: AtomicUsize,
+    pub(crate) dirty: AtomicUsize,
+    pub(crate) mem: AtomicUsize,
+    pub(crate) resizes: AtomicUsize,
+}
+
+#[inline]
+fn add(c: &AtomicUsize, d: usize) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(d), Ordering::Relaxed);
+}
+
+#[inline]
+fn sub(c: &AtomicUsize, d: usize) {
+    c.store(c.load(Ordering::Relaxed).wrapping_sub(d), Ordering::Relaxed);
+}
+
+/// The properties of one item that the statistics count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Props {
+    /// Committed and not deleted.
+    live: bool,
+    /// Committed tombstone.
+    deleted: bool,
+    prepared: bool,
+    /// Live but its value evicted.
+    non_resident: bool,
+    dirty: bool,
+    footprint: usize,
+    /// `Some(mfu)` when the item is in the MFU histogram (committed, live, resident).
+    pub(crate) evictable_mfu: Option<u8>,
+}
+
+impl Props {
+    pub(crate) fn of(sv: &StoredValue) -> Self {
+        let committed = sv.is_committed();
+        let live = committed && !sv.is_deleted();
+        Self {
+            live,
+            deleted: committed && sv.is_deleted(),
+            prepared: !committed,
+            non_resident: live && !sv.is_resident(),
+            dirty: sv.is_dirty(),
+            footprint: sv.footprint(),
+            evictable_mfu: (live && sv.is_resident()).then_some(sv.mfu()),
+        }
+    }
+
+    pub(crate) fn footprint(&self) -> usize {
+        self.footprint
+    }
+}
+
+impl StripeCounts {
+    /// Moves the counters from `before` to `after` (either may be absent: insert/remove).
+    pub(crate) fn apply(&self, before: Option<&Props>, after: Option<&Props>) {
+        if let Some(b) = before {
+            sub(&self.items, usize::from(b.live));
+            sub(&self.deleted, usize::from(b.deleted));
+            sub(&self.prepared, usize::from(b.prepared));
+            sub(&self.non_resident, usize::from(b.non_resident));
+            sub(&self.dirty, usize::from(b.dirty));
+            sub(&self.mem, b.footprint);
+        }
+        if let Some(a) = after {
+            add(&self.items, usize::from(a.live));
+            add(&self.deleted, usize::from(a.deleted));
+            add(&self.prepared, usize::from(a.prepared));
+            add(&self.non_resident, usize::from(a.non_resident));
+            add(&self.dirty, usize::from(a.dirty));
+            add(&self.mem, a.footprint);
+        }
+    }
+
+    pub(crate) fn count_resize(&self) {
+        add(&self.resizes, 1);
+    }
+}
+
+/// The MFU histogram of one stripe (allocated when the stripe first holds an item that
+/// belongs in it), protected by the stripe's lock.
+#[derive(Debug, Default)]
+pub(crate) struct MfuHistogram(Option<Box<[u32; 256]>>);
+
+impl MfuHistogram {
+    #[inline]
+    pub(crate) fn apply(&mut self, before: Option<u8>, after: Option<u8>) {
+        if before == after {
+            return;
+        }
+        let h = self.0.get_or_insert_with(|| Box::new([0; 256]));
+        if let Some(b) = before {
+            h[usize::from(b)] = h[usize::from(b)].wrapping_sub(1);
+        }
+        if let Some(a) = after {
+            h[usize::from(a)] = h[usize::from(a)].wrapping_add(1);
+        }
+    }
+
+    pub(crate) fn add_to(&self, out: &mut [u64; 256]) {
+        if let Some(h) = &self.0 {
+            for (o, v) in out.iter_mut().zip(h.iter()) {
+                *o += u64::from(*v);
+            }
+        }
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        if self.0.is_some() {
+            std::mem::size_of::<[u32; 256]>()
+        } else {
+            0
+        }
+    }
+}
+
+/// A snapshot of a table's statistics, summed over its stripes one stripe at a time
+/// (concurrent writers may make it slightly inconsistent across stripes, never within
+/// one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableStats {
+    /// Committed, non-deleted items.
+    pub items: usize,
+    /// Committed tombstones.
+    pub deleted: usize,
+    /// Prepared SyncWrites (in flight or completed).
+    pub prepared: usize,
+    /// Live items whose value has been evicted.
+    pub non_resident: usize,
+    /// Items (committed or prepared) not yet marked clean.
+    pub dirty: usize,
+    /// Bytes charged by the items ([`StoredValue::footprint`] summed).
+    pub mem_bytes: usize,
+    /// Bytes of the table's own arrays: slots (8 bytes), control bytes, stripes and MFU
+    /// histograms.
+    pub table_bytes: usize,
+    /// Resizes (growths and shrinks of one stripe) since the table was created.
+    pub resizes: usize,
+    /// Live resident committed items by MFU counter value.
+    pub mfu_histogram: Box<[u64; 256]>,
+}
+
+impl TableStats {
+    /// Fraction of live items whose value is resident (1.0 for an empty table).
+    #[must_use]
+    pub fn resident_ratio(&self) -> f64 {
+        if self.items == 0 {
+            return 1.0;
+        }
+        #[expect(clippy::cast_precision_loss, reason = "a ratio")]
+        let r = (self.items - self.non_resident) as f64 / self.items as f64;
+        r
+    }
+
+    /// Item and table bytes divided by live items (0 for an empty table).
+    #[must_use]
+    pub fn bytes_per_item(&self) -> f64 {
+        if self.items == 0 {
+            return 0.0;
+        }
+        #[expect(clippy::cast_precision_loss, reason = "a ratio")]
+        let r = (self.mem_bytes + self.table_bytes) as f64 / self.items as f64;
+        r
+    }
+
+    /// The MFU value at `percentile` (0-100) of the histogram, or `None` when it is empty.
+    #[must_use]
+    pub fn mfu_percentile(&self, percentile: f64) -> Option<u8> {
+        let total: u64 = self.mfu_histogram.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        #[expect(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a rank within u64"
+        )]
+        let rank = ((percentile.clamp(0.0, 100.0) / 100.0) * total as f64).ceil() as u64;
+        let rank = rank.max(1);
+        let mut seen = 0;
+        for (i, n) in self.mfu_histogram.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return u8::try_from(i).ok();
+            }
+        }
+        Some(u8::MAX)
+    }
+}
