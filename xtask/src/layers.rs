@@ -33,6 +33,8 @@ pub(crate) const RULES: &[(&str, Allowed)] = &[
     ("epkv-storage", Allowed::Only(&["epkv-types"])),
     ("epkv-hashtable", Allowed::Only(&["epkv-types"])),
     ("epkv-engine-api", Allowed::Only(&["epkv-types"])),
+    // SASL and users: pure logic over the credentials, no wire format, no engine.
+    ("epkv-auth", Allowed::Only(&["epkv-types"])),
     (
         "epkv-engine",
         Allowed::Only(&[
@@ -50,6 +52,7 @@ pub(crate) const RULES: &[(&str, Allowed)] = &[
             "epkv-protocol",
             "epkv-engine-api",
             "epkv-executor",
+            "epkv-auth",
         ]),
     ),
     (
