@@ -12,7 +12,8 @@ use std::path::PathBuf;
 pub enum AuthError {
     /// The client asked for a mechanism that is not in [`crate::MECHANISMS`].
     ///
-    /// Holds the requested name, cut to 32 printable ASCII characters.
+    /// Holds the requested name when it has the shape of a SASL mechanism name (RFC 4422:
+    /// up to 20 of `A-Z 0-9 - _`), else a placeholder.
     #[error("unknown sasl mechanism {0:?}")]
     UnknownMechanism(String),
     /// The client's message does not follow the mechanism's grammar, or arrived in the

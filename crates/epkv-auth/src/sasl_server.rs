@@ -58,6 +58,21 @@ impl std::fmt::Debug for SaslServer {
     }
 }
 
+/// Returns the requested mechanism name if it has the shape of one (RFC 4422 §3.1: 1 to
+/// 20 characters of `A-Z 0-9 - _`), else a placeholder: whatever a confused client put in
+/// the key must not reach the logs.
+fn loggable_mechanism_name(raw: &[u8]) -> String {
+    let shaped = (1..=20).contains(&raw.len())
+        && raw
+            .iter()
+            .all(|&b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if shaped {
+        String::from_utf8_lossy(raw).into_owned()
+    } else {
+        "(not a mechanism name)".to_owned()
+    }
+}
+
 impl SaslServer {
     /// Handles `SASL_AUTH` (0x21): `mechanism` is the request key, `client_data` its value.
     ///
@@ -92,21 +107,8 @@ impl SaslServer {
         client_data: &[u8],
         server_nonce: impl FnOnce() -> String,
     ) -> Result<(Self, SaslStep)> {
-        let mech = Mechanism::from_name(mechanism).ok_or_else(|| {
-            AuthError::UnknownMechanism(
-                mechanism
-                    .iter()
-                    .take(32)
-                    .map(|&b| {
-                        if b.is_ascii_graphic() {
-                            char::from(b)
-                        } else {
-                            '?'
-                        }
-                    })
-                    .collect(),
-            )
-        })?;
+        let mech = Mechanism::from_name(mechanism)
+            .ok_or_else(|| AuthError::UnknownMechanism(loggable_mechanism_name(mechanism)))?;
         match mech {
             Mechanism::Plain => {
                 let user = plain::authenticate(&users, client_data)?;
@@ -479,8 +481,13 @@ mod tests {
         let err = SaslServer::start(users.clone(), b"CRAM-MD5", b"").unwrap_err();
         assert!(matches!(&err, AuthError::UnknownMechanism(m) if m == "CRAM-MD5"));
         assert!(err.is_auth_failure());
-        let err = SaslServer::start(users, &[b'\n'; 100], b"").unwrap_err();
-        assert!(matches!(&err, AuthError::UnknownMechanism(m) if m == &"?".repeat(32)));
+        for odd in [&[b'\n'; 3][..], b"Password1", &[b'A'; 21]] {
+            let err = SaslServer::start(users.clone(), odd, b"").unwrap_err();
+            assert!(
+                matches!(&err, AuthError::UnknownMechanism(m) if m == "(not a mechanism name)"),
+                "{err:?}"
+            );
+        }
     }
 
     #[test]
