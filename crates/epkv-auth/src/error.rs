@@ -75,6 +75,16 @@ impl AuthError {
         )
     }
 
+    /// Returns the user name a failed attempt claimed, for logging (`None` for other
+    /// errors or when the message did not get that far).
+    #[must_use]
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            Self::Failed { user } => user.as_deref(),
+            _ => None,
+        }
+    }
+
     /// Returns a failure for `user` (convenience for the mechanisms).
     pub(crate) fn failed(user: &str) -> Self {
         Self::Failed {

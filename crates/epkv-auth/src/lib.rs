@@ -22,7 +22,7 @@
 //!   verified by deriving `StoredKey` from the offered password with the strongest stored
 //!   hash and comparing in constant time.
 //! - Server nonces come from the OS CSPRNG; the client nonce is treated as an opaque
-//!   printable string.
+//!   string up to the next `,` (the Couchbase C++ client sends spaces in it).
 //! - An unknown user gets a stable fake salt and the usual iteration count, so a SCRAM
 //!   exchange does not reveal whether the user exists; it fails at the final message.
 //! - [`UserStore`] has no interior mutability and no locks; share it as

@@ -444,7 +444,6 @@ mod tests {
             b"n,,r=abc",
             b"n,,n=user",
             b"n,,n=user,r=",
-            b"n,,n=user,r=a b",
             b"n,,m=ext,n=user,r=abc",
             b"n,,n=user,r=abc,bad",
             b"n,b=x,n=user,r=abc",
@@ -473,6 +472,25 @@ mod tests {
                 String::from_utf8_lossy(fin)
             );
         }
+    }
+
+    #[test]
+    fn client_nonce_is_opaque_up_to_the_next_comma() {
+        // The Couchbase C++ client (Python SDK) sends nonces like this one.
+        let users = rfc_store(ScramHash::Sha1, RFC5802_SALT);
+        let nonce = "0xffffff95 0xffffff8e 0x5d \t\u{7f}\u{e9}";
+        let first = format!("n,,n=user,r={nonce}");
+        let (mut server, step) =
+            SaslServer::start_with_nonce(users, b"SCRAM-SHA1", first.as_bytes(), "srv").unwrap();
+        let SaslStep::Continue(c) = step else {
+            panic!("expected a challenge")
+        };
+        assert!(c.starts_with(format!("r={nonce}srv,s=").as_bytes()));
+        let proof = B64.encode([0_u8; 20]);
+        must_fail(
+            server.step(format!("c=biws,r={nonce}srv,p={proof}").as_bytes()),
+            "user",
+        );
     }
 
     #[test]

@@ -133,6 +133,15 @@ fn store() -> Arc<UserStore> {
 }
 
 #[test]
+fn shared_types_are_send_and_sync() {
+    fn check<T: Send + Sync + 'static>() {}
+    check::<UserStore>();
+    check::<SaslServer>();
+    check::<AuthError>();
+    check::<SaslStep>();
+}
+
+#[test]
 fn list_mechs_names_every_mechanism_strongest_first() {
     assert_eq!(MECHANISMS, "SCRAM-SHA512 SCRAM-SHA256 SCRAM-SHA1 PLAIN");
 }
@@ -158,12 +167,13 @@ fn scram_round_trips_with_an_independent_client_for_every_hash() {
 }
 
 #[test]
-fn scram_accepts_any_printable_nonce_and_escaped_names() {
+fn scram_accepts_opaque_nonces_and_escaped_names() {
     let users = store();
     for nonce in [
         "x",
         "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0",
         "!~\"#$&'()*+-./:;<=>?@[\\]^_`{|}",
+        "0xffffff95 0xffffff8e 0x5d 0x7f",
         &"n".repeat(300),
     ] {
         let (_, verified) = scram_login(&users, SHA512, "we,ird=name", "päss wörd", nonce).unwrap();
@@ -176,6 +186,11 @@ fn scram_wrong_password_fails_with_the_user_named() {
     let users = store();
     let err = scram_login(&users, SHA512, "Administrator", "Password", "abc").unwrap_err();
     assert!(matches!(&err, AuthError::Failed { user: Some(u) } if u == "Administrator"));
+    assert_eq!(err.user(), Some("Administrator"));
+    assert_eq!(
+        err.to_string(),
+        "authentication failed for user <ud>Administrator</ud>"
+    );
     assert!(err.is_auth_failure());
     let err = scram_login(&users, SHA256, "nobody", "password", "abc").unwrap_err();
     assert!(matches!(&err, AuthError::Failed { user: Some(u) } if u == "nobody"));
