@@ -276,3 +276,36 @@ fn errors_never_contain_the_password() {
     let dbg = format!("{users:?}");
     assert!(dbg.contains("alice") && !dbg.contains("stored_key"));
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 64,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Any acceptable user name, any password and any comma-free nonce authenticate with
+    /// every mechanism, and the server signature always verifies.
+    #[test]
+    fn any_user_password_and_nonce_round_trip(
+        name in "[a-zA-Z0-9,=@. _-]{1,24}",
+        password in "\\PC{0,24}",
+        nonce in "[^,]{1,40}",
+        wrong in "\\PC{1,8}",
+    ) {
+        let mut s = UserStore::empty().with_iterations(2);
+        s.insert_with_password(&name, &password, BucketAccess::All).unwrap();
+        let users = Arc::new(s);
+        for suite in [SHA512, SHA256, SHA1] {
+            let (_, verified) = scram_login(&users, suite, &name, &password, &nonce).unwrap();
+            proptest::prop_assert!(verified);
+            let bad = format!("{password}{wrong}");
+            let failed = matches!(
+                scram_login(&users, suite, &name, &bad, &nonce),
+                Err(AuthError::Failed { .. })
+            );
+            proptest::prop_assert!(failed);
+        }
+        let plain = format!("\0{name}\0{password}");
+        proptest::prop_assert!(SaslServer::start(users, b"PLAIN", plain.as_bytes()).is_ok());
+    }
+}
