@@ -164,6 +164,45 @@ pub enum Command<'a> {
         /// Offset from real time in seconds (negative moves the clock back).
         offset_secs: i64,
     },
+    /// SASL_LIST_MECHS: asks for the mechanisms the server offers.
+    SaslListMechs,
+    /// SASL_AUTH: starts authentication.
+    SaslAuth {
+        /// The mechanism name (the key), e.g. `SCRAM-SHA512` or `PLAIN`.
+        mechanism: &'a [u8],
+        /// The client's first message (the value); opaque to the codec.
+        data: &'a [u8],
+    },
+    /// SASL_STEP: continues a multi-step mechanism.
+    SaslStep {
+        /// The mechanism name (the key).
+        mechanism: &'a [u8],
+        /// The client's next message (the value).
+        data: &'a [u8],
+    },
+    /// SELECT_BUCKET: the key names the bucket the connection uses from now on.
+    SelectBucket {
+        /// The bucket name.
+        name: &'a [u8],
+    },
+    /// OBSERVE_SEQNO for the header's vBucket: the value is the 8-byte vBucket UUID the
+    /// client's mutation token carries.
+    ObserveSeqno {
+        /// The vBucket UUID the client knows.
+        vbucket_uuid: u64,
+    },
+    /// GET_CLUSTER_CONFIG: no extras, or 16 bytes (epoch i64, revision i64) naming the
+    /// version the client already has.
+    GetClusterConfig {
+        /// `(epoch, revision)` the client already knows, if it said.
+        known_version: Option<(i64, i64)>,
+    },
+    /// GET_ERROR_MAP: the value is the highest error map version (u16, at least 1) the
+    /// client understands.
+    GetErrorMap {
+        /// The requested version.
+        version: u16,
+    },
 }
 
 /// Extras-length rule of an opcode.
@@ -267,6 +306,12 @@ fn spec_for(op: Opcode) -> Option<Spec> {
         Opcode::UnlockKey => spec(E::Exactly(0), P::NonZero, P::Zero, C::Set),
         Opcode::SetVbucket => with_datatype(spec(E::SetVbucket, P::Zero, P::Any, C::Any), RAW_JSON),
         Opcode::AdjustTimeofday => spec(E::Exactly(8), P::Zero, P::Zero, C::NotSet),
+        Opcode::SaslListMechs => bare,
+        Opcode::SaslAuth | Opcode::SaslStep => spec(E::Exactly(0), P::NonZero, P::Any, C::NotSet),
+        Opcode::SelectBucket => spec(E::Exactly(0), P::NonZero, P::Zero, C::NotSet),
+        Opcode::ObserveSeqno => spec(E::Exactly(0), P::Zero, P::NonZero, C::NotSet),
+        Opcode::GetClusterConfig => spec(E::ZeroOr(16), P::Zero, P::Zero, C::NotSet),
+        Opcode::GetErrorMap => spec(E::Exactly(0), P::Zero, P::NonZero, C::NotSet),
         _ => return None,
     })
 }
@@ -456,6 +501,42 @@ impl<'a> Command<'a> {
             Opcode::AdjustTimeofday => Command::AdjustTimeofday {
                 offset_secs: be_u64(extras).cast_signed(),
             },
+            Opcode::SaslListMechs => Command::SaslListMechs,
+            Opcode::SaslAuth => Command::SaslAuth {
+                mechanism: key,
+                data: req.value,
+            },
+            Opcode::SaslStep => Command::SaslStep {
+                mechanism: key,
+                data: req.value,
+            },
+            Opcode::SelectBucket => Command::SelectBucket { name: key },
+            Opcode::ObserveSeqno => {
+                if req.value.len() != 8 {
+                    return Err(Status::Einval);
+                }
+                Command::ObserveSeqno {
+                    vbucket_uuid: be_u64(req.value),
+                }
+            }
+            Opcode::GetClusterConfig => Command::GetClusterConfig {
+                known_version: (extras.len() == 16).then(|| {
+                    (
+                        be_u64(extras).cast_signed(),
+                        extras.get(8..).map_or(0, be_u64).cast_signed(),
+                    )
+                }),
+            },
+            Opcode::GetErrorMap => {
+                let version = match *req.value {
+                    [hi, lo] => u16::from_be_bytes([hi, lo]),
+                    _ => return Err(Status::Einval),
+                };
+                if version == 0 {
+                    return Err(Status::Einval);
+                }
+                Command::GetErrorMap { version }
+            }
             _ => return Err(Status::UnknownCommand),
         })
     }
@@ -521,6 +602,13 @@ impl<'a> Command<'a> {
             Command::SetVbucket { .. } => Opcode::SetVbucket,
             Command::GetVbucket => Opcode::GetVbucket,
             Command::AdjustTimeofday { .. } => Opcode::AdjustTimeofday,
+            Command::SaslListMechs => Opcode::SaslListMechs,
+            Command::SaslAuth { .. } => Opcode::SaslAuth,
+            Command::SaslStep { .. } => Opcode::SaslStep,
+            Command::SelectBucket { .. } => Opcode::SelectBucket,
+            Command::ObserveSeqno { .. } => Opcode::ObserveSeqno,
+            Command::GetClusterConfig { .. } => Opcode::GetClusterConfig,
+            Command::GetErrorMap { .. } => Opcode::GetErrorMap,
         }
     }
 

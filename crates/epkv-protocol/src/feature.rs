@@ -61,10 +61,11 @@ features! {
     TcpDelay = 0x05, "TCP delay", true;
     /// Extended attributes.
     Xattr = 0x06, "XATTR", false;
-    /// Extended error codes (needs GET_ERROR_MAP).
-    Xerror = 0x07, "XERROR", false;
-    /// SELECT_BUCKET.
-    SelectBucket = 0x08, "Select bucket", false;
+    /// Extended error codes: the client understands every status in the error map
+    /// (without it, statuses a classic client does not know are remapped).
+    Xerror = 0x07, "XERROR", true;
+    /// SELECT_BUCKET (the opcode is accepted whether or not this was agreed).
+    SelectBucket = 0x08, "Select bucket", true;
     /// Snappy compression.
     Snappy = 0x0a, "Snappy", false;
     /// JSON datatype.
@@ -79,8 +80,9 @@ features! {
     Tracing = 0x0f, "Tracing", false;
     /// Magic 0x08 requests (accepted whether or not agreed).
     AltRequestSupport = 0x10, "AltRequestSupport", true;
-    /// SyncWrites.
-    SyncReplication = 0x11, "SyncReplication", false;
+    /// SyncWrites (informational, as in kv_engine: durability frames are accepted either
+    /// way).
+    SyncReplication = 0x11, "SyncReplication", true;
     /// Collection-prefixed keys.
     Collections = 0x12, "Collections", false;
     /// Snappy everywhere.

@@ -4,7 +4,7 @@
 //! with flexible framing extras) and 0x18 (response with framing extras); framing for a
 //! connection's read loop ([`frame_len`]); framing-extras (frame info) parsing; the
 //! opcode, status and HELLO feature tables, each declared once ([`Opcode`], [`Status`],
-//! [`Feature`]); strict validation of every length and per-opcode rule; typed decoding of
+//! [`Feature`]), and the error map derived from the status table ([`error_map_json`]); strict validation of every length and per-opcode rule; typed decoding of
 //! requests into [`Command`]s; and encoders for requests ([`RequestBuilder`]) and
 //! responses ([`Response`]). What it is not: it does no I/O, keeps no connection state,
 //! and knows nothing about the engine.
@@ -48,6 +48,7 @@
 mod command;
 mod doc_tables;
 mod durability;
+mod error_map;
 mod feature;
 mod frame_info;
 mod framing;
@@ -67,6 +68,9 @@ pub use command::{
 };
 pub use doc_tables::{opcode_table, status_table};
 pub use durability::DurabilityRequirement;
+pub use error_map::{
+    ERROR_MAP_MAX_VERSION, ErrorAttribute, entry as error_map_entry, error_map_json,
+};
 pub use feature::Feature;
 pub use frame_info::{
     FrameInfoId, FrameInfoIter, MAX_FRAME_INFO_FIELD, RequestFrameInfo, encode_frame_info,

@@ -115,11 +115,11 @@ opcodes! {
     /// Feature negotiation.
     Hello = 0x1f, "HELLO", true;
     /// List SASL mechanisms.
-    SaslListMechs = 0x20, "SASL_LIST_MECHS", false;
+    SaslListMechs = 0x20, "SASL_LIST_MECHS", true;
     /// Start SASL authentication.
-    SaslAuth = 0x21, "SASL_AUTH", false;
+    SaslAuth = 0x21, "SASL_AUTH", true;
     /// Continue SASL authentication.
-    SaslStep = 0x22, "SASL_STEP", false;
+    SaslStep = 0x22, "SASL_STEP", true;
     /// Create a vBucket or change its state.
     SetVbucket = 0x3d, "SET_VBUCKET", true;
     /// Read a vBucket's state.
@@ -129,9 +129,9 @@ opcodes! {
     /// Read from a replica vBucket.
     GetReplica = 0x83, "GET_REPLICA", false;
     /// Select the bucket for this connection.
-    SelectBucket = 0x89, "SELECT_BUCKET", false;
+    SelectBucket = 0x89, "SELECT_BUCKET", true;
     /// Persistence/replication state of a vBucket.
-    ObserveSeqno = 0x91, "OBSERVE_SEQNO", false;
+    ObserveSeqno = 0x91, "OBSERVE_SEQNO", true;
     /// Legacy per-key observe.
     Observe = 0x92, "OBSERVE", false;
     /// Get and lock.
@@ -139,11 +139,11 @@ opcodes! {
     /// Unlock a key locked by GET_LOCKED.
     UnlockKey = 0x95, "UNLOCK_KEY", true;
     /// Read the cluster map.
-    GetClusterConfig = 0xb5, "GET_CLUSTER_CONFIG", false;
+    GetClusterConfig = 0xb5, "GET_CLUSTER_CONFIG", true;
     /// Test-only: shift the server clock (allowed only when the server runs in testing mode).
     AdjustTimeofday = 0xfc, "ADJUST_TIMEOFDAY", true;
     /// Read the error map.
-    GetErrorMap = 0xfe, "GET_ERROR_MAP", false;
+    GetErrorMap = 0xfe, "GET_ERROR_MAP", true;
 }
 
 impl Opcode {

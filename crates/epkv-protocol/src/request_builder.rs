@@ -11,10 +11,11 @@ use crate::opcode::Opcode;
 use bytes::BufMut;
 use epkv_types::{Cas, Datatype, Vbid};
 
-/// The largest typed extras section (INCREMENT/DECREMENT: 20 bytes).
+/// The largest typed extras section (INCREMENT/DECREMENT: 20 bytes); typed values held
+/// inline (OBSERVE_SEQNO's UUID, GET_ERROR_MAP's version) are smaller.
 const INLINE_EXTRAS: usize = 20;
 
-/// Extras owned inline (typed commands) or borrowed (raw requests).
+/// A short section owned inline (typed commands) or borrowed (raw requests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Extras<'a> {
     Inline([u8; INLINE_EXTRAS], u8),
@@ -64,7 +65,7 @@ pub struct RequestBuilder<'a> {
     force_alt: bool,
     extras: Extras<'a>,
     key: &'a [u8],
-    value: &'a [u8],
+    value: Extras<'a>,
 }
 
 impl<'a> RequestBuilder<'a> {
@@ -88,7 +89,7 @@ impl<'a> RequestBuilder<'a> {
             force_alt: false,
             extras: Extras::Borrowed(&[]),
             key: &[],
-            value: &[],
+            value: Extras::Borrowed(&[]),
         }
     }
 
@@ -187,6 +188,24 @@ impl<'a> RequestBuilder<'a> {
             Command::AdjustTimeofday { offset_secs } => {
                 b.inline_extras(Extras::from_parts(&[&offset_secs.to_be_bytes()]))
             }
+            Command::SaslListMechs => b,
+            Command::SaslAuth { mechanism, data } | Command::SaslStep { mechanism, data } => {
+                b.key(mechanism).value(data)
+            }
+            Command::SelectBucket { name } => b.key(name),
+            Command::ObserveSeqno { vbucket_uuid } => {
+                b.inline_value(Extras::from_parts(&[&vbucket_uuid.to_be_bytes()]))
+            }
+            Command::GetClusterConfig { known_version } => match known_version {
+                None => b,
+                Some((epoch, rev)) => b.inline_extras(Extras::from_parts(&[
+                    &epoch.to_be_bytes(),
+                    &rev.to_be_bytes(),
+                ])),
+            },
+            Command::GetErrorMap { version } => {
+                b.inline_value(Extras::from_parts(&[&version.to_be_bytes()]))
+            }
         }
     }
 
@@ -195,6 +214,11 @@ impl<'a> RequestBuilder<'a> {
             durability,
             preserve_ttl,
         };
+        self
+    }
+
+    fn inline_value(mut self, value: Extras<'static>) -> Self {
+        self.value = value;
         self
     }
 
@@ -248,7 +272,7 @@ impl<'a> RequestBuilder<'a> {
     /// Sets the value.
     #[must_use]
     pub fn value(mut self, value: &'a [u8]) -> Self {
-        self.value = value;
+        self.value = Extras::Borrowed(value);
         self
     }
 
@@ -299,8 +323,12 @@ impl<'a> RequestBuilder<'a> {
                 max: usize::from(u8::MAX),
             });
         }
-        let (framing_extras_len, extras_len, key_len, body_len) =
-            check_encodable(framing, extras.len(), self.key.len(), self.value.len())?;
+        let (framing_extras_len, extras_len, key_len, body_len) = check_encodable(
+            framing,
+            extras.len(),
+            self.key.len(),
+            self.value.as_slice().len(),
+        )?;
         Ok(RequestHeader {
             magic: if alt {
                 Magic::AltClientRequest
@@ -326,7 +354,7 @@ impl<'a> RequestBuilder<'a> {
             + self.framing_len()
             + self.extras.as_slice().len()
             + self.key.len()
-            + self.value.len()
+            + self.value.as_slice().len()
     }
 
     /// Appends the encoded packet to `out` (a `BytesMut` or `Vec<u8>`). Nothing is
@@ -341,7 +369,7 @@ impl<'a> RequestBuilder<'a> {
         out.put_slice(self.raw_frames);
         out.put_slice(self.extras.as_slice());
         out.put_slice(self.key);
-        out.put_slice(self.value);
+        out.put_slice(self.value.as_slice());
         Ok(())
     }
 

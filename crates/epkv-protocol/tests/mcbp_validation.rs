@@ -132,6 +132,23 @@ fn sample(op: Opcode) -> Command<'static> {
         Opcode::AdjustTimeofday => Command::AdjustTimeofday {
             offset_secs: -86_400,
         },
+        Opcode::SaslListMechs => Command::SaslListMechs,
+        Opcode::SaslAuth => Command::SaslAuth {
+            mechanism: b"PLAIN",
+            data: b"\0user\0pw",
+        },
+        Opcode::SaslStep => Command::SaslStep {
+            mechanism: b"SCRAM-SHA512",
+            data: b"c=biws,r=x,p=y",
+        },
+        Opcode::SelectBucket => Command::SelectBucket { name: b"travel" },
+        Opcode::ObserveSeqno => Command::ObserveSeqno {
+            vbucket_uuid: 0x0102_0304_0506_0708,
+        },
+        Opcode::GetClusterConfig => Command::GetClusterConfig {
+            known_version: Some((1, 42)),
+        },
+        Opcode::GetErrorMap => Command::GetErrorMap { version: 2 },
         other => panic!("no sample for implemented opcode {other:?}"),
     }
 }
@@ -240,7 +257,11 @@ fn key_rules() {
     let max = [b'k'; 250];
     for op in implemented() {
         let cmd = sample(op);
-        let needs_key = cmd.document_key().is_some();
+        let needs_key = cmd.document_key().is_some()
+            || matches!(
+                op,
+                Opcode::SaslAuth | Opcode::SaslStep | Opcode::SelectBucket
+            );
         let takes_key = needs_key || matches!(op, Opcode::Stat | Opcode::Hello);
         let b = RequestBuilder::from_command(&cmd).key(&[]);
         if needs_key {
@@ -273,14 +294,30 @@ fn key_rules() {
 fn value_rules() {
     for op in implemented() {
         let cmd = sample(op);
-        let takes_value = matches!(cmd, Command::Store { .. } | Command::Hello { .. });
-        let b = RequestBuilder::from_command(&cmd).value(b"vv");
+        // Three bytes: also wrong for the fixed-size values (OBSERVE_SEQNO's 8-byte UUID,
+        // GET_ERROR_MAP's 2-byte version).
+        let takes_value = matches!(
+            cmd,
+            Command::Store { .. }
+                | Command::Hello { .. }
+                | Command::SaslAuth { .. }
+                | Command::SaslStep { .. }
+        );
+        let value: &[u8] = if op == Opcode::Hello { b"vv" } else { b"vvv" };
+        let b = RequestBuilder::from_command(&cmd).value(value);
         if takes_value {
             assert_eq!(status_of(b), Ok(()), "{op:?} with a value");
         } else {
             assert_eq!(status_of(b), Err(Status::Einval), "{op:?} with a value");
         }
     }
+    // The fixed-size values must be there.
+    for op in [Opcode::ObserveSeqno, Opcode::GetErrorMap] {
+        let b = RequestBuilder::from_command(&sample(op)).value(&[]);
+        assert_eq!(status_of(b), Err(Status::Einval), "{op:?} without a value");
+    }
+    let b = RequestBuilder::from_command(&Command::GetErrorMap { version: 2 }).value(&[0, 0]);
+    assert_eq!(status_of(b), Err(Status::Einval), "error map version 0");
     // An empty value is a valid document.
     let b = RequestBuilder::from_command(&sample(Opcode::Set)).value(&[]);
     assert_eq!(status_of(b), Ok(()));
