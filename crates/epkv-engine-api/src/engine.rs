@@ -1,6 +1,9 @@
 //! The [`Engine`] trait: everything the front end can ask of a bucket.
 
-use crate::{ArithmeticRequest, EngineResult, Item, MutationInfo, RemoveRequest, StoreRequest};
+use crate::{
+    ArithmeticRequest, EngineResult, EngineStatus, Item, MutationInfo, RemoveRequest, StoreRequest,
+    VBucketSeqnos,
+};
 use epkv_types::{Cas, VBucketState, Vbid};
 
 /// Receives stat key/value pairs from [`Engine::stats`].
@@ -93,4 +96,19 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Stops background work and releases resources; called once at shutdown.
     fn shutdown(&self);
+
+    /// Reports a vBucket's failover log and seqnos for OBSERVE_SEQNO: how far mutations
+    /// have been applied (high seqno) and persisted.
+    ///
+    /// The default answers `NotSupported`, for engines that cannot report them; an engine
+    /// that answers must report as persisted only what is durably on disk (an engine
+    /// without persistence reports seqno 0).
+    ///
+    /// # Errors
+    /// `NotMyVbucket` for a vBucket this node does not have or that is not active;
+    /// `NotSupported` from the default implementation.
+    fn vbucket_seqnos(&self, vbid: Vbid) -> EngineResult<VBucketSeqnos> {
+        let _ = vbid;
+        Err(EngineStatus::NotSupported)
+    }
 }

@@ -35,3 +35,24 @@ pub struct MutationInfo {
     /// The seqno assigned to the mutation.
     pub seqno: Seqno,
 }
+
+/// One entry of a vBucket's failover log: the history branch `uuid` began at `seqno`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailoverEntry {
+    /// The branch's vBucket UUID.
+    pub uuid: u64,
+    /// The seqno the branch began at.
+    pub seqno: Seqno,
+}
+
+/// A vBucket's seqnos and failover log, as OBSERVE_SEQNO reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VBucketSeqnos {
+    /// The failover log, newest entry first; the first entry's uuid is the vBucket's
+    /// current UUID. Never empty.
+    pub failover_log: Vec<FailoverEntry>,
+    /// The seqno of the last mutation applied in memory.
+    pub high_seqno: Seqno,
+    /// The seqno of the last mutation durably persisted (0 when nothing is).
+    pub persisted_seqno: Seqno,
+}

@@ -3,10 +3,10 @@
 
 use crate::Bucket;
 use epkv_engine_api::{
-    ArithmeticRequest, Engine, EngineResult, EngineStatus, Item, MutationInfo, RemoveRequest,
-    StatSink, StoreRequest,
+    ArithmeticRequest, Engine, EngineResult, EngineStatus, FailoverEntry, Item, MutationInfo,
+    RemoveRequest, StatSink, StoreRequest, VBucketSeqnos,
 };
-use epkv_types::{Cas, VBucketState, Vbid};
+use epkv_types::{Cas, Seqno, VBucketState, Vbid};
 
 impl Engine for Bucket {
     fn get(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
@@ -71,6 +71,35 @@ impl Engine for Bucket {
         clock.set_offset_secs(offset_secs);
         tracing::info!(offset_secs, "engine clock adjusted (testing mode)");
         Ok(())
+    }
+
+    fn vbucket_seqnos(&self, vbid: Vbid) -> EngineResult<VBucketSeqnos> {
+        let vb = self
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        // Lock order: the failover log is read with the state lock held.
+        let state = vb.state();
+        if *state == VBucketState::Dead {
+            return Err(EngineStatus::NotMyVbucket);
+        }
+        let failover_log = vb
+            .failover_log()
+            .iter()
+            .map(|e| FailoverEntry {
+                uuid: e.uuid,
+                seqno: Seqno(e.seqno),
+            })
+            .collect();
+        drop(state);
+        let (high_seqno, _, _) = vb.ordering_snapshot();
+        Ok(VBucketSeqnos {
+            failover_log,
+            high_seqno: Seqno(high_seqno),
+            // Nothing is persisted yet: the bucket is memory-only until the storage
+            // integration reports its flushed seqno here.
+            persisted_seqno: Seqno(0),
+        })
     }
 
     fn shutdown(&self) {
