@@ -1,6 +1,7 @@
 //! [`FrontendConfig`]: how the front end listens and treats connections.
 
 use crate::error::{FrontendError, Result};
+use epkv_auth::UserStore;
 use epkv_executor::{Clock, SystemClock};
 use epkv_protocol::Limits;
 use std::fmt;
@@ -40,6 +41,10 @@ pub struct FrontendConfig {
     pub version: String,
     /// Time source for uptime, the `time` stat and command timings.
     pub clock: Arc<dyn Clock>,
+    /// The users that may authenticate with SASL, and the buckets each may use. Empty
+    /// (the default) on a loopback address means the open mode: no authentication, every
+    /// connection on `default`.
+    pub users: Arc<UserStore>,
 }
 
 impl Default for FrontendConfig {
@@ -55,6 +60,7 @@ impl Default for FrontendConfig {
             shutdown_timeout: Duration::from_secs(10),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             clock: Arc::new(SystemClock),
+            users: Arc::new(UserStore::empty()),
         }
     }
 }
@@ -71,6 +77,7 @@ impl fmt::Debug for FrontendConfig {
             .field("testing", &self.testing)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("version", &self.version)
+            .field("users", &self.users.len())
             .finish_non_exhaustive()
     }
 }

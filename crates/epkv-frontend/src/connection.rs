@@ -39,6 +39,8 @@ enum Closing {
     Quit,
     BadHeader,
     Shutdown,
+    /// A reply had no code a client without XERROR understands.
+    NoXerror,
 }
 
 /// One client connection.
@@ -69,6 +71,14 @@ impl Connection {
                 return None;
             }
         };
+        let local = match stream.local_addr() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "cannot read the connection's local address");
+                return None;
+            }
+        };
+        let session = Session::new(slot.shared(), local);
         // Replies are already batched per read, so Nagle's algorithm would only add
         // latency. HELLO's TcpDelay turns it back on.
         if let Err(e) = stream.set_nodelay(true) {
@@ -81,7 +91,7 @@ impl Connection {
             slot,
             timings,
             stop,
-            session: Session::default(),
+            session,
         })
     }
 
@@ -162,6 +172,7 @@ impl Connection {
                     Some(Closing::Quit) => break "quit",
                     Some(Closing::BadHeader) => break "untrusted packet header",
                     Some(Closing::Shutdown) => break "server shutdown",
+                    Some(Closing::NoXerror) => break "status not understood without XERROR",
                     None if eof && !backlog => break "client closed",
                     None => {}
                 }
@@ -286,8 +297,10 @@ fn process(
         timings.record(opcode, t1.saturating_duration_since(t0));
         started = Some(t1);
         inbuf.advance(n);
-        if flow == Flow::Close {
-            return Some(Closing::Quit);
+        match flow {
+            Flow::Continue => {}
+            Flow::Close => return Some(Closing::Quit),
+            Flow::Disconnect => return Some(Closing::NoXerror),
         }
     }
     None

@@ -1,16 +1,18 @@
 //! [`Frontend`]: the listener, the acceptor loop and the worker threads.
 
+use crate::buckets::Buckets;
 use crate::config::FrontendConfig;
 use crate::error::{FrontendError, Result};
 use crate::stats::ConnectionStats;
 use crate::timings::WorkerTimings;
 use crate::worker::{Accepted, ConnectionSlot, Worker};
+use epkv_auth::UserStore;
 use epkv_engine_api::Engine;
 use epkv_protocol::Limits;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -19,7 +21,14 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
 /// What every worker and connection shares.
 pub(crate) struct Shared {
-    pub(crate) engine: Arc<dyn Engine>,
+    pub(crate) buckets: Buckets,
+    /// The users that may authenticate (empty when none are configured).
+    pub(crate) users: Arc<UserStore>,
+    /// The zero-configuration loopback mode: no users and a loopback listener, so every
+    /// connection starts on `default` without authenticating.
+    pub(crate) open_default: bool,
+    /// The cluster map revision: starts at 1 and grows on every change of the map.
+    cluster_rev: AtomicI64,
     pub(crate) config: FrontendConfig,
     pub(crate) limits: Limits,
     pub(crate) conns: ConnectionStats,
@@ -27,7 +36,24 @@ pub(crate) struct Shared {
     pub(crate) started: Instant,
 }
 
-/// The network front end: a bound listener plus the engine it serves.
+impl Shared {
+    /// The current cluster map revision.
+    pub(crate) fn cluster_rev(&self) -> i64 {
+        self.cluster_rev.load(Ordering::Acquire)
+    }
+
+    /// Records a change of the cluster map.
+    pub(crate) fn bump_cluster_rev(&self) {
+        self.cluster_rev.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Whether `user` may use bucket `bucket`.
+    pub(crate) fn may_access(&self, user: &str, bucket: &str) -> bool {
+        self.users.may_access(user, bucket)
+    }
+}
+
+/// The network front end: a bound listener plus the buckets it serves.
 ///
 /// [`Frontend::bind`] creates the listening socket at once, so a port that is in use is
 /// reported before anything else starts and [`Frontend::local_addr`] tells the port when
@@ -49,13 +75,31 @@ impl std::fmt::Debug for Frontend {
 }
 
 impl Frontend {
-    /// Validates the configuration and binds the listening socket.
+    /// Validates the configuration and binds the listening socket, serving one bucket,
+    /// `default`.
     ///
     /// # Errors
     /// [`FrontendError::InvalidConfig`] for a bad setting; [`FrontendError::Bind`] when the
     /// address cannot be bound (in use, privileged port, unknown address).
     pub fn bind(config: FrontendConfig, engine: Arc<dyn Engine>) -> Result<Frontend> {
+        Self::bind_buckets(config, Buckets::single(engine))
+    }
+
+    /// Validates the configuration and binds the listening socket, serving `buckets`.
+    ///
+    /// Access: with no users in `config.users` and a loopback `config.bind` address, every
+    /// connection starts on the `default` bucket without authenticating (the
+    /// zero-configuration mode). Otherwise a connection must authenticate with SASL and
+    /// then SELECT_BUCKET a bucket its user may use.
+    ///
+    /// # Errors
+    /// [`FrontendError::InvalidConfig`] for a bad setting or no buckets;
+    /// [`FrontendError::Bind`] when the address cannot be bound.
+    pub fn bind_buckets(config: FrontendConfig, buckets: Buckets) -> Result<Frontend> {
         config.validate()?;
+        if buckets.is_empty() {
+            return Err(FrontendError::InvalidConfig("no buckets to serve".into()));
+        }
         let addr = config.bind;
         let listener = listen(addr).map_err(|source| FrontendError::Bind { addr, source })?;
         let local_addr = listener.local_addr()?;
@@ -68,7 +112,10 @@ impl Frontend {
             listener,
             local_addr,
             shared: Arc::new(Shared {
-                engine,
+                open_default: config.users.is_empty() && config.bind.ip().is_loopback(),
+                users: Arc::clone(&config.users),
+                buckets,
+                cluster_rev: AtomicI64::new(1),
                 config,
                 limits,
                 conns: ConnectionStats::default(),
@@ -161,7 +208,9 @@ impl Frontend {
                 tracing::error!("a worker thread panicked");
             }
         }
-        shared.engine.shutdown();
+        for (_, engine) in shared.buckets.iter() {
+            engine.shutdown();
+        }
         tracing::info!("front end stopped");
         Ok(())
     }

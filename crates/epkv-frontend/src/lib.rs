@@ -44,18 +44,22 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod buckets;
+mod cluster_config;
 mod config;
 mod connection;
 mod error;
 mod frontend;
 mod response;
+mod sasl;
 mod session;
 mod stats;
 mod status_map;
 mod timings;
 mod worker;
 
+pub use buckets::{Buckets, DEFAULT_BUCKET, MAX_BUCKET_NAME_LEN, is_valid_bucket_name};
 pub use config::FrontendConfig;
 pub use error::{FrontendError, Result};
 pub use frontend::Frontend;
-pub use status_map::engine_status_to_wire;
+pub use status_map::{engine_status_to_wire, status_for_client};

@@ -4,17 +4,25 @@
 //! engine and its reply appended to the output buffer before the next one is looked at,
 //! so pipelined requests are answered in order.
 
+use crate::buckets::DEFAULT_BUCKET;
+use crate::cluster_config::{REV_EPOCH, bucket_config, global_config};
 use crate::frontend::Shared;
-use crate::response::{ReplyTo, put_error_text, put_status, put_success};
-use crate::status_map::engine_status_to_wire;
+use crate::response::{ReplyTo, put, put_error_text, put_status, put_success};
+use crate::status_map::{engine_status_to_wire, status_for_client};
 use crate::timings;
 use bytes::BytesMut;
+use epkv_auth::SaslServer;
 use epkv_engine_api::{
-    ArithmeticRequest, DurabilityRequirements, EngineStatus, Expiry, Item, MutationInfo,
-    RemoveRequest, StoreRequest,
+    ArithmeticRequest, DurabilityRequirements, Engine, EngineStatus, Expiry, Item, MutationInfo,
+    RemoveRequest, StoreRequest, VBucketSeqnos,
 };
-use epkv_protocol::{Command, DurabilityRequirement, Feature, Request, Status};
-use epkv_types::{Cas, Datatype, NUM_VBUCKETS, vbucket_for_key};
+use epkv_protocol::{
+    Command, DurabilityRequirement, Feature, HelloFeatures, Request, Status, error_map_json,
+};
+use epkv_types::{Cas, Datatype, NUM_VBUCKETS, Vbid, vbucket_for_key};
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 /// What the connection does after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,10 +31,20 @@ pub(crate) enum Flow {
     Continue,
     /// Send the replies queued so far, then close (QUIT, QUITQ).
     Close,
+    /// Close after the replies queued so far: the reply would have been a status the
+    /// client did not agree to understand (no XERROR), as kv_engine disconnects.
+    Disconnect,
 }
 
-/// Per-connection protocol state negotiated by HELLO.
-#[derive(Debug, Default)]
+/// The bucket a connection uses.
+#[derive(Clone)]
+pub(crate) struct SelectedBucket {
+    pub(crate) name: Arc<str>,
+    pub(crate) engine: Arc<dyn Engine>,
+}
+
+/// Per-connection protocol state: features negotiated by HELLO, the authenticated user
+/// and the selected bucket.
 pub(crate) struct Session {
     /// The client sent HELLO: it is a Couchbase-style client that routes by vBucket
     /// itself, so the header's vbid is used as is. Classic memcached clients never send
@@ -36,10 +54,23 @@ pub(crate) struct Session {
     pub(crate) mutation_seqno: bool,
     /// The JSON datatype bit is returned; without it, the bit is cleared in replies.
     pub(crate) json: bool,
+    /// The client agreed to XERROR: it understands every status in the error map.
+    pub(crate) xerror: bool,
     /// The agent name the client gave in HELLO, for logs.
     pub(crate) agent: Option<String>,
     /// A TCP_NODELAY change HELLO asked for, applied by the connection after the batch.
     pub(crate) nodelay_change: Option<bool>,
+    /// The address the client connected to (the cluster map names this node by it).
+    local: SocketAddr,
+    /// The bucket data requests go to; `None` until SELECT_BUCKET (or, in the open
+    /// loopback mode, `default` from the start).
+    bucket: Option<SelectedBucket>,
+    /// The authenticated user, if any.
+    pub(crate) user: Option<String>,
+    /// A SASL exchange in progress (between SASL_AUTH answered 0x21 and SASL_STEP).
+    pub(crate) sasl: Option<SaslServer>,
+    /// A reply the client cannot understand was due: close after this batch.
+    disconnect: Cell<bool>,
 }
 
 fn durability(d: Option<DurabilityRequirement>) -> Option<DurabilityRequirements> {
@@ -50,6 +81,34 @@ fn durability(d: Option<DurabilityRequirement>) -> Option<DurabilityRequirements
 }
 
 impl Session {
+    /// A new connection's session. In the open mode it starts on the `default` bucket.
+    pub(crate) fn new(shared: &Shared, local: SocketAddr) -> Self {
+        let bucket = if shared.open_default {
+            shared
+                .buckets
+                .get(DEFAULT_BUCKET)
+                .map(|engine| SelectedBucket {
+                    name: Arc::from(DEFAULT_BUCKET),
+                    engine: Arc::clone(engine),
+                })
+        } else {
+            None
+        };
+        Self {
+            vbucket_aware: false,
+            mutation_seqno: false,
+            json: false,
+            xerror: false,
+            agent: None,
+            nodelay_change: None,
+            local,
+            bucket,
+            user: None,
+            sasl: None,
+            disconnect: Cell::new(false),
+        }
+    }
+
     /// Executes one validated-framing request and appends its reply (if any) to `out`.
     pub(crate) fn execute(
         &mut self,
@@ -68,11 +127,266 @@ impl Session {
                 return Flow::Continue;
             }
         };
+        let flow = match cmd {
+            Command::Hello { agent, features } => {
+                self.hello(agent, features, out, to);
+                Flow::Continue
+            }
+            Command::Quit { quiet } => {
+                if !quiet {
+                    put_status(out, to, Status::Success, &[]);
+                }
+                Flow::Close
+            }
+            Command::Noop | Command::Verbosity { .. } => {
+                put_status(out, to, Status::Success, &[]);
+                Flow::Continue
+            }
+            Command::Version => {
+                put_success(
+                    out,
+                    to,
+                    Cas::ANY,
+                    Datatype::RAW,
+                    &[],
+                    &[],
+                    shared.config.version.as_bytes(),
+                );
+                Flow::Continue
+            }
+            Command::SaslListMechs => {
+                self.sasl_list_mechs(shared, out, to);
+                Flow::Continue
+            }
+            Command::SaslAuth { mechanism, data } => {
+                self.sasl_auth(shared, mechanism, data, out, to);
+                Flow::Continue
+            }
+            Command::SaslStep { mechanism, data } => {
+                self.sasl_step(shared, mechanism, data, out, to);
+                Flow::Continue
+            }
+            Command::SelectBucket { name } => {
+                self.select_bucket(shared, name, out, to);
+                Flow::Continue
+            }
+            Command::GetErrorMap { version } => {
+                let (_, map) = error_map_json(version);
+                put_success(
+                    out,
+                    to,
+                    Cas::ANY,
+                    self.datatype_out(Datatype::JSON),
+                    &[],
+                    &[],
+                    map.as_bytes(),
+                );
+                Flow::Continue
+            }
+            Command::GetClusterConfig { known_version } => {
+                self.cluster_config(shared, known_version, out, to);
+                Flow::Continue
+            }
+            Command::AdjustTimeofday { offset_secs } => {
+                adjust_timeofday(shared, offset_secs, out, to);
+                Flow::Continue
+            }
+            Command::Stat { group } => {
+                self.stats(shared, out, to, group);
+                Flow::Continue
+            }
+            cmd => match &self.bucket {
+                Some(bucket) => {
+                    self.execute_data(shared, bucket, req, cmd, out, to);
+                    Flow::Continue
+                }
+                None => {
+                    self.fail_wire(out, to, Status::NoBucket, &[]);
+                    Flow::Continue
+                }
+            },
+        };
+        if self.disconnect.get() {
+            Flow::Disconnect
+        } else {
+            flow
+        }
+    }
+
+    /// HELLO: agrees to the requested features epkv implements, in the client's order.
+    fn hello(
+        &mut self,
+        agent: &[u8],
+        features: HelloFeatures<'_>,
+        out: &mut BytesMut,
+        to: ReplyTo,
+    ) {
+        self.vbucket_aware = true;
+        self.mutation_seqno = false;
+        self.json = false;
+        self.xerror = false;
+        let mut agreed: Vec<Feature> = Vec::with_capacity(features.len());
+        for f in features.known() {
+            if !f.is_implemented() || agreed.contains(&f) {
+                continue;
+            }
+            match f {
+                Feature::TcpNoDelay => self.nodelay_change = Some(true),
+                Feature::TcpDelay => self.nodelay_change = Some(false),
+                Feature::MutationSeqno => self.mutation_seqno = true,
+                Feature::Json => self.json = true,
+                Feature::Xerror => self.xerror = true,
+                // AltRequestSupport, SyncReplication, SelectBucket and PreserveTtl are
+                // informational (as in kv_engine): magic 0x08, durability and PreserveTtl
+                // frames and SELECT_BUCKET are accepted either way.
+                _ => {}
+            }
+            agreed.push(f);
+        }
+        let value: Vec<u8> = agreed
+            .iter()
+            .flat_map(|f| f.as_u16().to_be_bytes())
+            .collect();
+        let agent = String::from_utf8_lossy(agent).into_owned();
+        tracing::debug!(
+            agent = %agent,
+            agreed = ?agreed.iter().map(|f| f.name()).collect::<Vec<_>>(),
+            "HELLO"
+        );
+        self.agent = Some(agent);
+        put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &value);
+    }
+
+    /// SELECT_BUCKET: 0x24 Eaccess for a bucket that does not exist or that the
+    /// connection may not use (kv_engine answers both alike, so names cannot be probed).
+    fn select_bucket(&mut self, shared: &Shared, name: &[u8], out: &mut BytesMut, to: ReplyTo) {
+        let found = std::str::from_utf8(name)
+            .ok()
+            .and_then(|n| shared.buckets.get(n).map(|e| (n, e)));
+        let Some((name, engine)) = found else {
+            tracing::debug!(bucket = %String::from_utf8_lossy(name), user = self.user.as_deref().unwrap_or(""), "SELECT_BUCKET: no such bucket");
+            put_error_text(out, to, Status::Eaccess);
+            return;
+        };
+        if !self.may_use(shared, name) {
+            tracing::info!(
+                bucket = name,
+                user = self.user.as_deref().unwrap_or(""),
+                "SELECT_BUCKET refused: no access"
+            );
+            put_error_text(out, to, Status::Eaccess);
+            return;
+        }
+        self.bucket = Some(SelectedBucket {
+            name: Arc::from(name),
+            engine: Arc::clone(engine),
+        });
+        put_status(out, to, Status::Success, &[]);
+    }
+
+    /// Records a successful authentication. A selected bucket the new user may not use is
+    /// deselected.
+    pub(crate) fn set_user(&mut self, shared: &Shared, user: String) {
+        self.user = Some(user);
+        if let Some(b) = &self.bucket
+            && !self.may_use(shared, &b.name)
+        {
+            self.bucket = None;
+        }
+    }
+
+    /// Whether this connection may use bucket `name`: an authenticated user with access
+    /// to it, or anyone for `default` in the open loopback mode.
+    fn may_use(&self, shared: &Shared, name: &str) -> bool {
+        match &self.user {
+            Some(user) => shared.may_access(user, name),
+            None => shared.open_default && name == DEFAULT_BUCKET,
+        }
+    }
+
+    /// GET_CLUSTER_CONFIG: the selected bucket's config, or the global config when no
+    /// bucket is selected; an empty value when the client already has this revision.
+    fn cluster_config(
+        &self,
+        shared: &Shared,
+        known_version: Option<(i64, i64)>,
+        out: &mut BytesMut,
+        to: ReplyTo,
+    ) {
+        let rev = shared.cluster_rev();
+        if let Some(known) = known_version
+            && known >= (REV_EPOCH, rev)
+        {
+            put_status(out, to, Status::Success, &[]);
+            return;
+        }
+        let config = match &self.bucket {
+            Some(b) => bucket_config(&b.name, rev, self.local, &*b.engine),
+            None => global_config(rev, self.local),
+        };
+        put_success(
+            out,
+            to,
+            Cas::ANY,
+            self.datatype_out(Datatype::JSON),
+            &[],
+            &[],
+            config.as_bytes(),
+        );
+    }
+
+    /// Answers an engine outcome other than success.
+    fn fail(&self, shared: &Shared, out: &mut BytesMut, to: ReplyTo, e: EngineStatus, key: &[u8]) {
+        let wire = engine_status_to_wire(e);
+        if wire == Status::NotMyVbucket
+            && let Some(b) = &self.bucket
+        {
+            // The current map rides along, so the client need not ask for it (kv_engine
+            // sends it; cxx parses it only when the JSON bit is set).
+            let config = bucket_config(&b.name, shared.cluster_rev(), self.local, &*b.engine);
+            put(
+                out,
+                &to.reply(Status::NotMyVbucket)
+                    .with_datatype(self.datatype_out(Datatype::JSON))
+                    .with_key(key)
+                    .with_value(config.as_bytes()),
+            );
+            return;
+        }
+        self.fail_wire(out, to, wire, key);
+    }
+
+    /// Answers `wire`, remapped for clients without XERROR; when there is no classic
+    /// equivalent, nothing is answered and the connection is closed after this batch.
+    fn fail_wire(&self, out: &mut BytesMut, to: ReplyTo, wire: Status, key: &[u8]) {
+        match status_for_client(wire, to.opcode, self.xerror) {
+            Some(status) => put_status(out, to, status, key),
+            None => {
+                tracing::info!(
+                    status = wire.as_u16(),
+                    agent = self.agent.as_deref().unwrap_or(""),
+                    "closing connection: status not understood by a client without XERROR"
+                );
+                self.disconnect.set(true);
+            }
+        }
+    }
+
+    /// Executes a request that needs a bucket.
+    fn execute_data(
+        &self,
+        shared: &Shared,
+        bucket: &SelectedBucket,
+        req: &Request<'_>,
+        cmd: Command<'_>,
+        out: &mut BytesMut,
+        to: ReplyTo,
+    ) {
         let vbid = match cmd.document_key() {
             Some(key) if !self.vbucket_aware => vbucket_for_key(key, NUM_VBUCKETS),
             _ => req.header.vbucket,
         };
-        let engine = &*shared.engine;
+        let engine = &*bucket.engine;
         match cmd {
             Command::Get {
                 key,
@@ -81,12 +395,7 @@ impl Session {
             } => match engine.get(vbid, key) {
                 Ok(item) => self.put_item(out, to, &item, with_key),
                 Err(EngineStatus::KeyNotFound) if quiet => {}
-                Err(e) => put_status(
-                    out,
-                    to,
-                    engine_status_to_wire(e),
-                    if with_key { key } else { &[] },
-                ),
+                Err(e) => self.fail(shared, out, to, e, if with_key { key } else { &[] }),
             },
             Command::Store {
                 op,
@@ -114,7 +423,7 @@ impl Session {
                     cas,
                     durability: durability(d),
                 });
-                self.put_mutation(out, to, result, quiet);
+                self.put_mutation(shared, out, to, result, quiet);
             }
             Command::Delete {
                 key,
@@ -138,7 +447,7 @@ impl Session {
                     }),
                     other => other,
                 };
-                self.put_mutation(out, to, result, quiet);
+                self.put_mutation(shared, out, to, result, quiet);
             }
             Command::Arithmetic {
                 op,
@@ -174,114 +483,67 @@ impl Session {
                             &value.to_be_bytes(),
                         );
                     }
-                    Err(e) => put_status(out, to, engine_status_to_wire(e), &[]),
+                    Err(e) => self.fail(shared, out, to, e, &[]),
                 }
-            }
-            Command::Quit { quiet } => {
-                if !quiet {
-                    put_status(out, to, Status::Success, &[]);
-                }
-                return Flow::Close;
             }
             Command::Flush { quiet } => match engine.flush() {
                 Ok(()) if quiet => {}
                 Ok(()) => put_status(out, to, Status::Success, &[]),
-                Err(e) => put_status(out, to, engine_status_to_wire(e), &[]),
+                Err(e) => self.fail(shared, out, to, e, &[]),
             },
-            Command::Noop | Command::Verbosity { .. } => put_status(out, to, Status::Success, &[]),
-            Command::Version => {
-                put_success(
-                    out,
-                    to,
-                    Cas::ANY,
-                    Datatype::RAW,
-                    &[],
-                    &[],
-                    shared.config.version.as_bytes(),
-                );
-            }
-            Command::Stat { group } => stats(shared, out, to, group),
             Command::Touch { key, expiry, .. } => match engine.touch(vbid, key, expiry) {
                 Ok(info) => put_success(out, to, info.cas, Datatype::RAW, &[], &[], &[]),
-                Err(e) => put_status(out, to, engine_status_to_wire(e), &[]),
+                Err(e) => self.fail(shared, out, to, e, &[]),
             },
             Command::Gat {
                 key, expiry, quiet, ..
             } => match engine.get_and_touch(vbid, key, expiry) {
                 Ok(item) => self.put_item(out, to, &item, false),
                 Err(EngineStatus::KeyNotFound) if quiet => {}
-                Err(e) => put_status(out, to, engine_status_to_wire(e), &[]),
+                Err(e) => self.fail(shared, out, to, e, &[]),
             },
-            Command::Hello { agent, features } => {
-                self.vbucket_aware = true;
-                self.mutation_seqno = false;
-                self.json = false;
-                let mut agreed: Vec<Feature> = Vec::with_capacity(features.len());
-                for f in features.known() {
-                    if !f.is_implemented() || agreed.contains(&f) {
-                        continue;
-                    }
-                    match f {
-                        Feature::TcpNoDelay => self.nodelay_change = Some(true),
-                        Feature::TcpDelay => self.nodelay_change = Some(false),
-                        Feature::MutationSeqno => self.mutation_seqno = true,
-                        Feature::Json => self.json = true,
-                        // AltRequestSupport and PreserveTtl are informational: magic
-                        // 0x08 and the PreserveTtl frame are accepted either way.
-                        _ => {}
-                    }
-                    agreed.push(f);
-                }
-                let value: Vec<u8> = agreed
-                    .iter()
-                    .flat_map(|f| f.as_u16().to_be_bytes())
-                    .collect();
-                let agent = String::from_utf8_lossy(agent).into_owned();
-                tracing::debug!(
-                    agent = %agent,
-                    agreed = ?agreed.iter().map(|f| f.name()).collect::<Vec<_>>(),
-                    "HELLO"
-                );
-                self.agent = Some(agent);
-                put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &value);
-            }
             Command::GetLocked {
                 key,
                 lock_timeout_secs,
             } => match engine.get_locked(vbid, key, lock_timeout_secs) {
                 Ok(item) => self.put_item(out, to, &item, false),
-                Err(e) => put_status(out, to, engine_status_to_wire(e), &[]),
+                Err(e) => self.fail(shared, out, to, e, &[]),
             },
             Command::UnlockKey { key, cas } => match engine.unlock(vbid, key, cas) {
                 Ok(()) => put_status(out, to, Status::Success, &[]),
-                Err(e) => put_status(out, to, engine_status_to_wire(e), &[]),
+                Err(e) => self.fail(shared, out, to, e, &[]),
             },
             Command::SetVbucket { state } => match engine.set_vbucket_state(vbid, state) {
-                Ok(()) => put_status(out, to, Status::Success, &[]),
-                Err(e) => put_status(out, to, engine_status_to_wire(e), &[]),
+                Ok(()) => {
+                    // The map changed: clients must see a newer revision.
+                    shared.bump_cluster_rev();
+                    put_status(out, to, Status::Success, &[]);
+                }
+                Err(e) => self.fail(shared, out, to, e, &[]),
             },
             Command::GetVbucket => match engine.vbucket_state(vbid) {
                 Some(state) => {
                     let value = u32::from(state as u8).to_be_bytes();
                     put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &value);
                 }
-                None => put_status(out, to, Status::NotMyVbucket, &[]),
+                None => self.fail(shared, out, to, EngineStatus::NotMyVbucket, &[]),
             },
-            Command::AdjustTimeofday { offset_secs } => {
-                if shared.config.testing {
-                    match engine.adjust_time(offset_secs) {
-                        Ok(()) => put_status(out, to, Status::Success, &[]),
-                        Err(e) => put_status(out, to, engine_status_to_wire(e), &[]),
-                    }
-                } else {
-                    put_error_text(out, to, Status::NotSupported);
+            Command::ObserveSeqno { vbucket_uuid } => {
+                match engine.vbucket_seqnos(vbid) {
+                    Ok(seqnos) => match observe_seqno_reply(vbid, vbucket_uuid, &seqnos) {
+                        Some(value) => {
+                            put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &value);
+                        }
+                        // A UUID that is in no branch of this vBucket's history.
+                        None => self.fail(shared, out, to, EngineStatus::KeyNotFound, &[]),
+                    },
+                    Err(e) => self.fail(shared, out, to, e, &[]),
                 }
             }
             // `Command` is non-exhaustive: a command the codec learns to decode before the
             // front end learns to execute it is unknown to this server.
             _ => put_error_text(out, to, Status::UnknownCommand),
         }
-        Flow::Continue
     }
 
     /// The datatype bits this connection may see.
@@ -318,6 +580,7 @@ impl Session {
 
     fn put_mutation(
         &self,
+        shared: &Shared,
         out: &mut BytesMut,
         to: ReplyTo,
         result: Result<MutationInfo, EngineStatus>,
@@ -329,46 +592,93 @@ impl Session {
                 let (extras, n) = self.mutation_extras(&info);
                 put_success(out, to, info.cas, Datatype::RAW, &extras[..n], &[], &[]);
             }
-            Err(e) => put_status(out, to, engine_status_to_wire(e), &[]),
+            Err(e) => self.fail(shared, out, to, e, &[]),
+        }
+    }
+
+    /// STAT: one reply per stat, then an empty-key terminator; on error, only the error.
+    /// `timings` is the front end's own; the other groups need a bucket.
+    fn stats(&self, shared: &Shared, out: &mut BytesMut, to: ReplyTo, group: &[u8]) {
+        let Ok(group) = std::str::from_utf8(group) else {
+            put_error_text(out, to, Status::Einval);
+            return;
+        };
+        let engine = self.bucket.as_ref().map(|b| &*b.engine);
+        if group != "timings" && engine.is_none() {
+            self.fail_wire(out, to, Status::NoBucket, &[]);
+            return;
+        }
+        let mark = out.len();
+        let mut sink = |k: &str, v: &str| {
+            put_success(
+                out,
+                to,
+                Cas::ANY,
+                Datatype::RAW,
+                &[],
+                k.as_bytes(),
+                v.as_bytes(),
+            );
+        };
+        let result = match (group, engine) {
+            ("timings", _) => {
+                timings::emit(&shared.timings, &mut sink);
+                Ok(())
+            }
+            ("", Some(engine)) => {
+                default_stats(shared, &mut sink);
+                engine.stats("", &mut sink)
+            }
+            (other, Some(engine)) => engine.stats(other, &mut sink),
+            (_, None) => Err(EngineStatus::Internal),
+        };
+        match result {
+            Ok(()) => put_status(out, to, Status::Success, &[]),
+            Err(e) => {
+                out.truncate(mark);
+                self.fail(shared, out, to, e, &[]);
+            }
         }
     }
 }
 
-/// STAT: one reply per stat, then an empty-key terminator; on error, only the error.
-fn stats(shared: &Shared, out: &mut BytesMut, to: ReplyTo, group: &[u8]) {
-    let Ok(group) = std::str::from_utf8(group) else {
-        put_error_text(out, to, Status::Einval);
+/// OBSERVE_SEQNO's reply value for a client that knows `uuid`, or `None` when `uuid` is
+/// in no branch of the vBucket's history. Format 0 when `uuid` is current:
+/// `[0][vbid u16][uuid u64][persisted u64][current u64]`; format 1 when it is an older
+/// branch (the vBucket failed over since): the same plus `[old uuid u64][the last seqno
+/// of that branch u64]`.
+fn observe_seqno_reply(vbid: Vbid, uuid: u64, seqnos: &VBucketSeqnos) -> Option<Vec<u8>> {
+    let log = &seqnos.failover_log;
+    let current = log.first()?;
+    let pos = log.iter().position(|e| e.uuid == uuid)?;
+    let mut v = Vec::with_capacity(43);
+    v.push(u8::from(pos > 0));
+    v.extend_from_slice(&vbid.0.to_be_bytes());
+    v.extend_from_slice(&current.uuid.to_be_bytes());
+    v.extend_from_slice(&seqnos.persisted_seqno.0.to_be_bytes());
+    v.extend_from_slice(&seqnos.high_seqno.0.to_be_bytes());
+    if pos > 0 {
+        // The branch after the old one began where the old one ended.
+        let ended_at = log.get(pos - 1).map_or(0, |newer| newer.seqno.0);
+        v.extend_from_slice(&uuid.to_be_bytes());
+        v.extend_from_slice(&ended_at.to_be_bytes());
+    }
+    Some(v)
+}
+
+/// ADJUST_TIMEOFDAY: shifts the clock of every bucket (testing mode only).
+fn adjust_timeofday(shared: &Shared, offset_secs: i64, out: &mut BytesMut, to: ReplyTo) {
+    if !shared.config.testing {
+        put_error_text(out, to, Status::NotSupported);
         return;
-    };
-    let mark = out.len();
-    let mut sink = |k: &str, v: &str| {
-        put_success(
-            out,
-            to,
-            Cas::ANY,
-            Datatype::RAW,
-            &[],
-            k.as_bytes(),
-            v.as_bytes(),
-        );
-    };
-    let result = match group {
-        "" => {
-            default_stats(shared, &mut sink);
-            shared.engine.stats("", &mut sink)
-        }
-        "timings" => {
-            timings::emit(&shared.timings, &mut sink);
-            Ok(())
-        }
-        other => shared.engine.stats(other, &mut sink),
-    };
+    }
+    let result = shared
+        .buckets
+        .iter()
+        .try_for_each(|(_, engine)| engine.adjust_time(offset_secs));
     match result {
         Ok(()) => put_status(out, to, Status::Success, &[]),
-        Err(e) => {
-            out.truncate(mark);
-            put_status(out, to, engine_status_to_wire(e), &[]);
-        }
+        Err(e) => put_status(out, to, engine_status_to_wire(e), &[]),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The one mapping from engine outcomes to wire status codes.
 
 use epkv_engine_api::EngineStatus;
-use epkv_protocol::Status;
+use epkv_protocol::{Opcode, Status};
 
 /// Maps an engine outcome to the status sent to the client.
 ///
@@ -9,16 +9,9 @@ use epkv_protocol::Status;
 /// wildcard: a new [`EngineStatus`] variant does not compile until it is mapped here
 /// (kv_engine's `engine_errc_2_mcbp`, made total).
 ///
-/// Choices where kv_engine depends on negotiation:
-/// - [`EngineStatus::Locked`] → 0x09 `Locked` and [`EngineStatus::NotLocked`] → 0x0e
-///   `NotLocked`, the codes kv_engine sends to clients that agreed to XERROR. kv_engine
-///   remaps them for clients without XERROR (locked writes → 0x02, GET_LOCKED on a
-///   locked key and UNLOCK of an unlocked key → 0x86). epkv does not implement XERROR yet
-///   and sends the precise codes to everyone, because they are what the lock semantics
-///   are specified by (memcached binary clients treat any unknown non-zero status as a
-///   failure, which is what the remapped codes mean to them too).
-/// - [`EngineStatus::UnknownStatGroup`] → 0x01 `KeyEnoent`, as kv_engine answers STAT
-///   with a group it does not know.
+/// This is the code a client that agreed to XERROR gets; [`status_for_client`] remaps it
+/// for the others. [`EngineStatus::UnknownStatGroup`] → 0x01 `KeyEnoent`, as kv_engine
+/// answers STAT with a group it does not know.
 #[must_use]
 pub fn engine_status_to_wire(status: EngineStatus) -> Status {
     match status {
@@ -43,9 +36,97 @@ pub fn engine_status_to_wire(status: EngineStatus) -> Status {
     }
 }
 
+/// The status a client is sent for a wire status produced by the engine (through
+/// [`engine_status_to_wire`]) or by the front end's own checks (0x08 NoBucket), or `None`
+/// when the connection must be closed instead (kv_engine `Connection::remapErrorCode`).
+///
+/// A client that agreed to XERROR (HELLO 0x07) understands every status in the error map
+/// and gets [`engine_status_to_wire`]'s code. The others are classic clients that know
+/// only the memcached codes and NOT_MY_VBUCKET:
+/// - `Locked` → 0x02 `KeyEexists` for writes; for GET_LOCKED and UNLOCK_KEY (kv_engine's
+///   `locked_tmpfail`) → 0x86 `Etmpfail`;
+/// - `NotLocked` and `SyncWriteInProgress` → 0x86 `Etmpfail` (retry later);
+/// - `NoBucket`, `Eaccess` and the durability outcomes (`DurabilityInvalidLevel`,
+///   `DurabilityImpossible`, `SyncWriteAmbiguous`) have no classic equivalent: the
+///   connection is closed, as kv_engine does.
+#[must_use]
+pub fn status_for_client(wire: Status, opcode: u8, xerror: bool) -> Option<Status> {
+    if xerror {
+        return Some(wire);
+    }
+    let lock_op = matches!(
+        Opcode::from_u8(opcode),
+        Some(Opcode::GetLocked | Opcode::UnlockKey)
+    );
+    match wire {
+        Status::Locked if lock_op => Some(Status::Etmpfail),
+        Status::Locked => Some(Status::KeyEexists),
+        Status::NotLocked | Status::SyncWriteInProgress => Some(Status::Etmpfail),
+        Status::NoBucket
+        | Status::Eaccess
+        | Status::DurabilityInvalidLevel
+        | Status::DurabilityImpossible
+        | Status::SyncWriteAmbiguous => None,
+        other => Some(other),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn classic_clients_get_classic_codes_or_are_disconnected() {
+        let w = engine_status_to_wire;
+        let set = Opcode::Set.as_u8();
+        let getl = Opcode::GetLocked.as_u8();
+        let unl = Opcode::UnlockKey.as_u8();
+        assert_eq!(
+            status_for_client(w(EngineStatus::Locked), set, true),
+            Some(Status::Locked)
+        );
+        assert_eq!(
+            status_for_client(w(EngineStatus::Locked), set, false),
+            Some(Status::KeyEexists)
+        );
+        assert_eq!(
+            status_for_client(w(EngineStatus::Locked), getl, false),
+            Some(Status::Etmpfail)
+        );
+        assert_eq!(
+            status_for_client(w(EngineStatus::Locked), unl, false),
+            Some(Status::Etmpfail)
+        );
+        assert_eq!(
+            status_for_client(w(EngineStatus::NotLocked), unl, false),
+            Some(Status::Etmpfail)
+        );
+        assert_eq!(
+            status_for_client(w(EngineStatus::NotLocked), unl, true),
+            Some(Status::NotLocked)
+        );
+        assert_eq!(
+            status_for_client(w(EngineStatus::SyncWriteInProgress), set, false),
+            Some(Status::Etmpfail)
+        );
+        assert_eq!(
+            status_for_client(w(EngineStatus::DurabilityImpossible), set, false),
+            None
+        );
+        assert_eq!(status_for_client(Status::NoBucket, set, false), None);
+        assert_eq!(
+            status_for_client(Status::NoBucket, set, true),
+            Some(Status::NoBucket)
+        );
+        assert_eq!(
+            status_for_client(w(EngineStatus::KeyNotFound), set, false),
+            Some(Status::KeyEnoent)
+        );
+        assert_eq!(
+            status_for_client(w(EngineStatus::NotMyVbucket), set, false),
+            Some(Status::NotMyVbucket)
+        );
+    }
 
     #[test]
     fn outcomes_map_to_memcached_codes() {

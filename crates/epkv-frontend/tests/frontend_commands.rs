@@ -231,7 +231,7 @@ fn hello_agrees_to_implemented_features_in_order_without_duplicates() {
         Feature::SelectBucket.as_u16(),
     ];
     let agreed = hello(&mut c, &asked);
-    assert_eq!(agreed, vec![0x03, 0x04, 0x0b, 0x10]);
+    assert_eq!(agreed, vec![0x03, 0x07, 0x04, 0x0b, 0x10, 0x08]);
     for f in &agreed {
         assert!(Feature::from_u16(*f).unwrap().is_implemented());
     }
@@ -375,7 +375,7 @@ fn unknown_and_invalid_requests_get_an_error_and_the_connection_stays() {
     assert_eq!(too_long.status, 0x04);
     let bad_extras = c.request(RequestBuilder::new(Opcode::Set).extras(&[0; 3]).key(b"k"));
     assert_eq!(bad_extras.status, 0x04);
-    let not_implemented = c.request(RequestBuilder::new(Opcode::SaslListMechs));
+    let not_implemented = c.request(RequestBuilder::new(Opcode::Observe).key(b"k"));
     assert_eq!(not_implemented.status, 0x81);
     assert_eq!(c.request(RequestBuilder::new(Opcode::Noop)).status, 0);
 }
@@ -497,35 +497,52 @@ fn touch_gat_get_locked_and_unlock() {
     );
     assert_eq!(miss.status, 0x01);
 
-    let locked = c.request(RequestBuilder::new(Opcode::GetLocked).key(b"t"));
-    assert_eq!(locked.status, 0);
-    let write = c.request(
-        RequestBuilder::new(Opcode::Set)
-            .extras(&[0; 8])
-            .key(b"t")
-            .value(b"w"),
-    );
-    assert_eq!(write.status, 0x09, "a locked key answers Locked to writers");
-    let again = c.request(RequestBuilder::new(Opcode::GetLocked).key(b"t"));
-    assert_eq!(again.status, 0x09);
-    let wrong = c.request(
-        RequestBuilder::new(Opcode::UnlockKey)
-            .key(b"t")
-            .cas(Cas(locked.cas + 1)),
-    );
-    assert_eq!(wrong.status, 0x09);
-    let unlock = c.request(
-        RequestBuilder::new(Opcode::UnlockKey)
-            .key(b"t")
-            .cas(Cas(locked.cas)),
-    );
-    assert_eq!(unlock.status, 0);
-    let not_locked = c.request(
-        RequestBuilder::new(Opcode::UnlockKey)
-            .key(b"t")
-            .cas(Cas(locked.cas)),
-    );
-    assert_eq!(not_locked.status, 0x0e);
+    // A classic client (no XERROR) gets the memcached codes kv_engine maps lock
+    // outcomes to; a client that agreed to XERROR gets the precise ones.
+    let mut x = server.client();
+    hello(&mut x, &[Feature::Xerror.as_u16()]);
+    // The HELLO client routes by vBucket itself.
+    let vb = epkv_types::vbucket_for_key(b"t", epkv_types::NUM_VBUCKETS);
+    for (xerror, c) in [(false, &mut c), (true, &mut x)] {
+        let (locked_write, locked_getl, not_locked_code) = if xerror {
+            (0x09, 0x09, 0x0e)
+        } else {
+            (0x02, 0x86, 0x86)
+        };
+        let locked = c.request(RequestBuilder::new(Opcode::GetLocked).key(b"t").vbucket(vb));
+        assert_eq!(locked.status, 0);
+        let write = c.request(
+            RequestBuilder::new(Opcode::Set)
+                .extras(&[0; 8])
+                .key(b"t")
+                .vbucket(vb)
+                .value(b"w"),
+        );
+        assert_eq!(write.status, locked_write, "a locked key refuses writers");
+        let again = c.request(RequestBuilder::new(Opcode::GetLocked).key(b"t").vbucket(vb));
+        assert_eq!(again.status, locked_getl);
+        let wrong = c.request(
+            RequestBuilder::new(Opcode::UnlockKey)
+                .key(b"t")
+                .vbucket(vb)
+                .cas(Cas(locked.cas + 1)),
+        );
+        assert_eq!(wrong.status, locked_getl);
+        let unlock = c.request(
+            RequestBuilder::new(Opcode::UnlockKey)
+                .key(b"t")
+                .vbucket(vb)
+                .cas(Cas(locked.cas)),
+        );
+        assert_eq!(unlock.status, 0);
+        let not_locked = c.request(
+            RequestBuilder::new(Opcode::UnlockKey)
+                .key(b"t")
+                .vbucket(vb)
+                .cas(Cas(locked.cas)),
+        );
+        assert_eq!(not_locked.status, not_locked_code, "xerror={xerror}");
+    }
 }
 
 #[test]

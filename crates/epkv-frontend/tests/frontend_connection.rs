@@ -55,18 +55,29 @@ fn hello_pipelined_with_other_requests_is_answered_in_order() {
         .to_vec()
         .unwrap();
     batch.extend(RequestBuilder::raw(0x20).opaque(2).to_vec().unwrap());
+    // libcouchbase's order: the error map (v1) before any reply.
     batch.extend(
-        RequestBuilder::new(Opcode::Noop)
+        RequestBuilder::new(Opcode::GetErrorMap)
+            .value(&[0, 1])
             .opaque(3)
             .to_vec()
             .unwrap(),
     );
+    batch.extend(
+        RequestBuilder::new(Opcode::Noop)
+            .opaque(4)
+            .to_vec()
+            .unwrap(),
+    );
     c.send(&batch);
-    let got: Vec<(u32, u16)> = (0..3)
-        .map(|_| c.recv())
-        .map(|r| (r.opaque, r.status))
-        .collect();
-    assert_eq!(got, vec![(1, 0), (2, 0x81), (3, 0)]);
+    let replies: Vec<_> = (0..4).map(|_| c.recv()).collect();
+    let got: Vec<(u32, u16)> = replies.iter().map(|r| (r.opaque, r.status)).collect();
+    assert_eq!(got, vec![(1, 0), (2, 0), (3, 0), (4, 0)]);
+    assert_eq!(
+        replies[1].value,
+        b"SCRAM-SHA512 SCRAM-SHA256 SCRAM-SHA1 PLAIN"
+    );
+    assert!(replies[2].value.starts_with(b"{\"version\":1,"));
 }
 
 #[test]

@@ -1,0 +1,109 @@
+//! The cluster map (GET_CLUSTER_CONFIG, and the body of NOT_MY_VBUCKET replies): the JSON
+//! Couchbase clients bootstrap from, for a single node serving every vBucket it has
+//! active.
+//!
+//! Fields are the ones the real clients require (`../shared/design/protocol-compat.md`
+//! §2): `rev`, `revEpoch`, `name`, `nodeLocator: "vbucket"`, `nodesExt[].services.kv`,
+//! `vBucketServerMap` with `numReplicas` and a non-empty `vBucketMap`, and
+//! `bucketCapabilities` with `durableWrite` (libcouchbase refuses SyncWrites without it)
+//! but without `collections` (HELLO 0x12 is not agreed; the two must match). The node's
+//! address is the one the client connected to, so a client that reached the server
+//! through one interface is never sent another.
+
+use epkv_engine_api::Engine;
+use epkv_types::{NUM_VBUCKETS, VBucketState, Vbid};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+
+/// The config epoch; configs are compared by (epoch, rev). It would change only if the
+/// revision counter restarted, which it does not within one process.
+pub(crate) const REV_EPOCH: i64 = 1;
+
+/// `hostname` and `serverList` forms of the address a client connected to.
+fn host_and_server(local: SocketAddr) -> (String, String) {
+    let host = local.ip().to_string();
+    let server = match local {
+        SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
+        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+    };
+    (host, server)
+}
+
+/// The `nodesExt` array for this single node.
+fn nodes_ext(local: SocketAddr) -> String {
+    let (host, _) = host_and_server(local);
+    format!(
+        "[{{\"hostname\":\"{host}\",\"services\":{{\"kv\":{}}},\"thisNode\":true}}]",
+        local.port()
+    )
+}
+
+/// The bucket config for `name` (a valid bucket name: no characters that need JSON
+/// escaping). A vBucket maps to this node (0) while it is active here, else to no node
+/// (-1).
+pub(crate) fn bucket_config(
+    name: &str,
+    rev: i64,
+    local: SocketAddr,
+    engine: &dyn Engine,
+) -> String {
+    let (_, server) = host_and_server(local);
+    let mut map = String::with_capacity(usize::from(NUM_VBUCKETS) * 5);
+    for vb in 0..NUM_VBUCKETS {
+        if vb > 0 {
+            map.push(',');
+        }
+        let active = engine.vbucket_state(Vbid(vb)) == Some(VBucketState::Active);
+        map.push_str(if active { "[0]" } else { "[-1]" });
+    }
+    let mut s = String::with_capacity(map.len() + 512);
+    // Writing to a String cannot fail.
+    let _ = write!(
+        s,
+        "{{\"rev\":{rev},\"revEpoch\":{REV_EPOCH},\"name\":\"{name}\",\
+         \"nodeLocator\":\"vbucket\",\"nodesExt\":{},\
+         \"vBucketServerMap\":{{\"hashAlgorithm\":\"CRC\",\"numReplicas\":0,\
+         \"serverList\":[\"{server}\"],\"vBucketMap\":[{map}]}},\
+         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\"],\
+         \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
+        nodes_ext(local)
+    );
+    s
+}
+
+/// The global (no bucket selected) config.
+pub(crate) fn global_config(rev: i64, local: SocketAddr) -> String {
+    format!(
+        "{{\"rev\":{rev},\"revEpoch\":{REV_EPOCH},\"nodesExt\":{},\
+         \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
+        nodes_ext(local)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_is_the_local_address_in_both_families() {
+        let v4: SocketAddr = "10.1.2.3:11210".parse().unwrap();
+        assert_eq!(
+            host_and_server(v4),
+            ("10.1.2.3".to_owned(), "10.1.2.3:11210".to_owned())
+        );
+        let v6: SocketAddr = "[::1]:9000".parse().unwrap();
+        assert_eq!(
+            host_and_server(v6),
+            ("::1".to_owned(), "[::1]:9000".to_owned())
+        );
+    }
+
+    #[test]
+    fn global_config_names_this_node() {
+        let a: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let g = global_config(7, a);
+        assert!(g.starts_with("{\"rev\":7,"));
+        assert!(g.contains("\"services\":{\"kv\":4000}"));
+        assert!(g.contains("\"thisNode\":true"));
+    }
+}
