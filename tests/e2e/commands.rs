@@ -274,6 +274,8 @@ async fn get_locked_and_unlock() {
     let server = Server::start();
     let mut c = server.client().await;
     let k = key("lock");
+    // Clients that agreed to XERROR get the precise lock codes (0x09, 0x0e).
+    c.hello("e2e", &[Feature::Xerror]).await.unwrap();
     assert_eq!(
         status(&c.get_locked(&k, 5).await.unwrap()),
         Some(Status::KeyEnoent)
@@ -283,6 +285,7 @@ async fn get_locked_and_unlock() {
     assert!(locked.is_success());
     assert_eq!(locked.value.as_ref(), b"v");
     let mut other = server.client().await;
+    other.hello("e2e", &[Feature::Xerror]).await.unwrap();
     let w = other.set(&k, b"w", StoreOptions::new()).await.unwrap();
     assert_eq!(
         status(&w),
@@ -343,11 +346,15 @@ async fn noop_version_verbosity_and_unknown_opcodes() {
         (status(&unknown), unknown.opcode),
         (Some(Status::UnknownCommand), 0xee)
     );
-    let sasl = c
-        .request(RequestBuilder::new(Opcode::SaslListMechs))
+    let observe = c
+        .request(RequestBuilder::new(Opcode::Observe).key(b"k"))
         .await
         .unwrap();
-    assert_eq!(status(&sasl), Some(Status::UnknownCommand));
+    assert_eq!(
+        status(&observe),
+        Some(Status::UnknownCommand),
+        "legacy OBSERVE is not implemented"
+    );
     c.noop().await.unwrap();
 }
 
@@ -409,7 +416,7 @@ async fn hello_negotiates_implemented_features() {
         Feature::TcpNoDelay,
     ];
     let agreed = c.hello("e2e", &asked).await.unwrap();
-    assert_eq!(agreed, vec![0x03, 0x04, 0x0b, 0x10, 0x14]);
+    assert_eq!(agreed, vec![0x03, 0x04, 0x07, 0x08, 0x0b, 0x10, 0x14]);
     let k = key("hello");
     let set = c
         .set(
@@ -455,6 +462,9 @@ async fn durability_majority_commits_and_persist_levels_are_invalid() {
     use epkv_types::DurabilityLevel;
     let server = Server::start();
     let mut c = server.client().await;
+    // Durability outcomes are XERROR codes: a client must agree to XERROR to see them
+    // (without it, kv_engine and epkv close the connection instead).
+    c.hello("e2e", &[Feature::Xerror]).await.unwrap();
     let k = key("durable");
     let majority = DurabilityRequirement {
         level: DurabilityLevel::Majority,

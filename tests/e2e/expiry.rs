@@ -95,7 +95,8 @@ async fn a_lock_times_out() {
     assert!(c.get_locked(&k, 5).await.unwrap().is_success());
     assert_eq!(
         c.set(&k, b"w", StoreOptions::new()).await.unwrap().status(),
-        Some(Status::Locked)
+        Some(Status::KeyEexists),
+        "a classic client (no XERROR) is told KeyEexists for a locked key, as by kv_engine"
     );
     shift(&mut c, 6).await;
     assert!(

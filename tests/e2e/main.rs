@@ -12,8 +12,10 @@
 mod harness;
 
 mod commands;
+mod couchbase;
 mod expiry;
 mod malformed;
 mod pipelining;
 mod process;
+mod scram;
 mod vbuckets;

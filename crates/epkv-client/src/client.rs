@@ -594,6 +594,94 @@ impl Client {
         self.run(&Command::AdjustTimeofday { offset_secs }).await
     }
 
+    /// SASL_LIST_MECHS: the mechanisms the server offers, as it lists them.
+    ///
+    /// # Errors
+    /// [`Error::Status`] on a non-success status, plus I/O errors.
+    pub async fn sasl_list_mechs(&mut self) -> Result<String> {
+        let r = self.run(&Command::SaslListMechs).await?.into_result()?;
+        Ok(String::from_utf8_lossy(&r.value).into_owned())
+    }
+
+    /// SASL_AUTH with `mechanism` and the client's first message.
+    ///
+    /// # Errors
+    /// I/O and protocol errors; the status (0x00, 0x21 AuthContinue, 0x20 AuthError) is in
+    /// the response.
+    pub async fn sasl_auth(&mut self, mechanism: &str, data: &[u8]) -> Result<Response> {
+        self.run(&Command::SaslAuth {
+            mechanism: mechanism.as_bytes(),
+            data,
+        })
+        .await
+    }
+
+    /// SASL_STEP with `mechanism` and the client's next message.
+    ///
+    /// # Errors
+    /// I/O and protocol errors; the status is in the response.
+    pub async fn sasl_step(&mut self, mechanism: &str, data: &[u8]) -> Result<Response> {
+        self.run(&Command::SaslStep {
+            mechanism: mechanism.as_bytes(),
+            data,
+        })
+        .await
+    }
+
+    /// Authenticates with SASL PLAIN (`\0user\0password`).
+    ///
+    /// # Errors
+    /// [`Error::Status`] with 0x20 AuthError when the server refuses, plus I/O errors.
+    pub async fn auth_plain(&mut self, user: &str, password: &str) -> Result<()> {
+        let mut data = Vec::with_capacity(2 + user.len() + password.len());
+        data.push(0);
+        data.extend_from_slice(user.as_bytes());
+        data.push(0);
+        data.extend_from_slice(password.as_bytes());
+        self.sasl_auth("PLAIN", &data).await?.into_result()?;
+        Ok(())
+    }
+
+    /// SELECT_BUCKET.
+    ///
+    /// # Errors
+    /// I/O and protocol errors; the status (0x24 Eaccess when refused) is in the response.
+    pub async fn select_bucket(&mut self, name: &str) -> Result<Response> {
+        self.run(&Command::SelectBucket {
+            name: name.as_bytes(),
+        })
+        .await
+    }
+
+    /// GET_ERROR_MAP for `version`.
+    ///
+    /// # Errors
+    /// I/O and protocol errors; the status is in the response.
+    pub async fn get_error_map(&mut self, version: u16) -> Result<Response> {
+        self.run(&Command::GetErrorMap { version }).await
+    }
+
+    /// GET_CLUSTER_CONFIG, optionally naming the `(epoch, revision)` already known.
+    ///
+    /// # Errors
+    /// I/O and protocol errors; the status is in the response.
+    pub async fn get_cluster_config(
+        &mut self,
+        known_version: Option<(i64, i64)>,
+    ) -> Result<Response> {
+        self.run(&Command::GetClusterConfig { known_version }).await
+    }
+
+    /// OBSERVE_SEQNO for `vbucket`, naming the vBucket UUID of a mutation token.
+    ///
+    /// # Errors
+    /// I/O and protocol errors; the status is in the response.
+    pub async fn observe_seqno(&mut self, vbucket: Vbid, vbucket_uuid: u64) -> Result<Response> {
+        let b =
+            RequestBuilder::from_command(&Command::ObserveSeqno { vbucket_uuid }).vbucket(vbucket);
+        self.request(b).await
+    }
+
     /// QUIT: waits for the reply and for the server to close the connection.
     ///
     /// # Errors

@@ -101,7 +101,7 @@ impl Session {
 
     fn sasl_failed(&self, mechanism: &str, e: &AuthError, out: &mut BytesMut, to: ReplyTo) {
         // `AuthError`'s text never holds a password, proof or key.
-        tracing::info!(%mechanism, error = %e, agent = self.agent.as_deref().unwrap_or(""), "authentication failed");
+        tracing::warn!(%mechanism, error = %e, agent = self.agent.as_deref().unwrap_or(""), "authentication failed");
         let status = if e.is_auth_failure() {
             Status::AuthError
         } else {

@@ -1,11 +1,16 @@
 //! `epkv-server`: the epkv key-value server.
 //!
 //! With no arguments it listens on 127.0.0.1:11210, creates the bucket `default` and keeps
-//! its data under `./epkv-data`, and prints one line saying how to connect:
+//! its data under `./epkv-data/default`, and prints one line saying how to connect:
 //!
 //! ```text
-//! epkv listening on 127.0.0.1:11210 (bucket "default", data ./epkv-data)
+//! epkv listening on 127.0.0.1:11210 (buckets default, data ./epkv-data, no authentication)
 //! ```
+//!
+//! Access: with no users configured and a loopback address, clients use `default` without
+//! authenticating. `--admin-user`/`--admin-password` (or `EPKV_ADMIN_USER` /
+//! `EPKV_ADMIN_PASSWORD`) and `--users-file` (written by `epkv-server user add`) configure
+//! users; then clients authenticate with SASL and select a bucket they may use.
 //!
 //! Every setting is declared once in `settings.rs` and can be given as a flag
 //! (`--max-connections 100`) or in a TOML file (`--config epkv.toml`, same names with
@@ -16,17 +21,20 @@
 //! (`epkv-engine`) and hands it to the front end (`epkv-frontend`), then waits for
 //! SIGINT/SIGTERM and shuts down gracefully (exit code 0). A second signal exits at once.
 
+mod bucket_list;
 mod byte_size;
 mod rlimit;
 mod settings;
 mod thp;
+mod users;
 
 use anyhow::{Context, Result, bail};
+use bucket_list::BucketSpec;
 use clap::Parser;
 use epkv_engine::{Bucket, BucketConfig, EngineClock};
 use epkv_executor::{OffsetClock, SystemClock};
-use epkv_frontend::{Frontend, FrontendConfig, FrontendError};
-use settings::{LogFormat, Resolved, SettingFlags};
+use epkv_frontend::{Buckets, DEFAULT_BUCKET, Frontend, FrontendConfig, FrontendError};
+use settings::{LogFormat, Resolved, SettingFlags, Settings};
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -63,6 +71,16 @@ struct Cli {
     /// Testing mode: ADJUST_TIMEOFDAY may shift the server clock (for test suites only)
     #[arg(long, hide = true)]
     testing: bool,
+    #[command(subcommand)]
+    command: Option<CliCommand>,
+}
+
+/// Actions other than serving.
+#[derive(Debug, clap::Subcommand)]
+enum CliCommand {
+    /// Manage the users file (`--users-file`)
+    #[command(subcommand)]
+    User(users::UserCommand),
 }
 
 fn main() -> ExitCode {
@@ -71,7 +89,11 @@ fn main() -> ExitCode {
         print!("{}", settings::markdown_table());
         return ExitCode::SUCCESS;
     }
-    match run(cli) {
+    let result = match cli.command {
+        Some(CliCommand::User(cmd)) => users::run(cmd),
+        None => run(cli),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("epkv-server: error: {e:#}");
@@ -106,23 +128,14 @@ fn run(cli: Cli) -> Result<()> {
         .filter(|&n| n > 0)
         .context("output-buffer-limit must be positive")?;
 
-    std::fs::create_dir_all(&s.data_dir)
-        .with_context(|| format!("cannot create data directory {}", s.data_dir.display()))?;
-
     let engine_clock = if cli.testing {
         tracing::warn!("testing mode: ADJUST_TIMEOFDAY can shift the server clock");
         EngineClock::Testing(OffsetClock::new())
     } else {
         EngineClock::System
     };
-    let bucket_config = BucketConfig {
-        name: s.bucket.clone(),
-        memory_quota_bytes: s.memory_quota.bytes(),
-        flush_enabled: s.flush_enabled,
-        ..BucketConfig::default()
-    };
-    let bucket = Bucket::new(bucket_config, engine_clock)
-        .with_context(|| format!("cannot create bucket {:?}", s.bucket))?;
+    let buckets = build_buckets(s, &engine_clock)?;
+    let users = Arc::new(users::configured_users(s)?);
 
     let config = FrontendConfig {
         bind: SocketAddr::new(s.bind, s.port),
@@ -135,13 +148,16 @@ fn run(cli: Cli) -> Result<()> {
         shutdown_timeout: Duration::from_secs(s.shutdown_timeout),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         clock: Arc::new(SystemClock),
+        users: Arc::clone(&users),
     };
-    let frontend = Frontend::bind(config, bucket).map_err(explain_bind_error)?;
+    let frontend = Frontend::bind_buckets(config, buckets).map_err(explain_bind_error)?;
     let addr = frontend.local_addr();
 
+    let bucket_names = bucket_names(s);
     tracing::info!(
         %addr,
-        bucket = %s.bucket,
+        buckets = %bucket_names,
+        users = users.len(),
         data_dir = %s.data_dir.display(),
         threads,
         max_connections,
@@ -154,13 +170,29 @@ fn run(cli: Cli) -> Result<()> {
         data_dir = %s.data_dir.display(),
         "persistence is not implemented yet: documents live in memory only and are lost at exit"
     );
+    if users.is_empty() && addr.ip().is_loopback() {
+        tracing::info!(
+            "no users configured: clients on this loopback address use bucket \"default\" \
+             without authenticating"
+        );
+    } else if users.is_empty() {
+        tracing::warn!(
+            %addr,
+            "no users configured and not listening on loopback: no client can use any bucket; \
+             configure --admin-user/--admin-password or --users-file"
+        );
+    }
     // The one line on stdout: how to connect. Tests read the address from it.
     let mut stdout = std::io::stdout().lock();
     writeln!(
         stdout,
-        "epkv listening on {addr} (bucket \"{}\", data {})",
-        s.bucket,
-        s.data_dir.display()
+        "epkv listening on {addr} (buckets {bucket_names}, data {}, {})",
+        s.data_dir.display(),
+        if users.is_empty() {
+            "no authentication".to_owned()
+        } else {
+            format!("{} users", users.len())
+        }
     )
     .and_then(|()| stdout.flush())
     .context("cannot write to stdout")?;
@@ -180,6 +212,53 @@ fn run(cli: Cli) -> Result<()> {
     })?;
     tracing::info!("epkv-server stopped");
     Ok(())
+}
+
+/// The bucket names, `default` first, comma separated.
+fn bucket_names(s: &Settings) -> String {
+    let mut names = vec![DEFAULT_BUCKET];
+    names.extend(
+        s.buckets
+            .0
+            .iter()
+            .map(|b| b.name.as_str())
+            .filter(|n| *n != DEFAULT_BUCKET),
+    );
+    names.join(",")
+}
+
+/// Creates `default` and every configured bucket, each with its own engine, quota and
+/// data directory (`DATA_DIR/NAME`). All share the engine clock, so ADJUST_TIMEOFDAY
+/// moves them together.
+fn build_buckets(s: &Settings, clock: &EngineClock) -> Result<Buckets> {
+    let mut specs = vec![BucketSpec {
+        name: DEFAULT_BUCKET.to_owned(),
+        quota: None,
+    }];
+    for b in &s.buckets.0 {
+        match specs.iter_mut().find(|d| d.name == b.name) {
+            Some(existing) => existing.quota = b.quota,
+            None => specs.push(b.clone()),
+        }
+    }
+    let mut buckets = Buckets::new();
+    for spec in specs {
+        let dir = s.data_dir.join(&spec.name);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create data directory {}", dir.display()))?;
+        let quota = spec.quota.unwrap_or(s.memory_quota);
+        let config = BucketConfig {
+            name: spec.name.clone(),
+            memory_quota_bytes: quota.bytes(),
+            flush_enabled: s.flush_enabled,
+            ..BucketConfig::default()
+        };
+        let bucket = Bucket::new(config, clock.clone())
+            .with_context(|| format!("cannot create bucket {:?}", spec.name))?;
+        tracing::info!(bucket = %spec.name, memory_quota = %quota, data_dir = %dir.display(), "bucket created");
+        buckets.insert(&spec.name, bucket)?;
+    }
+    Ok(buckets)
 }
 
 /// Resolves on the first SIGINT or SIGTERM; a second one exits at once.

@@ -12,6 +12,7 @@
 //! written as the text a user would type, and parsed with the same parser as the flags, so
 //! the documented default is the real one.
 
+use crate::bucket_list::{BucketList, Secret};
 use crate::byte_size::ByteSize;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -189,12 +190,20 @@ settings! {
         help = "TCP port for memcached binary protocol clients (0 picks a free port)";
     threads: usize = "0", unit = "count",
         help = "Front-end worker threads; 0 means one per CPU core";
-    bucket: String = "default", unit = "name",
-        help = "Name of the bucket the server creates";
+    buckets: BucketList = "", unit = "list",
+        help = "Buckets to create besides `default` (which always exists): NAME or NAME=QUOTA, comma separated, e.g. travel,beer=256MiB. Each is its own engine with its own quota (memory-quota unless given) and directory DATA_DIR/NAME";
     memory_quota: ByteSize = "1GiB", unit = "bytes",
-        help = "Bucket memory quota; accepts suffixes such as 512MiB or 2GiB";
+        help = "Memory quota of each bucket that does not set its own; accepts suffixes such as 512MiB or 2GiB";
     data_dir: PathBuf = "./epkv-data", unit = "path",
-        help = "Directory for the bucket's data (created if missing)";
+        help = "Directory for the buckets' data, one subdirectory per bucket (created if missing)";
+    users_file: PathBuf = "", unit = "path",
+        help = "Users file (TOML, salted SCRAM verifiers; write it with `epkv-server user add`). With users configured, clients must authenticate with SASL and select a bucket they may use";
+    admin_user: String = "", unit = "name",
+        help = "Create a user with access to every bucket (with admin-password); also EPKV_ADMIN_USER",
+        clap(env = "EPKV_ADMIN_USER");
+    admin_password: Secret = "", unit = "password",
+        help = "Password of admin-user, kept only as salted hashes in memory; also EPKV_ADMIN_PASSWORD",
+        clap(env = "EPKV_ADMIN_PASSWORD", hide_env_values = true);
     max_connections: usize = "4096", unit = "count",
         help = "Most client connections at once; more are accepted and closed at once. Clamped to the open-file limit minus a reserve";
     idle_timeout: u64 = "0", unit = "seconds",
@@ -320,7 +329,9 @@ mod tests {
         let d = Settings::defaults().unwrap();
         assert_eq!(d.port, 11210);
         assert_eq!(d.bind, IpAddr::from([127, 0, 0, 1]));
-        assert_eq!(d.bucket, "default");
+        assert_eq!(d.buckets, BucketList::default());
+        assert!(d.users_file.as_os_str().is_empty());
+        assert!(d.admin_user.is_empty() && d.admin_password.expose().is_empty());
         assert_eq!(d.data_dir, PathBuf::from("./epkv-data"));
         assert_eq!(d.max_packet_size, ByteSize(20 << 20));
         assert!(!d.flush_enabled);
@@ -376,6 +387,25 @@ mod tests {
         let f = flags(&["--memory-quota", "512MiB", "--max-packet-size", "1048576"]);
         assert_eq!(f.memory_quota, Some(ByteSize(512 << 20)));
         assert_eq!(f.max_packet_size, Some(ByteSize(1 << 20)));
+    }
+
+    #[test]
+    fn buckets_and_admin_come_from_flags_or_the_file() {
+        let file = parse_file(
+            "buckets = \"travel,beer=64MiB\"\nadmin-user = \"root\"\nadmin_password = \"pw\"\n",
+        )
+        .unwrap();
+        let (s, _) = Settings::merge(&flags(&[]), file).unwrap();
+        assert_eq!(s.buckets.0.len(), 2);
+        assert_eq!(s.admin_user, "root");
+        assert_eq!(s.admin_password.expose(), "pw");
+        assert!(
+            !format!("{s:?}").contains("\"pw\""),
+            "the password is redacted"
+        );
+        let f = flags(&["--buckets", "a", "--admin-password", "x"]);
+        assert_eq!(f.buckets.unwrap().0[0].name, "a");
+        assert!(parse_file("buckets = \"bad/name\"").is_err());
     }
 
     #[test]

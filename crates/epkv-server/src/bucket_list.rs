@@ -1,0 +1,144 @@
+//! [`BucketList`]: the `buckets` setting, the buckets the server creates besides
+//! `default`.
+
+use crate::byte_size::ByteSize;
+use std::fmt;
+use std::str::FromStr;
+
+/// One configured bucket: a name and, optionally, its own memory quota.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BucketSpec {
+    /// The bucket name (Couchbase's rule: see `epkv_frontend::is_valid_bucket_name`).
+    pub(crate) name: String,
+    /// The bucket's memory quota; `None` uses the `memory-quota` setting.
+    pub(crate) quota: Option<ByteSize>,
+}
+
+/// The buckets to create, written `NAME[=QUOTA],...` (for example
+/// `travel,beer=256MiB`). `default` always exists whether listed or not; listing it only
+/// gives it a quota. Names must be valid and distinct.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct BucketList(pub(crate) Vec<BucketSpec>);
+
+impl FromStr for BucketList {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut specs: Vec<BucketSpec> = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, quota) = match part.split_once('=') {
+                Some((n, q)) => (
+                    n.trim(),
+                    Some(q.trim().parse::<ByteSize>().map_err(|e| e.to_string())?),
+                ),
+                None => (part, None),
+            };
+            if !epkv_frontend::is_valid_bucket_name(name) {
+                return Err(format!(
+                    "invalid bucket name {name:?}: use 1-100 letters, digits, '.', '_', '-' \
+                     or '%', not starting with '.'"
+                ));
+            }
+            if specs.iter().any(|b| b.name == name) {
+                return Err(format!("bucket {name:?} is listed twice"));
+            }
+            specs.push(BucketSpec {
+                name: name.to_owned(),
+                quota,
+            });
+        }
+        Ok(Self(specs))
+    }
+}
+
+impl fmt::Display for BucketList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, b) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(&b.name)?;
+            if let Some(q) = b.quota {
+                write!(f, "={}", q.bytes())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for BucketList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A setting whose value must not be shown: `Debug` and `Display` print `<redacted>`.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub(crate) struct Secret(String);
+
+impl Secret {
+    /// The secret text.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "\"\""
+        } else {
+            "<redacted>"
+        })
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_lists_parse_names_and_quotas() {
+        let l: BucketList = "travel, beer=256MiB,,".parse().unwrap();
+        assert_eq!(
+            l.0,
+            vec![
+                BucketSpec {
+                    name: "travel".into(),
+                    quota: None
+                },
+                BucketSpec {
+                    name: "beer".into(),
+                    quota: Some(ByteSize(256 << 20))
+                },
+            ]
+        );
+        assert_eq!(l.to_string(), "travel,beer=268435456");
+        assert_eq!("".parse::<BucketList>().unwrap(), BucketList::default());
+        assert!("a,a".parse::<BucketList>().unwrap_err().contains("twice"));
+        assert!("a/b".parse::<BucketList>().is_err());
+        assert!("a=lots".parse::<BucketList>().is_err());
+    }
+
+    #[test]
+    fn secrets_are_not_printed() {
+        let s: Secret = "hunter2".parse().unwrap();
+        assert_eq!(format!("{s:?}"), "<redacted>");
+        assert_eq!(s.expose(), "hunter2");
+    }
+}
