@@ -55,6 +55,11 @@ class Server:
 
 
 def _start_server(tmp_path_factory):
+    return _start_server_with(tmp_path_factory, [])
+
+
+def _start_server_with(tmp_path_factory, args, port=0):
+    """Starts the server on 127.0.0.1:``port`` with extra ``args``; returns it and its log."""
     binary = _server_bin()
     if not binary.is_file():
         pytest.fail(f"{binary} does not exist; run `cargo build -p epkv-server` first")
@@ -62,7 +67,8 @@ def _start_server(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("epkv-log") / "epkv-server.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        [str(binary), "--port", "0", "--bind", "127.0.0.1", "--data-dir", str(data_dir)],
+        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--data-dir", str(data_dir),
+         *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=log,

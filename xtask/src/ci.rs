@@ -38,7 +38,7 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
     ),
     (
         "python",
-        "pytest tests/python (python-binary-memcached) against epkv-server",
+        "pytest tests/python (python-binary-memcached, Couchbase Python SDK) against epkv-server",
     ),
     ("fuzz", "cargo +nightly fuzz run decode_request for 30 s"),
     ("bench-build", "cargo bench -p epkv-bench --no-run"),

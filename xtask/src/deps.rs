@@ -5,7 +5,8 @@
 //!   benchmark and parity peer), `python3-venv`; `apt-get update && apt-get install` runs
 //!   only when one is missing.
 //! - A Python virtualenv at `.venv` with the pinned packages of
-//!   `tests/python/requirements.txt`; pip runs only when that file changed since the last
+//!   `tests/python/requirements.txt` (python-binary-memcached, pytest and the Couchbase
+//!   Python SDK `couchbase==4.6.3`, a manylinux wheel bundling its C++ core); pip runs only when that file changed since the last
 //!   install (a copy is kept in `.venv/epkv-requirements.txt`).
 //! - For the fuzz smoke: the nightly toolchain (must already be installed; rustup cannot
 //!   download here) and `cargo-fuzz` (installed from crates.io when missing).
@@ -141,7 +142,7 @@ pub(crate) fn venv_python() -> PathBuf {
     venv_dir().join("bin").join("python")
 }
 
-fn python_venv() -> Result<()> {
+pub(crate) fn python_venv() -> Result<()> {
     let venv = venv_dir();
     let python = venv_python();
     if !python.is_file() || util::output(Command::new(&python).arg("--version")).is_err() {

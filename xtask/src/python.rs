@@ -1,5 +1,6 @@
 //! `cargo xtask pytest`: the Python third-party client tests (tests/python, run with the
-//! `.venv` that `cargo xtask deps` builds) against a real epkv-server process.
+//! `.venv` that `cargo xtask deps` builds, and that this step brings up to date) against
+//! real epkv-server processes: python-binary-memcached and the Couchbase Python SDK.
 
 use std::process::Command;
 
@@ -9,8 +10,11 @@ use crate::deps;
 use crate::process;
 use crate::util;
 
-/// Runs pytest over tests/python with `EPKV_SERVER_BIN` pointing at `profile`'s binary.
+/// Runs pytest over tests/python with `EPKV_SERVER_BIN` pointing at `profile`'s binary,
+/// after making sure `.venv` has the pinned packages (the Couchbase SDK among them; pip
+/// runs only when `tests/python/requirements.txt` changed).
 pub(crate) fn pytest(profile: &str, extra: &[String]) -> Result<()> {
+    deps::python_venv()?;
     let python = deps::venv_python();
     if !python.is_file() {
         bail!(
