@@ -9,6 +9,7 @@ call is bounded by the SDK's own timeouts (set short below) and each test by an 
 broken server fails the test instead of hanging it.
 """
 
+import os
 import signal
 import socket
 import struct
@@ -21,6 +22,11 @@ import pytest
 from conftest import _server_bin, _start_server_with, _stop_server
 
 couchbase = pytest.importorskip("couchbase")
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("EPKV_PYTEST_ADDR")),
+    reason="needs a server of its own, configured with users and buckets",
+)
 
 from couchbase.auth import PasswordAuthenticator  # noqa: E402
 from couchbase.cluster import Cluster  # noqa: E402
