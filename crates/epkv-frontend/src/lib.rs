@@ -3,14 +3,23 @@
 //!
 //! What it is: the part of the server that speaks the memcached binary protocol to
 //! clients. It accepts connections, frames and validates requests with `epkv-protocol`,
-//! executes them against any [`epkv_engine_api::Engine`], and writes the replies. What it
-//! is not: a bucket (it never sees engine internals) nor a codec (it never parses bytes
-//! itself beyond handing them to `epkv-protocol`).
+//! authenticates them (SASL through `epkv-auth`), routes each connection's data requests
+//! to the bucket it selected (any number of [`epkv_engine_api::Engine`]s by name), and
+//! writes the replies, including what Couchbase SDKs bootstrap from: the error map and
+//! the cluster map. What it is not: a bucket (it never sees engine internals), a codec (it
+//! never parses bytes itself beyond handing them to `epkv-protocol`) nor a credential
+//! store (`epkv-auth` is).
 //!
 //! Key types: [`Frontend`] (bind, then [`Frontend::run_until`] a shutdown future),
-//! [`FrontendConfig`], [`FrontendError`], and [`engine_status_to_wire`], the one
-//! exhaustive mapping from [`epkv_engine_api::EngineStatus`] to
-//! [`epkv_protocol::Status`].
+//! [`FrontendConfig`] (including the users), [`Buckets`] (the engines by name),
+//! [`FrontendError`], [`engine_status_to_wire`], the one exhaustive mapping from
+//! [`epkv_engine_api::EngineStatus`] to [`epkv_protocol::Status`], and
+//! [`status_for_client`], its remapping for clients without XERROR.
+//!
+//! Access: with no users and a loopback listener, every connection starts on the
+//! `default` bucket unauthenticated (the zero-configuration mode); otherwise a connection
+//! authenticates with SASL and selects a bucket its user may use (0x24 otherwise), and data
+//! requests before that answer 0x08 NoBucket. See `docs/protocol.md`.
 //!
 //! Threading (memcached's model): one acceptor task on the caller's runtime deals
 //! accepted sockets round-robin to N worker threads, each running a single-threaded Tokio
@@ -28,9 +37,14 @@
 //!   gets an error status and the connection stays.
 //! - Connections that never sent HELLO are classic memcached clients: their key requests
 //!   are routed to `vbucket_for_key(key, 1024)`. After HELLO the header's vbid is used.
+//! - A client that did not agree to XERROR never receives a status outside its
+//!   vocabulary: it is remapped or, where kv_engine disconnects, the connection closes.
+//! - Passwords never reach a log: SASL failures log the mechanism and the claimed user.
+//! - The cluster map revision only grows (SET_VBUCKET bumps it).
 //!
-//! Depends on `epkv-types`, `epkv-protocol`, `epkv-engine-api` and `epkv-executor` (for
-//! the clock). Must never depend on `epkv-engine` or any other engine implementation.
+//! Depends on `epkv-types`, `epkv-protocol`, `epkv-engine-api`, `epkv-executor` (for
+//! the clock) and `epkv-auth` (SASL and users). Must never depend on `epkv-engine` or any
+//! other engine implementation.
 //!
 //! ```
 //! use epkv_engine_api::EngineStatus;

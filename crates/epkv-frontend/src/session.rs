@@ -716,3 +716,58 @@ fn default_stats(shared: &Shared, sink: &mut dyn FnMut(&str, &str)) {
     );
     sink("threads", &shared.config.threads.to_string());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use epkv_engine_api::FailoverEntry;
+    use epkv_types::Seqno;
+
+    fn seqnos() -> VBucketSeqnos {
+        VBucketSeqnos {
+            // Newest first: branch 30 began at seqno 7, branch 20 at 3, branch 10 at 0.
+            failover_log: vec![
+                FailoverEntry {
+                    uuid: 30,
+                    seqno: Seqno(7),
+                },
+                FailoverEntry {
+                    uuid: 20,
+                    seqno: Seqno(3),
+                },
+                FailoverEntry {
+                    uuid: 10,
+                    seqno: Seqno(0),
+                },
+            ],
+            high_seqno: Seqno(9),
+            persisted_seqno: Seqno(5),
+        }
+    }
+
+    #[test]
+    fn observe_seqno_uses_format_0_for_the_current_uuid() {
+        let v = observe_seqno_reply(Vbid(513), 30, &seqnos()).unwrap();
+        let mut want = vec![0u8, 2, 1];
+        want.extend_from_slice(&30u64.to_be_bytes());
+        want.extend_from_slice(&5u64.to_be_bytes());
+        want.extend_from_slice(&9u64.to_be_bytes());
+        assert_eq!(v, want);
+    }
+
+    #[test]
+    fn observe_seqno_uses_format_1_with_where_an_old_branch_ended() {
+        let v = observe_seqno_reply(Vbid(1), 10, &seqnos()).unwrap();
+        assert_eq!((v.len(), v[0]), (43, 1));
+        assert_eq!(&v[3..11], &30u64.to_be_bytes(), "the current uuid");
+        assert_eq!(&v[27..35], &10u64.to_be_bytes(), "the old uuid");
+        assert_eq!(
+            &v[35..43],
+            &3u64.to_be_bytes(),
+            "branch 10 ended where 20 began"
+        );
+        let v = observe_seqno_reply(Vbid(1), 20, &seqnos()).unwrap();
+        assert_eq!(&v[35..43], &7u64.to_be_bytes());
+        assert_eq!(observe_seqno_reply(Vbid(1), 99, &seqnos()), None);
+    }
+}
