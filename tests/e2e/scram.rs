@@ -16,7 +16,7 @@ fn hmac(key: &[u8], msg: &[u8]) -> Vec<u8> {
     m.finalize().into_bytes().to_vec()
 }
 
-fn attr<'a>(msg: &'a str, name: char) -> &'a str {
+fn attr(msg: &str, name: char) -> &str {
     msg.split(',')
         .find_map(|p| p.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
         .unwrap_or_else(|| panic!("no {name}= in {msg:?}"))
