@@ -260,6 +260,38 @@ async fn buckets_need_authentication_and_access_and_are_separate() {
 }
 
 #[tokio::test]
+async fn the_admin_user_may_come_from_the_environment_and_needs_a_password() {
+    if skip_if_external("admin_env") {
+        return;
+    }
+    let server = Server::spawn_env(
+        &[],
+        &[
+            ("EPKV_ADMIN_USER", "envadmin"),
+            ("EPKV_ADMIN_PASSWORD", "env-pw"),
+        ],
+    );
+    let mut c = login(&server, ("envadmin", "env-pw"), Some("default")).await;
+    assert!(
+        c.set(&key("env"), b"v", StoreOptions::new())
+            .await
+            .unwrap()
+            .is_success()
+    );
+    let mut anon = server.client().await;
+    sdk_hello(&mut anon).await;
+    assert_eq!(
+        anon.get(&key("env")).await.unwrap().status(),
+        Some(Status::NoBucket),
+        "with a user configured, the open mode is off"
+    );
+    let (status, stderr) =
+        Server::spawn_exact_expecting_failure(&["--port", "0", "--admin-user", "root"]);
+    assert!(!status.success());
+    assert!(stderr.contains("admin-password"), "{stderr}");
+}
+
+#[tokio::test]
 async fn the_open_loopback_mode_serves_default_without_authentication() {
     if skip_if_external("open_mode") {
         return;

@@ -98,6 +98,19 @@ impl Server {
 
     /// A fresh process with exactly these arguments (plus a private data directory).
     pub(crate) fn spawn_exact(args: &[&str]) -> Server {
+        Server::spawn_exact_env(args, &[])
+    }
+
+    /// [`Server::spawn`] with extra environment variables.
+    pub(crate) fn spawn_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut args = vec!["--port", "0", "--testing", "--flush-enabled"];
+        args.extend_from_slice(extra);
+        Server::spawn_exact_env(&args, env)
+    }
+
+    /// A fresh process with exactly these arguments and extra environment variables (plus
+    /// a private data directory).
+    pub(crate) fn spawn_exact_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let data_dir = std::env::temp_dir().join(format!(
             "epkv-e2e-{}-{}",
             std::process::id(),
@@ -111,6 +124,7 @@ impl Server {
                 "RUST_LOG",
                 std::env::var("EPKV_E2E_LOG").unwrap_or_else(|_| "warn".into()),
             )
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
