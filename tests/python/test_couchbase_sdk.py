@@ -10,12 +10,14 @@ broken server fails the test instead of hanging it.
 """
 
 import os
+import re
 import signal
 import socket
 import struct
 import subprocess
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -98,6 +100,9 @@ def _bounded():
 def _server_args(users_file):
     return [
         "--testing",
+        # The tests read the "authenticated ... mechanism=" lines (info) from the log.
+        "--log-level",
+        "info",
         "--buckets",
         "travel,beer=64MiB",
         "--users-file",
@@ -197,7 +202,18 @@ def _observe_seqno(addr, bucket, vbucket, vbucket_uuid):
     return struct.unpack(">QQQ", value[3:27])
 
 
-def test_scram_sha512_connect_and_crud(coll, doc_id):
+def _authenticated_with(server, user):
+    """The mechanisms the server logged successful authentications of ``user`` with."""
+    text = Path(server.log_path).read_text(errors="replace")
+    return {
+        m.group(1)
+        for m in re.finditer(r"authenticated user=<ud>" + re.escape(user) + r"</ud> mechanism=(\S+)",
+                             text)
+    }
+
+
+def test_scram_sha512_connect_and_crud(sdk_server, coll, doc_id):
+    assert _authenticated_with(sdk_server, ADMIN[0]) == {"SCRAM-SHA512"}
     res = coll.upsert(doc_id, {"a": 1})
     assert res.cas != 0
     assert coll.get(doc_id).content_as[dict] == {"a": 1}
@@ -222,6 +238,7 @@ def test_plain_connect(sdk_server, doc_id):
         travel = c.bucket("travel").default_collection()
         travel.upsert(doc_id, "via PLAIN")
         assert travel.get(doc_id).content_as[str] == "via PLAIN"
+        assert _authenticated_with(sdk_server, APP[0]) == {"PLAIN"}
     finally:
         c.close()
 
