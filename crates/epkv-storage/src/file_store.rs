@@ -1,0 +1,970 @@
+//! [`FileStore`]: the files backend of [`KvStore`] for one shard: per-vBucket data files
+//! plus, unless turned off, one write-ahead journal.
+//!
+//! **Commit with the journal** ([`JournalMode::On`]): the whole batch (every vBucket it
+//! touches) is appended to the journal as one record and made durable by one fdatasync;
+//! then each vBucket's data file gets the documents, an index segment and a header,
+//! *without* a sync. The data files are synced at a checkpoint (when the journal exceeds
+//! [`FileStoreConfig::checkpoint_bytes`], before deleting a vBucket, on
+//! [`KvStore::checkpoint`] and on close), after which the journal is truncated. Recovery =
+//! each data file's last valid header + replay of the journal batches the file lacks.
+//!
+//! **Commit without the journal** ([`JournalMode::Off`], KV-Engine's behaviour): each data
+//! file is written and synced, one fdatasync per vBucket per batch.
+//!
+//! **Failures.** A failed write or sync is never ignored: the commit returns the error, the
+//! written bytes are cut back to the last committed header (or, if even that fails, the
+//! vBucket is marked for repair before its next use), and the caller retries the batch.
+//! Each journal record carries, per vBucket, the commit id it becomes; on replay the last
+//! record for a commit id wins, so a retried batch supersedes the failed attempt.
+//!
+//! **Locking.** `commit_lock` (journal + commit order of the shard) → one vBucket's mutex →
+//! the [`FdCache`] mutex. Readers take only the vBucket mutex, briefly, to clone its
+//! [`ReadView`], then read with positional I/O and no lock. Compaction holds the vBucket's
+//! mutex for the whole rewrite, which is its interlock with the flusher: a flush touching
+//! that vBucket waits, others are unaffected until they need that vBucket.
+
+use crate::data_file::{self, ReadView, Segment};
+use crate::error::{Error, Result};
+use crate::fd_cache::{FdCache, default_fd_budget};
+use crate::format::{self, Header, JournalEntry, KeyEntry, RecordKind, SUPERBLOCK_LEN};
+use crate::kv_store::KvStore;
+use crate::types::{
+    CompactionOutcome, Document, KeyMeta, PurgeRule, ScanControl, StoreStats, VbCommit, VbState,
+};
+use crate::vfs::{OpenMode, RealFs, VFile, Vfs};
+use epkv_types::Vbid;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Whether commits go through the shard's write-ahead journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalMode {
+    /// One journal append and one fdatasync per batch; data files synced at checkpoints.
+    On,
+    /// One fdatasync per vBucket data file per batch (KV-Engine's behaviour).
+    Off,
+}
+
+/// Settings of one [`FileStore`].
+#[derive(Debug, Clone)]
+pub struct FileStoreConfig {
+    /// Directory holding this shard's data files and journal (created if missing).
+    pub dir: PathBuf,
+    /// Journal on or off.
+    pub journal: JournalMode,
+    /// Journal size that triggers a checkpoint, in bytes (default 64 MiB).
+    pub checkpoint_bytes: u64,
+    /// Open data files kept, when no shared cache is given (default: from RLIMIT_NOFILE;
+    /// 0 = open and close the file on every use).
+    pub fd_budget: usize,
+    /// A descriptor cache shared with other shards; overrides `fd_budget`.
+    pub fd_cache: Option<Arc<FdCache>>,
+}
+
+impl FileStoreConfig {
+    /// Defaults for `dir`: journal on, 64 MiB checkpoints, budget from RLIMIT_NOFILE.
+    #[must_use]
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            journal: JournalMode::On,
+            checkpoint_bytes: 64 << 20,
+            fd_budget: default_fd_budget(),
+            fd_cache: None,
+        }
+    }
+}
+
+/// What opening a store found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Data files whose uncommitted or torn tail was cut off: (file, bytes dropped).
+    pub torn_tails: Vec<(PathBuf, u64)>,
+    /// Bytes of the journal's torn tail dropped.
+    pub journal_torn_bytes: u64,
+    /// vBucket commits re-applied from the journal.
+    pub journal_commits_replayed: u64,
+    /// Leftover files removed (old revisions, unfinished compactions).
+    pub files_removed: Vec<PathBuf>,
+}
+
+#[derive(Debug)]
+struct VbFile {
+    vbid: u16,
+    rev: u64,
+    path: PathBuf,
+    /// Append position: the end of the last committed header (0 = no file yet).
+    end: u64,
+    header: Option<Header>,
+    segments: Arc<Vec<Arc<Segment>>>,
+    /// A write failed and the tail could not be cut back yet: repair before next use.
+    needs_repair: bool,
+}
+
+impl VbFile {
+    fn new(dir: &Path, vbid: u16) -> Self {
+        Self {
+            vbid,
+            rev: 0,
+            path: dir.join(data_file::file_name(vbid, 0)),
+            end: 0,
+            header: None,
+            segments: Arc::new(Vec::new()),
+            needs_repair: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Journal {
+    path: PathBuf,
+    file: Arc<dyn VFile>,
+    end: u64,
+    needs_repair: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    batches: AtomicU64,
+    items: AtomicU64,
+    syncs: AtomicU64,
+    bytes: AtomicU64,
+    journal_bytes: AtomicU64,
+    checkpoints: AtomicU64,
+    compactions: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// The files backend for one shard. See the module docs.
+#[derive(Debug)]
+pub struct FileStore {
+    cfg: FileStoreConfig,
+    vfs: Arc<dyn Vfs>,
+    fds: Arc<FdCache>,
+    vbs: Mutex<HashMap<u16, Arc<Mutex<VbFile>>>>,
+    /// The journal (None when off); its mutex also orders the shard's commits.
+    commit_lock: Mutex<Option<Journal>>,
+    /// vBuckets whose data file has unsynced bytes (journal mode).
+    dirty: Mutex<BTreeSet<u16>>,
+    /// A file was created or removed since the directory was last synced.
+    dir_dirty: AtomicU64,
+    counters: Counters,
+    report: RecoveryReport,
+}
+
+const JOURNAL_NAME: &str = "journal.log";
+
+impl FileStore {
+    /// Opens (or creates) the shard in `cfg.dir` on the real file system, recovering every
+    /// data file and replaying the journal.
+    ///
+    /// # Errors
+    /// I/O errors, or [`Error::Corrupt`] naming the file and offset of damage in the
+    /// middle of a file.
+    pub fn open(cfg: FileStoreConfig) -> Result<Self> {
+        Self::open_with(cfg, Arc::new(RealFs))
+    }
+
+    /// As [`FileStore::open`] over any [`Vfs`] (such as [`crate::FaultFs`]).
+    ///
+    /// # Errors
+    /// As [`FileStore::open`].
+    pub fn open_with(cfg: FileStoreConfig, vfs: Arc<dyn Vfs>) -> Result<Self> {
+        vfs.create_dir_all(&cfg.dir)
+            .map_err(|e| Error::io("mkdir", &cfg.dir, e))?;
+        let fds = cfg
+            .fd_cache
+            .clone()
+            .unwrap_or_else(|| Arc::new(FdCache::new(Arc::clone(&vfs), cfg.fd_budget)));
+        let mut store = Self {
+            cfg,
+            vfs,
+            fds,
+            vbs: Mutex::new(HashMap::new()),
+            commit_lock: Mutex::new(None),
+            dirty: Mutex::new(BTreeSet::new()),
+            dir_dirty: AtomicU64::new(0),
+            counters: Counters::default(),
+            report: RecoveryReport::default(),
+        };
+        store.recover_data_files()?;
+        store.recover_journal()?;
+        Ok(store)
+    }
+
+    /// What recovery found when the store was opened.
+    #[must_use]
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.report
+    }
+
+    /// The shard's directory.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.cfg.dir
+    }
+
+    /// Checks every record of every data file (CRC and structure), returning how many
+    /// documents were verified.
+    ///
+    /// # Errors
+    /// The first [`Error::Corrupt`] found, naming file and offset.
+    pub fn verify(&self) -> Result<u64> {
+        let mut n = 0;
+        for vb in self.vbuckets() {
+            let docs = self.scan_by_seqno(vb, 0, u64::MAX, &mut |_| ScanControl::Continue)?;
+            n += docs;
+            let view = self.view(vb.0)?;
+            if let Some(view) = view {
+                let f = self.fds.get(&view.path, OpenMode::Existing)?;
+                for s in view.segments.iter() {
+                    data_file::read_all_keys(&*f, &view.path, s)?;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Syncs every data file and the journal, then closes (what a clean shutdown does).
+    ///
+    /// # Errors
+    /// If the final checkpoint fails; nothing acknowledged is lost either way (the journal
+    /// is kept until a checkpoint succeeds).
+    pub fn close(self) -> Result<()> {
+        self.checkpoint()
+    }
+
+    fn vb(&self, vbid: u16) -> Arc<Mutex<VbFile>> {
+        let mut g = self.vbs.lock();
+        Arc::clone(
+            g.entry(vbid)
+                .or_insert_with(|| Arc::new(Mutex::new(VbFile::new(&self.cfg.dir, vbid)))),
+        )
+    }
+
+    fn existing_vb(&self, vbid: u16) -> Option<Arc<Mutex<VbFile>>> {
+        self.vbs.lock().get(&vbid).cloned()
+    }
+
+    fn view(&self, vbid: u16) -> Result<Option<ReadView>> {
+        let Some(vb) = self.existing_vb(vbid) else {
+            return Ok(None);
+        };
+        let mut g = vb.lock();
+        self.repair(&mut g)?;
+        if g.header.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(ReadView {
+            path: g.path.clone(),
+            segments: Arc::clone(&g.segments),
+        }))
+    }
+
+    fn sync_file(&self, f: &dyn VFile, path: &Path) -> Result<()> {
+        self.counters.syncs.fetch_add(1, Relaxed);
+        f.sync_data().map_err(|e| Error::io("sync", path, e))
+    }
+
+    fn sync_dir(&self) -> Result<()> {
+        self.counters.syncs.fetch_add(1, Relaxed);
+        self.vfs
+            .sync_dir(&self.cfg.dir)
+            .map_err(|e| Error::io("sync dir", &self.cfg.dir, e))?;
+        self.dir_dirty.store(0, Relaxed);
+        Ok(())
+    }
+
+    // ----- recovery -----
+
+    fn recover_data_files(&mut self) -> Result<()> {
+        let files = self
+            .vfs
+            .list(&self.cfg.dir)
+            .map_err(|e| Error::io("list", &self.cfg.dir, e))?;
+        let mut by_vb: BTreeMap<u16, Vec<(u64, PathBuf)>> = BTreeMap::new();
+        for p in files {
+            let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            match data_file::parse_file_name(name) {
+                Some((_, _, true)) => {
+                    // An unfinished compaction.
+                    self.remove_file(&p)?;
+                }
+                Some((vbid, rev, false)) => by_vb.entry(vbid).or_default().push((rev, p)),
+                None => {}
+            }
+        }
+        for (vbid, mut revs) in by_vb {
+            revs.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
+            let mut chosen: Option<VbFile> = None;
+            for (rev, path) in revs {
+                if chosen.is_some() {
+                    self.remove_file(&path)?;
+                    continue;
+                }
+                let f = self.fds.get(&path, OpenMode::Existing)?;
+                let rec = data_file::recover(&*f, &path, vbid)?;
+                let Some((header, end)) = rec.header else {
+                    // Nothing committed in this revision: a fresh file whose first commit
+                    // never became durable. The journal (if any) holds its commits.
+                    self.fds.forget(&path);
+                    self.remove_file(&path)?;
+                    if rec.torn_bytes > 0 {
+                        self.report.torn_tails.push((path.clone(), rec.torn_bytes));
+                    }
+                    continue;
+                };
+                if rec.torn_bytes > 0 {
+                    tracing::warn!(path = %path.display(), dropped_bytes = rec.torn_bytes, "data file: cutting off torn tail after the last valid header");
+                    f.set_len(end)
+                        .map_err(|e| Error::io("truncate", &path, e))?;
+                    self.sync_file(&*f, &path)?;
+                    self.report.torn_tails.push((path.clone(), rec.torn_bytes));
+                }
+                let mut segs = Vec::with_capacity(header.segments.len());
+                for (off, len) in &header.segments {
+                    segs.push(Arc::new(data_file::load_segment(&*f, &path, *off, *len)?));
+                }
+                chosen = Some(VbFile {
+                    vbid,
+                    rev,
+                    path,
+                    end,
+                    header: Some(header),
+                    segments: Arc::new(segs),
+                    needs_repair: false,
+                });
+            }
+            if let Some(v) = chosen {
+                self.vbs.lock().insert(vbid, Arc::new(Mutex::new(v)));
+            }
+        }
+        if self.dir_dirty.load(Relaxed) > 0 {
+            self.sync_dir()?;
+        }
+        Ok(())
+    }
+
+    fn remove_file(&mut self, p: &Path) -> Result<()> {
+        self.fds.forget(p);
+        self.vfs.remove(p).map_err(|e| Error::io("remove", p, e))?;
+        self.dir_dirty.fetch_add(1, Relaxed);
+        self.report.files_removed.push(p.to_owned());
+        Ok(())
+    }
+
+    fn recover_journal(&mut self) -> Result<()> {
+        let path = self.cfg.dir.join(JOURNAL_NAME);
+        if self.cfg.journal == JournalMode::Off {
+            // A journal left by a run with it on must still be replayed once.
+            match self.vfs.open(&path, OpenMode::Existing) {
+                Ok(f) => {
+                    let (entries, end, torn) = read_journal(&*f, &path)?;
+                    self.report.journal_torn_bytes = torn;
+                    self.replay(entries)?;
+                    let _ = end;
+                    self.checkpoint_files()?;
+                    drop(f);
+                    self.vfs
+                        .remove(&path)
+                        .map_err(|e| Error::io("remove", &path, e))?;
+                    self.sync_dir()?;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("open", &path, e)),
+            }
+            return Ok(());
+        }
+        let f = self
+            .vfs
+            .open(&path, OpenMode::Create)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let len = f.len().map_err(|e| Error::io("stat", &path, e))?;
+        let sb = SUPERBLOCK_LEN as u64;
+        if len < sb {
+            let mut b = Vec::new();
+            format::put_superblock(&mut b, RecordKind::JournalSuperblock, 0, 0);
+            f.set_len(0).map_err(|e| Error::io("truncate", &path, e))?;
+            f.write_all_at(&b, 0)
+                .map_err(|e| Error::io("write", &path, e))?;
+            self.sync_file(&*f, &path)?;
+            self.sync_dir()?;
+            *self.commit_lock.lock() = Some(Journal {
+                path,
+                file: f,
+                end: sb,
+                needs_repair: false,
+            });
+            return Ok(());
+        }
+        let (entries, _end, torn) = read_journal(&*f, &path)?;
+        if torn > 0 {
+            tracing::warn!(path = %path.display(), dropped_bytes = torn, "journal: dropping torn tail");
+        }
+        self.report.journal_torn_bytes = torn;
+        self.replay(entries)?;
+        *self.commit_lock.lock() = Some(Journal {
+            path,
+            file: f,
+            end: len,
+            needs_repair: false,
+        });
+        // Make the replayed data files durable and empty the journal.
+        self.checkpoint()
+    }
+
+    fn replay(&mut self, entries: Vec<JournalEntry>) -> Result<()> {
+        // For each (vbid, commit id) the last record wins: a retried batch supersedes the
+        // failed attempt that was journaled before it.
+        let mut last: BTreeMap<(u16, u64), JournalEntry> = BTreeMap::new();
+        for e in entries {
+            last.insert((e.vbid, e.commit_id), e);
+        }
+        for ((vbid, commit_id), e) in last {
+            let vb = self.vb(vbid);
+            let mut g = vb.lock();
+            let have = g.header.as_ref().map_or(0, |h| h.commit_id);
+            if commit_id <= have {
+                continue;
+            }
+            self.apply(&mut g, &e)?;
+            self.dirty.lock().insert(vbid);
+            self.report.journal_commits_replayed += 1;
+        }
+        Ok(())
+    }
+
+    // ----- writing -----
+
+    /// Cuts a vBucket's file back to its last committed header after a failed write.
+    fn repair(&self, g: &mut VbFile) -> Result<()> {
+        if !g.needs_repair {
+            return Ok(());
+        }
+        self.fds.forget(&g.path);
+        if g.end == 0 {
+            match self.vfs.remove(&g.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("remove", &g.path, e)),
+            }
+        } else {
+            let f = self.fds.get(&g.path, OpenMode::Existing)?;
+            f.set_len(g.end)
+                .map_err(|e| Error::io("truncate", &g.path, e))?;
+        }
+        g.needs_repair = false;
+        Ok(())
+    }
+
+    /// Prepares one vBucket's journal entry: de-duplicated documents in seqno order, the
+    /// next commit id and the completed state.
+    fn prepare(g: &VbFile, c: &VbCommit) -> JournalEntry {
+        let mut latest: HashMap<&[u8], &Document> = HashMap::with_capacity(c.docs.len());
+        for d in &c.docs {
+            match latest.get(d.key.as_slice()) {
+                Some(old) if old.seqno > d.seqno => {}
+                _ => {
+                    latest.insert(&d.key, d);
+                }
+            }
+        }
+        let mut docs: Vec<Document> = latest.into_values().cloned().collect();
+        docs.sort_by_key(|d| d.seqno);
+        let mut state = c.state.clone();
+        if let Some(max) = docs.iter().map(|d| d.seqno).max() {
+            state.high_seqno = state.high_seqno.max(max);
+        }
+        if let Some(max) = docs.iter().map(|d| d.cas).max() {
+            state.max_cas = state.max_cas.max(max);
+        }
+        state.persisted_seqno = state.high_seqno;
+        JournalEntry {
+            vbid: g.vbid,
+            commit_id: g.header.as_ref().map_or(0, |h| h.commit_id) + 1,
+            state,
+            docs,
+        }
+    }
+
+    /// Appends one commit (documents, a segment, a header) to the vBucket's data file,
+    /// without syncing. On failure the vBucket is marked for repair.
+    fn apply(&self, g: &mut VbFile, e: &JournalEntry) -> Result<()> {
+        self.repair(g)?;
+        let r = self.apply_inner(g, e);
+        if r.is_err() {
+            g.needs_repair = true;
+            self.fds.forget(&g.path);
+        }
+        r
+    }
+
+    fn apply_inner(&self, g: &mut VbFile, e: &JournalEntry) -> Result<()> {
+        let f = self.fds.get(&g.path, OpenMode::Create)?;
+        let mut buf = Vec::with_capacity(
+            e.docs
+                .iter()
+                .map(|d| d.key.len() * 2 + d.value.len() + 96)
+                .sum::<usize>()
+                + 256,
+        );
+        if g.end == 0 {
+            buf.extend_from_slice(&data_file::superblock(g.vbid, g.rev));
+            self.dir_dirty.fetch_add(1, Relaxed);
+        }
+        let base = g.end;
+        let mut keys: Vec<KeyEntry> = Vec::with_capacity(e.docs.len());
+        let mut body = Vec::new();
+        for d in &e.docs {
+            if d.key.len() > usize::from(u16::MAX) || d.value.len() > (64 << 20) {
+                return Err(Error::InvalidArgument(format!(
+                    "document too large: key {} bytes, value {} bytes",
+                    d.key.len(),
+                    d.value.len()
+                )));
+            }
+            let offset = base + buf.len() as u64;
+            body.clear();
+            format::encode_document(&mut body, d);
+            format::put_frame(&mut buf, RecordKind::Document, &body);
+            keys.push(KeyEntry {
+                key: d.key.clone(),
+                seqno: d.seqno,
+                offset,
+                len: u32::try_from(base + buf.len() as u64 - offset).unwrap_or(u32::MAX),
+                deleted: d.deleted,
+            });
+        }
+        keys.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut segs: Vec<Arc<Segment>> = g.segments.as_ref().clone();
+        if !keys.is_empty() {
+            // Merge with the previous segments while the new one is at least half their
+            // size (tiered merging keeps O(log n) segments).
+            while let Some(prev) = segs.last() {
+                let n = keys.len() as u64;
+                if prev.dir.items > 2 * n && segs.len() < data_file::MAX_SEGMENTS {
+                    break;
+                }
+                let older = data_file::read_all_keys(&*f, &g.path, prev)?;
+                keys = data_file::merge_keys(older, keys);
+                segs.pop();
+            }
+            let seg = data_file::put_segment(&mut buf, base, &keys);
+            segs.push(Arc::new(seg));
+        }
+        let header = Header {
+            commit_id: e.commit_id,
+            state: e.state.clone(),
+            segments: segs.iter().map(|s| (s.offset, s.len)).collect(),
+        };
+        format::put_header(&mut buf, &header);
+        f.write_all_at(&buf, base)
+            .map_err(|err| Error::io("write", &g.path, err))?;
+        self.counters.bytes.fetch_add(buf.len() as u64, Relaxed);
+        if self.cfg.journal == JournalMode::Off {
+            self.sync_file(&*f, &g.path)?;
+            if self.dir_dirty.load(Relaxed) > 0 {
+                self.sync_dir()?;
+            }
+        }
+        g.end = base + buf.len() as u64;
+        g.header = Some(header);
+        g.segments = Arc::new(segs);
+        Ok(())
+    }
+
+    fn commit_locked(&self, journal: &mut Option<Journal>, batch: &[VbCommit]) -> Result<()> {
+        let mut vbs: Vec<(Arc<Mutex<VbFile>>, JournalEntry)> = Vec::with_capacity(batch.len());
+        for c in batch {
+            let vb = self.vb(c.vbid.0);
+            let entry = {
+                let mut g = vb.lock();
+                self.repair(&mut g)?;
+                Self::prepare(&g, c)
+            };
+            vbs.push((vb, entry));
+        }
+        if let Some(j) = journal.as_mut() {
+            if j.needs_repair {
+                j.file
+                    .set_len(j.end)
+                    .map_err(|e| Error::io("truncate", &j.path, e))?;
+                j.needs_repair = false;
+            }
+            let entries: Vec<JournalEntry> = vbs.iter().map(|(_, e)| e.clone()).collect();
+            let mut body = Vec::new();
+            format::encode_journal_batch(&mut body, &entries);
+            let mut frame = Vec::with_capacity(body.len() + format::FRAME_HEADER_LEN);
+            format::put_frame(&mut frame, RecordKind::JournalBatch, &body);
+            let written = j
+                .file
+                .write_all_at(&frame, j.end)
+                .map_err(|e| Error::io("write", &j.path, e))
+                .and_then(|()| {
+                    self.counters.bytes.fetch_add(frame.len() as u64, Relaxed);
+                    self.sync_file(&*j.file, &j.path)
+                });
+            if let Err(e) = written {
+                // Not acknowledged: cut the journal back so the next append follows the
+                // last good record.
+                if j.file.set_len(j.end).is_err() {
+                    j.needs_repair = true;
+                }
+                return Err(e);
+            }
+            j.end += frame.len() as u64;
+            self.counters.journal_bytes.store(j.end, Relaxed);
+        }
+        for (vb, entry) in &vbs {
+            let mut g = vb.lock();
+            self.apply(&mut g, entry)?;
+            if journal.is_some() {
+                self.dirty.lock().insert(g.vbid);
+            }
+        }
+        self.counters.batches.fetch_add(1, Relaxed);
+        let items: usize = vbs.iter().map(|(_, e)| e.docs.len()).sum();
+        self.counters.items.fetch_add(items as u64, Relaxed);
+        let over = journal
+            .as_ref()
+            .is_some_and(|j| j.end > self.cfg.checkpoint_bytes);
+        let too_many_dirty = self.fds.budget() > 0 && self.dirty.lock().len() > self.fds.budget();
+        if over || too_many_dirty {
+            self.checkpoint_locked(journal)?;
+        }
+        Ok(())
+    }
+
+    /// Syncs every dirty data file (and the directory).
+    fn checkpoint_files(&self) -> Result<()> {
+        let dirty: Vec<u16> = self.dirty.lock().iter().copied().collect();
+        for vbid in dirty {
+            let Some(vb) = self.existing_vb(vbid) else {
+                self.dirty.lock().remove(&vbid);
+                continue;
+            };
+            let g = vb.lock();
+            if g.end > 0 && !g.needs_repair {
+                let f = self.fds.get(&g.path, OpenMode::Existing)?;
+                self.sync_file(&*f, &g.path)?;
+            }
+            self.dirty.lock().remove(&vbid);
+        }
+        if self.dir_dirty.load(Relaxed) > 0 {
+            self.sync_dir()?;
+        }
+        Ok(())
+    }
+
+    fn checkpoint_locked(&self, journal: &mut Option<Journal>) -> Result<()> {
+        self.checkpoint_files()?;
+        if let Some(j) = journal.as_mut() {
+            let sb = SUPERBLOCK_LEN as u64;
+            if j.end > sb || j.needs_repair {
+                j.file
+                    .set_len(sb)
+                    .map_err(|e| Error::io("truncate", &j.path, e))?;
+                j.end = sb;
+                j.needs_repair = false;
+                self.sync_file(&*j.file, &j.path)?;
+            }
+            self.counters.journal_bytes.store(j.end, Relaxed);
+        }
+        self.counters.checkpoints.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn compact_locked(&self, g: &mut VbFile, rule: &PurgeRule) -> Result<CompactionOutcome> {
+        self.repair(g)?;
+        let Some(header) = g.header.clone() else {
+            return Ok(CompactionOutcome::default());
+        };
+        let view = ReadView {
+            path: g.path.clone(),
+            segments: Arc::clone(&g.segments),
+        };
+        let old = self.fds.get(&g.path, OpenMode::Existing)?;
+        let new_rev = g.rev + 1;
+        let tmp = self
+            .cfg
+            .dir
+            .join(format!("vb_{}.{new_rev}.compact", g.vbid));
+        let dst = self.cfg.dir.join(data_file::file_name(g.vbid, new_rev));
+        let result = self.write_compacted(&*old, &view, &header, rule, g.vbid, new_rev, &tmp);
+        let (out, end, header, seg) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                self.fds.forget(&tmp);
+                let _ = self.vfs.remove(&tmp);
+                return Err(e);
+            }
+        };
+        self.fds.forget(&tmp);
+        if let Err(e) = self.vfs.rename(&tmp, &dst) {
+            let _ = self.vfs.remove(&tmp);
+            return Err(Error::io("rename", &tmp, e));
+        }
+        self.sync_dir()?;
+        // From here the new revision is the vBucket's file.
+        let old_path = std::mem::replace(&mut g.path, dst);
+        g.rev = new_rev;
+        g.end = end;
+        g.header = Some(header);
+        g.segments = Arc::new(seg.into_iter().map(Arc::new).collect());
+        self.dirty.lock().remove(&g.vbid);
+        self.fds.forget(&old_path);
+        if let Err(e) = self.vfs.remove(&old_path) {
+            tracing::warn!(path = %old_path.display(), error = %e, "compaction: cannot remove the old revision; it is removed at next open");
+        }
+        self.dir_dirty.fetch_add(1, Relaxed);
+        self.counters.compactions.fetch_add(1, Relaxed);
+        Ok(out)
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "one private step of compaction")]
+    fn write_compacted(
+        &self,
+        old: &dyn VFile,
+        view: &ReadView,
+        header: &Header,
+        rule: &PurgeRule,
+        vbid: u16,
+        rev: u64,
+        tmp: &Path,
+    ) -> Result<(CompactionOutcome, u64, Header, Option<Segment>)> {
+        let mut out = CompactionOutcome {
+            bytes_before: old.len().map_err(|e| Error::io("stat", &view.path, e))?,
+            ..CompactionOutcome::default()
+        };
+        let f = self
+            .vfs
+            .open(tmp, OpenMode::Create)
+            .map_err(|e| Error::io("open", tmp, e))?;
+        f.set_len(0).map_err(|e| Error::io("truncate", tmp, e))?;
+        let mut buf = data_file::superblock(vbid, rev);
+        let mut base = 0u64;
+        let mut keys: Vec<KeyEntry> = Vec::new();
+        let high = header.state.high_seqno;
+        let mut purge_seqno = header.state.purge_seqno;
+        let mut io_err: Option<Error> = None;
+        let mut body = Vec::new();
+        data_file::scan_by_seqno(old, view, 0, u64::MAX, &mut |d| {
+            if d.deleted && d.seqno <= rule.purge_before_seqno && d.seqno != high {
+                out.tombstones_purged += 1;
+                purge_seqno = purge_seqno.max(d.seqno);
+                return ScanControl::Continue;
+            }
+            if !d.deleted
+                && d.expiry != 0
+                && rule.now_secs.is_some_and(|now| d.expiry <= now)
+                && d.seqno != high
+            {
+                out.expired += 1;
+                return ScanControl::Continue;
+            }
+            let offset = base + buf.len() as u64;
+            body.clear();
+            format::encode_document(&mut body, &d);
+            format::put_frame(&mut buf, RecordKind::Document, &body);
+            keys.push(KeyEntry {
+                key: d.key,
+                seqno: d.seqno,
+                offset,
+                len: u32::try_from(base + buf.len() as u64 - offset).unwrap_or(u32::MAX),
+                deleted: d.deleted,
+            });
+            out.kept += 1;
+            if buf.len() >= 4 << 20 {
+                if let Err(e) = f.write_all_at(&buf, base) {
+                    io_err = Some(Error::io("write", tmp, e));
+                    return ScanControl::Stop;
+                }
+                self.counters.bytes.fetch_add(buf.len() as u64, Relaxed);
+                base += buf.len() as u64;
+                buf.clear();
+            }
+            ScanControl::Continue
+        })?;
+        if let Some(e) = io_err {
+            return Err(e);
+        }
+        keys.sort_by(|a, b| a.key.cmp(&b.key));
+        let seg = (!keys.is_empty()).then(|| data_file::put_segment(&mut buf, base, &keys));
+        let mut state = header.state.clone();
+        state.purge_seqno = purge_seqno;
+        let new_header = Header {
+            commit_id: header.commit_id,
+            state,
+            segments: seg.iter().map(|s| (s.offset, s.len)).collect(),
+        };
+        format::put_header(&mut buf, &new_header);
+        f.write_all_at(&buf, base)
+            .map_err(|e| Error::io("write", tmp, e))?;
+        self.counters.bytes.fetch_add(buf.len() as u64, Relaxed);
+        let end = base + buf.len() as u64;
+        self.sync_file(&*f, tmp)?;
+        out.bytes_after = end;
+        Ok((out, end, new_header, seg))
+    }
+}
+
+/// Reads every journal batch; returns them, the end of the last good record and the
+/// bytes of torn tail after it.
+fn read_journal(f: &dyn VFile, path: &Path) -> Result<(Vec<JournalEntry>, u64, u64)> {
+    let len = f.len().map_err(|e| Error::io("stat", path, e))?;
+    let sb = SUPERBLOCK_LEN as u64;
+    if len < sb {
+        return Ok((Vec::new(), len, 0));
+    }
+    let mut head = vec![0u8; SUPERBLOCK_LEN];
+    f.read_exact_at(&mut head, 0)
+        .map_err(|e| Error::io("read", path, e))?;
+    let body = format::decode_frame_of(&head, RecordKind::JournalSuperblock)
+        .map_err(|r| data_file::corrupt(path, 0, r))?;
+    format::decode_superblock(body, RecordKind::JournalSuperblock)
+        .map_err(|r| data_file::corrupt(path, 0, r))?;
+    let mut out = Vec::new();
+    let mut pos = sb;
+    let mut fh = [0u8; format::FRAME_HEADER_LEN];
+    while pos + format::FRAME_HEADER_LEN as u64 <= len {
+        f.read_exact_at(&mut fh, pos)
+            .map_err(|e| Error::io("read", path, e))?;
+        let Ok((_, blen, _)) = format::parse_frame_header(&fh) else {
+            break;
+        };
+        let total = format::FRAME_HEADER_LEN as u64 + u64::from(blen);
+        if pos + total > len {
+            break;
+        }
+        let mut buf = vec![0u8; usize::try_from(total).unwrap_or(0)];
+        f.read_exact_at(&mut buf, pos)
+            .map_err(|e| Error::io("read", path, e))?;
+        let Ok(body) = format::decode_frame_of(&buf, RecordKind::JournalBatch) else {
+            break;
+        };
+        match format::decode_journal_batch(body) {
+            Ok(entries) => out.extend(entries),
+            // A record whose CRC verifies but does not decode was written by a broken
+            // build: refuse rather than guess.
+            Err(r) => return Err(data_file::corrupt(path, pos, r)),
+        }
+        pos += total;
+    }
+    Ok((out, pos, len - pos))
+}
+
+impl KvStore for FileStore {
+    fn commit(&self, batch: &[VbCommit]) -> Result<()> {
+        let mut j = self.commit_lock.lock();
+        let r = self.commit_locked(&mut j, batch);
+        if r.is_err() {
+            self.counters.failures.fetch_add(1, Relaxed);
+        }
+        r
+    }
+
+    fn get(&self, vbid: Vbid, key: &[u8]) -> Result<Option<Document>> {
+        let Some(view) = self.view(vbid.0)? else {
+            return Ok(None);
+        };
+        let f = self.fds.get(&view.path, OpenMode::Existing)?;
+        match data_file::find_key(&*f, &view.path, &view.segments, key)? {
+            Some(e) => Ok(Some(data_file::read_doc(&*f, &view.path, e.offset, e.len)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn scan_by_seqno(
+        &self,
+        vbid: Vbid,
+        start: u64,
+        end: u64,
+        visit: &mut dyn FnMut(Document) -> ScanControl,
+    ) -> Result<u64> {
+        let Some(view) = self.view(vbid.0)? else {
+            return Ok(0);
+        };
+        let f = self.fds.get(&view.path, OpenMode::Existing)?;
+        data_file::scan_by_seqno(&*f, &view, start, end, visit)
+    }
+
+    fn scan_keys(&self, vbid: Vbid, visit: &mut dyn FnMut(KeyMeta) -> ScanControl) -> Result<u64> {
+        let Some(view) = self.view(vbid.0)? else {
+            return Ok(0);
+        };
+        let f = self.fds.get(&view.path, OpenMode::Existing)?;
+        data_file::scan_keys(&*f, &view, visit)
+    }
+
+    fn vbucket_state(&self, vbid: Vbid) -> Result<Option<VbState>> {
+        let Some(vb) = self.existing_vb(vbid.0) else {
+            return Ok(None);
+        };
+        let g = vb.lock();
+        Ok(g.header.as_ref().map(|h| h.state.clone()))
+    }
+
+    fn vbuckets(&self) -> Vec<Vbid> {
+        let g = self.vbs.lock();
+        let mut v: Vec<Vbid> = g
+            .iter()
+            .filter(|(_, f)| f.lock().header.is_some())
+            .map(|(id, _)| Vbid(*id))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn delete_vbucket(&self, vbid: Vbid) -> Result<()> {
+        let mut j = self.commit_lock.lock();
+        // The journal must not hold commits of a vBucket whose files are gone.
+        self.checkpoint_locked(&mut j)?;
+        let Some(vb) = self.vbs.lock().remove(&vbid.0) else {
+            return Ok(());
+        };
+        let g = vb.lock();
+        self.fds.forget(&g.path);
+        match self.vfs.remove(&g.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("remove", &g.path, e)),
+        }
+        self.dirty.lock().remove(&vbid.0);
+        self.sync_dir()
+    }
+
+    fn compact(&self, vbid: Vbid, rule: &PurgeRule) -> Result<CompactionOutcome> {
+        let Some(vb) = self.existing_vb(vbid.0) else {
+            return Ok(CompactionOutcome::default());
+        };
+        let mut g = vb.lock();
+        self.compact_locked(&mut g, rule)
+    }
+
+    fn checkpoint(&self) -> Result<()> {
+        let mut j = self.commit_lock.lock();
+        self.checkpoint_locked(&mut j)
+    }
+
+    fn stats(&self) -> StoreStats {
+        let c = &self.counters;
+        StoreStats {
+            batches: c.batches.load(Relaxed),
+            items_flushed: c.items.load(Relaxed),
+            syncs: c.syncs.load(Relaxed),
+            bytes_written: c.bytes.load(Relaxed),
+            journal_bytes: c.journal_bytes.load(Relaxed),
+            checkpoints: c.checkpoints.load(Relaxed),
+            open_files: self.fds.open_files() as u64,
+            file_opens: self.fds.opens(),
+            compactions: c.compactions.load(Relaxed),
+            commit_failures: c.failures.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,859 @@
+//! The on-disk encoding of every record of a data file and of the journal, version 1.
+//!
+//! Every record is a *frame*: `kind u8 | body_len u32 | crc32c u32 | body`, little endian,
+//! where the CRC32C covers the kind byte, the length and the body. The byte-level layout of
+//! each body is documented in `docs/storage-format.md`; this module is the one place that
+//! writes and reads it. Decoders never panic and never trust a length: every read is
+//! bounds-checked, which the `storage_decode` fuzz target exercises.
+
+use crate::types::{Document, FailoverEntry, VbState};
+use epkv_types::VBucketState;
+
+/// The format version written in file superblocks and headers.
+pub const FORMAT_VERSION: u16 = 1;
+/// Bytes of a frame before its body: kind, body length, CRC32C.
+pub const FRAME_HEADER_LEN: usize = 9;
+/// Largest body a frame may declare (256 MiB); longer lengths are treated as corruption.
+pub const MAX_BODY_LEN: u32 = 256 << 20;
+/// Magic at the start of a data file's superblock.
+pub const DATA_MAGIC: &[u8; 8] = b"EPKVDATA";
+/// Magic at the start of a journal's superblock.
+pub const JOURNAL_MAGIC: &[u8; 8] = b"EPKVJRNL";
+/// Magic ending every header body (`EPKH` in ASCII, read as a little-endian u32).
+pub const HEADER_TRAILER_MAGIC: u32 = u32::from_le_bytes(*b"EPKH");
+/// Bytes of the trailer that ends a header body: total frame length u32, magic u32.
+pub const HEADER_TRAILER_LEN: usize = 8;
+/// Fixed bytes of a document body before its key and value.
+pub const DOC_FIXED_LEN: usize = 40;
+
+/// The kind byte of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RecordKind {
+    /// A document (mutation or tombstone).
+    Document = 1,
+    /// A block of by-key index entries.
+    KeyBlock = 2,
+    /// A block of by-seqno index entries.
+    SeqBlock = 3,
+    /// An index segment: the directories of its key and seqno blocks.
+    Segment = 4,
+    /// A commit header: vBucket state and the live index segments.
+    Header = 5,
+    /// The superblock at offset 0 of a data file.
+    DataSuperblock = 6,
+    /// The superblock at offset 0 of a journal.
+    JournalSuperblock = 7,
+    /// One flush batch in the journal.
+    JournalBatch = 8,
+}
+
+impl RecordKind {
+    /// Returns the kind for its byte, or `None` for an unknown byte.
+    #[must_use]
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::Document,
+            2 => Self::KeyBlock,
+            3 => Self::SeqBlock,
+            4 => Self::Segment,
+            5 => Self::Header,
+            6 => Self::DataSuperblock,
+            7 => Self::JournalSuperblock,
+            8 => Self::JournalBatch,
+            _ => return None,
+        })
+    }
+}
+
+/// Why bytes could not be decoded. Callers wrap it with the file and offset.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The bytes end before the record does.
+    #[error("truncated: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes needed.
+        need: usize,
+        /// Bytes available.
+        have: usize,
+    },
+    /// The checksum does not match.
+    #[error("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum {
+        /// CRC32C in the frame.
+        stored: u32,
+        /// CRC32C of the bytes.
+        computed: u32,
+    },
+    /// An unknown kind byte or a kind other than the one expected.
+    #[error("unexpected record kind {0}")]
+    Kind(u8),
+    /// A length field larger than allowed.
+    #[error("length {0} out of range")]
+    Length(u64),
+    /// A field holds an invalid value.
+    #[error("invalid {0}")]
+    Invalid(&'static str),
+    /// A format version this build does not read.
+    #[error("unsupported format version {0}")]
+    Version(u16),
+}
+
+/// Appends a frame holding `body` to `out`.
+pub fn put_frame(out: &mut Vec<u8>, kind: RecordKind, body: &[u8]) {
+    let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
+    let mut head = [0u8; 5];
+    head[0] = kind as u8;
+    head[1..5].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&head), body);
+    out.extend_from_slice(&head);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(body);
+}
+
+/// Parses a frame header: returns the kind byte, the body length and the stored CRC.
+///
+/// # Errors
+/// [`DecodeError::Truncated`] if fewer than [`FRAME_HEADER_LEN`] bytes are given,
+/// [`DecodeError::Length`] if the body length exceeds [`MAX_BODY_LEN`].
+pub fn parse_frame_header(buf: &[u8]) -> Result<(u8, u32, u32), DecodeError> {
+    if buf.len() < FRAME_HEADER_LEN {
+        return Err(DecodeError::Truncated {
+            need: FRAME_HEADER_LEN,
+            have: buf.len(),
+        });
+    }
+    let kind = buf[0];
+    let len = u32::from_le_bytes([buf[1], buf[2], buf[3], buf[4]]);
+    let crc = u32::from_le_bytes([buf[5], buf[6], buf[7], buf[8]]);
+    if len > MAX_BODY_LEN {
+        return Err(DecodeError::Length(u64::from(len)));
+    }
+    Ok((kind, len, crc))
+}
+
+/// Decodes the frame at the start of `buf`: returns its kind, its body and its total length.
+///
+/// # Errors
+/// A truncated frame, a bad length, an unknown kind or a checksum mismatch.
+pub fn decode_frame(buf: &[u8]) -> Result<(RecordKind, &[u8], usize), DecodeError> {
+    let (kind, len, stored) = parse_frame_header(buf)?;
+    let total = FRAME_HEADER_LEN + len as usize;
+    if buf.len() < total {
+        return Err(DecodeError::Truncated {
+            need: total,
+            have: buf.len(),
+        });
+    }
+    let body = &buf[FRAME_HEADER_LEN..total];
+    let computed = crc32c::crc32c_append(crc32c::crc32c(&buf[..5]), body);
+    if computed != stored {
+        return Err(DecodeError::Checksum { stored, computed });
+    }
+    let kind = RecordKind::from_u8(kind).ok_or(DecodeError::Kind(kind))?;
+    Ok((kind, body, total))
+}
+
+/// Decodes a frame that must be of kind `want`.
+///
+/// # Errors
+/// As [`decode_frame`], plus [`DecodeError::Kind`] for another kind.
+pub fn decode_frame_of(buf: &[u8], want: RecordKind) -> Result<&[u8], DecodeError> {
+    let (kind, body, _) = decode_frame(buf)?;
+    if kind != want {
+        return Err(DecodeError::Kind(kind as u8));
+    }
+    Ok(body)
+}
+
+/// A bounds-checked little-endian reader over a body.
+#[derive(Debug)]
+pub(crate) struct Cursor<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Self { buf, pos: 0 }
+    }
+
+    pub(crate) fn bytes(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .ok_or(DecodeError::Length(n as u64))?;
+        if end > self.buf.len() {
+            return Err(DecodeError::Truncated {
+                need: end,
+                have: self.buf.len(),
+            });
+        }
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let s = self.bytes(N)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>()?[0])
+    }
+    pub(crate) fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    pub(crate) fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    /// Checks that a count of items of at least `min_item` bytes each can fit.
+    pub(crate) fn count(&mut self, n: u64, min_item: usize) -> Result<usize, DecodeError> {
+        let n_us = usize::try_from(n).map_err(|_| DecodeError::Length(n))?;
+        if n_us.saturating_mul(min_item.max(1)) > self.remaining() {
+            return Err(DecodeError::Length(n));
+        }
+        Ok(n_us)
+    }
+    pub(crate) fn finish(&self) -> Result<(), DecodeError> {
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            Err(DecodeError::Invalid("trailing bytes"))
+        }
+    }
+}
+
+fn put_u16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn len_u16(n: usize) -> u16 {
+    u16::try_from(n).unwrap_or(u16::MAX)
+}
+fn len_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Encodes a document body (without its frame).
+pub fn encode_document(out: &mut Vec<u8>, doc: &Document) {
+    put_u64(out, doc.seqno);
+    put_u64(out, doc.cas);
+    put_u64(out, doc.rev_seqno);
+    put_u32(out, doc.flags);
+    put_u32(out, doc.expiry);
+    out.push(doc.datatype);
+    out.push(u8::from(doc.deleted));
+    put_u16(out, len_u16(doc.key.len()));
+    put_u32(out, len_u32(doc.value.len()));
+    out.extend_from_slice(&doc.key);
+    out.extend_from_slice(&doc.value);
+}
+
+/// Decodes a document body.
+///
+/// # Errors
+/// If the body is truncated, has trailing bytes or an invalid deleted flag.
+pub fn decode_document(body: &[u8]) -> Result<Document, DecodeError> {
+    let mut c = Cursor::new(body);
+    let doc = read_document(&mut c)?;
+    c.finish()?;
+    Ok(doc)
+}
+
+fn read_document(c: &mut Cursor<'_>) -> Result<Document, DecodeError> {
+    let seqno = c.u64()?;
+    let cas = c.u64()?;
+    let rev_seqno = c.u64()?;
+    let flags = c.u32()?;
+    let expiry = c.u32()?;
+    let datatype = c.u8()?;
+    let deleted = match c.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(DecodeError::Invalid("deleted flag")),
+    };
+    let klen = c.u16()? as usize;
+    let vlen = c.u32()? as usize;
+    let key = c.bytes(klen)?.to_vec();
+    let value = c.bytes(vlen)?.to_vec();
+    Ok(Document {
+        key,
+        value,
+        seqno,
+        cas,
+        rev_seqno,
+        flags,
+        expiry,
+        datatype,
+        deleted,
+    })
+}
+
+/// Encodes the vBucket-state part shared by headers and journal batches.
+pub(crate) fn encode_vbstate(out: &mut Vec<u8>, s: &VbState) {
+    out.push(s.state as u8);
+    put_u64(out, s.high_seqno);
+    put_u64(out, s.persisted_seqno);
+    put_u64(out, s.purge_seqno);
+    put_u64(out, s.max_cas);
+    put_u64(out, s.high_prepared_seqno);
+    put_u64(out, s.high_completed_seqno);
+    put_u16(out, len_u16(s.failover_log.len()));
+    for e in s.failover_log.iter().take(usize::from(u16::MAX)) {
+        put_u64(out, e.uuid);
+        put_u64(out, e.seqno);
+    }
+}
+
+pub(crate) fn read_vbstate(c: &mut Cursor<'_>) -> Result<VbState, DecodeError> {
+    let state = VBucketState::from_u8(c.u8()?).ok_or(DecodeError::Invalid("vbucket state"))?;
+    let high_seqno = c.u64()?;
+    let persisted_seqno = c.u64()?;
+    let purge_seqno = c.u64()?;
+    let max_cas = c.u64()?;
+    let high_prepared_seqno = c.u64()?;
+    let high_completed_seqno = c.u64()?;
+    let n = c.u16()?;
+    let n = c.count(u64::from(n), 16)?;
+    let mut failover_log = Vec::with_capacity(n);
+    for _ in 0..n {
+        failover_log.push(FailoverEntry {
+            uuid: c.u64()?,
+            seqno: c.u64()?,
+        });
+    }
+    Ok(VbState {
+        state,
+        high_seqno,
+        persisted_seqno,
+        purge_seqno,
+        max_cas,
+        high_prepared_seqno,
+        high_completed_seqno,
+        failover_log,
+    })
+}
+
+/// One by-key index entry: where the newest version of a key (in its segment) lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyEntry {
+    /// The document key.
+    pub key: Vec<u8>,
+    /// The document's seqno.
+    pub seqno: u64,
+    /// Offset of the document's frame in the data file.
+    pub offset: u64,
+    /// Total length of the document's frame.
+    pub len: u32,
+    /// True for a tombstone.
+    pub deleted: bool,
+}
+
+/// One by-seqno index entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqEntry {
+    /// The document's seqno.
+    pub seqno: u64,
+    /// Offset of the document's frame in the data file.
+    pub offset: u64,
+    /// Total length of the document's frame.
+    pub len: u32,
+}
+
+/// Encodes a key block body.
+pub fn encode_key_block(out: &mut Vec<u8>, entries: &[KeyEntry]) {
+    put_u32(out, len_u32(entries.len()));
+    for e in entries {
+        put_u16(out, len_u16(e.key.len()));
+        out.extend_from_slice(&e.key);
+        put_u64(out, e.seqno);
+        put_u64(out, e.offset);
+        put_u32(out, e.len);
+        out.push(u8::from(e.deleted));
+    }
+}
+
+/// Decodes a key block body.
+///
+/// # Errors
+/// On any truncation, bad count or bad flag.
+pub fn decode_key_block(body: &[u8]) -> Result<Vec<KeyEntry>, DecodeError> {
+    let mut c = Cursor::new(body);
+    let n = c.u32()?;
+    let n = c.count(u64::from(n), 23)?;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let klen = c.u16()? as usize;
+        let key = c.bytes(klen)?.to_vec();
+        let seqno = c.u64()?;
+        let offset = c.u64()?;
+        let len = c.u32()?;
+        let deleted = match c.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(DecodeError::Invalid("deleted flag")),
+        };
+        v.push(KeyEntry {
+            key,
+            seqno,
+            offset,
+            len,
+            deleted,
+        });
+    }
+    c.finish()?;
+    Ok(v)
+}
+
+/// Encodes a seqno block body.
+pub fn encode_seq_block(out: &mut Vec<u8>, entries: &[SeqEntry]) {
+    put_u32(out, len_u32(entries.len()));
+    for e in entries {
+        put_u64(out, e.seqno);
+        put_u64(out, e.offset);
+        put_u32(out, e.len);
+    }
+}
+
+/// Decodes a seqno block body.
+///
+/// # Errors
+/// On any truncation or bad count.
+pub fn decode_seq_block(body: &[u8]) -> Result<Vec<SeqEntry>, DecodeError> {
+    let mut c = Cursor::new(body);
+    let n = c.u32()?;
+    let n = c.count(u64::from(n), 20)?;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(SeqEntry {
+            seqno: c.u64()?,
+            offset: c.u64()?,
+            len: c.u32()?,
+        });
+    }
+    c.finish()?;
+    Ok(v)
+}
+
+/// Where a block lives and what it starts with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockRef {
+    /// For key blocks, the first key; empty for seqno blocks.
+    pub first_key: Vec<u8>,
+    /// For seqno blocks, the first seqno; 0 for key blocks.
+    pub first_seqno: u64,
+    /// Offset of the block's frame.
+    pub offset: u64,
+    /// Total length of the block's frame.
+    pub len: u32,
+    /// Entries in the block.
+    pub count: u32,
+}
+
+/// An index segment's directory: the part of the index kept in memory.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SegmentDir {
+    /// Distinct keys in the segment.
+    pub items: u64,
+    /// Smallest seqno in the segment.
+    pub min_seqno: u64,
+    /// Largest seqno in the segment.
+    pub max_seqno: u64,
+    /// Key blocks in key order.
+    pub key_blocks: Vec<BlockRef>,
+    /// Seqno blocks in seqno order.
+    pub seq_blocks: Vec<BlockRef>,
+}
+
+/// Encodes a segment body.
+pub fn encode_segment(out: &mut Vec<u8>, s: &SegmentDir) {
+    put_u64(out, s.items);
+    put_u64(out, s.min_seqno);
+    put_u64(out, s.max_seqno);
+    put_u32(out, len_u32(s.key_blocks.len()));
+    for b in &s.key_blocks {
+        put_u16(out, len_u16(b.first_key.len()));
+        out.extend_from_slice(&b.first_key);
+        put_u64(out, b.offset);
+        put_u32(out, b.len);
+        put_u32(out, b.count);
+    }
+    put_u32(out, len_u32(s.seq_blocks.len()));
+    for b in &s.seq_blocks {
+        put_u64(out, b.first_seqno);
+        put_u64(out, b.offset);
+        put_u32(out, b.len);
+        put_u32(out, b.count);
+    }
+}
+
+/// Decodes a segment body.
+///
+/// # Errors
+/// On any truncation or bad count.
+pub fn decode_segment(body: &[u8]) -> Result<SegmentDir, DecodeError> {
+    let mut c = Cursor::new(body);
+    let items = c.u64()?;
+    let min_seqno = c.u64()?;
+    let max_seqno = c.u64()?;
+    let nk = c.u32()?;
+    let nk = c.count(u64::from(nk), 18)?;
+    let mut key_blocks = Vec::with_capacity(nk);
+    for _ in 0..nk {
+        let klen = c.u16()? as usize;
+        let first_key = c.bytes(klen)?.to_vec();
+        key_blocks.push(BlockRef {
+            first_key,
+            first_seqno: 0,
+            offset: c.u64()?,
+            len: c.u32()?,
+            count: c.u32()?,
+        });
+    }
+    let ns = c.u32()?;
+    let ns = c.count(u64::from(ns), 24)?;
+    let mut seq_blocks = Vec::with_capacity(ns);
+    for _ in 0..ns {
+        seq_blocks.push(BlockRef {
+            first_key: Vec::new(),
+            first_seqno: c.u64()?,
+            offset: c.u64()?,
+            len: c.u32()?,
+            count: c.u32()?,
+        });
+    }
+    c.finish()?;
+    Ok(SegmentDir {
+        items,
+        min_seqno,
+        max_seqno,
+        key_blocks,
+        seq_blocks,
+    })
+}
+
+/// A commit header, the commit point of a data file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    /// Commits applied to this vBucket so far (1 for the first); the journal uses it to
+    /// tell which batches a data file already holds.
+    pub commit_id: u64,
+    /// The vBucket state as of this commit.
+    pub state: VbState,
+    /// Live index segments, oldest first: (frame offset, frame length).
+    pub segments: Vec<(u64, u32)>,
+}
+
+/// Encodes a whole header frame (frame, body and trailer) into `out`.
+pub fn put_header(out: &mut Vec<u8>, h: &Header) {
+    let mut body = Vec::with_capacity(128 + h.segments.len() * 12);
+    put_u16(&mut body, FORMAT_VERSION);
+    put_u64(&mut body, h.commit_id);
+    encode_vbstate(&mut body, &h.state);
+    put_u16(&mut body, len_u16(h.segments.len()));
+    for (off, len) in h.segments.iter().take(usize::from(u16::MAX)) {
+        put_u64(&mut body, *off);
+        put_u32(&mut body, *len);
+    }
+    let total = FRAME_HEADER_LEN + body.len() + HEADER_TRAILER_LEN;
+    put_u32(&mut body, len_u32(total));
+    put_u32(&mut body, HEADER_TRAILER_MAGIC);
+    put_frame(out, RecordKind::Header, &body);
+}
+
+/// Decodes a header body (including its trailer).
+///
+/// # Errors
+/// On truncation, an unknown version, a bad state or a bad trailer.
+pub fn decode_header(body: &[u8]) -> Result<Header, DecodeError> {
+    let mut c = Cursor::new(body);
+    let version = c.u16()?;
+    if version != FORMAT_VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    let commit_id = c.u64()?;
+    let state = read_vbstate(&mut c)?;
+    let n = c.u16()?;
+    let n = c.count(u64::from(n), 12)?;
+    let mut segments = Vec::with_capacity(n);
+    for _ in 0..n {
+        segments.push((c.u64()?, c.u32()?));
+    }
+    let total = c.u32()?;
+    let magic = c.u32()?;
+    c.finish()?;
+    if magic != HEADER_TRAILER_MAGIC {
+        return Err(DecodeError::Invalid("header trailer magic"));
+    }
+    if total as usize != FRAME_HEADER_LEN + body.len() {
+        return Err(DecodeError::Invalid("header trailer length"));
+    }
+    Ok(Header {
+        commit_id,
+        state,
+        segments,
+    })
+}
+
+/// Encodes a superblock frame (data file or journal).
+pub fn put_superblock(out: &mut Vec<u8>, kind: RecordKind, id: u16, rev: u64) {
+    let mut body = Vec::with_capacity(20);
+    let magic = if kind == RecordKind::JournalSuperblock {
+        JOURNAL_MAGIC
+    } else {
+        DATA_MAGIC
+    };
+    body.extend_from_slice(magic);
+    put_u16(&mut body, FORMAT_VERSION);
+    put_u16(&mut body, id);
+    put_u64(&mut body, rev);
+    put_frame(out, kind, &body);
+}
+
+/// Length of a superblock frame.
+pub const SUPERBLOCK_LEN: usize = FRAME_HEADER_LEN + 20;
+
+/// Decodes a superblock body: returns (id, rev).
+///
+/// # Errors
+/// On a bad magic, an unknown version or truncation.
+pub fn decode_superblock(body: &[u8], kind: RecordKind) -> Result<(u16, u64), DecodeError> {
+    let mut c = Cursor::new(body);
+    let magic = c.bytes(8)?;
+    let want = if kind == RecordKind::JournalSuperblock {
+        JOURNAL_MAGIC
+    } else {
+        DATA_MAGIC
+    };
+    if magic != want {
+        return Err(DecodeError::Invalid("superblock magic"));
+    }
+    let version = c.u16()?;
+    if version != FORMAT_VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    let id = c.u16()?;
+    let rev = c.u64()?;
+    c.finish()?;
+    Ok((id, rev))
+}
+
+/// One vBucket's part of a journal batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalEntry {
+    /// The vBucket.
+    pub vbid: u16,
+    /// The commit id this entry becomes in the data file.
+    pub commit_id: u64,
+    /// The vBucket state committed with it.
+    pub state: VbState,
+    /// The documents, de-duplicated by key, in seqno order.
+    pub docs: Vec<Document>,
+}
+
+/// Encodes a journal batch body.
+pub fn encode_journal_batch(out: &mut Vec<u8>, entries: &[JournalEntry]) {
+    put_u16(out, len_u16(entries.len()));
+    for e in entries {
+        put_u16(out, e.vbid);
+        put_u64(out, e.commit_id);
+        encode_vbstate(out, &e.state);
+        put_u32(out, len_u32(e.docs.len()));
+        for d in &e.docs {
+            encode_document(out, d);
+        }
+    }
+}
+
+/// Decodes a journal batch body.
+///
+/// # Errors
+/// On any truncation or invalid field.
+pub fn decode_journal_batch(body: &[u8]) -> Result<Vec<JournalEntry>, DecodeError> {
+    let mut c = Cursor::new(body);
+    let n = c.u16()?;
+    let n = c.count(u64::from(n), 10)?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let vbid = c.u16()?;
+        let commit_id = c.u64()?;
+        let state = read_vbstate(&mut c)?;
+        let nd = c.u32()?;
+        let nd = c.count(u64::from(nd), DOC_FIXED_LEN)?;
+        let mut docs = Vec::with_capacity(nd);
+        for _ in 0..nd {
+            docs.push(read_document(&mut c)?);
+        }
+        out.push(JournalEntry {
+            vbid,
+            commit_id,
+            state,
+            docs,
+        });
+    }
+    c.finish()?;
+    Ok(out)
+}
+
+/// Decodes any single frame and its body, for the fuzz target: must never panic.
+///
+/// # Errors
+/// Whatever the frame or body decoder reports.
+pub fn decode_any(buf: &[u8]) -> Result<RecordKind, DecodeError> {
+    let (kind, body, _) = decode_frame(buf)?;
+    match kind {
+        RecordKind::Document => decode_document(body).map(drop),
+        RecordKind::KeyBlock => decode_key_block(body).map(drop),
+        RecordKind::SeqBlock => decode_seq_block(body).map(drop),
+        RecordKind::Segment => decode_segment(body).map(drop),
+        RecordKind::Header => decode_header(body).map(drop),
+        RecordKind::DataSuperblock | RecordKind::JournalSuperblock => {
+            decode_superblock(body, kind).map(drop)
+        }
+        RecordKind::JournalBatch => decode_journal_batch(body).map(drop),
+    }?;
+    Ok(kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(key: &str, seqno: u64) -> Document {
+        Document {
+            key: key.as_bytes().to_vec(),
+            value: vec![7; 5],
+            seqno,
+            cas: 99,
+            rev_seqno: 3,
+            flags: 0xdead_beef,
+            expiry: 12,
+            datatype: 1,
+            deleted: false,
+        }
+    }
+
+    #[test]
+    fn frames_round_trip_and_detect_bit_flips() {
+        let mut body = Vec::new();
+        encode_document(&mut body, &doc("k", 4));
+        let mut f = Vec::new();
+        put_frame(&mut f, RecordKind::Document, &body);
+        let (k, b, n) = decode_frame(&f).unwrap();
+        assert_eq!((k, n), (RecordKind::Document, f.len()));
+        assert_eq!(decode_document(b).unwrap(), doc("k", 4));
+        for i in 0..f.len() {
+            let mut g = f.clone();
+            g[i] ^= 0x10;
+            assert!(decode_frame(&g).is_err(), "flip at {i} undetected");
+        }
+        assert!(matches!(
+            decode_frame(&f[..f.len() - 1]),
+            Err(DecodeError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn header_round_trips_with_trailer() {
+        let h = Header {
+            commit_id: 7,
+            state: VbState {
+                state: VBucketState::Replica,
+                high_seqno: 10,
+                persisted_seqno: 10,
+                purge_seqno: 2,
+                max_cas: 1234,
+                high_prepared_seqno: 9,
+                high_completed_seqno: 8,
+                failover_log: vec![FailoverEntry { uuid: 5, seqno: 0 }],
+            },
+            segments: vec![(100, 50), (300, 60)],
+        };
+        let mut f = Vec::new();
+        put_header(&mut f, &h);
+        let tail = &f[f.len() - 8..];
+        assert_eq!(
+            u32::from_le_bytes(tail[..4].try_into().unwrap()) as usize,
+            f.len()
+        );
+        let body = decode_frame_of(&f, RecordKind::Header).unwrap();
+        assert_eq!(decode_header(body).unwrap(), h);
+    }
+
+    #[test]
+    fn blocks_segments_and_journal_round_trip() {
+        let ke = vec![KeyEntry {
+            key: b"a".to_vec(),
+            seqno: 1,
+            offset: 2,
+            len: 3,
+            deleted: true,
+        }];
+        let mut b = Vec::new();
+        encode_key_block(&mut b, &ke);
+        assert_eq!(decode_key_block(&b).unwrap(), ke);
+        let se = vec![SeqEntry {
+            seqno: 1,
+            offset: 2,
+            len: 3,
+        }];
+        let mut b = Vec::new();
+        encode_seq_block(&mut b, &se);
+        assert_eq!(decode_seq_block(&b).unwrap(), se);
+        let s = SegmentDir {
+            items: 1,
+            min_seqno: 1,
+            max_seqno: 1,
+            key_blocks: vec![BlockRef {
+                first_key: b"a".to_vec(),
+                first_seqno: 0,
+                offset: 9,
+                len: 10,
+                count: 1,
+            }],
+            seq_blocks: vec![BlockRef {
+                first_key: Vec::new(),
+                first_seqno: 1,
+                offset: 30,
+                len: 10,
+                count: 1,
+            }],
+        };
+        let mut b = Vec::new();
+        encode_segment(&mut b, &s);
+        assert_eq!(decode_segment(&b).unwrap(), s);
+        let j = vec![JournalEntry {
+            vbid: 3,
+            commit_id: 2,
+            state: VbState::new(VBucketState::Active),
+            docs: vec![doc("x", 1), doc("y", 2)],
+        }];
+        let mut b = Vec::new();
+        encode_journal_batch(&mut b, &j);
+        assert_eq!(decode_journal_batch(&b).unwrap(), j);
+    }
+
+    #[test]
+    fn huge_counts_are_rejected_without_allocating() {
+        let mut b = Vec::new();
+        put_u32(&mut b, u32::MAX);
+        assert!(matches!(decode_seq_block(&b), Err(DecodeError::Length(_))));
+        assert!(decode_any(&[5, 0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0]).is_err());
+    }
+}

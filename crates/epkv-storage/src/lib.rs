@@ -1,0 +1,78 @@
+//! Persistent storage for epkv: per-vBucket append-only data files, a per-shard
+//! write-ahead journal, and the [`KvStore`] trait the engine's flusher, warmup and
+//! compaction use.
+//!
+//! **What it is.** A [`KvStore`] commits flush batches (documents plus each vBucket's
+//! [`VbState`]), reads a document by key, streams a vBucket by seqno or by key, deletes and
+//! compacts vBuckets. Backends: [`FileStore`] (files; journal on or off, see
+//! [`JournalMode`]), [`MemStore`] (memory), and [`FileStore`] over [`FaultFs`] (fault
+//! injection and simulated crashes, for tests). The byte-level format is in
+//! `docs/storage-format.md` and [`format`].
+//!
+//! **What it is not.** It knows nothing about vBucket state machines, durability,
+//! checkpoints or the hash table: it stores what it is given. It has no threads and no
+//! clock: the engine runs it on its Writer/Reader/AuxIO tasks and passes "now" to
+//! compaction in [`PurgeRule`].
+//!
+//! **Key types.** [`KvStore`], [`FileStore`] / [`FileStoreConfig`] / [`RecoveryReport`],
+//! [`MemStore`], [`FaultFs`], [`FdCache`] (open files under a descriptor budget),
+//! [`Document`], [`VbState`], [`VbCommit`], [`StoreStats`], [`Error`].
+//!
+//! **Invariants.**
+//! - Every record and header carries a CRC32C; a read that fails verification is an
+//!   [`Error::Corrupt`] naming file and offset, never a panic and never bad data.
+//! - A vBucket's committed state is its data file's last valid header, plus (journal on)
+//!   the journal records with a higher commit id. `commit` returning `Ok` means durable.
+//! - A failed write or sync is never ignored: `commit` returns the error, the file is cut
+//!   back to its last header, and the batch can be retried.
+//! - Data files stay open across writes, at most [`FdCache::budget`] of them; EMFILE closes
+//!   idle files and retries once, then reports [`Error::TooManyOpenFiles`] (temporary).
+//! - Locking (per [`FileStore`]): commit lock → one vBucket's mutex → the [`FdCache`] mutex.
+//!
+//! **Dependencies.** `epkv-types` only (plus crc32c, libc, parking_lot, thiserror,
+//! tracing). It must never depend on the engine, the front end, the protocol or the
+//! executor.
+//!
+//! ```
+//! use epkv_storage::{Document, FileStore, FileStoreConfig, KvStore, VbCommit, VbState};
+//! use epkv_types::{VBucketState, Vbid};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = std::env::temp_dir().join(format!("epkv-storage-doc-{}", std::process::id()));
+//! let store = FileStore::open(FileStoreConfig::new(&dir))?;
+//! let doc = Document {
+//!     key: b"k".to_vec(), value: b"v".to_vec(), seqno: 1, cas: 7, rev_seqno: 1,
+//!     flags: 0, expiry: 0, datatype: 0, deleted: false,
+//! };
+//! store.commit(&[VbCommit { vbid: Vbid(3), docs: vec![doc], state: VbState::new(VBucketState::Active) }])?;
+//! store.close()?;
+//! let store = FileStore::open(FileStoreConfig::new(&dir))?;
+//! assert_eq!(store.get(Vbid(3), b"k")?.map(|d| d.value), Some(b"v".to_vec()));
+//! assert_eq!(store.vbucket_state(Vbid(3))?.map(|s| s.persisted_seqno), Some(1));
+//! # drop(store); std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
+#![deny(unsafe_code)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
+mod data_file;
+mod error;
+mod fault;
+mod fd_cache;
+mod file_store;
+pub mod format;
+mod kv_store;
+mod mem_store;
+mod types;
+mod vfs;
+
+pub use error::{Error, Result};
+pub use fault::{FaultCounts, FaultFs, FaultOp};
+pub use fd_cache::{FdCache, default_fd_budget};
+pub use file_store::{FileStore, FileStoreConfig, JournalMode, RecoveryReport};
+pub use kv_store::KvStore;
+pub use mem_store::MemStore;
+pub use types::{
+    CompactionOutcome, Document, FailoverEntry, KeyMeta, PurgeRule, ScanControl, StoreStats,
+    VbCommit, VbState,
+};
+pub use vfs::{OpenMode, RealFs, VFile, Vfs};

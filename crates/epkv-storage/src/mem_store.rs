@@ -1,0 +1,176 @@
+//! [`MemStore`]: the memory backend of [`KvStore`], for tests and ephemeral buckets. It
+//! has the same semantics as the files backend, without durability.
+
+use crate::error::Result;
+use crate::kv_store::KvStore;
+use crate::types::{
+    CompactionOutcome, Document, KeyMeta, PurgeRule, ScanControl, StoreStats, VbCommit, VbState,
+};
+use epkv_types::Vbid;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+
+#[derive(Debug, Default)]
+struct MemVb {
+    state: Option<VbState>,
+    docs: BTreeMap<Vec<u8>, Document>,
+}
+
+/// A [`KvStore`] in memory. Locking: one mutex over all vBuckets.
+#[derive(Debug, Default)]
+pub struct MemStore {
+    vbs: Mutex<HashMap<u16, MemVb>>,
+    stats: Mutex<StoreStats>,
+}
+
+impl MemStore {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl KvStore for MemStore {
+    fn commit(&self, batch: &[VbCommit]) -> Result<()> {
+        let mut g = self.vbs.lock();
+        let mut items = 0u64;
+        for c in batch {
+            let vb = g.entry(c.vbid.0).or_default();
+            let mut state = c.state.clone();
+            for d in &c.docs {
+                state.high_seqno = state.high_seqno.max(d.seqno);
+                state.max_cas = state.max_cas.max(d.cas);
+                match vb.docs.get(&d.key) {
+                    Some(old) if old.seqno > d.seqno => {}
+                    _ => {
+                        vb.docs.insert(d.key.clone(), d.clone());
+                    }
+                }
+                items += 1;
+            }
+            state.persisted_seqno = state.high_seqno;
+            vb.state = Some(state);
+        }
+        let mut s = self.stats.lock();
+        s.batches += 1;
+        s.items_flushed += items;
+        Ok(())
+    }
+
+    fn get(&self, vbid: Vbid, key: &[u8]) -> Result<Option<Document>> {
+        Ok(self
+            .vbs
+            .lock()
+            .get(&vbid.0)
+            .and_then(|vb| vb.docs.get(key).cloned()))
+    }
+
+    fn scan_by_seqno(
+        &self,
+        vbid: Vbid,
+        start: u64,
+        end: u64,
+        visit: &mut dyn FnMut(Document) -> ScanControl,
+    ) -> Result<u64> {
+        let mut docs: Vec<Document> = self.vbs.lock().get(&vbid.0).map_or_else(Vec::new, |vb| {
+            vb.docs
+                .values()
+                .filter(|d| d.seqno >= start && d.seqno <= end)
+                .cloned()
+                .collect()
+        });
+        docs.sort_by_key(|d| d.seqno);
+        let mut n = 0;
+        for d in docs {
+            n += 1;
+            if visit(d) == ScanControl::Stop {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    fn scan_keys(&self, vbid: Vbid, visit: &mut dyn FnMut(KeyMeta) -> ScanControl) -> Result<u64> {
+        let metas: Vec<KeyMeta> = self.vbs.lock().get(&vbid.0).map_or_else(Vec::new, |vb| {
+            vb.docs
+                .values()
+                .map(|d| KeyMeta {
+                    key: d.key.clone(),
+                    seqno: d.seqno,
+                    deleted: d.deleted,
+                })
+                .collect()
+        });
+        let mut n = 0;
+        for m in metas {
+            n += 1;
+            if visit(m) == ScanControl::Stop {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    fn vbucket_state(&self, vbid: Vbid) -> Result<Option<VbState>> {
+        Ok(self.vbs.lock().get(&vbid.0).and_then(|v| v.state.clone()))
+    }
+
+    fn vbuckets(&self) -> Vec<Vbid> {
+        let mut v: Vec<Vbid> = self
+            .vbs
+            .lock()
+            .iter()
+            .filter(|(_, vb)| vb.state.is_some())
+            .map(|(id, _)| Vbid(*id))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn delete_vbucket(&self, vbid: Vbid) -> Result<()> {
+        self.vbs.lock().remove(&vbid.0);
+        Ok(())
+    }
+
+    fn compact(&self, vbid: Vbid, rule: &PurgeRule) -> Result<CompactionOutcome> {
+        let mut g = self.vbs.lock();
+        let Some(vb) = g.get_mut(&vbid.0) else {
+            return Ok(CompactionOutcome::default());
+        };
+        let Some(state) = vb.state.as_mut() else {
+            return Ok(CompactionOutcome::default());
+        };
+        let high = state.high_seqno;
+        let mut out = CompactionOutcome::default();
+        let mut purge = state.purge_seqno;
+        vb.docs.retain(|_, d| {
+            if d.deleted && d.seqno <= rule.purge_before_seqno && d.seqno != high {
+                out.tombstones_purged += 1;
+                purge = purge.max(d.seqno);
+                false
+            } else if !d.deleted
+                && d.expiry != 0
+                && rule.now_secs.is_some_and(|now| d.expiry <= now)
+                && d.seqno != high
+            {
+                out.expired += 1;
+                false
+            } else {
+                out.kept += 1;
+                true
+            }
+        });
+        state.purge_seqno = purge;
+        self.stats.lock().compactions += 1;
+        Ok(out)
+    }
+
+    fn checkpoint(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn stats(&self) -> StoreStats {
+        *self.stats.lock()
+    }
+}

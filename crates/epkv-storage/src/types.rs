@@ -1,0 +1,156 @@
+//! Plain data passed across the [`KvStore`](crate::KvStore) boundary.
+
+use epkv_types::VBucketState;
+
+/// One document as stored: a mutation or, with `deleted`, a tombstone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Document {
+    /// The key (at most `u16::MAX` bytes on disk; the protocol allows 250).
+    pub key: Vec<u8>,
+    /// The value (empty for most tombstones).
+    pub value: Vec<u8>,
+    /// The seqno the vBucket gave this mutation.
+    pub seqno: u64,
+    /// The CAS.
+    pub cas: u64,
+    /// The revision seqno (how many times the key was mutated).
+    pub rev_seqno: u64,
+    /// Client flags.
+    pub flags: u32,
+    /// Absolute expiry time in seconds (0 = never).
+    pub expiry: u32,
+    /// Datatype bits (JSON, Snappy, Xattr).
+    pub datatype: u8,
+    /// True for a tombstone.
+    pub deleted: bool,
+}
+
+/// One failover-log entry: the vBucket UUID that started at `seqno`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailoverEntry {
+    /// vBucket UUID.
+    pub uuid: u64,
+    /// Seqno at which this UUID began.
+    pub seqno: u64,
+}
+
+/// The vBucket state stored in every commit header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VbState {
+    /// Active, replica, pending or dead.
+    pub state: VBucketState,
+    /// Highest seqno committed in this header.
+    pub high_seqno: u64,
+    /// Highest seqno known durable when this header was written (equal to `high_seqno`
+    /// once the commit completes; the store sets it).
+    pub persisted_seqno: u64,
+    /// Tombstones at or below this seqno may have been purged by compaction.
+    pub purge_seqno: u64,
+    /// Largest CAS committed.
+    pub max_cas: u64,
+    /// High prepared seqno (HPS).
+    pub high_prepared_seqno: u64,
+    /// High completed seqno (HCS).
+    pub high_completed_seqno: u64,
+    /// Failover log, newest first.
+    pub failover_log: Vec<FailoverEntry>,
+}
+
+impl VbState {
+    /// A fresh state with all seqnos zero and an empty failover log.
+    #[must_use]
+    pub fn new(state: VBucketState) -> Self {
+        Self {
+            state,
+            high_seqno: 0,
+            persisted_seqno: 0,
+            purge_seqno: 0,
+            max_cas: 0,
+            high_prepared_seqno: 0,
+            high_completed_seqno: 0,
+            failover_log: Vec::new(),
+        }
+    }
+}
+
+/// One vBucket's part of a flush batch: its documents and its new state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VbCommit {
+    /// The vBucket.
+    pub vbid: epkv_types::Vbid,
+    /// Mutations and tombstones, in any order; for a key given twice the higher seqno wins.
+    pub docs: Vec<Document>,
+    /// The vBucket state to commit with them. `high_seqno` and `max_cas` are raised to
+    /// cover the documents if lower; `persisted_seqno` is set by the store.
+    pub state: VbState,
+}
+
+/// What compaction drops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeRule {
+    /// Tombstones with a seqno at or below this are dropped (never the document at the
+    /// vBucket's high seqno).
+    pub purge_before_seqno: u64,
+    /// Live documents with `0 < expiry <= now_secs` are dropped. `None` keeps them.
+    pub now_secs: Option<u32>,
+}
+
+/// What a compaction did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompactionOutcome {
+    /// Documents copied into the new file.
+    pub kept: u64,
+    /// Tombstones dropped.
+    pub tombstones_purged: u64,
+    /// Expired documents dropped.
+    pub expired: u64,
+    /// File size before.
+    pub bytes_before: u64,
+    /// File size after.
+    pub bytes_after: u64,
+}
+
+/// Whether a scan continues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanControl {
+    /// Deliver the next document.
+    Continue,
+    /// Stop the scan now.
+    Stop,
+}
+
+/// A key with its metadata, as delivered by a key scan (no value is read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyMeta {
+    /// The key.
+    pub key: Vec<u8>,
+    /// Seqno of its newest version.
+    pub seqno: u64,
+    /// True if the newest version is a tombstone.
+    pub deleted: bool,
+}
+
+/// Counters of one store, all since it was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StoreStats {
+    /// Flush batches committed.
+    pub batches: u64,
+    /// Documents committed.
+    pub items_flushed: u64,
+    /// fdatasync calls (journal and data files).
+    pub syncs: u64,
+    /// Bytes written (journal and data files).
+    pub bytes_written: u64,
+    /// Current journal size in bytes.
+    pub journal_bytes: u64,
+    /// Journal checkpoints (data files synced, journal truncated).
+    pub checkpoints: u64,
+    /// Data files open right now.
+    pub open_files: u64,
+    /// Data files opened since start.
+    pub file_opens: u64,
+    /// Compactions completed.
+    pub compactions: u64,
+    /// Commits that failed (and may be retried).
+    pub commit_failures: u64,
+}

@@ -1,0 +1,268 @@
+//! Behaviour every backend shares, plus restarts of the files backend.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers outside #[test] functions panic on failure"
+)]
+
+use epkv_storage::{
+    Document, FileStore, FileStoreConfig, JournalMode, KvStore, MemStore, PurgeRule, ScanControl,
+    VbCommit, VbState,
+};
+use epkv_types::{VBucketState, Vbid};
+
+fn doc(key: &str, seqno: u64, value: &str) -> Document {
+    Document {
+        key: key.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+        seqno,
+        cas: 1000 + seqno,
+        rev_seqno: seqno,
+        flags: 0x0102_0304,
+        expiry: 0,
+        datatype: 1,
+        deleted: false,
+    }
+}
+
+fn tomb(key: &str, seqno: u64) -> Document {
+    Document {
+        deleted: true,
+        value: Vec::new(),
+        ..doc(key, seqno, "")
+    }
+}
+
+fn commit(s: &dyn KvStore, vb: u16, docs: Vec<Document>) {
+    s.commit(&[VbCommit {
+        vbid: Vbid(vb),
+        docs,
+        state: VbState::new(VBucketState::Active),
+    }])
+    .unwrap();
+}
+
+fn must_scan(s: &dyn KvStore, vb: u16, start: u64, end: u64) -> Vec<(String, u64, bool)> {
+    let mut v = Vec::new();
+    s.scan_by_seqno(Vbid(vb), start, end, &mut |d| {
+        v.push((String::from_utf8(d.key).unwrap(), d.seqno, d.deleted));
+        ScanControl::Continue
+    })
+    .unwrap();
+    v
+}
+
+fn must_keys(s: &dyn KvStore, vb: u16) -> Vec<(String, u64)> {
+    let mut v = Vec::new();
+    s.scan_keys(Vbid(vb), &mut |m| {
+        v.push((String::from_utf8(m.key).unwrap(), m.seqno));
+        ScanControl::Continue
+    })
+    .unwrap();
+    v
+}
+
+/// The conformance suite run against every backend.
+fn conformance(s: &dyn KvStore) {
+    commit(
+        s,
+        1,
+        vec![doc("a", 1, "x"), doc("b", 2, "y"), doc("a", 3, "z")],
+    );
+    let a = s.get(Vbid(1), b"a").unwrap().unwrap();
+    assert_eq!((a.value.as_slice(), a.seqno, a.cas), (&b"z"[..], 3, 1003));
+    assert_eq!(a.flags, 0x0102_0304);
+    assert!(s.get(Vbid(1), b"zz").unwrap().is_none());
+    assert!(s.get(Vbid(2), b"a").unwrap().is_none());
+    commit(s, 1, vec![tomb("b", 4), doc("c", 5, "w")]);
+    assert!(s.get(Vbid(1), b"b").unwrap().unwrap().deleted);
+    assert_eq!(
+        must_scan(s, 1, 0, u64::MAX),
+        [
+            ("a".into(), 3, false),
+            ("b".into(), 4, true),
+            ("c".into(), 5, false)
+        ]
+    );
+    assert_eq!(must_scan(s, 1, 4, 4), [("b".into(), 4, true)]);
+    assert_eq!(
+        must_keys(s, 1),
+        [("a".into(), 3), ("b".into(), 4), ("c".into(), 5)]
+    );
+    let st = s.vbucket_state(Vbid(1)).unwrap().unwrap();
+    assert_eq!(
+        (st.high_seqno, st.persisted_seqno, st.max_cas),
+        (5, 5, 1005)
+    );
+    // Stop early.
+    let mut n = 0;
+    s.scan_by_seqno(Vbid(1), 0, u64::MAX, &mut |_| {
+        n += 1;
+        ScanControl::Stop
+    })
+    .unwrap();
+    assert_eq!(n, 1);
+    // State-only commit.
+    let mut st2 = VbState::new(VBucketState::Replica);
+    st2.high_seqno = 5;
+    st2.failover_log
+        .push(epkv_storage::FailoverEntry { uuid: 42, seqno: 0 });
+    s.set_vbucket_state(Vbid(1), &st2).unwrap();
+    let got = s.vbucket_state(Vbid(1)).unwrap().unwrap();
+    assert_eq!(
+        (got.state, got.failover_log.len()),
+        (VBucketState::Replica, 1)
+    );
+    // Compaction: purge tombstones below 10 and items expired at t=100.
+    let mut e = doc("exp", 6, "old");
+    e.expiry = 50;
+    commit(s, 1, vec![e, doc("keep", 7, "k")]);
+    let out = s
+        .compact(
+            Vbid(1),
+            &PurgeRule {
+                purge_before_seqno: 10,
+                now_secs: Some(100),
+            },
+        )
+        .unwrap();
+    assert_eq!((out.tombstones_purged, out.expired, out.kept), (1, 1, 3));
+    assert_eq!(
+        must_scan(s, 1, 0, u64::MAX),
+        [
+            ("a".into(), 3, false),
+            ("c".into(), 5, false),
+            ("keep".into(), 7, false)
+        ]
+    );
+    assert_eq!(s.vbucket_state(Vbid(1)).unwrap().unwrap().purge_seqno, 4);
+    // Writes continue after compaction.
+    commit(s, 1, vec![doc("a", 8, "after")]);
+    assert_eq!(s.get(Vbid(1), b"a").unwrap().unwrap().value, b"after");
+    assert_eq!(s.vbuckets(), [Vbid(1)]);
+    s.delete_vbucket(Vbid(1)).unwrap();
+    assert!(s.vbuckets().is_empty());
+    assert!(s.get(Vbid(1), b"a").unwrap().is_none());
+}
+
+#[test]
+fn memory_backend_conforms() {
+    conformance(&MemStore::new());
+}
+
+#[test]
+fn files_backend_conforms_with_and_without_journal() {
+    for mode in [JournalMode::On, JournalMode::Off] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = FileStoreConfig::new(dir.path());
+        cfg.journal = mode;
+        let s = FileStore::open(cfg).unwrap();
+        conformance(&s);
+        assert_eq!(s.verify().unwrap(), 0);
+    }
+}
+
+#[test]
+fn files_backend_reopens_to_the_same_state() {
+    for mode in [JournalMode::On, JournalMode::Off] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = FileStoreConfig::new(dir.path());
+        cfg.journal = mode;
+        let s = FileStore::open(cfg.clone()).unwrap();
+        for i in 0..50u64 {
+            commit(
+                &s,
+                (i % 5) as u16,
+                vec![
+                    doc(&format!("k{i}"), i + 1, "v"),
+                    doc("same", i + 1000, &i.to_string()),
+                ],
+            );
+        }
+        // Drop without close: with the journal on, the data files were never synced and
+        // the journal replays them.
+        drop(s);
+        let s = FileStore::open(cfg.clone()).unwrap();
+        assert_eq!(s.vbuckets().len(), 5);
+        for i in 0..50u64 {
+            let d = s
+                .get(Vbid((i % 5) as u16), format!("k{i}").as_bytes())
+                .unwrap()
+                .unwrap();
+            assert_eq!(d.seqno, i + 1);
+        }
+        assert_eq!(s.get(Vbid(4), b"same").unwrap().unwrap().value, b"49");
+        assert_eq!(s.verify().unwrap(), 55);
+        s.close().unwrap();
+    }
+}
+
+#[test]
+fn many_commits_merge_segments_and_scans_stay_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = FileStore::open(FileStoreConfig::new(dir.path())).unwrap();
+    let mut model = std::collections::BTreeMap::new();
+    let mut seqno = 0;
+    for round in 0..200u64 {
+        let mut docs = Vec::new();
+        for j in 0..(1 + round % 7) {
+            seqno += 1;
+            let key = format!("key{:03}", (round * 13 + j * 7) % 300);
+            docs.push(doc(&key, seqno, &format!("{round}")));
+            model.insert(key, seqno);
+        }
+        commit(&s, 9, docs);
+    }
+    let keys = must_keys(&s, 9);
+    let want: Vec<(String, u64)> = model.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    assert_eq!(keys, want);
+    let mut by_seq: Vec<(String, u64, bool)> =
+        model.iter().map(|(k, v)| (k.clone(), *v, false)).collect();
+    by_seq.sort_by_key(|x| x.1);
+    assert_eq!(must_scan(&s, 9, 0, u64::MAX), by_seq);
+    let mid = by_seq[by_seq.len() / 2].1;
+    let tail: Vec<_> = by_seq.iter().filter(|x| x.1 >= mid).cloned().collect();
+    assert_eq!(must_scan(&s, 9, mid, u64::MAX), tail);
+}
+
+#[test]
+fn journal_makes_a_multi_vbucket_batch_durable_with_one_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = FileStore::open(FileStoreConfig::new(dir.path())).unwrap();
+    let batch: Vec<VbCommit> = (0..64u16)
+        .map(|vb| VbCommit {
+            vbid: Vbid(vb),
+            docs: vec![doc("k", 1, "v")],
+            state: VbState::new(VBucketState::Active),
+        })
+        .collect();
+    let before = s.stats().syncs;
+    s.commit(&batch).unwrap();
+    assert_eq!(s.stats().syncs - before, 1);
+    assert!(s.stats().journal_bytes > 0);
+    s.checkpoint().unwrap();
+    assert_eq!(s.stats().journal_bytes, 29);
+
+    let dir2 = tempfile::tempdir().unwrap();
+    let mut cfg = FileStoreConfig::new(dir2.path());
+    cfg.journal = JournalMode::Off;
+    let s2 = FileStore::open(cfg).unwrap();
+    let before = s2.stats().syncs;
+    s2.commit(&batch).unwrap();
+    assert!(s2.stats().syncs - before >= 64);
+}
+
+#[test]
+fn zero_budget_reopens_files_and_still_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = FileStoreConfig::new(dir.path());
+    cfg.fd_budget = 0;
+    cfg.journal = JournalMode::Off;
+    let s = FileStore::open(cfg).unwrap();
+    for vb in 0..10u16 {
+        commit(&s, vb, vec![doc("k", 1, "v")]);
+    }
+    assert_eq!(s.stats().open_files, 0);
+    assert!(s.stats().file_opens >= 10);
+    assert_eq!(s.get(Vbid(3), b"k").unwrap().unwrap().value, b"v");
+}
