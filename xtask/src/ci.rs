@@ -40,7 +40,10 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
         "python",
         "pytest tests/python (python-binary-memcached, Couchbase Python SDK) against epkv-server",
     ),
-    ("fuzz", "cargo +nightly fuzz run decode_request for 30 s"),
+    (
+        "fuzz",
+        "cargo +nightly fuzz run decode_request for 30 s, storage_decode for 10 s",
+    ),
     ("bench-build", "cargo bench -p epkv-bench --no-run"),
 ];
 

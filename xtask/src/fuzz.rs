@@ -7,13 +7,21 @@ use anyhow::{Result, bail};
 
 use crate::util;
 
-/// The cargo-fuzz targets the smoke runs (`fuzz/fuzz_targets/<name>.rs`).
-pub(crate) const TARGETS: &[&str] = &["decode_request"];
+/// The cargo-fuzz targets the smoke runs (`fuzz/fuzz_targets/<name>.rs`), each with the
+/// divisor of `--secs` it gets: the packet decoder gets the full time, the storage record
+/// decoder a third (at least 5 s), so CI stays short.
+pub(crate) const TARGETS: &[(&str, u64)] = &[("decode_request", 1), ("storage_decode", 3)];
 
-/// Runs each target for `secs` seconds with nightly cargo-fuzz.
+/// Seconds a target with `divisor` runs when the smoke is given `secs`.
+pub(crate) fn target_secs(secs: u64, divisor: u64) -> u64 {
+    (secs / divisor.max(1)).max(5.min(secs))
+}
+
+/// Runs each target for its share of `secs` seconds with nightly cargo-fuzz.
 pub(crate) fn fuzz_smoke(secs: u64) -> Result<()> {
     let fuzz_dir = util::repo_root().join("fuzz");
-    for target in TARGETS {
+    for &(target, divisor) in TARGETS {
+        let secs = target_secs(secs, divisor);
         let src = fuzz_dir.join("fuzz_targets").join(format!("{target}.rs"));
         if !src.is_file() {
             bail!("fuzz target {} is missing", src.display());
@@ -42,4 +50,18 @@ pub(crate) fn fuzz_smoke(secs: u64) -> Result<()> {
         println!("fuzz-smoke: {target} ran {secs}s without a crash");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secondary_targets_get_a_share_of_at_least_five_seconds() {
+        assert_eq!(target_secs(30, 1), 30);
+        assert_eq!(target_secs(30, 3), 10);
+        assert_eq!(target_secs(5, 3), 5);
+        assert_eq!(target_secs(2, 3), 2);
+        assert_eq!(target_secs(600, 3), 200);
+    }
 }
