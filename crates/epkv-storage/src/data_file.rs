@@ -123,6 +123,51 @@ fn find_in_segment(
         .map(|i| entries[i].clone()))
 }
 
+/// Decoded key blocks kept during one scan, so that checking whether a newer segment
+/// supersedes a document reads each block once, not once per document.
+#[derive(Debug, Default)]
+pub(crate) struct BlockCache {
+    blocks: std::collections::HashMap<(usize, usize), Arc<Vec<KeyEntry>>>,
+}
+
+/// Blocks a [`BlockCache`] holds before it starts over (128 entries each: ~8k keys).
+const BLOCK_CACHE_MAX: usize = 64;
+
+impl BlockCache {
+    /// Finds the newest entry of `key` in `segments[from..]`.
+    fn find(
+        &mut self,
+        f: &dyn VFile,
+        path: &Path,
+        segments: &[Arc<Segment>],
+        from: usize,
+        key: &[u8],
+    ) -> Result<Option<KeyEntry>> {
+        for si in (from..segments.len()).rev() {
+            let blocks = &segments[si].dir.key_blocks;
+            let idx = blocks.partition_point(|b| b.first_key.as_slice() <= key);
+            if idx == 0 {
+                continue;
+            }
+            let entries = match self.blocks.get(&(si, idx - 1)) {
+                Some(e) => Arc::clone(e),
+                None => {
+                    if self.blocks.len() >= BLOCK_CACHE_MAX {
+                        self.blocks.clear();
+                    }
+                    let e = Arc::new(read_key_block(f, path, &blocks[idx - 1])?);
+                    self.blocks.insert((si, idx - 1), Arc::clone(&e));
+                    e
+                }
+            };
+            if let Ok(i) = entries.binary_search_by(|e| e.key.as_slice().cmp(key)) {
+                return Ok(Some(entries[i].clone()));
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// Finds the newest index entry of `key` in `segments` (newest segment last).
 pub(crate) fn find_key(
     f: &dyn VFile,
@@ -210,6 +255,7 @@ pub(crate) fn scan_by_seqno(
         });
     }
     let mut ra = ReadAhead::default();
+    let mut cache = BlockCache::default();
     let mut delivered = 0u64;
     loop {
         // Refill and pick the segment with the smallest next seqno (few segments: linear).
@@ -245,7 +291,7 @@ pub(crate) fn scan_by_seqno(
         let doc = ra.doc(f, path, file_len, e.offset, e.len)?;
         // Skip a version that a newer segment supersedes.
         if i + 1 < segs.len()
-            && let Some(newer) = find_key(f, path, &segs[i + 1..], &doc.key)?
+            && let Some(newer) = cache.find(f, path, segs, i + 1, &doc.key)?
             && newer.offset != e.offset
         {
             continue;

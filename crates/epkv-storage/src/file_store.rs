@@ -103,6 +103,10 @@ struct VbFile {
     segments: Arc<Vec<Arc<Segment>>>,
     /// A write failed and the tail could not be cut back yet: repair before next use.
     needs_repair: bool,
+    /// Commits durable in the journal but not yet written to the data file, oldest first
+    /// (journal mode): applied in the background, before any read of this vBucket, and
+    /// before a checkpoint.
+    pending: Vec<JournalEntry>,
 }
 
 impl VbFile {
@@ -115,7 +119,21 @@ impl VbFile {
             header: None,
             segments: Arc::new(Vec::new()),
             needs_repair: false,
+            pending: Vec::new(),
         }
+    }
+
+    /// The commit id the next commit of this vBucket gets.
+    fn next_commit_id(&self) -> u64 {
+        self.header.as_ref().map_or(0, |h| h.commit_id) + self.pending.len() as u64 + 1
+    }
+
+    /// The newest committed state, including commits not yet applied to the file.
+    fn latest_state(&self) -> Option<&VbState> {
+        self.pending
+            .last()
+            .map(|e| &e.state)
+            .or(self.header.as_ref().map(|h| &h.state))
     }
 }
 
@@ -150,6 +168,11 @@ pub struct FileStore {
     commit_lock: Mutex<Option<Journal>>,
     /// vBuckets whose data file has unsynced bytes (journal mode).
     dirty: Mutex<BTreeSet<u16>>,
+    /// vBuckets with commits not yet applied to their data file (journal mode).
+    pending_vbs: Mutex<BTreeSet<u16>>,
+    /// Bytes of documents in pending commits; above [`MAX_PENDING_BYTES`] a commit applies
+    /// them itself (back-pressure when the background applier falls behind).
+    pending_bytes: AtomicU64,
     /// A file was created or removed since the directory was last synced.
     dir_dirty: AtomicU64,
     counters: Counters,
@@ -157,6 +180,15 @@ pub struct FileStore {
 }
 
 const JOURNAL_NAME: &str = "journal.log";
+/// Document bytes allowed to wait for the background applier (64 MiB).
+const MAX_PENDING_BYTES: u64 = 64 << 20;
+
+fn entry_bytes(e: &JournalEntry) -> u64 {
+    e.docs
+        .iter()
+        .map(|d| (d.key.len() + d.value.len() + 64) as u64)
+        .sum()
+}
 
 impl FileStore {
     /// Opens (or creates) the shard in `cfg.dir` on the real file system, recovering every
@@ -187,6 +219,8 @@ impl FileStore {
             vbs: Mutex::new(HashMap::new()),
             commit_lock: Mutex::new(None),
             dirty: Mutex::new(BTreeSet::new()),
+            pending_vbs: Mutex::new(BTreeSet::new()),
+            pending_bytes: AtomicU64::new(0),
             dir_dirty: AtomicU64::new(0),
             counters: Counters::default(),
             report: RecoveryReport::default(),
@@ -255,7 +289,7 @@ impl FileStore {
             return Ok(None);
         };
         let mut g = vb.lock();
-        self.repair(&mut g)?;
+        self.apply_pending_vb(&mut g)?;
         if g.header.is_none() {
             return Ok(None);
         }
@@ -339,6 +373,7 @@ impl FileStore {
                     header: Some(header),
                     segments: Arc::new(segs),
                     needs_repair: false,
+                    pending: Vec::new(),
                 });
             }
             if let Some(v) = chosen {
@@ -487,7 +522,7 @@ impl FileStore {
         state.persisted_seqno = state.high_seqno;
         JournalEntry {
             vbid: g.vbid,
-            commit_id: g.header.as_ref().map_or(0, |h| h.commit_id) + 1,
+            commit_id: g.next_commit_id(),
             state,
             docs,
         }
@@ -580,7 +615,8 @@ impl FileStore {
     }
 
     fn commit_locked(&self, journal: &mut Option<Journal>, batch: &[VbCommit]) -> Result<()> {
-        let mut vbs: Vec<(Arc<Mutex<VbFile>>, JournalEntry)> = Vec::with_capacity(batch.len());
+        let mut vbs: Vec<Arc<Mutex<VbFile>>> = Vec::with_capacity(batch.len());
+        let mut entries: Vec<JournalEntry> = Vec::with_capacity(batch.len());
         for c in batch {
             let vb = self.vb(c.vbid.0);
             let entry = {
@@ -588,8 +624,10 @@ impl FileStore {
                 self.repair(&mut g)?;
                 Self::prepare(&g, c)
             };
-            vbs.push((vb, entry));
+            vbs.push(vb);
+            entries.push(entry);
         }
+        let items: usize = entries.iter().map(|e| e.docs.len()).sum();
         if let Some(j) = journal.as_mut() {
             if j.needs_repair {
                 j.file
@@ -597,7 +635,6 @@ impl FileStore {
                     .map_err(|e| Error::io("truncate", &j.path, e))?;
                 j.needs_repair = false;
             }
-            let entries: Vec<JournalEntry> = vbs.iter().map(|(_, e)| e.clone()).collect();
             let mut body = Vec::new();
             format::encode_journal_batch(&mut body, &entries);
             let mut frame = Vec::with_capacity(body.len() + format::FRAME_HEADER_LEN);
@@ -621,16 +658,23 @@ impl FileStore {
             j.end += frame.len() as u64;
             self.counters.journal_bytes.store(j.end, Relaxed);
         }
-        for (vb, entry) in &vbs {
+        let journaled = journal.is_some();
+        for (vb, entry) in vbs.iter().zip(entries) {
             let mut g = vb.lock();
-            self.apply(&mut g, entry)?;
-            if journal.is_some() {
-                self.dirty.lock().insert(g.vbid);
+            if journaled {
+                // Durable now; the data file is brought up to date in the background.
+                self.pending_bytes.fetch_add(entry_bytes(&entry), Relaxed);
+                g.pending.push(entry);
+                self.pending_vbs.lock().insert(g.vbid);
+            } else {
+                self.apply(&mut g, &entry)?;
             }
         }
         self.counters.batches.fetch_add(1, Relaxed);
-        let items: usize = vbs.iter().map(|(_, e)| e.docs.len()).sum();
         self.counters.items.fetch_add(items as u64, Relaxed);
+        if self.pending_bytes.load(Relaxed) > MAX_PENDING_BYTES {
+            self.apply_pending_upto(usize::MAX)?;
+        }
         let over = journal
             .as_ref()
             .is_some_and(|j| j.end > self.cfg.checkpoint_bytes);
@@ -641,8 +685,51 @@ impl FileStore {
         Ok(())
     }
 
+    /// Writes one vBucket's pending commits to its data file.
+    fn apply_pending_vb(&self, g: &mut VbFile) -> Result<()> {
+        self.repair(g)?;
+        while !g.pending.is_empty() {
+            let e = g.pending.remove(0);
+            if let Err(err) = self.apply(g, &e) {
+                g.pending.insert(0, e);
+                return Err(err);
+            }
+            self.pending_bytes.fetch_sub(entry_bytes(&e), Relaxed);
+            self.dirty.lock().insert(g.vbid);
+        }
+        self.pending_vbs.lock().remove(&g.vbid);
+        Ok(())
+    }
+
+    /// Brings up to `max_vbuckets` data files up to date with commits that are durable in
+    /// the journal but not yet written to them (the background half of a journal commit;
+    /// the engine runs it on a Writer task). Returns how many vBuckets still have pending
+    /// commits.
+    ///
+    /// # Errors
+    /// The first write error; the commit stays pending (it is durable in the journal) and
+    /// is retried on the next call.
+    fn apply_pending_upto(&self, max_vbuckets: usize) -> Result<usize> {
+        let todo: Vec<u16> = self
+            .pending_vbs
+            .lock()
+            .iter()
+            .take(max_vbuckets)
+            .copied()
+            .collect();
+        for vbid in todo {
+            if let Some(vb) = self.existing_vb(vbid) {
+                self.apply_pending_vb(&mut vb.lock())?;
+            } else {
+                self.pending_vbs.lock().remove(&vbid);
+            }
+        }
+        Ok(self.pending_vbs.lock().len())
+    }
+
     /// Syncs every dirty data file (and the directory).
     fn checkpoint_files(&self) -> Result<()> {
+        self.apply_pending_upto(usize::MAX)?;
         let dirty: Vec<u16> = self.dirty.lock().iter().copied().collect();
         for vbid in dirty {
             let Some(vb) = self.existing_vb(vbid) else {
@@ -681,7 +768,7 @@ impl FileStore {
     }
 
     fn compact_locked(&self, g: &mut VbFile, rule: &PurgeRule) -> Result<CompactionOutcome> {
-        self.repair(g)?;
+        self.apply_pending_vb(g)?;
         let Some(header) = g.header.clone() else {
             return Ok(CompactionOutcome::default());
         };
@@ -870,8 +957,32 @@ impl KvStore for FileStore {
     }
 
     fn get(&self, vbid: Vbid, key: &[u8]) -> Result<Option<Document>> {
-        let Some(view) = self.view(vbid.0)? else {
+        let Some(vb) = self.existing_vb(vbid.0) else {
             return Ok(None);
+        };
+        let view = {
+            let mut g = vb.lock();
+            if let Err(e) = self.apply_pending_vb(&mut g) {
+                // Out of space or descriptors: the commits that could not be written are
+                // durable in the journal and still in memory, so reads keep working.
+                if !e.is_temporary() {
+                    return Err(e);
+                }
+                for entry in g.pending.iter().rev() {
+                    if let Some(d) = entry.docs.iter().find(|d| d.key == key) {
+                        return Ok(Some(d.clone()));
+                    }
+                }
+            }
+            if g.header.is_none() {
+                return Ok(None);
+            }
+            // Reads only follow the last header's index, so bytes a failed write left
+            // after it are never looked at.
+            ReadView {
+                path: g.path.clone(),
+                segments: Arc::clone(&g.segments),
+            }
         };
         let f = self.fds.get(&view.path, OpenMode::Existing)?;
         match data_file::find_key(&*f, &view.path, &view.segments, key)? {
@@ -907,14 +1018,14 @@ impl KvStore for FileStore {
             return Ok(None);
         };
         let g = vb.lock();
-        Ok(g.header.as_ref().map(|h| h.state.clone()))
+        Ok(g.latest_state().cloned())
     }
 
     fn vbuckets(&self) -> Vec<Vbid> {
         let g = self.vbs.lock();
         let mut v: Vec<Vbid> = g
             .iter()
-            .filter(|(_, f)| f.lock().header.is_some())
+            .filter(|(_, f)| f.lock().latest_state().is_some())
             .map(|(id, _)| Vbid(*id))
             .collect();
         v.sort_unstable();
@@ -945,6 +1056,10 @@ impl KvStore for FileStore {
         };
         let mut g = vb.lock();
         self.compact_locked(&mut g, rule)
+    }
+
+    fn apply_pending(&self, max_vbuckets: usize) -> Result<usize> {
+        self.apply_pending_upto(max_vbuckets)
     }
 
     fn checkpoint(&self) -> Result<()> {

@@ -85,6 +85,19 @@ pub trait KvStore: Send + Sync + std::fmt::Debug {
     /// I/O errors; the vBucket is unchanged after a failed compaction.
     fn compact(&self, vbid: Vbid, rule: &PurgeRule) -> Result<CompactionOutcome>;
 
+    /// Does the deferred half of journal commits: writes up to `max_vbuckets` vBuckets'
+    /// journaled commits to their data files. Returns how many vBuckets still have such
+    /// commits. Nothing depends on it for correctness (reads, compaction and checkpoints
+    /// apply what they need first); the engine runs it on a background task so that the
+    /// flusher's commit returns as soon as the journal is synced.
+    ///
+    /// # Errors
+    /// A write error; the commits stay pending (they are durable in the journal).
+    fn apply_pending(&self, max_vbuckets: usize) -> Result<usize> {
+        let _ = max_vbuckets;
+        Ok(0)
+    }
+
     /// Makes everything committed durable in the data files and empties the journal.
     ///
     /// # Errors

@@ -119,38 +119,66 @@ fn enospc_fails_writes_distinctly_while_reads_work() {
         let fs = FaultFs::new();
         let s = open(dir.path(), &fs, mode);
         s.commit(&batch(&[1], "a", 1)).unwrap();
+        s.commit(&batch(&[1], "c", 2)).unwrap();
+        s.apply_pending(usize::MAX).unwrap();
+        s.commit(&batch(&[1], "d", 3)).unwrap();
         fs.set_enospc(true);
         let e = s.commit(&batch(&[1], "b", 2)).unwrap_err();
         assert!(matches!(e, Error::NoSpace { .. }), "{e}");
         assert!(e.is_temporary());
+        // Reads keep working: from the file, and (journal on) from commits that are
+        // durable in the journal but could not be written to the full disk yet.
         assert_eq!(must_value(&s, 1, "a"), Some(1));
+        assert_eq!(must_value(&s, 1, "c"), Some(2));
+        assert_eq!(must_value(&s, 1, "d"), Some(3));
         assert_eq!(must_value(&s, 1, "b"), None);
         fs.set_enospc(false);
-        s.commit(&batch(&[1], "b", 2)).unwrap();
-        assert_eq!(must_value(&s, 1, "b"), Some(2));
+        s.commit(&batch(&[1], "b", 4)).unwrap();
+        assert_eq!(must_value(&s, 1, "b"), Some(4));
+        s.close().unwrap();
+        let s = open(dir.path(), &fs, mode);
+        for (k, v) in [("a", 1), ("b", 4), ("c", 2), ("d", 3)] {
+            assert_eq!(must_value(&s, 1, k), Some(v));
+        }
     }
 }
 
 /// EMFILE while opening a data file closes cached files and retries; if the OS keeps
 /// refusing, the error is TooManyOpenFiles (temporary) and nothing acknowledged is lost.
+/// With the journal the commit itself needs no data file: the background apply (and a read
+/// that must apply first) meets the error, and gets are still served from memory.
 #[test]
 fn emfile_retries_then_fails_temporarily_without_losing_data() {
-    let dir = tempfile::tempdir().unwrap();
-    let fs = FaultFs::new();
-    let s = open(dir.path(), &fs, JournalMode::On);
-    s.commit(&batch(&[1, 2], "a", 1)).unwrap();
-    fs.set_emfile(1);
-    s.commit(&batch(&[3], "a", 1)).unwrap();
-    fs.set_emfile(10);
-    let e = s.commit(&batch(&[4], "a", 1)).unwrap_err();
-    assert!(matches!(e, Error::TooManyOpenFiles { .. }), "{e}");
-    fs.set_emfile(0);
-    s.commit(&batch(&[4], "a", 1)).unwrap();
-    fs.crash().unwrap();
-    drop(s);
-    let s = open(dir.path(), &fs, JournalMode::On);
-    for vb in 1..=4 {
-        assert_eq!(must_value(&s, vb, "a"), Some(1));
+    for mode in [JournalMode::On, JournalMode::Off] {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = FaultFs::new();
+        let s = open(dir.path(), &fs, mode);
+        s.commit(&batch(&[1, 2], "a", 1)).unwrap();
+        s.apply_pending(usize::MAX).unwrap();
+        fs.set_emfile(1);
+        s.commit(&batch(&[3], "a", 1)).unwrap();
+        assert_eq!(s.apply_pending(usize::MAX).unwrap(), 0);
+        fs.set_emfile(1000);
+        let e = match mode {
+            JournalMode::On => {
+                s.commit(&batch(&[4], "a", 1)).unwrap();
+                assert_eq!(must_value(&s, 4, "a"), Some(1), "served from memory");
+                s.apply_pending(usize::MAX).unwrap_err()
+            }
+            JournalMode::Off => s.commit(&batch(&[4], "a", 1)).unwrap_err(),
+        };
+        assert!(matches!(e, Error::TooManyOpenFiles { .. }), "{e}");
+        assert!(e.is_temporary());
+        fs.set_emfile(0);
+        if mode == JournalMode::Off {
+            s.commit(&batch(&[4], "a", 1)).unwrap();
+        }
+        fs.crash().unwrap();
+        drop(s);
+        let s = open(dir.path(), &fs, mode);
+        for vb in 1..=4 {
+            assert_eq!(must_value(&s, vb, "a"), Some(1), "{mode:?} vb {vb}");
+        }
     }
 }
 

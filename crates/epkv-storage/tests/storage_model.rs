@@ -28,6 +28,8 @@ enum Op {
     /// Fail the nth call of an operation during the next commit (the commit is retried).
     FailingCommit(FaultOp, u64, Vec<(u16, u8, bool, u8, u32)>),
     Compact(u16, u64, Option<u32>),
+    /// Background apply of journaled commits to data files, possibly with a failure.
+    ApplyPending(usize, Option<(FaultOp, u64)>),
     Checkpoint,
     CleanRestart,
     Crash(bool),
@@ -57,6 +59,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => (fault, 1u64..4, docs_strategy()).prop_map(|(f, n, d)| Op::FailingCommit(f, n, d)),
         1 => (0..VBS, 0u64..80, prop_oneof![Just(None), (0u32..200).prop_map(Some)])
             .prop_map(|(v, p, n)| Op::Compact(v, p, n)),
+        2 => (1usize..4, prop::option::of((prop_oneof![Just(FaultOp::Write), Just(FaultOp::Open)], 1u64..3)))
+            .prop_map(|(n, f)| Op::ApplyPending(n, f)),
         1 => Just(Op::Checkpoint),
         1 => Just(Op::CleanRestart),
         2 => any::<bool>().prop_map(Op::Crash),
@@ -213,6 +217,16 @@ fn run(ops: Vec<Op>, journal: JournalMode, fd_budget: usize) {
                 };
                 s.compact(Vbid(vb), &rule).unwrap();
                 m.compact(vb, &rule);
+            }
+            Op::ApplyPending(n, fault) => {
+                if let Some((f, k)) = fault {
+                    fs.fail_nth(f, k);
+                }
+                let r = s.apply_pending(n);
+                fs.clear();
+                if fault.is_none() {
+                    r.unwrap();
+                }
             }
             Op::Checkpoint => s.checkpoint().unwrap(),
             Op::CleanRestart => {

@@ -50,6 +50,8 @@ fn child(dir: &str) {
     let s = FileStore::open(cfg).unwrap();
     for vb in 0..VBUCKETS {
         commit(&s, vb).unwrap();
+        // The journal made it durable; writing the data file opens it.
+        s.apply_pending(usize::MAX).unwrap();
     }
     assert!(fds.emfile_retries() > 0, "the lowered limit was never hit");
     // A second store that keeps no file open (budget 0): with every descriptor taken
@@ -57,6 +59,7 @@ fn child(dir: &str) {
     let dir2 = format!("{dir}/second");
     let mut cfg2 = FileStoreConfig::new(&dir2);
     cfg2.fd_budget = 0;
+    cfg2.journal = epkv_storage::JournalMode::Off;
     let s2 = FileStore::open(cfg2).unwrap();
     let mut hog = Vec::new();
     while let Ok(f) = std::fs::File::open("/dev/null") {
@@ -104,6 +107,8 @@ fn emfile_under_a_lowered_rlimit_closes_idle_files_and_loses_nothing() {
         assert_eq!(d.value, vec![vb as u8; 100]);
     }
     s.verify().unwrap();
-    let s2 = FileStore::open(FileStoreConfig::new(dir.path().join("second"))).unwrap();
+    let mut cfg2 = FileStoreConfig::new(dir.path().join("second"));
+    cfg2.journal = epkv_storage::JournalMode::Off;
+    let s2 = FileStore::open(cfg2).unwrap();
     assert_eq!(s2.get(Vbid(7), b"key-7").unwrap().unwrap().seqno, 1);
 }

@@ -1,0 +1,478 @@
+//! Storage benchmarks (seed 001 and KV-Engine's `kvstore_bench`), the store's modes side by
+//! side in one run, on the disk of the target directory.
+//!
+//! `cargo bench -p epkv-bench --bench storage -- [--quick] [--vbuckets 1024]
+//!  [--batch-items 2000] [--docs 100000] [DiskFloor|Flush|Persist|Scan|Warmup]`
+//!
+//! - **DiskFloor**: append 4 KiB to a file and fdatasync it, repeatedly. items/s = syncs
+//!   per second; ns/op = the disk's fdatasync latency, the floor every durable write pays.
+//! - **FlushThroughput**: batches of `batch-items` 512-byte documents with random keys
+//!   spread over `vbuckets` vBuckets (so a batch touches nearly every vBucket), committed
+//!   back to back. items/s = documents made durable per second. Peers: journal on with data
+//!   files kept open (`epkv`, the default), journal on with files reopened per batch,
+//!   journal off with files kept open, and journal off with files reopened per batch (what
+//!   KV-Engine did before MB-36572: a sync per vBucket per batch and an open/close per
+//!   vBucket per batch). Syncs per batch are printed for each.
+//! - **PersistLatency**: a closed loop of `batch-items` writers, each with one write
+//!   outstanding; a flusher commits everything queued as one batch, after which every
+//!   writer's write counts as persisted and it queues the next. Reports p50 / p99 of the
+//!   queued-to-persisted time and p50 as a multiple of the DiskFloor latency measured in
+//!   the same run (the figure to compare across machines; the goal is <= 3x with the
+//!   journal). items/s = writes persisted per second. This is the storage part of the
+//!   seed's persistTo latency; the engine's queues and flusher task come on top.
+//! - **KvStoreScan**: `docs` documents committed in one batch to one vBucket, then a full
+//!   by-seqno scan reading every value from disk. Peers: the same documents written in 100
+//!   commits (several index segments), and the in-memory store.
+//! - **Warmup**: `vbuckets` vBuckets holding `docs` documents in all; open the store
+//!   (recovery) and scan every vBucket by seqno. items/s = documents loaded per second.
+
+use epkv_bench::harness::{Args, Report, Row, median, target_dir};
+use epkv_executor::{Clock, SystemClock};
+use epkv_storage::{
+    Document, FileStore, FileStoreConfig, JournalMode, KvStore, MemStore, ScanControl, VbCommit,
+    VbState,
+};
+use epkv_types::{VBucketState, Vbid};
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Duration;
+
+const VALUE_BYTES: usize = 512;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn bench_dir(name: &str) -> PathBuf {
+    let d = target_dir().join("bench-data").join("storage").join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap_or_else(|e| {
+        eprintln!("cannot create {}: {e}", d.display());
+        std::process::exit(2);
+    });
+    d
+}
+
+fn must<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> T {
+    r.unwrap_or_else(|e| {
+        eprintln!("{what}: {e}");
+        std::process::exit(2);
+    })
+}
+
+/// The disk's fdatasync latency: append `bytes`, fdatasync, for `d`. Returns (syncs/s, ns).
+fn disk_floor(d: Duration, bytes: usize) -> (f64, f64) {
+    let dir = bench_dir("floor");
+    let path = dir.join("floor.bin");
+    let f = must(
+        OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path),
+        "open",
+    );
+    let buf = vec![0x5au8; bytes];
+    let t0 = SystemClock.now();
+    let mut n = 0u64;
+    let mut off = 0u64;
+    while SystemClock.now() - t0 < d || n < 8 {
+        must(f.write_all_at(&buf, off), "write");
+        must(f.sync_data(), "fdatasync");
+        off += bytes as u64;
+        n += 1;
+    }
+    let secs = (SystemClock.now() - t0).as_secs_f64();
+    let _ = std::fs::remove_dir_all(&dir);
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    let rate = n as f64 / secs;
+    (rate, 1e9 / rate)
+}
+
+#[derive(Clone, Copy)]
+struct Mode {
+    name: &'static str,
+    journal: JournalMode,
+    fd_budget: usize,
+}
+
+const MODES: [Mode; 4] = [
+    Mode {
+        name: "epkv",
+        journal: JournalMode::On,
+        fd_budget: 4096,
+    },
+    Mode {
+        name: "journal-reopen-per-batch",
+        journal: JournalMode::On,
+        fd_budget: 0,
+    },
+    Mode {
+        name: "no-journal-files-open",
+        journal: JournalMode::Off,
+        fd_budget: 4096,
+    },
+    Mode {
+        name: "kv-engine-2019",
+        journal: JournalMode::Off,
+        fd_budget: 0,
+    },
+];
+
+fn open_store(dir: &Path, m: Mode) -> FileStore {
+    let mut cfg = FileStoreConfig::new(dir);
+    cfg.journal = m.journal;
+    cfg.fd_budget = m.fd_budget;
+    must(FileStore::open(cfg), "open store")
+}
+
+fn make_batch(rng: &mut Rng, seqnos: &mut [u64], items: usize, keyspace: u64) -> Vec<VbCommit> {
+    let vbs = seqnos.len() as u64;
+    let mut per_vb: Vec<Vec<Document>> = vec![Vec::new(); seqnos.len()];
+    for _ in 0..items {
+        let k = rng.next() % keyspace;
+        let vb = usize::try_from(k % vbs).unwrap_or(0);
+        seqnos[vb] += 1;
+        per_vb[vb].push(Document {
+            key: format!("key{k:09}").into_bytes(),
+            value: vec![(k & 0xff) as u8; VALUE_BYTES],
+            seqno: seqnos[vb],
+            cas: seqnos[vb],
+            rev_seqno: 1,
+            flags: 0,
+            expiry: 0,
+            datatype: 0,
+            deleted: false,
+        });
+    }
+    per_vb
+        .into_iter()
+        .enumerate()
+        .filter(|(_, d)| !d.is_empty())
+        .map(|(vb, docs)| VbCommit {
+            vbid: Vbid(u16::try_from(vb).unwrap_or(0)),
+            docs,
+            state: VbState::new(VBucketState::Active),
+        })
+        .collect()
+}
+
+/// Commits batches for `d` (at least 2); returns (items/s, syncs per batch, batches,
+/// per-batch durations).
+fn flush_run(m: Mode, vbuckets: usize, items: usize, d: Duration) -> (f64, f64, Vec<Duration>) {
+    let dir = bench_dir(m.name);
+    let store = open_store(&dir, m);
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut seqnos = vec![0u64; vbuckets];
+    // Untimed: create every vBucket's file first, so the run measures steady state.
+    must(
+        store.commit(&make_batch(&mut rng, &mut seqnos, vbuckets * 2, 1 << 20)),
+        "commit",
+    );
+    must(store.checkpoint(), "checkpoint");
+    let s0 = store.stats();
+    let mut times = Vec::new();
+    let stop = AtomicBool::new(false);
+    let t0 = SystemClock.now();
+    std::thread::scope(|sc| {
+        if m.journal == JournalMode::On {
+            // The background half of a journal commit (the engine's Writer task): write
+            // journaled commits to the data files while the flusher carries on.
+            sc.spawn(|| {
+                while !stop.load(Relaxed) {
+                    match store.apply_pending(64) {
+                        Ok(0) => std::thread::sleep(Duration::from_micros(200)),
+                        Ok(_) => {}
+                        Err(e) => {
+                            eprintln!("apply_pending: {e}");
+                            std::process::exit(2);
+                        }
+                    }
+                }
+            });
+        }
+        while SystemClock.now() - t0 < d || times.len() < 2 {
+            let b = make_batch(&mut rng, &mut seqnos, items, 1 << 20);
+            let t = SystemClock.now();
+            must(store.commit(&b), "commit");
+            times.push(SystemClock.now() - t);
+        }
+        stop.store(true, Relaxed);
+    });
+    let secs = (SystemClock.now() - t0).as_secs_f64();
+    let s1 = store.stats();
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    let (rate, syncs) = (
+        (s1.items_flushed - s0.items_flushed) as f64 / secs,
+        (s1.syncs - s0.syncs) as f64 / times.len() as f64,
+    );
+    (rate, syncs, times)
+}
+
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort_unstable();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "an index into a short vector"
+    )]
+    let i = ((v.len() - 1) as f64 * p).round() as usize;
+    v[i]
+}
+
+fn scan_count(s: &dyn KvStore, vb: Vbid) -> u64 {
+    let mut bytes = 0u64;
+    let n = must(
+        s.scan_by_seqno(vb, 0, u64::MAX, &mut |d| {
+            bytes += d.value.len() as u64;
+            ScanControl::Continue
+        }),
+        "scan",
+    );
+    std::hint::black_box(bytes);
+    n
+}
+
+fn docs_for_scan(n: u64) -> Vec<Document> {
+    (1..=n)
+        .map(|i| Document {
+            key: format!("key{i}").into_bytes(),
+            value: b"value".to_vec(),
+            seqno: i,
+            cas: i,
+            rev_seqno: 1,
+            flags: 0,
+            expiry: 0,
+            datatype: 0,
+            deleted: false,
+        })
+        .collect()
+}
+
+#[expect(
+    clippy::too_many_lines,
+    reason = "one benchmark driver, read top to bottom"
+)]
+fn main() {
+    let args = Args::parse();
+    let d = args.measure_time();
+    let rounds = args.rounds();
+    let vbuckets = args.list("vbuckets", &[1024])[0].clamp(1, 1024);
+    let items = args.list("batch-items", &[2000])[0].max(1);
+    let ndocs = args.list("docs", &[100_000])[0].max(1) as u64;
+    let mut report = Report::new("storage");
+    println!(
+        "storage benchmarks in {}: {} s per measurement, {rounds} rounds (median)",
+        target_dir().join("bench-data").display(),
+        d.as_secs_f64()
+    );
+    let mut floor_ns = 0.0;
+    if args.wants("DiskFloor") || args.wants("PersistLatency") {
+        let mut lines = Vec::new();
+        // 4 KiB: the latency floor; 1.2 MB: what one journal append of a 2000-item batch
+        // of 512-byte values writes.
+        for bytes in [4096usize, items * (VALUE_BYTES + 100)] {
+            let mut rates = Vec::new();
+            for _ in 0..rounds {
+                rates.push(disk_floor(d, bytes).0);
+            }
+            let rate = median(rates);
+            if bytes == 4096 {
+                floor_ns = 1e9 / rate;
+            }
+            report.push(Row::new(
+                "DiskFloor",
+                &[("bytes", bytes as u64)],
+                "fdatasync",
+                rate,
+            ));
+            lines.push(format!("{bytes} bytes {:.0} us", 1e6 / rate));
+        }
+        report.note(&format!(
+            "DiskFloor: append + fdatasync on the target directory's disk: {}.",
+            lines.join(", ")
+        ));
+    }
+    if args.wants("FlushThroughput") {
+        let params = [
+            ("vbuckets", vbuckets as u64),
+            ("batch_items", items as u64),
+            ("value_bytes", VALUE_BYTES as u64),
+        ];
+        let mut lines = Vec::new();
+        let mut results: Vec<(Mode, Vec<f64>, Vec<f64>)> =
+            MODES.iter().map(|m| (*m, Vec::new(), Vec::new())).collect();
+        for _ in 0..rounds {
+            for r in &mut results {
+                let (rate, syncs, _) = flush_run(r.0, vbuckets, items, d);
+                r.1.push(rate);
+                r.2.push(syncs);
+            }
+        }
+        for (m, rates, syncs) in results {
+            let s = median(syncs);
+            report.push(Row::new("FlushThroughput", &params, m.name, median(rates)));
+            lines.push(format!("{} {s:.1}", m.name));
+        }
+        report.note(&format!(
+            "FlushThroughput syncs per batch (median): {}. With the journal a batch costs one \
+             journal fdatasync whatever the vBuckets touched; data files are synced at \
+             checkpoints (every 64 MiB of journal), which is included. 'kv-engine-2019' \
+             reopens every file per batch and syncs each vBucket file.",
+            lines.join(", ")
+        ));
+    }
+    if args.wants("PersistLatency") {
+        let params = [("writers", items as u64), ("vbuckets", vbuckets as u64)];
+        let mut lines = Vec::new();
+        for m in [MODES[0], MODES[3]] {
+            let mut rates = Vec::new();
+            let mut all = Vec::new();
+            for _ in 0..rounds {
+                let (rate, _, times) = flush_run(m, vbuckets, items, d);
+                rates.push(rate);
+                // In the closed loop every write of a batch was queued when the previous
+                // batch completed and is persisted when this one completes.
+                all.extend(times);
+            }
+            let p50 = percentile(&mut all, 0.5);
+            let p99 = percentile(&mut all, 0.99);
+            report.push(Row::new("PersistLatency", &params, m.name, median(rates)));
+            let mult = if floor_ns > 0.0 {
+                p50.as_secs_f64() * 1e9 / floor_ns
+            } else {
+                0.0
+            };
+            lines.push(format!(
+                "{}: p50 {:.2} ms, p99 {:.2} ms, p50 = {mult:.1}x fdatasync",
+                m.name,
+                p50.as_secs_f64() * 1e3,
+                p99.as_secs_f64() * 1e3
+            ));
+        }
+        report.note(&format!(
+            "PersistLatency ({items} concurrent writers, closed loop, queued-to-persisted): {}.",
+            lines.join("; ")
+        ));
+    }
+    if args.wants("KvStoreScan") {
+        let params = [("docs", ndocs)];
+        let docs = docs_for_scan(ndocs);
+        let one = |name: &str, commits: usize| -> FileStore {
+            let dir = bench_dir(name);
+            let s = open_store(&dir, MODES[0]);
+            let per = docs.len().div_ceil(commits);
+            for chunk in docs.chunks(per) {
+                must(
+                    s.commit(&[VbCommit {
+                        vbid: Vbid(0),
+                        docs: chunk.to_vec(),
+                        state: VbState::new(VBucketState::Active),
+                    }]),
+                    "commit",
+                );
+            }
+            must(s.checkpoint(), "checkpoint");
+            s
+        };
+        let single = one("scan-1", 1);
+        let multi = one("scan-100", 100);
+        let mem = MemStore::new();
+        must(
+            mem.commit(&[VbCommit {
+                vbid: Vbid(0),
+                docs: docs.clone(),
+                state: VbState::new(VBucketState::Active),
+            }]),
+            "commit",
+        );
+        let peers: [(&str, &dyn KvStore); 3] = [
+            ("epkv", &single),
+            ("files-100-commits", &multi),
+            ("memstore", &mem),
+        ];
+        let mut rates = vec![Vec::new(); peers.len()];
+        for _ in 0..rounds {
+            for (i, (_, s)) in peers.iter().enumerate() {
+                let t0 = SystemClock.now();
+                let mut n = 0u64;
+                while SystemClock.now() - t0 < d || n == 0 {
+                    n += scan_count(*s, Vbid(0));
+                }
+                #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+                rates[i].push(n as f64 / (SystemClock.now() - t0).as_secs_f64());
+            }
+        }
+        for (i, (name, _)) in peers.iter().enumerate() {
+            report.push(Row::new(
+                "KvStoreScan",
+                &params,
+                name,
+                median(rates[i].clone()),
+            ));
+        }
+        drop(single);
+        drop(multi);
+        let _ = std::fs::remove_dir_all(bench_dir("scan-1"));
+        let _ = std::fs::remove_dir_all(bench_dir("scan-100"));
+        report.note(
+            "KvStoreScan: a full by-seqno scan of one vBucket reading every value from the \
+             data file (the page cache, after the first round), like kvstore_bench's Scan.",
+        );
+    }
+    if args.wants("Warmup") {
+        let params = [("docs", ndocs), ("vbuckets", vbuckets as u64)];
+        let dir = bench_dir("warmup");
+        {
+            let s = open_store(&dir, MODES[0]);
+            let mut rng = Rng(7);
+            let mut seqnos = vec![0u64; vbuckets];
+            let per = 10_000usize;
+            let mut left = usize::try_from(ndocs).unwrap_or(0);
+            while left > 0 {
+                let n = left.min(per);
+                must(
+                    s.commit(&make_batch(&mut rng, &mut seqnos, n, u64::MAX)),
+                    "commit",
+                );
+                left -= n;
+            }
+            must(s.close(), "close");
+        }
+        let mut rates = Vec::new();
+        for _ in 0..rounds {
+            let t0 = SystemClock.now();
+            let s = open_store(&dir, MODES[0]);
+            let mut n = 0;
+            for vb in s.vbuckets() {
+                n += scan_count(&s, vb);
+            }
+            #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+            rates.push(n as f64 / (SystemClock.now() - t0).as_secs_f64());
+        }
+        report.push(Row::new("Warmup", &params, "epkv", median(rates)));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let mut out = std::io::stdout();
+    let _ = out.flush();
+    if let Err(e) = report.finish("epkv") {
+        eprintln!("cannot write the report: {e}");
+    }
+}
