@@ -27,6 +27,13 @@ pub(crate) type RawTable = hashbrown::HashTable<Slot>;
 /// Stripes whose committed table has at most this many buckets are never shrunk.
 const MIN_SHRINK_BUCKETS: usize = 64;
 
+/// How [`HashTable::store`] treats an existing version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Store {
+    Upsert,
+    ReplaceLive,
+}
+
 /// Whether a read counts as a reference for the MFU counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrackReference {
@@ -95,6 +102,8 @@ impl Shared {
     pub(crate) fn recharge(&self, old: usize, new: usize) -> Result<()> {
         if new > old {
             self.tracker.try_charge(new - old)
+        } else if new == old {
+            Ok(())
         } else {
             self.tracker.release(old - new);
             Ok(())
@@ -193,6 +202,12 @@ impl HashTable {
         self.sum(|c| &c.mem)
     }
 
+    /// Returns how many times a stripe of this table has been resized (grown or shrunk).
+    #[must_use]
+    pub fn resizes(&self) -> usize {
+        self.sum(|c| &c.resizes)
+    }
+
     /// Returns the memory tracker this table charges.
     #[must_use]
     pub fn tracker(&self) -> &Arc<MemoryTracker> {
@@ -218,7 +233,7 @@ impl HashTable {
             dirty: self.sum(|c| &c.dirty),
             mem_bytes: self.mem_used(),
             table_bytes,
-            resizes: self.sum(|c| &c.resizes),
+            resizes: self.resizes(),
             mfu_histogram: hist,
         }
     }
@@ -297,7 +312,9 @@ impl HashTable {
         let stripe = &self.stripes[self.stripe_index(hash)];
         let mut guard = stripe.inner.lock();
         let inner = &mut *guard;
-        if !inner.prepared.is_empty()
+        // Only a maybe-visible prepare changes what a reader sees; they are rare (warmup,
+        // promotion), so without one the prepared table is not probed at all.
+        if stripe.counts.maybe_visible.load(std::sync::atomic::Ordering::Relaxed) != 0
             && let Some(p) = inner.prepared.find(hash, |sv| sv.key() == key)
             && p.committed_state() == CommittedState::PreparedMaybeVisible
         {
@@ -352,14 +369,7 @@ impl HashTable {
     /// [`Error::QuotaExceeded`] when the tracker refuses the extra bytes; the table is
     /// unchanged.
     pub fn insert(&self, sv: StoredValue) -> Result<Option<StoredValue>> {
-        let key = KeyBuf::new(sv.key());
-        self.with_entry(key.as_slice(), |e| {
-            if sv.is_prepared() {
-                e.insert_prepared(sv)
-            } else {
-                e.insert(sv)
-            }
-        })
+        self.store(sv, Store::Upsert)
     }
 
     /// Replaces the committed version of `sv`'s key, only if there is a live one.
@@ -368,13 +378,47 @@ impl HashTable {
     /// [`Error::NotFound`] without a live committed version; [`Error::WrongState`] for a
     /// prepare; [`Error::QuotaExceeded`] as for [`Self::insert`].
     pub fn replace(&self, sv: StoredValue) -> Result<StoredValue> {
-        let key = KeyBuf::new(sv.key());
-        self.with_entry(key.as_slice(), |e| {
-            if e.get().is_none() {
-                return Err(Error::NotFound);
-            }
-            e.insert(sv)?.ok_or(Error::NotFound)
-        })
+        if sv.is_prepared() {
+            return Err(Error::WrongState);
+        }
+        self.store(sv, Store::ReplaceLive)?.ok_or(Error::NotFound)
+    }
+
+    /// [`Self::insert`] and [`Self::replace`] without an [`Entry`]: the key is looked up
+    /// while `sv` is still borrowed, then `sv` moves into the table (no key copy).
+    fn store(&self, sv: StoredValue, mode: Store) -> Result<Option<StoredValue>> {
+        let hash = self.shared.hash(sv.key());
+        let stripe = &self.stripes[self.stripe_index(hash)];
+        let mut guard = stripe.inner.lock();
+        let inner = &mut *guard;
+        let prepared = sv.is_prepared();
+        let table = if prepared {
+            &mut inner.prepared
+        } else {
+            &mut inner.committed
+        };
+        let buckets = table.num_buckets();
+        let mut index = table.find_bucket_index(hash, |v| v.key() == sv.key());
+        if mode == Store::ReplaceLive
+            && index
+                .and_then(|i| table.get_bucket(i))
+                .is_none_or(|v| v.is_deleted())
+        {
+            return Err(Error::NotFound);
+        }
+        let r = insert_into(
+            table,
+            &mut inner.mfu,
+            &mut index,
+            &stripe.counts,
+            &self.shared,
+            hash,
+            sv,
+        );
+        if table.num_buckets() != buckets {
+            stripe.counts.count_resize();
+        }
+        r
     }
 
     /// Removes and returns the committed version of `key` (live or tombstone).
@@ -442,42 +486,6 @@ impl HashTable {
             }
         }
         removed
-    }
-}
-
-/// A key copied to the stack (or, when long, the heap) so an item can be moved into the
-/// table while its key is still being looked up.
-struct KeyBuf {
-    len: usize,
-    inline: [u8; 32],
-    heap: Vec<u8>,
-}
-
-impl KeyBuf {
-    fn new(key: &[u8]) -> Self {
-        let mut inline = [0u8; 32];
-        if let Some(dst) = inline.get_mut(..key.len()) {
-            dst.copy_from_slice(key);
-            Self {
-                len: key.len(),
-                inline,
-                heap: Vec::new(),
-            }
-        } else {
-            Self {
-                len: key.len(),
-                inline,
-                heap: key.to_vec(),
-            }
-        }
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        if self.heap.is_empty() {
-            &self.inline[..self.len]
-        } else {
-            &self.heap
-        }
     }
 }
 

@@ -56,11 +56,13 @@ fn draw() -> u32 {
     })
 }
 
-/// A non-zero per-thread seed from the std hasher's random keys and the thread id.
+/// A non-zero per-thread seed: the std hasher's random keys over the address of a
+/// thread-local (distinct per live thread; no allocation, unlike `thread::current`).
 #[cold]
 fn seed() -> u64 {
     use std::hash::BuildHasher;
-    std::collections::hash_map::RandomState::new().hash_one(std::thread::current().id()) | 1
+    let addr = RNG.with(|c| std::ptr::from_ref(c) as usize);
+    std::collections::hash_map::RandomState::new().hash_one(addr) | 1
 }
 
 /// Returns `c` after one access: `c + 1` with probability `1 / (1 + 0.012 c^2)`, else `c`;

@@ -16,6 +16,9 @@ pub(crate) struct StripeCounts {
     pub(crate) dirty: AtomicUsize,
     pub(crate) mem: AtomicUsize,
     pub(crate) resizes: AtomicUsize,
+    /// Prepares in state `PreparedMaybeVisible` (reads probe the prepared table only
+    /// when this is non-zero).
+    pub(crate) maybe_visible: AtomicUsize,
 }
 
 #[inline]
@@ -36,6 +39,7 @@ pub(crate) struct Props {
     /// Committed tombstone.
     deleted: bool,
     prepared: bool,
+    maybe_visible: bool,
     /// Live but its value evicted.
     non_resident: bool,
     dirty: bool,
@@ -52,6 +56,7 @@ impl Props {
             live,
             deleted: committed && sv.is_deleted(),
             prepared: !committed,
+            maybe_visible: sv.committed_state() == crate::CommittedState::PreparedMaybeVisible,
             non_resident: live && !sv.is_resident(),
             dirty: sv.is_dirty(),
             footprint: sv.footprint(),
@@ -71,6 +76,7 @@ impl StripeCounts {
             sub(&self.items, usize::from(b.live));
             sub(&self.deleted, usize::from(b.deleted));
             sub(&self.prepared, usize::from(b.prepared));
+            sub(&self.maybe_visible, usize::from(b.maybe_visible));
             sub(&self.non_resident, usize::from(b.non_resident));
             sub(&self.dirty, usize::from(b.dirty));
             sub(&self.mem, b.footprint);
@@ -79,6 +85,7 @@ impl StripeCounts {
             add(&self.items, usize::from(a.live));
             add(&self.deleted, usize::from(a.deleted));
             add(&self.prepared, usize::from(a.prepared));
+            add(&self.maybe_visible, usize::from(a.maybe_visible));
             add(&self.non_resident, usize::from(a.non_resident));
             add(&self.dirty, usize::from(a.dirty));
             add(&self.mem, a.footprint);
