@@ -314,7 +314,11 @@ impl HashTable {
         let inner = &mut *guard;
         // Only a maybe-visible prepare changes what a reader sees; they are rare (warmup,
         // promotion), so without one the prepared table is not probed at all.
-        if stripe.counts.maybe_visible.load(std::sync::atomic::Ordering::Relaxed) != 0
+        if stripe
+            .counts
+            .maybe_visible
+            .load(std::sync::atomic::Ordering::Relaxed)
+            != 0
             && let Some(p) = inner.prepared.find(hash, |sv| sv.key() == key)
             && p.committed_state() == CommittedState::PreparedMaybeVisible
         {

@@ -64,13 +64,20 @@ fn footprint_is_what_the_allocator_is_asked_for() {
         table.insert(sv).unwrap();
         let stored = live();
         let after_stats = table.stats();
-        assert_eq!(after_stats.table_bytes, before_stats.table_bytes, "no resize");
+        assert_eq!(
+            after_stats.table_bytes, before_stats.table_bytes,
+            "no resize"
+        );
         let expected = StoredValue::footprint_for(key_len, value_len);
         assert_eq!(after_stats.mem_bytes - before_stats.mem_bytes, expected);
         drop(after_stats);
         // Before its first read a value lacks only the shared header it is charged for.
         let header = if value_len == 0 { 0 } else { 24 };
-        assert_eq!((stored - before) as usize, expected - header, "key {key_len} value {value_len}");
+        assert_eq!(
+            (stored - before) as usize,
+            expected - header,
+            "key {key_len} value {value_len}"
+        );
         // The first read shares the value: the header appears and the charge is exact.
         let v = table.find_for_read(
             &key,
