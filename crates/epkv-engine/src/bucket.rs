@@ -2,6 +2,7 @@
 //! plus the helpers every operation shares (routing, time, expiry on access, CAS checks).
 
 use crate::expiry_pager::ExpiryPager;
+use crate::persistence::{PersistedFuture, Persistence, RETRY_AFTER};
 use crate::stats::{Counter, Counters};
 use crate::vbucket::{Assigned, VBucket};
 use crate::{BucketConfig, EngineClock, Result};
@@ -34,6 +35,8 @@ pub struct Bucket {
     pub(crate) counters: Counters,
     /// The background expiry pager.
     pub(crate) pager: ExpiryPager,
+    /// Shards, flushers and persisted seqnos; `None` for a memory-only bucket.
+    pub(crate) persistence: Option<Persistence>,
 }
 
 impl fmt::Debug for Bucket {
@@ -124,6 +127,31 @@ pub(crate) fn check_durability(d: Option<&DurabilityRequirements>) -> EngineResu
     }
 }
 
+/// The document the flusher writes for the entry's item as of the mutation `a`, with
+/// revision `rev` and (for TOUCH) a new expiry.
+pub(crate) fn document_of(
+    e: &Entry<'_>,
+    a: &Assigned,
+    rev: u64,
+    expiry: Option<u32>,
+) -> epkv_storage::Document {
+    let (value, m) = match e.get() {
+        Some(sv) => (sv.value().to_vec(), *sv.meta()),
+        None => (Vec::new(), ItemMeta::default()),
+    };
+    epkv_storage::Document {
+        key: e.key().to_vec(),
+        value,
+        seqno: a.seqno.0,
+        cas: a.cas.0,
+        rev_seqno: rev,
+        flags: m.flags,
+        expiry: expiry.unwrap_or(m.expiry),
+        datatype: m.datatype.0,
+        deleted: false,
+    }
+}
+
 /// Builds the [`Item`] a read returns.
 pub(crate) fn item_of(sv: &StoredValue, vbid: Vbid, cas: Cas) -> Item {
     let m = sv.meta();
@@ -149,6 +177,7 @@ impl Bucket {
     pub fn new(config: BucketConfig, clock: EngineClock) -> Result<Arc<Bucket>> {
         config.validate()?;
         let memory = Arc::new(MemoryTracker::new(config.high_wat_bytes()));
+        let persistent = config.persistence.is_some();
         let vbuckets = (0..config.num_vbuckets)
             .map(|i| {
                 VBucket::new(
@@ -157,9 +186,30 @@ impl Bucket {
                     config.ht_locks,
                     Arc::clone(&memory),
                 )
+                .map(|vb| {
+                    if persistent {
+                        vb.with_persistence()
+                    } else {
+                        vb
+                    }
+                })
             })
             .collect::<epkv_hashtable::Result<Vec<_>>>()?
             .into_boxed_slice();
+        let persistence = match &config.persistence {
+            Some(p) => {
+                let p = Persistence::open(p.clone())?;
+                p.warmup(&vbuckets)?;
+                tracing::info!(
+                    bucket = %config.name,
+                    items = p.warmup_items.load(std::sync::atomic::Ordering::Relaxed),
+                    vbuckets = p.shards.iter().map(|s| epkv_storage::KvStore::vbuckets(&s.store).len()).sum::<usize>(),
+                    "warmup complete"
+                );
+                Some(p)
+            }
+            None => None,
+        };
         let interval = config.expiry_pager_interval;
         let bucket = Arc::new(Bucket {
             clock: clock.clock(),
@@ -169,7 +219,9 @@ impl Bucket {
             memory,
             counters: Counters::new(),
             pager: ExpiryPager::new(),
+            persistence,
         });
+        Self::start_flushers(&bucket)?;
         if !interval.is_zero() {
             ExpiryPager::start(&bucket, interval)?;
         }
@@ -181,6 +233,167 @@ impl Bucket {
             "bucket created"
         );
         Ok(bucket)
+    }
+
+    /// Starts one flusher task per shard on a Writer thread of the bucket's executor.
+    fn start_flushers(bucket: &Arc<Bucket>) -> Result<()> {
+        let Some(p) = &bucket.persistence else {
+            return Ok(());
+        };
+        if p.config.flusher == crate::persistence::FlusherMode::Manual {
+            return Ok(());
+        }
+        let cfg = epkv_executor::ExecutorConfig::new()
+            .with_threads(epkv_executor::Group::Reader, 1)
+            .with_threads(epkv_executor::Group::AuxIo, 1)
+            .with_threads(epkv_executor::Group::NonIo, 1)
+            .with_threads(epkv_executor::Group::Writer, p.config.writer_threads);
+        let exec = epkv_executor::Executor::new(cfg)?;
+        let mut handles = Vec::with_capacity(p.shards.len());
+        for shard in 0..p.shards.len() {
+            let weak = Arc::downgrade(bucket);
+            let spec = epkv_executor::TaskSpec::new(
+                format!("flusher-{shard}"),
+                epkv_executor::Group::Writer,
+            );
+            let h = exec.schedule(spec, move |_: &epkv_executor::TaskContext<'_>| {
+                let Some(b) = weak.upgrade() else {
+                    return epkv_executor::Next::Done;
+                };
+                b.flusher_run(shard)
+            })?;
+            handles.push(h);
+        }
+        *p.flushers.lock() = handles;
+        *p.executor.lock() = Some(exec);
+        Ok(())
+    }
+
+    /// One run of a shard's flusher task.
+    fn flusher_run(&self, shard: usize) -> epkv_executor::Next {
+        use epkv_executor::Next;
+        let Some(p) = &self.persistence else {
+            return Next::Done;
+        };
+        match p.flush_shard(shard, &self.vbuckets) {
+            Ok(o) if o.vbuckets > 0 => Next::After(std::time::Duration::ZERO),
+            Ok(_) => match p.apply_pending(shard) {
+                Ok(0) => Next::Sleep,
+                Ok(_) => Next::After(std::time::Duration::ZERO),
+                Err(e) => {
+                    tracing::warn!(bucket = %self.config.name, shard, error = %e, "writing journaled commits to data files failed; retrying");
+                    Next::After(RETRY_AFTER)
+                }
+            },
+            Err(e) => {
+                tracing::warn!(bucket = %self.config.name, shard, error = %e, "flush failed; items stay queued and are retried");
+                Next::After(RETRY_AFTER)
+            }
+        }
+    }
+
+    /// Flushes every shard now, on the calling thread (tests, and clean shutdown).
+    /// Returns the number of documents committed.
+    ///
+    /// # Errors
+    /// The first storage error (the items stay queued).
+    pub fn flush_all(&self) -> std::result::Result<usize, epkv_storage::Error> {
+        let Some(p) = &self.persistence else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        for shard in 0..p.shards.len() {
+            n += p.flush_shard(shard, &self.vbuckets)?.items;
+        }
+        Ok(n)
+    }
+
+    /// Returns a vBucket's persisted seqno (`None` for a vbid outside the bucket; 0 for a
+    /// memory-only bucket).
+    #[must_use]
+    pub fn persisted_seqno(&self, vbid: Vbid) -> Option<u64> {
+        self.vbuckets
+            .get(usize::from(vbid.0))
+            .map(|vb| vb.persist.persisted())
+    }
+
+    /// Runs `f(persisted_seqno)` once vBucket `vbid` has persisted `seqno` (at once if it
+    /// has). Nothing blocks; `f` runs on the flusher's thread, so it must be quick.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` for a vbid outside the bucket; `NotSupported` for a memory-only
+    /// bucket.
+    pub fn when_persisted(
+        &self,
+        vbid: Vbid,
+        seqno: u64,
+        f: impl FnOnce(u64) + Send + 'static,
+    ) -> EngineResult<()> {
+        if self.persistence.is_none() {
+            return Err(EngineStatus::NotSupported);
+        }
+        let vb = self
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        vb.persist.when_persisted(seqno, Box::new(f));
+        Ok(())
+    }
+
+    /// A future resolving once vBucket `vbid` has persisted `seqno`.
+    ///
+    /// # Errors
+    /// As [`Bucket::when_persisted`].
+    pub fn wait_persisted(&self, vbid: Vbid, seqno: u64) -> EngineResult<PersistedFuture> {
+        let (fut, complete) = PersistedFuture::pending();
+        self.when_persisted(vbid, seqno, complete)?;
+        Ok(fut)
+    }
+
+    /// Queue bookkeeping after a write: wakes the shard's flusher when the vBucket's
+    /// queue went from empty to non-empty.
+    pub(crate) fn queued(&self, vb: &VBucket, was_empty: bool) {
+        if was_empty && let Some(p) = &self.persistence {
+            p.wake(vb.id);
+        }
+    }
+
+    /// TempFail while the disk is full (a flush failed with ENOSPC): the write could not
+    /// be made durable. Reads are not affected.
+    pub(crate) fn check_disk(&self) -> EngineResult<()> {
+        match &self.persistence {
+            Some(p) if p.disk_full.load(std::sync::atomic::Ordering::Relaxed) => {
+                Err(EngineStatus::TempFail)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Stops the flushers, flushes everything queued and checkpoints every shard (data
+    /// files synced, journals emptied). Called by `Engine::shutdown`.
+    pub(crate) fn shutdown_persistence(&self) {
+        let Some(p) = &self.persistence else {
+            return;
+        };
+        for h in p.flushers.lock().drain(..) {
+            h.cancel();
+        }
+        if let Some(exec) = p.executor.lock().take()
+            && let Err(e) = exec.shutdown(std::time::Duration::from_secs(30))
+        {
+            tracing::error!(bucket = %self.config.name, error = %e, "flusher executor did not stop");
+        }
+        match self.flush_all() {
+            Ok(n) => tracing::info!(bucket = %self.config.name, items = n, "final flush done"),
+            Err(e) => {
+                tracing::error!(bucket = %self.config.name, error = %e, "final flush failed; queued items not persisted")
+            }
+        }
+        for (i, s) in p.shards.iter().enumerate() {
+            if let Err(e) = epkv_storage::KvStore::checkpoint(&s.store) {
+                tracing::error!(bucket = %self.config.name, shard = i, error = %e, "final checkpoint failed; the journal is kept and replayed at next start");
+            }
+        }
     }
 
     /// Returns the configuration the bucket was created with.
@@ -244,7 +457,9 @@ impl Bucket {
             let now = LazyNow::new(&*self.clock);
             removed += vb.table.retain(|sv| {
                 if expired(sv.meta(), &now) {
-                    vb.assign_deletion(now.nanos(), sv.meta().rev_seqno + 1);
+                    let (_, woke) =
+                        vb.assign_deletion_queued(now.nanos(), sv.meta().rev_seqno + 1, sv.key());
+                    self.queued(vb, woke);
                     false
                 } else {
                     true
@@ -289,8 +504,9 @@ impl Bucket {
             Some(sv) if expired(sv.meta(), now) => sv.meta().rev_seqno,
             _ => return,
         };
+        let (_, woke) = vb.assign_deletion_queued(now.nanos(), rev + 1, e.key());
         e.remove();
-        vb.assign_deletion(now.nanos(), rev + 1);
+        self.queued(vb, woke);
         self.counters.incr(Counter::ExpiredAccess);
     }
 
@@ -318,17 +534,21 @@ impl Bucket {
     /// and revision (`old_rev + 1`, or the vBucket's max deleted revision + 1 for a new
     /// key), with the stripe lock held.
     pub(crate) fn commit_version(
+        &self,
         vb: &VBucket,
         e: &mut Entry<'_>,
         now: &LazyNow<'_>,
         old_rev: Option<u64>,
     ) -> Assigned {
-        let a = vb.assign_mutation(now.nanos());
+        let (a, woke) = vb.assign_mutation_queued(now.nanos(), |a| {
+            document_of(e, a, old_rev.map_or(a.new_key_rev, |r| r + 1), None)
+        });
         if let Some(m) = e.meta_mut() {
             m.by_seqno = a.seqno;
             m.cas = a.cas;
             m.rev_seqno = old_rev.map_or(a.new_key_rev, |r| r + 1);
         }
+        self.queued(vb, woke);
         a
     }
 
@@ -346,5 +566,18 @@ impl Drop for Bucket {
     fn drop(&mut self) {
         // Never joins here: the last reference may be dropped on the pager thread itself.
         self.pager.signal_stop();
+        // Nor on a flusher thread: stop the executor from a thread of its own. (A clean
+        // shutdown has already flushed and stopped it; this only handles a bucket dropped
+        // without one, whose unflushed writes were never reported persisted.)
+        if let Some(p) = &self.persistence {
+            for h in p.flushers.lock().drain(..) {
+                h.cancel();
+            }
+            if let Some(exec) = p.executor.lock().take()
+                && let Err(e) = epkv_executor::spawn_named("epkv-flusher-stop", move || drop(exec))
+            {
+                tracing::error!(error = %e, "cannot stop the flusher executor");
+            }
+        }
     }
 }

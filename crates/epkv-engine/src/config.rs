@@ -67,6 +67,8 @@ pub struct BucketConfig {
     /// Longest GET_LOCKED timeout in seconds a request may ask for. Default 30; at least
     /// `getl_default_timeout_secs`.
     pub getl_max_timeout_secs: u32,
+    /// Where and how the bucket persists; `None` (the default) keeps it in memory only.
+    pub persistence: Option<crate::PersistenceConfig>,
 }
 
 impl Default for BucketConfig {
@@ -83,6 +85,7 @@ impl Default for BucketConfig {
             expiry_pager_interval: DEFAULT_EXPIRY_PAGER_INTERVAL,
             getl_default_timeout_secs: DEFAULT_GETL_DEFAULT_TIMEOUT_SECS,
             getl_max_timeout_secs: DEFAULT_GETL_MAX_TIMEOUT_SECS,
+            persistence: None,
         }
     }
 }
@@ -135,6 +138,14 @@ impl BucketConfig {
         }
         if !(1..=1024).contains(&self.ht_locks) {
             return Err(invalid("ht_locks", "must be 1..=1024"));
+        }
+        if let Some(p) = &self.persistence {
+            if !(1..=64).contains(&p.shards) {
+                return Err(invalid("persistence.shards", "must be 1..=64"));
+            }
+            if !(1..=16).contains(&p.writer_threads) {
+                return Err(invalid("persistence.writer_threads", "must be 1..=16"));
+            }
         }
         if self.getl_default_timeout_secs == 0 {
             return Err(invalid("getl_default_timeout_secs", "must be at least 1"));

@@ -59,6 +59,9 @@ impl Engine for Bucket {
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
         vb.set_state(state);
+        if let Some(p) = &self.persistence {
+            p.wake(vbid);
+        }
         tracing::info!(bucket = %self.config.name, %vbid, state = state.as_str(), "vbucket state changed");
         Ok(())
     }
@@ -96,14 +99,14 @@ impl Engine for Bucket {
         Ok(VBucketSeqnos {
             failover_log,
             high_seqno: Seqno(high_seqno),
-            // Nothing is persisted yet: the bucket is memory-only until the storage
-            // integration reports its flushed seqno here.
-            persisted_seqno: Seqno(0),
+            // 0 for a memory-only bucket.
+            persisted_seqno: Seqno(vb.persist.persisted()),
         })
     }
 
     fn shutdown(&self) {
         self.pager.stop();
+        self.shutdown_persistence();
         tracing::info!(bucket = %self.config.name, "bucket shut down");
     }
 }

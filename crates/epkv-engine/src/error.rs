@@ -19,6 +19,12 @@ pub enum Error {
     /// The expiry pager thread could not be started.
     #[error("could not start the expiry pager thread")]
     SpawnPager(#[source] std::io::Error),
+    /// The bucket's storage could not be opened or warmed up.
+    #[error("storage")]
+    Storage(#[from] epkv_storage::Error),
+    /// The flusher executor could not be started.
+    #[error("could not start the flusher executor")]
+    Executor(#[from] epkv_executor::Error),
 }
 
 /// Result alias for this crate.

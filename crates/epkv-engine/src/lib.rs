@@ -7,8 +7,12 @@
 //! KV-Engine command semantics (SET/ADD/REPLACE/APPEND/PREPEND, DELETE, INCREMENT/
 //! DECREMENT, TOUCH/GAT, GET_LOCKED/UNLOCK, FLUSH); expiry on access and by a background
 //! expiry pager; a memory quota; and the `""`, `memory`, `vbucket` and `vbucket-details`
-//! STAT groups. It is not persistent yet (no checkpoints, flusher or storage), has no
-//! replication or SyncWrite tracking, and never sees the wire format.
+//! STAT groups. With [`BucketConfig::persistence`] set it persists through `epkv-storage`:
+//! per-vBucket dirty queues (de-duplicating keys), one flusher task per shard on a Writer
+//! thread, a persisted seqno per vBucket with non-blocking waiters
+//! ([`Bucket::when_persisted`], [`Bucket::wait_persisted`]), warmup when created, and a
+//! final flush at shutdown (see `persistence.rs`). It has no replication or SyncWrite
+//! tracking, no item pager and no compaction task yet, and never sees the wire format.
 //!
 //! # Key types
 //! - [`Bucket`]: the engine; build it with [`Bucket::new`] from a [`BucketConfig`] and an
@@ -17,6 +21,8 @@
 //! - [`EngineClock`]: the time source (system, testing offset clock, or any
 //!   [`epkv_executor::Clock`] such as a `ManualClock`).
 //! - [`STATS`]: the single table of the stats the engine emits.
+//! - [`PersistenceConfig`], [`FlusherMode`], [`PersistedFuture`]: persistence settings
+//!   and the persisted-seqno wait.
 //!
 //! # Invariants
 //! - Per vBucket, seqnos strictly increase and CAS values strictly increase in seqno
@@ -42,6 +48,14 @@
 //!    revision. Held for a few instructions.
 //! 4. `VBucket::failover` (mutex): the failover log; taken only with `state` held
 //!    exclusively (state change) or alone (stats).
+//! 5. The vBucket's dirty queue (`VbPersist::dirty`): taken inside `order` when a write
+//!    queues its document (so the queue holds every seqno up to the high seqno), or alone
+//!    by the flusher. The persisted-seqno waiters' mutex is a leaf; callbacks run after it
+//!    is released.
+//!
+//! The flusher holds its shard's flush mutex while it takes queues and commits; it takes
+//! `state` shared (briefly, to read the state it commits), never a stripe lock while
+//! holding a queue.
 //!
 //! Lock-free: the memory tracker (compare-and-swap on one atomic), the per-thread sharded
 //! counters, the failover uuid mirror. The expiry pager's stop flag and thread handle
@@ -70,13 +84,22 @@
 //!   `vb_N:num_items`, `vb_N:mem_used` (bytes), `vb_N:high_seqno`, `vb_N:max_cas`,
 //!   `vb_N:max_deleted_revid`, `vb_N:uuid` and `vb_N:num_failover_entries`. A vbid outside
 //!   the bucket is `NotMyVbucket`, a non-number `Invalid`.
+//! - `vbucket-seqno` (or `vbucket-seqno N`): `vb_N:high_seqno`, `vb_N:abs_high_seqno`,
+//!   `vb_N:max_visible_seqno`, `vb_N:last_persisted_seqno`, `vb_N:uuid`,
+//!   `vb_N:purge_seqno`, `vb_N:high_prepared_seqno`, `vb_N:high_completed_seqno`.
+//! - `kvstore`: per shard `rw_N:batches`, `items_flushed`, `syncs`, `bytes_written`,
+//!   `journal_bytes`, `checkpoints`, `file_opens`, `compactions`, `commit_failures`; and
+//!   `open_files`, `fd_budget` (empty for a memory-only bucket).
+//! - `persistence`: `ep_persistence_enabled`, shards, journal mode, `ep_queue_size`
+//!   (documents waiting for the flusher), waiters, commits and failures, totals of the
+//!   storage counters, `ep_disk_full`, `ep_warmup_value_count`.
 //!
 //! Counters are kept per thread (sharded, cache-line aligned) and summed when read, so
 //! counting never makes two cores write one cache line.
 //!
 //! # Dependencies
-//! Depends on `epkv-types`, `epkv-engine-api`, `epkv-hashtable` and `epkv-executor` (for
-//! the clock). Must never depend on `epkv-protocol`, `epkv-frontend` or `epkv-server`.
+//! Depends on `epkv-types`, `epkv-engine-api`, `epkv-hashtable`, `epkv-storage` and
+//! `epkv-executor` (the clock, and the flusher tasks). Must never depend on `epkv-protocol`, `epkv-frontend` or `epkv-server`.
 //!
 //! # Example
 //! ```
@@ -121,6 +144,7 @@ mod error;
 mod expiry_pager;
 mod hlc;
 mod ops;
+mod persistence;
 mod stat_groups;
 mod stats;
 mod vbucket;
@@ -133,5 +157,7 @@ pub use config::{
     DEFAULT_MEM_HIGH_WAT_PERCENT, DEFAULT_MEM_LOW_WAT_PERCENT, DEFAULT_MEMORY_QUOTA_BYTES,
     MIN_MEMORY_QUOTA_BYTES,
 };
+pub use epkv_storage::JournalMode;
 pub use error::{Error, Result};
+pub use persistence::{FlusherMode, PersistedFuture, PersistenceConfig};
 pub use stats::{STATS, StatDefinition, StatGroup, StatUnit};

@@ -69,6 +69,7 @@ impl Bucket {
     /// Sets a new expiry on the entry's live, unlocked item; a new version with its own
     /// seqno and CAS.
     fn touch_entry(
+        &self,
         vb: &VBucket,
         e: &mut Entry<'_>,
         expiry_raw: u32,
@@ -78,14 +79,18 @@ impl Bucket {
         if locked(&meta, now) {
             return Err(EngineStatus::Locked);
         }
-        let a = vb.assign_mutation(now.nanos());
+        let expiry = Expiry::from_wire(expiry_raw).to_unix_secs(now.secs());
+        let (a, woke) = vb.assign_mutation_queued(now.nanos(), |a| {
+            crate::bucket::document_of(e, a, meta.rev_seqno + 1, Some(expiry))
+        });
         if let Some(m) = e.meta_mut() {
-            m.expiry = Expiry::from_wire(expiry_raw).to_unix_secs(now.secs());
+            m.expiry = expiry;
             m.by_seqno = a.seqno;
             m.cas = a.cas;
             m.rev_seqno += 1;
             m.clear_lock();
         }
+        self.queued(vb, woke);
         Ok(a)
     }
 
@@ -98,10 +103,11 @@ impl Bucket {
     ) -> EngineResult<Item> {
         self.counters.incr(Counter::CmdGet);
         let (vb, _state) = self.client_vbucket(vbid, key)?;
+        self.check_disk()?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
             self.expire_on_access(vb, e, &now);
-            let a = Self::touch_entry(vb, e, expiry_raw, &now)?;
+            let a = self.touch_entry(vb, e, expiry_raw, &now)?;
             let sv = e.get().ok_or(EngineStatus::Internal)?;
             Ok(item_of(sv, vbid, a.cas))
         });
@@ -118,10 +124,11 @@ impl Bucket {
         expiry_raw: u32,
     ) -> EngineResult<MutationInfo> {
         let (vb, _state) = self.client_vbucket(vbid, key)?;
+        self.check_disk()?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
             self.expire_on_access(vb, e, &now);
-            let a = Self::touch_entry(vb, e, expiry_raw, &now)?;
+            let a = self.touch_entry(vb, e, expiry_raw, &now)?;
             Ok(Self::mutation_info(vb, a))
         });
         self.count_touch(&result);
@@ -198,6 +205,7 @@ impl Bucket {
             return Err(EngineStatus::Invalid);
         }
         let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        self.check_disk()?;
         check_durability(req.durability.as_ref())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb
@@ -297,21 +305,23 @@ impl Bucket {
             }
         };
         self.insert_or_tempfail(e, sv)?;
-        let a = Self::commit_version(vb, e, now, old_rev);
+        let a = self.commit_version(vb, e, now, old_rev);
         Ok(Self::mutation_info(vb, a))
     }
 
     /// DELETE.
     pub(crate) fn op_remove(&self, req: &RemoveRequest<'_>) -> EngineResult<MutationInfo> {
         let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        self.check_disk()?;
         check_durability(req.durability.as_ref())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(req.key, |e| {
             self.expire_on_access(vb, e, &now);
             let meta = *e.get().ok_or(EngineStatus::KeyNotFound)?.meta();
             check_lock_and_cas(&meta, req.cas, &now)?;
+            let (a, woke) = vb.assign_deletion_queued(now.nanos(), meta.rev_seqno + 1, req.key);
             e.remove();
-            let a = vb.assign_deletion(now.nanos(), meta.rev_seqno + 1);
+            self.queued(vb, woke);
             Ok(Self::mutation_info(vb, a))
         });
         match &result {
@@ -331,6 +341,7 @@ impl Bucket {
         req: &ArithmeticRequest<'_>,
     ) -> EngineResult<(u64, MutationInfo)> {
         let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        self.check_disk()?;
         check_durability(req.durability.as_ref())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb
@@ -400,7 +411,7 @@ impl Bucket {
             }
         };
         self.insert_or_tempfail(e, sv)?;
-        let a = Self::commit_version(vb, e, now, old_rev);
+        let a = self.commit_version(vb, e, now, old_rev);
         Ok((result, Self::mutation_info(vb, a)))
     }
 
@@ -411,6 +422,12 @@ impl Bucket {
             return Err(EngineStatus::NotSupported);
         }
         let removed: usize = self.vbuckets.iter().map(|vb| vb.table.clear()).sum();
+        if let Some(p) = &self.persistence
+            && let Err(e) = p.wipe(&self.vbuckets)
+        {
+            tracing::error!(bucket = %self.config.name, error = %e, "FLUSH could not delete the data files");
+            return Err(EngineStatus::TempFail);
+        }
         tracing::info!(bucket = %self.config.name, removed, "bucket flushed");
         Ok(())
     }

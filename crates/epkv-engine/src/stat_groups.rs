@@ -45,7 +45,12 @@ impl Bucket {
         let c = &self.config;
         let v = match name {
             "ep_bucket_name" => c.name.clone(),
-            "ep_bucket_type" => "ephemeral".to_owned(),
+            "ep_bucket_type" => if self.persistence.is_some() {
+                "persistent"
+            } else {
+                "ephemeral"
+            }
+            .to_owned(),
             "curr_items" | "vb_active_curr_items" => t.items[0].to_string(),
             "curr_items_tot" => t.items.iter().sum::<usize>().to_string(),
             "vb_replica_curr_items" => t.items[1].to_string(),
@@ -119,6 +124,108 @@ impl Bucket {
         Ok(())
     }
 
+    /// `vbucket-seqno [N]`: per vBucket its seqnos as Couchbase names them.
+    fn emit_vbucket_seqno(&self, only: Option<u16>, sink: StatSink<'_>) -> EngineResult<()> {
+        let vbs = match only {
+            Some(id) => {
+                let vb = self
+                    .vbuckets
+                    .get(usize::from(id))
+                    .ok_or(EngineStatus::NotMyVbucket)?;
+                std::slice::from_ref(vb)
+            }
+            None => &self.vbuckets[..],
+        };
+        for vb in vbs {
+            let (high, _, _) = vb.ordering_snapshot();
+            let p = format!("vb_{}", vb.id.0);
+            sink(&format!("{p}:high_seqno"), &high.to_string());
+            sink(&format!("{p}:abs_high_seqno"), &high.to_string());
+            sink(&format!("{p}:max_visible_seqno"), &high.to_string());
+            sink(
+                &format!("{p}:last_persisted_seqno"),
+                &vb.persist.persisted().to_string(),
+            );
+            sink(&format!("{p}:uuid"), &vb.uuid().to_string());
+            sink(&format!("{p}:purge_seqno"), "0");
+            sink(&format!("{p}:high_prepared_seqno"), "0");
+            sink(&format!("{p}:high_completed_seqno"), "0");
+        }
+        Ok(())
+    }
+
+    /// `kvstore`: each shard's storage counters, prefixed `rw_N:` as in KV-Engine.
+    fn emit_kvstore(&self, sink: StatSink<'_>) {
+        let Some(p) = &self.persistence else {
+            return;
+        };
+        for (i, s) in p.shards.iter().enumerate() {
+            let x = epkv_storage::KvStore::stats(&s.store);
+            for (name, v) in [
+                ("batches", x.batches),
+                ("items_flushed", x.items_flushed),
+                ("syncs", x.syncs),
+                ("bytes_written", x.bytes_written),
+                ("journal_bytes", x.journal_bytes),
+                ("checkpoints", x.checkpoints),
+                ("file_opens", x.file_opens),
+                ("compactions", x.compactions),
+                ("commit_failures", x.commit_failures),
+            ] {
+                sink(&format!("rw_{i}:{name}"), &v.to_string());
+            }
+        }
+        sink("open_files", &p.fds.open_files().to_string());
+        sink("fd_budget", &p.fds.budget().to_string());
+    }
+
+    /// `persistence`: the bucket's flusher and storage totals.
+    fn emit_persistence(&self, sink: StatSink<'_>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(p) = &self.persistence else {
+            sink("ep_persistence_enabled", "false");
+            return;
+        };
+        let t = p.store_stats();
+        let queue: usize = self.vbuckets.iter().map(|vb| vb.persist.queued()).sum();
+        let waiters: usize = self
+            .vbuckets
+            .iter()
+            .map(|vb| vb.persist.waiter_count())
+            .sum();
+        for (name, v) in [
+            ("ep_persistence_enabled", "true".to_owned()),
+            ("ep_persistence_shards", p.shards.len().to_string()),
+            (
+                "ep_persistence_journal",
+                format!("{:?}", p.config.journal).to_lowercase(),
+            ),
+            ("ep_queue_size", queue.to_string()),
+            ("ep_persistence_waiters", waiters.to_string()),
+            ("ep_flusher_commits", p.flushes.load(Relaxed).to_string()),
+            (
+                "ep_item_commit_failed",
+                p.flush_failures.load(Relaxed).to_string(),
+            ),
+            ("ep_total_persisted", t.items_flushed.to_string()),
+            ("ep_commit_num", t.batches.to_string()),
+            ("ep_fsync_num", t.syncs.to_string()),
+            ("ep_io_bytes_written", t.bytes_written.to_string()),
+            ("ep_journal_bytes", t.journal_bytes.to_string()),
+            ("ep_journal_checkpoints", t.checkpoints.to_string()),
+            ("ep_open_files", t.open_files.to_string()),
+            ("ep_file_opens", t.file_opens.to_string()),
+            ("ep_compactions", t.compactions.to_string()),
+            ("ep_disk_full", p.disk_full.load(Relaxed).to_string()),
+            (
+                "ep_warmup_value_count",
+                p.warmup_items.load(Relaxed).to_string(),
+            ),
+        ] {
+            sink(name, &v);
+        }
+    }
+
     /// STAT: see [`epkv_engine_api::Engine::stats`].
     pub(crate) fn op_stats(&self, group: &str, sink: StatSink<'_>) -> EngineResult<()> {
         match group.trim() {
@@ -135,13 +242,26 @@ impl Bucket {
                 Ok(())
             }
             "vbucket-details" => self.emit_vbucket_details(None, sink),
-            g => match g.strip_prefix("vbucket-details ") {
-                Some(id) => {
+            "vbucket-seqno" => self.emit_vbucket_seqno(None, sink),
+            "kvstore" => {
+                self.emit_kvstore(sink);
+                Ok(())
+            }
+            "persistence" => {
+                self.emit_persistence(sink);
+                Ok(())
+            }
+            g => {
+                if let Some(id) = g.strip_prefix("vbucket-details ") {
                     let id = id.trim().parse().map_err(|_| EngineStatus::Invalid)?;
                     self.emit_vbucket_details(Some(id), sink)
+                } else if let Some(id) = g.strip_prefix("vbucket-seqno ") {
+                    let id = id.trim().parse().map_err(|_| EngineStatus::Invalid)?;
+                    self.emit_vbucket_seqno(Some(id), sink)
+                } else {
+                    Err(EngineStatus::UnknownStatGroup)
                 }
-                None => Err(EngineStatus::UnknownStatGroup),
-            },
+            }
         }
     }
 }

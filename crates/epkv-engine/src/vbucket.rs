@@ -2,7 +2,9 @@
 //! (seqno + HLC CAS + deleted revision) and failover log.
 
 use crate::hlc;
+use crate::persistence::VbPersist;
 use epkv_hashtable::{HashTable, MemoryTracker};
+use epkv_storage::Document;
 use epkv_types::{Cas, Seqno, VBucketState, Vbid};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::sync::Arc;
@@ -63,6 +65,11 @@ pub(crate) struct VBucket {
     uuid: AtomicU64,
     /// The failover log, newest first. Protected by its mutex.
     failover: Mutex<Vec<FailoverEntry>>,
+    /// Persistence state: the dirty queue (filled at the ordering point, with `order`
+    /// held), the persisted seqno and its waiters. Unused by an ephemeral bucket.
+    pub(crate) persist: VbPersist,
+    /// True when the bucket persists: mutations are queued for the flusher.
+    persistent: bool,
 }
 
 fn new_failover_uuid() -> u64 {
@@ -90,7 +97,40 @@ impl VBucket {
             order: Mutex::new(OrderPoint::default()),
             uuid: AtomicU64::new(uuid),
             failover: Mutex::new(vec![FailoverEntry { uuid, seqno: 0 }]),
+            persist: VbPersist::default(),
+            persistent: false,
         })
+    }
+
+    /// Makes this vBucket queue its mutations for the flusher.
+    pub(crate) fn with_persistence(mut self) -> Self {
+        self.persistent = true;
+        self
+    }
+
+    /// Restores what warmup read from disk: state, failover log, high seqno, max CAS and
+    /// max deleted revision; the persisted seqno becomes the high seqno.
+    pub(crate) fn restore(
+        &self,
+        state: VBucketState,
+        failover: Vec<FailoverEntry>,
+        high_seqno: u64,
+        max_cas: u64,
+        max_deleted_rev: u64,
+    ) {
+        let mut st = self.state.write();
+        {
+            let mut o = self.order.lock();
+            o.high_seqno = high_seqno;
+            o.max_cas = o.max_cas.max(max_cas);
+            o.max_deleted_rev = o.max_deleted_rev.max(max_deleted_rev);
+        }
+        if let Some(first) = failover.first() {
+            self.uuid.store(first.uuid, Ordering::Relaxed);
+            *self.failover.lock() = failover;
+        }
+        *st = state;
+        self.persist.set_persisted(high_seqno);
     }
 
     /// Takes the state lock shared; the guard keeps the state from changing.
@@ -101,6 +141,9 @@ impl VBucket {
     /// Changes the state. Becoming active from another state starts a new failover branch.
     pub(crate) fn set_state(&self, new_state: VBucketState) {
         let mut state = self.state.write();
+        if *state != new_state && self.persistent {
+            self.persist.mark_state_dirty();
+        }
         if *state != VBucketState::Active && new_state == VBucketState::Active {
             let seqno = self.order.lock().high_seqno;
             let uuid = new_failover_uuid();
@@ -130,7 +173,8 @@ impl VBucket {
 
     /// The ordering point for a mutation: hands out the next seqno and a CAS above every
     /// earlier one, so that seqno order and CAS order agree. Call with the key's stripe
-    /// lock held.
+    /// lock held. (The engine uses [`VBucket::assign_mutation_queued`].)
+    #[cfg(test)]
     pub(crate) fn assign_mutation(&self, now_nanos: u64) -> Assigned {
         let mut o = self.order.lock();
         o.high_seqno += 1;
@@ -143,7 +187,9 @@ impl VBucket {
     }
 
     /// The ordering point for a deletion (explicit or expiry) of an item whose tombstone
-    /// has revision `deleted_rev`. Call with the key's stripe lock held.
+    /// has revision `deleted_rev`. Call with the key's stripe lock held. (The engine uses
+    /// [`VBucket::assign_deletion_queued`].)
+    #[cfg(test)]
     pub(crate) fn assign_deletion(&self, now_nanos: u64, deleted_rev: u64) -> Assigned {
         let mut o = self.order.lock();
         o.max_deleted_rev = o.max_deleted_rev.max(deleted_rev);
@@ -154,6 +200,59 @@ impl VBucket {
             cas: Cas(o.max_cas),
             new_key_rev: o.max_deleted_rev + 1,
         }
+    }
+
+    /// As [`VBucket::assign_mutation`], and (when persistent) queues the document `make`
+    /// builds for the flusher while the ordering point is held, so that the dirty queue
+    /// always holds every seqno up to the high seqno. Returns whether the queue was empty
+    /// (the flusher needs a wake).
+    pub(crate) fn assign_mutation_queued(
+        &self,
+        now_nanos: u64,
+        make: impl FnOnce(&Assigned) -> Document,
+    ) -> (Assigned, bool) {
+        let mut o = self.order.lock();
+        o.high_seqno += 1;
+        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
+        let a = Assigned {
+            seqno: Seqno(o.high_seqno),
+            cas: Cas(o.max_cas),
+            new_key_rev: o.max_deleted_rev + 1,
+        };
+        let woke = self.persistent && self.persist.queue(make(&a));
+        (a, woke)
+    }
+
+    /// As [`VBucket::assign_deletion`], queueing a tombstone of `key` when persistent.
+    /// Returns whether the queue was empty.
+    pub(crate) fn assign_deletion_queued(
+        &self,
+        now_nanos: u64,
+        deleted_rev: u64,
+        key: &[u8],
+    ) -> (Assigned, bool) {
+        let mut o = self.order.lock();
+        o.max_deleted_rev = o.max_deleted_rev.max(deleted_rev);
+        o.high_seqno += 1;
+        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
+        let a = Assigned {
+            seqno: Seqno(o.high_seqno),
+            cas: Cas(o.max_cas),
+            new_key_rev: o.max_deleted_rev + 1,
+        };
+        let woke = self.persistent
+            && self.persist.queue(Document {
+                key: key.to_vec(),
+                value: Vec::new(),
+                seqno: a.seqno.0,
+                cas: a.cas.0,
+                rev_seqno: deleted_rev,
+                flags: 0,
+                expiry: 0,
+                datatype: 0,
+                deleted: true,
+            });
+        (a, woke)
     }
 
     /// Hands out a CAS without a seqno (the CAS of a GET_LOCKED lock).

@@ -1,0 +1,543 @@
+//! Persistence: per-vBucket dirty queues, the flusher (one task per shard on the
+//! executor's Writer group), the persisted seqno with its waiters, warmup and the clean
+//! shutdown flush. The storage itself is `epkv-storage` ([`FileStore`], one per shard).
+//!
+//! - **Dirty queue** ([`VbPersist`]): every mutation is queued at the vBucket's ordering
+//!   point (with its `order` mutex held), keyed by document key, so a key written many times
+//!   between two flushes is flushed once (KV-Engine's checkpoint de-duplication). Because
+//!   queueing and seqno assignment happen together, taking the queue yields every seqno up
+//!   to its largest one: that largest seqno is what the vBucket has persisted once the
+//!   commit returns.
+//! - **Flusher**: a shard's task takes the queues of the shard's vBuckets, commits them as
+//!   one batch (one journal fdatasync), then advances each vBucket's persisted seqno, marks
+//!   the hash-table items clean and completes the waiters. A failed commit puts the items
+//!   back (newer versions queued meanwhile win) and retries after [`RETRY_AFTER`]; while
+//!   the disk is full, writes answer TMPFAIL.
+//! - **Waiters**: [`crate::Bucket::when_persisted`] registers a callback run once the
+//!   vBucket's persisted seqno reaches a seqno; no thread blocks per waiter.
+//! - **Warmup**: [`crate::Bucket::new`] opens the shards and loads every vBucket's state and
+//!   documents before the bucket serves (synchronously, before it is handed out).
+
+use crate::vbucket::VBucket;
+use epkv_storage::{
+    Document, FdCache, FileStore, FileStoreConfig, JournalMode, KvStore, ScanControl, StoreStats,
+    VbCommit, VbState,
+};
+use epkv_types::Vbid;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Wait before a flusher retries after a failed commit.
+pub(crate) const RETRY_AFTER: Duration = Duration::from_millis(100);
+/// vBuckets whose journaled commits a flusher writes to their data files per run when it
+/// has nothing else to do.
+const APPLY_PER_RUN: usize = 64;
+
+/// Where and how a bucket persists. `None` in [`crate::BucketConfig::persistence`] keeps
+/// the bucket in memory only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistenceConfig {
+    /// Directory of the bucket's shards (`shard_N` below it). Created if missing.
+    pub data_dir: PathBuf,
+    /// Number of shards: each has its own journal, store and flusher task; vBucket `v`
+    /// belongs to shard `v % shards`. Default 4 (KV-Engine's default is the Writer
+    /// thread count); 1..=64.
+    pub shards: u16,
+    /// Journal on (one fdatasync per flush batch, the default) or off (one per vBucket
+    /// file per batch, KV-Engine's behaviour).
+    pub journal: JournalMode,
+    /// Data files kept open across the bucket's shards; `None` derives it from
+    /// RLIMIT_NOFILE minus a reserve ([`epkv_storage::default_fd_budget`]).
+    pub fd_budget: Option<usize>,
+    /// Writer threads running the flushers. Default 2; 1..=16.
+    pub writer_threads: usize,
+    /// Who runs the flushers: background tasks (the default) or the caller, through
+    /// [`crate::Bucket::flush_all`] (deterministic tests).
+    pub flusher: FlusherMode,
+}
+
+/// Who flushes a persistent bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlusherMode {
+    /// One flusher task per shard on the bucket's Writer threads.
+    Tasks,
+    /// Nothing flushes until [`crate::Bucket::flush_all`] is called (and at shutdown).
+    Manual,
+}
+
+impl PersistenceConfig {
+    /// Defaults for `data_dir`: 4 shards, journal on, descriptor budget from the rlimit,
+    /// 2 writer threads.
+    #[must_use]
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            shards: 4,
+            journal: JournalMode::On,
+            fd_budget: None,
+            writer_threads: 2,
+            flusher: FlusherMode::Tasks,
+        }
+    }
+}
+
+type Waiter = Box<dyn FnOnce(u64) + Send>;
+
+/// One vBucket's persistence state.
+#[derive(Default)]
+pub(crate) struct VbPersist {
+    /// Documents waiting for the flusher, by key (newest version only). Taken inside the
+    /// vBucket's `order` mutex by writers, alone by the flusher.
+    dirty: Mutex<DirtyQueue>,
+    /// Highest seqno known durable.
+    persisted_seqno: AtomicU64,
+    /// Callbacks waiting for `persisted_seqno >= seqno`. Leaf lock.
+    waiters: Mutex<Vec<(u64, Waiter)>>,
+}
+
+impl std::fmt::Debug for VbPersist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VbPersist")
+            .field("persisted_seqno", &self.persisted_seqno.load(Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+struct DirtyQueue {
+    items: HashMap<Vec<u8>, Document>,
+    /// The vBucket state changed and must be committed even with no documents.
+    state_dirty: bool,
+}
+
+impl VbPersist {
+    /// Queues a document; returns true if the queue was empty.
+    pub(crate) fn queue(&self, doc: Document) -> bool {
+        let mut q = self.dirty.lock();
+        let was_empty = q.items.is_empty() && !q.state_dirty;
+        q.items.insert(doc.key.clone(), doc);
+        was_empty
+    }
+
+    /// Notes that the vBucket's state must be committed.
+    pub(crate) fn mark_state_dirty(&self) {
+        self.dirty.lock().state_dirty = true;
+    }
+
+    /// Takes the queue: the documents in seqno order and whether the state was dirty.
+    fn take(&self) -> (Vec<Document>, bool) {
+        let mut q = self.dirty.lock();
+        let state_dirty = std::mem::take(&mut q.state_dirty);
+        let mut docs: Vec<Document> = q.items.drain().map(|(_, d)| d).collect();
+        drop(q);
+        docs.sort_unstable_by_key(|d| d.seqno);
+        (docs, state_dirty)
+    }
+
+    /// Puts back documents a failed commit did not persist; a newer version queued since
+    /// wins.
+    fn put_back(&self, docs: Vec<Document>) {
+        let mut q = self.dirty.lock();
+        q.state_dirty = true;
+        for d in docs {
+            q.items.entry(d.key.clone()).or_insert(d);
+        }
+    }
+
+    /// Drops everything queued (FLUSH).
+    pub(crate) fn clear(&self) {
+        let mut q = self.dirty.lock();
+        q.items.clear();
+        q.state_dirty = true;
+    }
+
+    /// Documents waiting for the flusher.
+    pub(crate) fn queued(&self) -> usize {
+        self.dirty.lock().items.len()
+    }
+
+    /// The persisted seqno.
+    pub(crate) fn persisted(&self) -> u64 {
+        self.persisted_seqno.load(Relaxed)
+    }
+
+    /// Raises the persisted seqno and runs the waiters it satisfies.
+    pub(crate) fn set_persisted(&self, seqno: u64) {
+        self.persisted_seqno.fetch_max(seqno, Relaxed);
+        let now = self.persisted();
+        let ready: Vec<(u64, Waiter)> = {
+            let mut w = self.waiters.lock();
+            let (ready, keep): (Vec<_>, Vec<_>) = w.drain(..).partition(|(s, _)| *s <= now);
+            *w = keep;
+            ready
+        };
+        for (_, f) in ready {
+            f(now);
+        }
+    }
+
+    /// Runs `f` once the persisted seqno reaches `seqno` (at once if it has).
+    pub(crate) fn when_persisted(&self, seqno: u64, f: Waiter) {
+        let mut w = self.waiters.lock();
+        let now = self.persisted();
+        if now >= seqno {
+            drop(w);
+            f(now);
+        } else {
+            w.push((seqno, f));
+        }
+    }
+
+    /// Waiters registered.
+    pub(crate) fn waiter_count(&self) -> usize {
+        self.waiters.lock().len()
+    }
+}
+
+/// One shard: its store and the lock that keeps one flush at a time.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    pub(crate) store: FileStore,
+    flush_lock: Mutex<()>,
+}
+
+/// A bucket's persistence: shards, flusher tasks and counters.
+pub(crate) struct Persistence {
+    pub(crate) config: PersistenceConfig,
+    pub(crate) shards: Vec<Shard>,
+    pub(crate) fds: Arc<FdCache>,
+    /// The executor running the flushers (None until started, and after shutdown).
+    pub(crate) executor: Mutex<Option<epkv_executor::Executor>>,
+    /// One flusher task per shard (empty until started).
+    pub(crate) flushers: Mutex<Vec<epkv_executor::TaskHandle>>,
+    /// Set while the last commit failed with "no space": writes answer TMPFAIL.
+    pub(crate) disk_full: AtomicBool,
+    /// Items loaded by warmup.
+    pub(crate) warmup_items: AtomicU64,
+    /// Flusher runs that committed something.
+    pub(crate) flushes: AtomicU64,
+    /// Commits that failed.
+    pub(crate) flush_failures: AtomicU64,
+}
+
+impl std::fmt::Debug for Persistence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Persistence")
+            .field("config", &self.config)
+            .field("shards", &self.shards.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one flush of a shard did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FlushOutcome {
+    /// Documents committed.
+    pub(crate) items: usize,
+    /// vBuckets committed.
+    pub(crate) vbuckets: usize,
+}
+
+impl Persistence {
+    /// Opens every shard (recovering its files).
+    pub(crate) fn open(config: PersistenceConfig) -> Result<Self, epkv_storage::Error> {
+        let budget = config
+            .fd_budget
+            .unwrap_or_else(epkv_storage::default_fd_budget);
+        let fds = Arc::new(FdCache::new(Arc::new(epkv_storage::RealFs), budget));
+        let mut shards = Vec::with_capacity(usize::from(config.shards));
+        for i in 0..config.shards {
+            let mut cfg = FileStoreConfig::new(config.data_dir.join(format!("shard_{i}")));
+            cfg.journal = config.journal;
+            cfg.fd_cache = Some(Arc::clone(&fds));
+            let store = FileStore::open(cfg)?;
+            let r = store.recovery_report();
+            if !r.torn_tails.is_empty() || r.journal_torn_bytes > 0 {
+                tracing::warn!(shard = i, torn_tails = ?r.torn_tails, journal_torn_bytes = r.journal_torn_bytes, "storage recovery cut off torn tails");
+            }
+            shards.push(Shard {
+                store,
+                flush_lock: Mutex::new(()),
+            });
+        }
+        Ok(Self {
+            config,
+            shards,
+            fds,
+            executor: Mutex::new(None),
+            flushers: Mutex::new(Vec::new()),
+            disk_full: AtomicBool::new(false),
+            warmup_items: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            flush_failures: AtomicU64::new(0),
+        })
+    }
+
+    /// The shard of a vBucket.
+    pub(crate) fn shard_of(&self, vbid: Vbid) -> usize {
+        usize::from(vbid.0) % self.shards.len().max(1)
+    }
+
+    /// Wakes the flusher of a vBucket's shard.
+    pub(crate) fn wake(&self, vbid: Vbid) {
+        let i = self.shard_of(vbid);
+        if let Some(h) = self.flushers.lock().get(i) {
+            h.wake();
+        }
+    }
+
+    /// Sums the shards' storage counters.
+    pub(crate) fn store_stats(&self) -> StoreStats {
+        let mut t = StoreStats::default();
+        for s in &self.shards {
+            let x = s.store.stats();
+            t.batches += x.batches;
+            t.items_flushed += x.items_flushed;
+            t.syncs += x.syncs;
+            t.bytes_written += x.bytes_written;
+            t.journal_bytes += x.journal_bytes;
+            t.checkpoints += x.checkpoints;
+            t.file_opens += x.file_opens;
+            t.compactions += x.compactions;
+            t.commit_failures += x.commit_failures;
+        }
+        t.open_files = self.fds.open_files() as u64;
+        t
+    }
+
+    /// Flushes one shard: commits every queued document of its vBuckets as one batch.
+    pub(crate) fn flush_shard(
+        &self,
+        shard: usize,
+        vbuckets: &[VBucket],
+    ) -> Result<FlushOutcome, epkv_storage::Error> {
+        let Some(sh) = self.shards.get(shard) else {
+            return Ok(FlushOutcome::default());
+        };
+        let _one_at_a_time = sh.flush_lock.lock();
+        let n = self.shards.len();
+        let mut commits: Vec<VbCommit> = Vec::new();
+        let mut highs: Vec<(usize, u64)> = Vec::new();
+        for (i, vb) in vbuckets.iter().enumerate() {
+            if i % n != shard {
+                continue;
+            }
+            let (docs, state_dirty) = vb.persist.take();
+            if docs.is_empty() && !state_dirty {
+                continue;
+            }
+            let high = docs
+                .last()
+                .map_or_else(|| vb.persist.persisted(), |d| d.seqno)
+                .max(vb.persist.persisted());
+            let state = vb_state(vb, high);
+            highs.push((i, high));
+            commits.push(VbCommit {
+                vbid: vb.id,
+                docs,
+                state,
+            });
+        }
+        if commits.is_empty() {
+            return Ok(FlushOutcome::default());
+        }
+        match sh.store.commit(&commits) {
+            Ok(()) => {
+                self.disk_full.store(false, Relaxed);
+                self.flushes.fetch_add(1, Relaxed);
+                let mut out = FlushOutcome::default();
+                for (c, (i, high)) in commits.iter().zip(&highs) {
+                    let vb = &vbuckets[*i];
+                    for d in c.docs.iter().filter(|d| !d.deleted) {
+                        vb.table.with_entry(&d.key, |e| {
+                            e.mark_clean(epkv_types::Seqno(d.seqno));
+                        });
+                    }
+                    out.items += c.docs.len();
+                    out.vbuckets += 1;
+                    vb.persist.set_persisted(*high);
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                self.flush_failures.fetch_add(1, Relaxed);
+                if matches!(e, epkv_storage::Error::NoSpace { .. }) {
+                    self.disk_full.store(true, Relaxed);
+                }
+                for (c, (i, _)) in commits.into_iter().zip(highs) {
+                    vbuckets[i].persist.put_back(c.docs);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Deletes every vBucket's data (FLUSH): queues are dropped, files deleted; each
+    /// vBucket's state is committed again by the next flush.
+    pub(crate) fn wipe(&self, vbuckets: &[VBucket]) -> Result<(), epkv_storage::Error> {
+        let n = self.shards.len();
+        for (shard, sh) in self.shards.iter().enumerate() {
+            let _one_at_a_time = sh.flush_lock.lock();
+            for (i, vb) in vbuckets.iter().enumerate() {
+                if i % n == shard {
+                    vb.persist.clear();
+                    sh.store.delete_vbucket(vb.id)?;
+                }
+            }
+        }
+        for vb in vbuckets {
+            self.wake(vb.id);
+        }
+        Ok(())
+    }
+
+    /// Writes journaled commits to data files (the background half of a commit).
+    pub(crate) fn apply_pending(&self, shard: usize) -> Result<usize, epkv_storage::Error> {
+        match self.shards.get(shard) {
+            Some(s) => s.store.apply_pending(APPLY_PER_RUN),
+            None => Ok(0),
+        }
+    }
+
+    /// Loads every stored vBucket into `vbuckets`: state, failover log, seqnos, and the
+    /// live documents (until the hash table refuses one for memory).
+    pub(crate) fn warmup(&self, vbuckets: &[VBucket]) -> Result<(), epkv_storage::Error> {
+        for shard in &self.shards {
+            for vbid in shard.store.vbuckets() {
+                let Some(vb) = vbuckets.get(usize::from(vbid.0)) else {
+                    tracing::warn!(%vbid, "stored vBucket outside the bucket; ignored");
+                    continue;
+                };
+                let Some(state) = shard.store.vbucket_state(vbid)? else {
+                    continue;
+                };
+                let mut max_deleted_rev = 0;
+                let mut loaded = 0u64;
+                let mut full = false;
+                shard.store.scan_by_seqno(vbid, 0, u64::MAX, &mut |d| {
+                    if d.deleted {
+                        max_deleted_rev = max_deleted_rev.max(d.rev_seqno);
+                        return ScanControl::Continue;
+                    }
+                    if full {
+                        return ScanControl::Continue;
+                    }
+                    let meta = epkv_hashtable::ItemMeta {
+                        cas: epkv_types::Cas(d.cas),
+                        rev_seqno: d.rev_seqno,
+                        by_seqno: epkv_types::Seqno(d.seqno),
+                        flags: d.flags,
+                        expiry: d.expiry,
+                        datatype: epkv_types::Datatype(d.datatype),
+                        ..epkv_hashtable::ItemMeta::default()
+                    };
+                    let Ok(sv) = epkv_hashtable::StoredValue::new(&d.key, &d.value, meta) else {
+                        return ScanControl::Continue;
+                    };
+                    vb.table.with_entry(&d.key, |e| match e.insert(sv) {
+                        Ok(_) => {
+                            e.mark_clean(epkv_types::Seqno(d.seqno));
+                            loaded += 1;
+                        }
+                        Err(err) => {
+                            tracing::warn!(%vbid, error = %err, "warmup stops loading values: memory full");
+                            full = true;
+                        }
+                    });
+                    ScanControl::Continue
+                })?;
+                let failover = state
+                    .failover_log
+                    .iter()
+                    .map(|e| crate::vbucket::FailoverEntry {
+                        uuid: e.uuid,
+                        seqno: e.seqno,
+                    })
+                    .collect();
+                vb.restore(
+                    state.state,
+                    failover,
+                    state.high_seqno,
+                    state.max_cas,
+                    max_deleted_rev,
+                );
+                self.warmup_items.fetch_add(loaded, Relaxed);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The state committed with a vBucket's documents.
+fn vb_state(vb: &VBucket, high: u64) -> VbState {
+    let state = *vb.state();
+    let (_, max_cas, _) = vb.ordering_snapshot();
+    let failover_log = vb
+        .failover_log()
+        .iter()
+        .map(|e| epkv_storage::FailoverEntry {
+            uuid: e.uuid,
+            seqno: e.seqno,
+        })
+        .collect();
+    VbState {
+        high_seqno: high,
+        persisted_seqno: high,
+        max_cas,
+        failover_log,
+        ..VbState::new(state)
+    }
+}
+
+/// Resolves to the vBucket's persisted seqno once it reaches the seqno asked for
+/// ([`crate::Bucket::wait_persisted`]); no thread blocks while it is pending.
+#[derive(Debug, Clone)]
+pub struct PersistedFuture {
+    shared: Arc<Mutex<(Option<u64>, Option<std::task::Waker>)>>,
+}
+
+impl PersistedFuture {
+    pub(crate) fn pending() -> (Self, Waiter) {
+        let shared: Arc<Mutex<(Option<u64>, Option<std::task::Waker>)>> = Arc::default();
+        let s2 = Arc::clone(&shared);
+        let complete: Waiter = Box::new(move |persisted| {
+            let waker = {
+                let mut g = s2.lock();
+                g.0 = Some(persisted);
+                g.1.take()
+            };
+            if let Some(w) = waker {
+                w.wake();
+            }
+        });
+        (Self { shared }, complete)
+    }
+
+    /// The persisted seqno, if the wait is over.
+    #[must_use]
+    pub fn try_get(&self) -> Option<u64> {
+        self.shared.lock().0
+    }
+}
+
+impl std::future::Future for PersistedFuture {
+    type Output = u64;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<u64> {
+        let mut g = self.shared.lock();
+        match g.0 {
+            Some(v) => std::task::Poll::Ready(v),
+            None => {
+                g.1 = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! Persistence through the engine: writes are queued per vBucket, flushed to
+//! epkv-storage, reported persisted, and served again after a restart (warmup).
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers outside #[test] functions panic on failure"
+)]
+use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
+use epkv_engine_api::{
+    ArithmeticOp, ArithmeticRequest, Engine, EngineStatus, Expiry, RemoveRequest, StoreOp,
+    StoreRequest,
+};
+use epkv_types::{Cas, Datatype, NUM_VBUCKETS, Vbid, vbucket_for_key};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn open(dir: &Path, flusher: FlusherMode) -> Arc<Bucket> {
+    let mut p = PersistenceConfig::new(dir);
+    p.flusher = flusher;
+    p.shards = 3;
+    Bucket::new(
+        BucketConfig {
+            expiry_pager_interval: Duration::ZERO,
+            flush_enabled: true,
+            persistence: Some(p),
+            ..BucketConfig::default()
+        },
+        EngineClock::System,
+    )
+    .unwrap()
+}
+
+fn vb(key: &str) -> Vbid {
+    vbucket_for_key(key.as_bytes(), NUM_VBUCKETS)
+}
+
+fn must_set(b: &Bucket, key: &str, value: &str, flags: u32) -> epkv_engine_api::MutationInfo {
+    b.store(StoreRequest {
+        op: StoreOp::Set,
+        vbid: vb(key),
+        key: key.as_bytes(),
+        value: value.as_bytes(),
+        flags,
+        expiry: Expiry::Never,
+        preserve_ttl: false,
+        datatype: Datatype::RAW,
+        cas: Cas::ANY,
+        durability: None,
+    })
+    .unwrap()
+}
+
+fn must_stats(b: &Bucket, group: &str) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    b.stats(group, &mut |k, v| {
+        m.insert(k.to_owned(), v.to_owned());
+    })
+    .unwrap();
+    m
+}
+
+#[test]
+fn clean_shutdown_flushes_everything_and_restart_serves_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlusherMode::Tasks);
+    let mut want = BTreeMap::new();
+    for i in 0..300 {
+        let key = format!("key-{i}");
+        let info = must_set(&b, &key, &format!("value-{i}"), i);
+        want.insert(key, (format!("value-{i}"), info.cas, i));
+    }
+    // Overwrites, a delete, a counter.
+    let info = must_set(&b, "key-7", "seven", 77);
+    want.insert("key-7".into(), ("seven".into(), info.cas, 77));
+    b.remove(RemoveRequest {
+        vbid: vb("key-8"),
+        key: b"key-8",
+        cas: Cas::ANY,
+        durability: None,
+    })
+    .unwrap();
+    want.remove("key-8");
+    let (_, info) = b
+        .arithmetic(ArithmeticRequest {
+            op: ArithmeticOp::Increment,
+            vbid: vb("ctr"),
+            key: b"ctr",
+            delta: 1,
+            initial: 41,
+            expiry_raw: 0,
+            cas: Cas::ANY,
+            durability: None,
+        })
+        .unwrap();
+    want.insert("ctr".into(), ("41".into(), info.cas, 0));
+    let high_before = b.high_seqno(vb("key-7")).unwrap();
+    b.shutdown();
+    drop(b);
+
+    let b = open(dir.path(), FlusherMode::Tasks);
+    for (key, (value, cas, flags)) in &want {
+        let item = b.get(vb(key), key.as_bytes()).unwrap();
+        assert_eq!(item.value.as_ref(), value.as_bytes(), "{key}");
+        assert_eq!(item.cas, *cas, "{key}");
+        assert_eq!(item.flags, *flags, "{key}");
+    }
+    assert_eq!(b.get(vb("key-8"), b"key-8"), Err(EngineStatus::KeyNotFound));
+    assert_eq!(b.high_seqno(vb("key-7")), Some(high_before));
+    assert_eq!(b.persisted_seqno(vb("key-7")), Some(high_before));
+    // New writes continue above the restored seqno and CAS.
+    let again = must_set(&b, "key-7", "eight", 0);
+    assert!(again.seqno.0 > high_before);
+    assert!(again.cas > want["key-7"].1);
+    let p = must_stats(&b, "persistence");
+    assert_eq!(p["ep_persistence_enabled"], "true");
+    assert_eq!(p["ep_warmup_value_count"], (want.len()).to_string());
+    b.shutdown();
+}
+
+#[test]
+fn repeated_writes_to_a_key_are_flushed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlusherMode::Manual);
+    for i in 0..100 {
+        must_set(&b, "hot", &i.to_string(), 0);
+    }
+    must_set(&b, "cold", "x", 0);
+    assert_eq!(must_stats(&b, "persistence")["ep_queue_size"], "2");
+    assert_eq!(b.flush_all().unwrap(), 2);
+    assert_eq!(b.persisted_seqno(vb("hot")), b.high_seqno(vb("hot")));
+    let k = must_stats(&b, "persistence");
+    assert_eq!(k["ep_total_persisted"], "2");
+    assert_eq!(k["ep_queue_size"], "0");
+    b.shutdown();
+}
+
+#[test]
+fn waiters_complete_when_the_flusher_persists_their_seqno() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlusherMode::Manual);
+    let info = must_set(&b, "k", "v", 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    b.when_persisted(vb("k"), info.seqno.0, move |p| tx.send(p).unwrap())
+        .unwrap();
+    let fut = b.wait_persisted(vb("k"), info.seqno.0).unwrap();
+    assert!(rx.try_recv().is_err(), "completed before the flush");
+    assert_eq!(fut.try_get(), None);
+    b.flush_all().unwrap();
+    assert_eq!(rx.try_recv().unwrap(), info.seqno.0);
+    assert_eq!(fut.try_get(), Some(info.seqno.0));
+    // Already persisted: completes at once.
+    let (tx, rx) = std::sync::mpsc::channel();
+    b.when_persisted(vb("k"), info.seqno.0, move |p| tx.send(p).unwrap())
+        .unwrap();
+    assert_eq!(rx.try_recv().unwrap(), info.seqno.0);
+    let s = must_stats(&b, &format!("vbucket-seqno {}", vb("k").0));
+    assert_eq!(
+        s[&format!("vb_{}:last_persisted_seqno", vb("k").0)],
+        info.seqno.0.to_string()
+    );
+    b.shutdown();
+}
+
+#[test]
+fn background_flusher_persists_without_being_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlusherMode::Tasks);
+    let info = must_set(&b, "k", "v", 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    b.when_persisted(vb("k"), info.seqno.0, move |p| tx.send(p).unwrap())
+        .unwrap();
+    // Event-driven wait with a generous bound; the flusher normally answers in
+    // milliseconds.
+    let p = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    assert!(p >= info.seqno.0);
+    let obs = b.vbucket_seqnos(vb("k")).unwrap();
+    assert!(obs.persisted_seqno.0 >= info.seqno.0);
+    b.shutdown();
+}
+
+#[test]
+fn persisted_writes_survive_a_drop_without_shutdown() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlusherMode::Manual);
+    let info = must_set(&b, "durable", "yes", 0);
+    b.flush_all().unwrap();
+    assert_eq!(b.persisted_seqno(vb("durable")), Some(info.seqno.0));
+    must_set(&b, "maybe", "unflushed", 0);
+    // No shutdown: no final flush, no checkpoint (the journal holds what was persisted).
+    drop(b);
+    let b = open(dir.path(), FlusherMode::Manual);
+    assert_eq!(
+        b.get(vb("durable"), b"durable").unwrap().value.as_ref(),
+        b"yes"
+    );
+    assert!(b.high_seqno(vb("durable")).unwrap() >= info.seqno.0);
+    b.shutdown();
+}
+
+#[test]
+fn flush_all_documents_is_persisted_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlusherMode::Manual);
+    must_set(&b, "a", "1", 0);
+    must_set(&b, "b", "2", 0);
+    b.flush_all().unwrap();
+    b.flush().unwrap();
+    must_set(&b, "c", "3", 0);
+    b.shutdown();
+    drop(b);
+    let b = open(dir.path(), FlusherMode::Manual);
+    assert_eq!(b.get(vb("a"), b"a"), Err(EngineStatus::KeyNotFound));
+    assert_eq!(b.get(vb("b"), b"b"), Err(EngineStatus::KeyNotFound));
+    assert_eq!(b.get(vb("c"), b"c").unwrap().value.as_ref(), b"3");
+    b.shutdown();
+}
+
+#[test]
+fn a_memory_only_bucket_reports_no_persistence() {
+    let b = Bucket::new(
+        BucketConfig {
+            expiry_pager_interval: Duration::ZERO,
+            ..BucketConfig::default()
+        },
+        EngineClock::System,
+    )
+    .unwrap();
+    must_set(&b, "k", "v", 0);
+    assert_eq!(b.flush_all().unwrap(), 0);
+    assert_eq!(b.persisted_seqno(vb("k")), Some(0));
+    assert_eq!(
+        b.when_persisted(vb("k"), 1, |_| {}),
+        Err(EngineStatus::NotSupported)
+    );
+    assert_eq!(
+        must_stats(&b, "persistence")["ep_persistence_enabled"],
+        "false"
+    );
+    b.shutdown();
+}
