@@ -75,6 +75,20 @@ pub enum CommittedState {
 }
 
 impl CommittedState {
+    /// The state stored as `v` (`v` always comes from `state as u8`; anything else reads
+    /// as committed).
+    #[inline]
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Self::CommittedViaPrepare,
+            2 => Self::Pending,
+            3 => Self::PreparedMaybeVisible,
+            4 => Self::PrepareAborted,
+            5 => Self::PrepareCommitted,
+            _ => Self::CommittedViaMutation,
+        }
+    }
+
     /// True for the committed versions (via mutation or via prepare).
     #[must_use]
     pub fn is_committed(self) -> bool {
@@ -102,47 +116,131 @@ impl CommittedState {
 
 /// Keys up to this length live inside the [`StoredValue`]; longer ones get their own
 /// allocation of exactly their length.
-pub(crate) const INLINE_KEY_LEN: usize = 22;
+pub(crate) const INLINE_KEY_LEN: usize = 20;
 
-/// A key, inline when short (no allocation), boxed when long. 24 bytes.
+/// The length of an inline key. Its unused values (21..=255) are the niche in which the
+/// compiler stores which [`Key`] variant is in use, so `Key` needs no separate tag byte.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum InlineLen {
+    L0 = 0,
+    L1 = 1,
+    L2 = 2,
+    L3 = 3,
+    L4 = 4,
+    L5 = 5,
+    L6 = 6,
+    L7 = 7,
+    L8 = 8,
+    L9 = 9,
+    L10 = 10,
+    L11 = 11,
+    L12 = 12,
+    L13 = 13,
+    L14 = 14,
+    L15 = 15,
+    L16 = 16,
+    L17 = 17,
+    L18 = 18,
+    L19 = 19,
+    L20 = 20,
+}
+
+const INLINE_LENS: [InlineLen; INLINE_KEY_LEN + 1] = [
+    InlineLen::L0,
+    InlineLen::L1,
+    InlineLen::L2,
+    InlineLen::L3,
+    InlineLen::L4,
+    InlineLen::L5,
+    InlineLen::L6,
+    InlineLen::L7,
+    InlineLen::L8,
+    InlineLen::L9,
+    InlineLen::L10,
+    InlineLen::L11,
+    InlineLen::L12,
+    InlineLen::L13,
+    InlineLen::L14,
+    InlineLen::L15,
+    InlineLen::L16,
+    InlineLen::L17,
+    InlineLen::L18,
+    InlineLen::L19,
+    InlineLen::L20,
+];
+
+/// The table-managed bytes of an item: life-cycle state, flag bits, MFU counter.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct TableBytes {
+    /// A [`CommittedState`] as its `u8` (a plain byte, so that the compiler uses the
+    /// inline length, not this, as the niche of [`Key`]).
+    state: u8,
+    bits: u8,
+    mfu: u8,
+}
+
+/// A key, inline when short (no allocation), boxed when long, together with the table's
+/// three bytes of per-item state (kept here, in space the key enum would otherwise pad,
+/// so that the whole `StoredValue` is 96 bytes). 24 bytes.
 #[derive(Clone)]
 enum Key {
-    Inline { len: u8, buf: [u8; INLINE_KEY_LEN] },
-    Heap(Box<[u8]>),
+    Inline {
+        len: InlineLen,
+        t: TableBytes,
+        buf: [u8; INLINE_KEY_LEN],
+    },
+    /// A thin pointer (to the key's fat box): with a fat `Box<[u8]>` here the compiler
+    /// cannot fit this variant around the niche and `Key` grows to 32 bytes.
+    Heap { t: TableBytes, key: Box<Box<[u8]>> },
 }
 
 impl Key {
-    fn new(key: &[u8]) -> Self {
-        if key.len() <= INLINE_KEY_LEN {
-            let mut buf = [0u8; INLINE_KEY_LEN];
-            buf[..key.len()].copy_from_slice(key);
-            // Fits: len <= 22.
-            Self::Inline {
-                len: key.len() as u8,
-                buf,
+    fn new(key: &[u8], t: TableBytes) -> Self {
+        match INLINE_LENS.get(key.len()) {
+            Some(&len) => {
+                let mut buf = [0u8; INLINE_KEY_LEN];
+                buf[..key.len()].copy_from_slice(key);
+                Self::Inline { len, t, buf }
             }
-        } else {
-            Self::Heap(key.into())
+            None => Self::Heap {
+                t,
+                key: Box::new(key.into()),
+            },
         }
     }
 
     #[inline]
     fn as_slice(&self) -> &[u8] {
         match self {
-            Self::Inline { len, buf } => &buf[..usize::from(*len)],
-            Self::Heap(b) => b,
+            Self::Inline { len, buf, .. } => &buf[..*len as usize],
+            Self::Heap { key, .. } => key,
+        }
+    }
+
+    #[inline]
+    fn t(&self) -> &TableBytes {
+        match self {
+            Self::Inline { t, .. } | Self::Heap { t, .. } => t,
+        }
+    }
+
+    #[inline]
+    fn t_mut(&mut self) -> &mut TableBytes {
+        match self {
+            Self::Inline { t, .. } | Self::Heap { t, .. } => t,
         }
     }
 
     fn heap_bytes(&self) -> usize {
         match self {
             Self::Inline { .. } => 0,
-            Self::Heap(b) => b.len(),
+            Self::Heap { key, .. } => std::mem::size_of::<Box<[u8]>>() + key.len(),
         }
     }
 }
 
-/// Bits of [`StoredValue::bits`].
+/// Bits of [`TableBytes::bits`].
 const DELETED: u8 = 1;
 const DIRTY: u8 = 2;
 const RESIDENT: u8 = 4;
@@ -151,10 +249,10 @@ const RESIDENT: u8 = 4;
 /// life-cycle state, deleted/dirty/resident bits and the MFU frequency counter.
 ///
 /// # Memory layout (what [`Self::footprint`] counts)
-/// - the `StoredValue` itself, 104 bytes, in its own allocation (the table's slot holds a
+/// - the `StoredValue` itself, 96 bytes, in its own allocation (the table's slot holds a
 ///   pointer to it);
-/// - keys longer than 22 bytes: one more allocation of exactly the key's length (shorter
-///   keys live inside the `StoredValue`);
+/// - keys longer than 20 bytes: two more allocations, the key's exact length and a
+///   16-byte box pointing to it (shorter keys live inside the `StoredValue`);
 /// - a non-empty resident value: one allocation of exactly its length, plus the 24-byte
 ///   header [`Bytes`] allocates the first time the value is shared (the first read that
 ///   hands it out). The header is charged from the start: forcing it at write time cost
@@ -170,18 +268,15 @@ const RESIDENT: u8 = 4;
 /// The key is immutable; the value is replaced only through the table
 /// ([`crate::Entry::insert`], eviction) so the accounting stays exact.
 ///
-/// The fields are laid out in a fixed order (`repr(C)`): what every lookup touches (key,
-/// state, bits, MFU) sits together in the first 27 bytes, so a lookup that bumps the MFU
-/// counter usually dirties the cache line it already read for the key comparison rather
-/// than a second one (with the compiler's order the counter landed at the end of the
-/// 104 bytes, and perf showed FindForRead's time in that line's miss).
+/// The fields are laid out in a fixed order (`repr(C)`): what every lookup touches (the
+/// key and the table's state, flag and MFU bytes, which share one 24-byte field) comes
+/// first, so a lookup that bumps the MFU counter usually dirties the cache line it already
+/// read for the key comparison rather than a second one (with the compiler's order the
+/// counter landed at the end, and perf showed FindForRead's time in that line's miss).
 #[derive(Clone)]
 #[repr(C)]
 pub struct StoredValue {
     key: Key,
-    state: CommittedState,
-    bits: u8,
-    mfu: u8,
     meta: ItemMeta,
     /// `None` when evicted (non-resident) or when the item has no value.
     value: Option<Bytes>,
@@ -193,11 +288,11 @@ impl std::fmt::Debug for StoredValue {
             .field("key", &String::from_utf8_lossy(self.key()))
             .field("value_len", &self.value_len())
             .field("meta", &self.meta)
-            .field("state", &self.state)
+            .field("state", &self.committed_state())
             .field("deleted", &self.is_deleted())
             .field("dirty", &self.is_dirty())
             .field("resident", &self.is_resident())
-            .field("mfu", &self.mfu)
+            .field("mfu", &self.mfu())
             .finish()
     }
 }
@@ -207,9 +302,7 @@ impl PartialEq for StoredValue {
         self.key() == other.key()
             && self.value.as_deref() == other.value.as_deref()
             && self.meta == other.meta
-            && self.state == other.state
-            && self.bits == other.bits
-            && self.mfu == other.mfu
+            && self.key.t() == other.key.t()
     }
 }
 
@@ -263,10 +356,14 @@ impl StoredValue {
         Ok(Self {
             value: value_buffer(parts, len),
             meta,
-            key: Key::new(key),
-            state: CommittedState::CommittedViaMutation,
-            bits: DIRTY | RESIDENT,
-            mfu: mfu::INITIAL,
+            key: Key::new(
+                key,
+                TableBytes {
+                    state: CommittedState::CommittedViaMutation as u8,
+                    bits: DIRTY | RESIDENT,
+                    mfu: mfu::INITIAL,
+                },
+            ),
         })
     }
 
@@ -276,7 +373,7 @@ impl StoredValue {
     /// [`Error::KeyTooLong`] for a key longer than [`Self::MAX_KEY_LEN`].
     pub fn new_deleted(key: &[u8], meta: ItemMeta) -> Result<Self> {
         let mut sv = Self::new(key, &[], meta)?;
-        sv.bits |= DELETED;
+        sv.key.t_mut().bits |= DELETED;
         Ok(sv)
     }
 
@@ -284,7 +381,7 @@ impl StoredValue {
     /// [`CommittedState::Pending`] to build a prepare).
     #[must_use]
     pub fn with_state(mut self, state: CommittedState) -> Self {
-        self.state = state;
+        self.key.t_mut().state = state as u8;
         self
     }
 
@@ -300,9 +397,9 @@ impl StoredValue {
     #[must_use]
     pub fn with_deleted(mut self, deleted: bool) -> Self {
         if deleted {
-            self.bits |= DELETED;
+            self.key.t_mut().bits |= DELETED;
         } else {
-            self.bits &= !DELETED;
+            self.key.t_mut().bits &= !DELETED;
         }
         self
     }
@@ -347,43 +444,43 @@ impl StoredValue {
     /// Returns the life-cycle state.
     #[must_use]
     pub fn committed_state(&self) -> CommittedState {
-        self.state
+        CommittedState::from_u8(self.key.t().state)
     }
 
     /// True for a committed version (not a prepare).
     #[must_use]
     pub fn is_committed(&self) -> bool {
-        self.state.is_committed()
+        self.committed_state().is_committed()
     }
 
     /// True for a prepare (in flight or completed).
     #[must_use]
     pub fn is_prepared(&self) -> bool {
-        self.state.is_prepared()
+        self.committed_state().is_prepared()
     }
 
     /// True for a tombstone.
     #[must_use]
     pub fn is_deleted(&self) -> bool {
-        self.bits & DELETED != 0
+        self.key.t().bits & DELETED != 0
     }
 
     /// True until the item is marked clean (persisted).
     #[must_use]
     pub fn is_dirty(&self) -> bool {
-        self.bits & DIRTY != 0
+        self.key.t().bits & DIRTY != 0
     }
 
     /// False once the value has been evicted from memory.
     #[must_use]
     pub fn is_resident(&self) -> bool {
-        self.bits & RESIDENT != 0
+        self.key.t().bits & RESIDENT != 0
     }
 
     /// The 8-bit MFU (most frequently used) counter.
     #[must_use]
     pub fn mfu(&self) -> u8 {
-        self.mfu
+        self.key.t().mfu
     }
 
     /// Returns the bytes this item is charged for (see the type's docs).
@@ -399,7 +496,11 @@ impl StoredValue {
     /// Returns the footprint a resident item with these key and value lengths would have.
     #[must_use]
     pub fn footprint_for(key_len: usize, value_len: usize) -> usize {
-        let key = if key_len > INLINE_KEY_LEN { key_len } else { 0 };
+        let key = if key_len > INLINE_KEY_LEN {
+            key_len.saturating_add(std::mem::size_of::<Box<[u8]>>())
+        } else {
+            0
+        };
         let value = if value_len == 0 {
             0
         } else {
@@ -415,21 +516,21 @@ impl StoredValue {
     }
 
     pub(crate) fn set_mfu(&mut self, mfu: u8) {
-        self.mfu = mfu;
+        self.key.t_mut().mfu = mfu;
     }
 
     pub(crate) fn set_dirty(&mut self, dirty: bool) {
         if dirty {
-            self.bits |= DIRTY;
+            self.key.t_mut().bits |= DIRTY;
         } else {
-            self.bits &= !DIRTY;
+            self.key.t_mut().bits &= !DIRTY;
         }
     }
 
     /// Drops the value and marks the item non-resident.
     pub(crate) fn eject_value(&mut self) {
         self.value = None;
-        self.bits &= !RESIDENT;
+        self.key.t_mut().bits &= !RESIDENT;
     }
 }
 
@@ -471,17 +572,17 @@ mod tests {
     #[test]
     fn footprint_counts_fixed_key_and_value() {
         let sv = StoredValue::new(b"key", b"value", ItemMeta::default()).unwrap();
-        assert_eq!(sv.footprint(), 104 + 5 + 24);
+        assert_eq!(sv.footprint(), 96 + 5 + 24);
         assert_eq!(sv.footprint(), StoredValue::footprint_for(3, 5));
         let long = vec![b'k'; 30];
         let sv = StoredValue::new(&long, b"", ItemMeta::default()).unwrap();
-        assert_eq!(sv.footprint(), 104 + 30);
+        assert_eq!(sv.footprint(), 96 + 16 + 30);
         assert_eq!(sv.footprint(), StoredValue::footprint_for(30, 0));
     }
 
     #[test]
     fn key_inline_and_heap_and_values() {
-        for len in [0, 1, 21, 22, 23, 200, 255] {
+        for len in [0, 1, 19, 20, 21, 22, 23, 200, 255] {
             let key = vec![b'a' + (len % 26) as u8; len];
             let sv = StoredValue::new(&key, b"value", ItemMeta::default()).unwrap();
             assert_eq!(sv.key(), key.as_slice());
@@ -527,6 +628,6 @@ mod tests {
     fn layout_sizes() {
         assert_eq!(std::mem::size_of::<ItemMeta>(), 40);
         assert_eq!(std::mem::size_of::<Key>(), 24);
-        assert_eq!(std::mem::size_of::<StoredValue>(), 104);
+        assert_eq!(std::mem::size_of::<StoredValue>(), 96);
     }
 }
