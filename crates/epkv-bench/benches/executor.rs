@@ -60,28 +60,38 @@ impl Rng {
 /// timeout the same offset on every visit whenever K is a multiple of the table size
 /// (K = 4096), so each re-arm would move it slightly *later*, never earlier, and the run
 /// would measure only the peers' "later" fast paths.
-struct Deadlines {
+struct Deadlines<T, F> {
     offsets: Vec<Duration>,
     rng: Rng,
-    base: Instant,
+    base: T,
+    now: F,
     n: usize,
 }
 
-impl Deadlines {
+impl Deadlines<Instant, fn() -> Instant> {
+    /// Deadlines as `Instant`s, every peer's native type except epkv's.
     fn new(seed: usize) -> Self {
+        Self::with_clock(seed, || SystemClock.now())
+    }
+}
+
+impl<T: Copy + std::ops::Add<Duration, Output = T>, F: Fn() -> T> Deadlines<T, F> {
+    /// Deadlines in the type `now` reads: epkv's native one is its executor's `Deadline`.
+    fn with_clock(seed: usize, now: F) -> Self {
         let mut rng = Rng::new(seed);
         Self {
             offsets: (0..1024).map(|_| rng.offset()).collect(),
             rng,
-            base: SystemClock.now(),
+            base: now(),
+            now,
             n: 0,
         }
     }
 
-    fn next(&mut self) -> Instant {
+    fn next(&mut self) -> T {
         self.n += 1;
         if self.n.is_multiple_of(64) {
-            self.base = SystemClock.now();
+            self.base = (self.now)();
         }
         // The top 10 bits: always below 1024, so the index needs no bounds check.
         let pick = (self.rng.next() >> 54) as usize;
@@ -184,12 +194,12 @@ fn timeouts_epkv(k: usize, threads: usize, d: Duration) -> Measurement {
     let handle = exec.handle();
     let fired = Arc::new(AtomicU64::new(0));
     let m = run_threads(threads, d, |t| {
-        let mut deadlines = Deadlines::new(t);
+        let clock = handle.clone();
+        let mut deadlines = Deadlines::with_clock(t, move || clock.now_deadline());
         let tasks: Vec<_> = (0..per_thread(k, threads, t))
             .map(|_| {
                 let f = Arc::clone(&fired);
-                let spec =
-                    TaskSpec::new("timeout", Group::NonIo).start(Start::At(deadlines.next()));
+                let spec = TaskSpec::new("timeout", Group::NonIo).start(Start::Sleep);
                 handle
                     .schedule(spec, move |_: &TaskContext<'_>| {
                         f.fetch_add(1, Relaxed);
@@ -198,9 +208,12 @@ fn timeouts_epkv(k: usize, threads: usize, d: Duration) -> Measurement {
                     .unwrap_or_else(|e| die("schedule", e))
             })
             .collect();
+        for task in &tasks {
+            task.snooze_to(deadlines.next());
+        }
         let mut i = 0;
         move || {
-            tasks[i].snooze_until(deadlines.next());
+            tasks[i].snooze_to(deadlines.next());
             i += 1;
             if i == tasks.len() {
                 i = 0;

@@ -3,6 +3,7 @@
 
 use crate::clock::{Clock, SystemClock};
 use crate::core::{Core, Driver};
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::handle::TaskHandle;
 use crate::stats::{TaskInfo, TaskState};
@@ -185,6 +186,19 @@ impl ExecutorHandle {
     #[must_use]
     pub fn now(&self) -> Instant {
         self.core.clock.now()
+    }
+
+    /// `at` as this executor's [`Deadline`] (its epoch if `at` is earlier).
+    #[must_use]
+    pub fn deadline(&self, at: Instant) -> Deadline {
+        Deadline(self.core.to_ns(at))
+    }
+
+    /// The executor clock's current time as a [`Deadline`]: read it once, then add
+    /// durations to it for cheap re-arms with [`TaskHandle::snooze_to`].
+    #[must_use]
+    pub fn now_deadline(&self) -> Deadline {
+        Deadline(self.core.now_ns())
     }
 
     /// True once shutdown has begun.

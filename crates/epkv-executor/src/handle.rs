@@ -77,6 +77,14 @@ impl TaskHandle {
         core.request(self, core.to_ns(at), None)
     }
 
+    /// Makes the task due at `at`, a [`Deadline`](crate::Deadline) of this task's
+    /// executor, earlier or later than it was (at once if `at` passed). The cheapest
+    /// re-arm: no clock read and no `Instant` conversion.
+    #[inline]
+    pub fn snooze_to(&self, at: crate::Deadline) -> bool {
+        self.cell.core.request(self, at.0, None)
+    }
+
     /// Makes the task sleep until woken or snoozed, dropping any due time.
     pub fn sleep(&self) -> bool {
         self.cell.core.request(self, NEVER, None)

@@ -76,6 +76,7 @@
 
 mod clock;
 mod core;
+mod deadline;
 mod error;
 mod executor;
 mod handle;
@@ -92,6 +93,7 @@ mod worker;
 mod loom_tests;
 
 pub use clock::{Clock, ManualClock, OffsetClock, SystemClock};
+pub use deadline::Deadline;
 pub use error::{Error, Result};
 pub use executor::{Executor, ExecutorConfig, ExecutorHandle, MAX_THREADS_PER_GROUP};
 pub use handle::TaskHandle;

@@ -404,3 +404,35 @@ fn run_at_an_instant_in_the_past_runs_at_once() {
     assert_eq!(runs.load(SeqCst), 3);
     assert!(h.cancel());
 }
+
+#[test]
+fn snooze_to_a_deadline_moves_the_task_earlier_and_later() {
+    let exec = exec();
+    let handle = exec.handle();
+    let (h, runs) = counting(&exec, "timeout", Start::Sleep, Next::Sleep);
+    let base = handle.now_deadline();
+    assert_eq!(handle.deadline(exec.clock().now()), base);
+    assert!(h.snooze_to(base + secs(30)));
+    // Earlier: the 30 s arm must not hold it back.
+    assert!(h.snooze_to(base + secs(10)));
+    exec.advance(secs(9));
+    assert_eq!(exec.run_until_idle(10), 0);
+    exec.advance(secs(1));
+    assert_eq!(exec.run_until_idle(10), 1);
+    // Later: re-armed 20 s out, then pushed to 40 s; nothing runs at 20 s.
+    assert!(h.snooze_to(handle.now_deadline() + secs(20)));
+    assert!(h.snooze_to(handle.now_deadline() + secs(40)));
+    exec.advance(secs(20));
+    assert_eq!(exec.run_until_idle(10), 0);
+    exec.advance(secs(20));
+    assert_eq!(exec.run_until_idle(10), 1);
+    assert_eq!(runs.load(SeqCst), 2);
+    // A deadline in the past makes the task due at once.
+    assert!(h.snooze_to(base));
+    assert_eq!(exec.run_until_idle(10), 1);
+    assert!(h.cancel());
+    assert!(
+        !h.snooze_to(base + secs(1)),
+        "a cancelled task refuses re-arms"
+    );
+}
