@@ -152,7 +152,7 @@ impl VbPersist {
     pub(crate) fn clear(&self) {
         let mut q = self.dirty.lock();
         q.items.clear();
-        q.state_dirty = true;
+        q.state_dirty = false;
     }
 
     /// Documents waiting for the flusher.
@@ -376,21 +376,20 @@ impl Persistence {
         }
     }
 
-    /// Deletes every vBucket's data (FLUSH): queues are dropped, files deleted; each
-    /// vBucket's state is committed again by the next flush.
+    /// Deletes every vBucket's data (FLUSH): queues are dropped and files deleted; a
+    /// vBucket's state is written again with its next mutation.
     pub(crate) fn wipe(&self, vbuckets: &[VBucket]) -> Result<(), epkv_storage::Error> {
         let n = self.shards.len();
         for (shard, sh) in self.shards.iter().enumerate() {
             let _one_at_a_time = sh.flush_lock.lock();
+            let mut ids = Vec::new();
             for (i, vb) in vbuckets.iter().enumerate() {
                 if i % n == shard {
                     vb.persist.clear();
-                    sh.store.delete_vbucket(vb.id)?;
+                    ids.push(vb.id);
                 }
             }
-        }
-        for vb in vbuckets {
-            self.wake(vb.id);
+            sh.store.delete_vbuckets(&ids)?;
         }
         Ok(())
     }

@@ -1033,21 +1033,34 @@ impl KvStore for FileStore {
     }
 
     fn delete_vbucket(&self, vbid: Vbid) -> Result<()> {
+        self.delete_vbuckets(&[vbid])
+    }
+
+    fn delete_vbuckets(&self, vbids: &[Vbid]) -> Result<()> {
         let mut j = self.commit_lock.lock();
         // The journal must not hold commits of a vBucket whose files are gone.
         self.checkpoint_locked(&mut j)?;
-        let Some(vb) = self.vbs.lock().remove(&vbid.0) else {
-            return Ok(());
-        };
-        let g = vb.lock();
-        self.fds.forget(&g.path);
-        match self.vfs.remove(&g.path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("remove", &g.path, e)),
+        let mut removed = false;
+        for vbid in vbids {
+            let Some(vb) = self.existing_vb(vbid.0) else {
+                continue;
+            };
+            let g = vb.lock();
+            self.fds.forget(&g.path);
+            match self.vfs.remove(&g.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("remove", &g.path, e)),
+            }
+            drop(g);
+            self.vbs.lock().remove(&vbid.0);
+            self.dirty.lock().remove(&vbid.0);
+            removed = true;
         }
-        self.dirty.lock().remove(&vbid.0);
-        self.sync_dir()
+        if removed {
+            self.sync_dir()?;
+        }
+        Ok(())
     }
 
     fn compact(&self, vbid: Vbid, rule: &PurgeRule) -> Result<CompactionOutcome> {

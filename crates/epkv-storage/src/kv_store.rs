@@ -77,6 +77,18 @@ pub trait KvStore: Send + Sync + std::fmt::Debug {
     /// I/O errors.
     fn delete_vbucket(&self, vbid: Vbid) -> Result<()>;
 
+    /// Deletes several vBuckets' files and states (one checkpoint and one directory sync
+    /// for all of them in the files backend).
+    ///
+    /// # Errors
+    /// I/O errors; vBuckets before the failing one are deleted.
+    fn delete_vbuckets(&self, vbids: &[Vbid]) -> Result<()> {
+        for v in vbids {
+            self.delete_vbucket(*v)?;
+        }
+        Ok(())
+    }
+
     /// Rewrites a vBucket keeping only the newest version of each key and dropping what
     /// `rule` purges. Writes to the vBucket wait for it (the interlock lives here, not in
     /// the caller).
