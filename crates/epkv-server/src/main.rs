@@ -166,10 +166,12 @@ fn run(cli: Cli) -> Result<()> {
         "epkv-server {} started",
         env!("CARGO_PKG_VERSION")
     );
-    tracing::warn!(
-        data_dir = %s.data_dir.display(),
-        "persistence is not implemented yet: documents live in memory only and are lost at exit"
-    );
+    if !s.persistence {
+        tracing::warn!(
+            data_dir = %s.data_dir.display(),
+            "persistence is off (--persistence to turn it on): documents live in memory only and are lost at exit"
+        );
+    }
     if users.is_empty() && addr.ip().is_loopback() {
         tracing::info!(
             "no users configured: clients on this loopback address use bucket \"default\" \
@@ -251,6 +253,9 @@ fn build_buckets(s: &Settings, clock: &EngineClock) -> Result<Buckets> {
             name: spec.name.clone(),
             memory_quota_bytes: quota.bytes(),
             flush_enabled: s.flush_enabled,
+            persistence: s
+                .persistence
+                .then(|| epkv_engine::PersistenceConfig::new(&dir)),
             ..BucketConfig::default()
         };
         let bucket = Bucket::new(config, clock.clone())

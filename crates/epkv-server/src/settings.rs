@@ -212,6 +212,9 @@ settings! {
         help = "Largest request packet (header + body) accepted; larger ones close the connection";
     output_buffer_limit: ByteSize = "2MiB", unit = "bytes",
         help = "Per-connection replies pending before the server stops reading from that client";
+    persistence: bool = "false", unit = "bool",
+        help = "Persist every bucket under DATA_DIR/NAME (per-vBucket files, a journal per shard, flusher tasks, warmup at start, final flush at shutdown); off keeps buckets in memory only",
+        clap(num_args = 0..=1, default_missing_value = "true");
     flush_enabled: bool = "false", unit = "bool",
         help = "Allow FLUSH to remove every document (off by default, as in Couchbase)",
         clap(num_args = 0..=1, default_missing_value = "true");
