@@ -264,9 +264,44 @@ impl Bucket {
             })?;
             handles.push(h);
         }
+        if !p.config.compaction_interval.is_zero() {
+            let weak = Arc::downgrade(bucket);
+            let every = p.config.compaction_interval;
+            let spec = epkv_executor::TaskSpec::new("compactor", epkv_executor::Group::AuxIo)
+                .start(epkv_executor::Start::After(every));
+            let h = exec.schedule(spec, move |_: &epkv_executor::TaskContext<'_>| {
+                let Some(b) = weak.upgrade() else {
+                    return epkv_executor::Next::Done;
+                };
+                if let Err(e) = b.compact_all() {
+                    tracing::warn!(bucket = %b.config.name, error = %e, "background compaction failed; retried at the next interval");
+                }
+                epkv_executor::Next::After(every)
+            })?;
+            handles.push(h);
+        }
         *p.flushers.lock() = handles;
         *p.executor.lock() = Some(exec);
         Ok(())
+    }
+
+    /// Compacts every stored vBucket now (the background compactor calls this every
+    /// `compaction_interval`): purges tombstones persisted before the previous compaction
+    /// and documents already expired. Writes continue meanwhile; a flush touching the
+    /// vBucket being compacted waits for it (the interlock is inside the store).
+    ///
+    /// # Errors
+    /// The first storage error; vBuckets compacted before it keep their new files.
+    pub fn compact_all(
+        &self,
+    ) -> std::result::Result<epkv_storage::CompactionOutcome, epkv_storage::Error> {
+        let Some(p) = &self.persistence else {
+            return Ok(epkv_storage::CompactionOutcome::default());
+        };
+        let now = u32::try_from(self.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
+        let out = p.compact_all(&self.vbuckets, now)?;
+        tracing::info!(bucket = %self.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, "compaction done");
+        Ok(out)
     }
 
     /// One run of a shard's flusher task.

@@ -58,6 +58,12 @@ pub struct PersistenceConfig {
     /// Who runs the flushers: background tasks (the default) or the caller, through
     /// [`crate::Bucket::flush_all`] (deterministic tests).
     pub flusher: FlusherMode,
+    /// Time between two background compactions of every vBucket (an AuxIO task), which
+    /// purge the tombstones that were already on disk at the previous one and the expired
+    /// documents. Default 1 hour; `Duration::ZERO` disables the task
+    /// ([`crate::Bucket::compact_all`] still works). KV-Engine compacts on fragmentation
+    /// and purges tombstones older than 3 days; epkv does not track either yet.
+    pub compaction_interval: Duration,
 }
 
 /// Who flushes a persistent bucket.
@@ -81,6 +87,7 @@ impl PersistenceConfig {
             fd_budget: None,
             writer_threads: 2,
             flusher: FlusherMode::Tasks,
+            compaction_interval: Duration::from_secs(3600),
         }
     }
 }
@@ -222,6 +229,9 @@ pub(crate) struct Persistence {
     pub(crate) flushes: AtomicU64,
     /// Commits that failed.
     pub(crate) flush_failures: AtomicU64,
+    /// Per vBucket, its persisted seqno when the previous compaction ran: tombstones at or
+    /// below it are purged by the next one.
+    pub(crate) purge_marks: Mutex<HashMap<u16, u64>>,
 }
 
 impl std::fmt::Debug for Persistence {
@@ -274,6 +284,7 @@ impl Persistence {
             warmup_items: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             flush_failures: AtomicU64::new(0),
+            purge_marks: Mutex::new(HashMap::new()),
         })
     }
 
@@ -392,6 +403,40 @@ impl Persistence {
             sh.store.delete_vbuckets(&ids)?;
         }
         Ok(())
+    }
+
+    /// Compacts every stored vBucket: tombstones that were persisted before the previous
+    /// compaction and documents expired at `now_secs` are dropped from disk. Returns the
+    /// summed outcome.
+    pub(crate) fn compact_all(
+        &self,
+        vbuckets: &[VBucket],
+        now_secs: u32,
+    ) -> Result<epkv_storage::CompactionOutcome, epkv_storage::Error> {
+        let mut total = epkv_storage::CompactionOutcome::default();
+        for sh in &self.shards {
+            for vbid in sh.store.vbuckets() {
+                let Some(vb) = vbuckets.get(usize::from(vbid.0)) else {
+                    continue;
+                };
+                let mark = self.purge_marks.lock().get(&vbid.0).copied().unwrap_or(0);
+                let persisted = vb.persist.persisted();
+                let out = sh.store.compact(
+                    vbid,
+                    &epkv_storage::PurgeRule {
+                        purge_before_seqno: mark,
+                        now_secs: Some(now_secs),
+                    },
+                )?;
+                self.purge_marks.lock().insert(vbid.0, persisted);
+                total.kept += out.kept;
+                total.tombstones_purged += out.tombstones_purged;
+                total.expired += out.expired;
+                total.bytes_before += out.bytes_before;
+                total.bytes_after += out.bytes_after;
+            }
+        }
+        Ok(total)
     }
 
     /// Writes journaled commits to data files (the background half of a commit).

@@ -240,3 +240,96 @@ fn a_memory_only_bucket_reports_no_persistence() {
     );
     b.shutdown();
 }
+
+#[test]
+fn compaction_purges_old_tombstones_and_expired_documents_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(epkv_executor::ManualClock::new(Duration::from_secs(
+        1_700_000_000,
+    )));
+    let open_manual = || {
+        let mut p = PersistenceConfig::new(dir.path());
+        p.flusher = FlusherMode::Manual;
+        p.shards = 2;
+        p.compaction_interval = Duration::ZERO;
+        Bucket::new(
+            BucketConfig {
+                expiry_pager_interval: Duration::ZERO,
+                persistence: Some(p),
+                ..BucketConfig::default()
+            },
+            EngineClock::Custom(clock.clone()),
+        )
+        .unwrap()
+    };
+    let b = open_manual();
+    for i in 0..20 {
+        must_set(&b, &format!("k{i}"), "v", 0);
+    }
+    let mut later = Vec::new();
+    for i in 0..5 {
+        let key = format!("k{i}");
+        b.remove(RemoveRequest {
+            vbid: vb(&key),
+            key: key.as_bytes(),
+            cas: Cas::ANY,
+            durability: None,
+        })
+        .unwrap();
+        // A later write in the same vBucket, so the tombstone is not its newest document.
+        let next = (0..)
+            .map(|j| format!("later-{i}-{j}"))
+            .find(|k| vb(k) == vb(&key))
+            .unwrap();
+        must_set(&b, &next, "v", 0);
+        later.push(next);
+    }
+    b.store(StoreRequest {
+        op: StoreOp::Set,
+        vbid: vb("exp"),
+        key: b"exp",
+        value: b"soon gone",
+        flags: 0,
+        expiry: Expiry::from_wire(10),
+        preserve_ttl: false,
+        datatype: Datatype::RAW,
+        cas: Cas::ANY,
+        durability: None,
+    })
+    .unwrap();
+    // Not the newest document of its vBucket: compaction never drops that one.
+    let after = (0..)
+        .map(|i| format!("after-{i}"))
+        .find(|k| vb(k) == vb("exp"))
+        .unwrap();
+    must_set(&b, &after, "v", 0);
+    b.flush_all().unwrap();
+    clock.advance(Duration::from_secs(60));
+    // First pass: the tombstones are newer than the (absent) previous compaction.
+    let first = b.compact_all().unwrap();
+    assert_eq!(first.tombstones_purged, 0);
+    assert_eq!(first.expired, 1);
+    // Second pass: they were on disk at the previous one, so they go.
+    let second = b.compact_all().unwrap();
+    assert_eq!(second.tombstones_purged, 5);
+    assert_eq!(second.kept, 21);
+    let p = must_stats(&b, "persistence");
+    assert!(p["ep_compactions"].parse::<u64>().unwrap() >= 2);
+    b.shutdown();
+    drop(b);
+    let b = open_manual();
+    for i in 0..20 {
+        let key = format!("k{i}");
+        let got = b.get(vb(&key), key.as_bytes());
+        if i < 5 {
+            assert_eq!(got, Err(EngineStatus::KeyNotFound), "{key}");
+        } else {
+            assert_eq!(got.unwrap().value.as_ref(), b"v", "{key}");
+        }
+    }
+    for k in &later {
+        assert_eq!(b.get(vb(k), k.as_bytes()).unwrap().value.as_ref(), b"v");
+    }
+    assert_eq!(b.get(vb("exp"), b"exp"), Err(EngineStatus::KeyNotFound));
+    b.shutdown();
+}
