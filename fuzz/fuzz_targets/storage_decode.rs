@@ -59,8 +59,8 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             RecordKind::JournalBatch => {
-                if let Ok(v) = decode_journal_batch(body) {
-                    format::encode_journal_batch(&mut again, &v);
+                if let Ok((generation, v)) = decode_journal_batch(body) {
+                    format::encode_journal_batch(&mut again, generation, &v);
                     assert_eq!(again, body);
                 }
             }

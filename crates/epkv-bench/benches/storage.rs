@@ -9,7 +9,8 @@
 //! - **FlushThroughput**: batches of `batch-items` 512-byte documents with random keys
 //!   spread over `vbuckets` vBuckets (so a batch touches nearly every vBucket), committed
 //!   back to back. items/s = documents made durable per second. Peers: journal on with data
-//!   files kept open (`epkv`, the default), journal on with files reopened per batch,
+//!   files kept open and the journal preallocated (`epkv`), the same with a journal that
+//!   grows as it is appended to (`journal-growing`), journal on with files reopened per batch,
 //!   journal off with files kept open, and journal off with files reopened per batch (what
 //!   KV-Engine did before MB-36572: a sync per vBucket per batch and an open/close per
 //!   vBucket per batch). Syncs per batch are printed for each.
@@ -105,28 +106,43 @@ struct Mode {
     name: &'static str,
     journal: JournalMode,
     fd_budget: usize,
+    journal_prealloc_bytes: u64,
 }
 
-const MODES: [Mode; 4] = [
+/// Journal preallocation of the `epkv` mode: the checkpoint threshold (64 MiB) plus room
+/// for the batch that crosses it.
+const PREALLOC: u64 = 72 << 20;
+
+const MODES: [Mode; 5] = [
     Mode {
         name: "epkv",
         journal: JournalMode::On,
         fd_budget: 4096,
+        journal_prealloc_bytes: PREALLOC,
+    },
+    Mode {
+        name: "journal-growing",
+        journal: JournalMode::On,
+        fd_budget: 4096,
+        journal_prealloc_bytes: 0,
     },
     Mode {
         name: "journal-reopen-per-batch",
         journal: JournalMode::On,
         fd_budget: 0,
+        journal_prealloc_bytes: PREALLOC,
     },
     Mode {
         name: "no-journal-files-open",
         journal: JournalMode::Off,
         fd_budget: 4096,
+        journal_prealloc_bytes: 0,
     },
     Mode {
         name: "kv-engine-2019",
         journal: JournalMode::Off,
         fd_budget: 0,
+        journal_prealloc_bytes: 0,
     },
 ];
 
@@ -134,6 +150,7 @@ fn open_store(dir: &Path, m: Mode) -> FileStore {
     let mut cfg = FileStoreConfig::new(dir);
     cfg.journal = m.journal;
     cfg.fd_budget = m.fd_budget;
+    cfg.journal_prealloc_bytes = m.journal_prealloc_bytes;
     must(FileStore::open(cfg), "open store")
 }
 
@@ -342,7 +359,7 @@ fn main() {
     if args.wants("PersistLatency") {
         let params = [("writers", items as u64), ("vbuckets", vbuckets as u64)];
         let mut lines = Vec::new();
-        for m in [MODES[0], MODES[3]] {
+        for m in [MODES[0], MODES[1], MODES[4]] {
             let mut rates = Vec::new();
             let mut all = Vec::new();
             for _ in 0..rounds {
@@ -377,7 +394,7 @@ fn main() {
         let docs = docs_for_scan(ndocs);
         let one = |name: &str, commits: usize| -> FileStore {
             let dir = bench_dir(name);
-            let s = open_store(&dir, MODES[0]);
+            let s = open_store(&dir, MODES[1]);
             let per = docs.len().div_ceil(commits);
             for chunk in docs.chunks(per) {
                 must(
@@ -441,7 +458,7 @@ fn main() {
         let params = [("docs", ndocs), ("vbuckets", vbuckets as u64)];
         let dir = bench_dir("warmup");
         {
-            let s = open_store(&dir, MODES[0]);
+            let s = open_store(&dir, MODES[1]);
             let mut rng = Rng(7);
             let mut seqnos = vec![0u64; vbuckets];
             let per = 10_000usize;
@@ -459,7 +476,7 @@ fn main() {
         let mut rates = Vec::new();
         for _ in 0..rounds {
             let t0 = SystemClock.now();
-            let s = open_store(&dir, MODES[0]);
+            let s = open_store(&dir, MODES[1]);
             let mut n = 0;
             for vb in s.vbuckets() {
                 n += scan_count(&s, vb);

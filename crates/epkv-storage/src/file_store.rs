@@ -6,8 +6,9 @@
 //! then each vBucket's data file gets the documents, an index segment and a header,
 //! *without* a sync. The data files are synced at a checkpoint (when the journal exceeds
 //! [`FileStoreConfig::checkpoint_bytes`], before deleting a vBucket, on
-//! [`KvStore::checkpoint`] and on close), after which the journal is truncated. Recovery =
-//! each data file's last valid header + replay of the journal batches the file lacks.
+//! [`KvStore::checkpoint`] and on close), after which the journal starts a new generation
+//! (it is never truncated; see `docs/storage-format.md`). Recovery = each data file's last
+//! valid header + replay of the current generation's journal batches the file lacks.
 //!
 //! **Commit without the journal** ([`JournalMode::Off`], KV-Engine's behaviour): each data
 //! file is written and synced, one fdatasync per vBucket per batch.
@@ -63,6 +64,11 @@ pub struct FileStoreConfig {
     pub fd_budget: usize,
     /// A descriptor cache shared with other shards; overrides `fd_budget`.
     pub fd_cache: Option<Arc<FdCache>>,
+    /// Bytes of zeros written into a new journal so that appends overwrite allocated
+    /// blocks and an fdatasync need not also write the inode (default 0: the journal grows
+    /// as it is appended to). The journal is never shrunk; a checkpoint starts a new
+    /// generation instead.
+    pub journal_prealloc_bytes: u64,
 }
 
 impl FileStoreConfig {
@@ -75,6 +81,7 @@ impl FileStoreConfig {
             checkpoint_bytes: 64 << 20,
             fd_budget: default_fd_budget(),
             fd_cache: None,
+            journal_prealloc_bytes: 0,
         }
     }
 }
@@ -141,8 +148,10 @@ impl VbFile {
 struct Journal {
     path: PathBuf,
     file: Arc<dyn VFile>,
+    /// Where the next record goes: the end of the current generation's records.
     end: u64,
-    needs_repair: bool,
+    /// The generation in the superblock; only records carrying it are replayed.
+    generation: u64,
 }
 
 #[derive(Debug, Default)]
@@ -400,10 +409,9 @@ impl FileStore {
             // A journal left by a run with it on must still be replayed once.
             match self.vfs.open(&path, OpenMode::Existing) {
                 Ok(f) => {
-                    let (entries, end, torn) = read_journal(&*f, &path)?;
-                    self.report.journal_torn_bytes = torn;
-                    self.replay(entries)?;
-                    let _ = end;
+                    let j = read_journal(&*f, &path)?;
+                    self.report.journal_torn_bytes = j.torn_bytes;
+                    self.replay(j.entries)?;
                     self.checkpoint_files()?;
                     drop(f);
                     self.vfs
@@ -424,34 +432,54 @@ impl FileStore {
         let sb = SUPERBLOCK_LEN as u64;
         if len < sb {
             let mut b = Vec::new();
-            format::put_superblock(&mut b, RecordKind::JournalSuperblock, 0, 0);
+            format::put_superblock(&mut b, RecordKind::JournalSuperblock, 0, 1);
             f.set_len(0).map_err(|e| Error::io("truncate", &path, e))?;
             f.write_all_at(&b, 0)
                 .map_err(|e| Error::io("write", &path, e))?;
+            self.preallocate(&*f, &path, sb)?;
             self.sync_file(&*f, &path)?;
             self.sync_dir()?;
             *self.commit_lock.lock() = Some(Journal {
                 path,
                 file: f,
                 end: sb,
-                needs_repair: false,
+                generation: 1,
             });
             return Ok(());
         }
-        let (entries, _end, torn) = read_journal(&*f, &path)?;
-        if torn > 0 {
-            tracing::warn!(path = %path.display(), dropped_bytes = torn, "journal: dropping torn tail");
+        let j = read_journal(&*f, &path)?;
+        if j.torn_bytes > 0 {
+            tracing::warn!(path = %path.display(), dropped_bytes = j.torn_bytes, "journal: dropping torn tail");
         }
-        self.report.journal_torn_bytes = torn;
-        self.replay(entries)?;
+        self.report.journal_torn_bytes = j.torn_bytes;
+        self.replay(j.entries)?;
+        self.preallocate(&*f, &path, len)?;
         *self.commit_lock.lock() = Some(Journal {
             path,
             file: f,
-            end: len,
-            needs_repair: false,
+            end: j.end,
+            generation: j.generation,
         });
-        // Make the replayed data files durable and empty the journal.
+        // Make the replayed data files durable and start a new journal generation.
         self.checkpoint()
+    }
+
+    /// Writes zeros from `from` up to the configured preallocation (never shrinks).
+    fn preallocate(&self, f: &dyn VFile, path: &Path, from: u64) -> Result<()> {
+        let want = self.cfg.journal_prealloc_bytes;
+        let len = f.len().map_err(|e| Error::io("stat", path, e))?.max(from);
+        if len >= want {
+            return Ok(());
+        }
+        let zeros = vec![0u8; 1 << 20];
+        let mut pos = len;
+        while pos < want {
+            let n = (want - pos).min(zeros.len() as u64);
+            f.write_all_at(&zeros[..usize::try_from(n).unwrap_or(0)], pos)
+                .map_err(|e| Error::io("write", path, e))?;
+            pos += n;
+        }
+        self.sync_file(f, path)
     }
 
     fn replay(&mut self, entries: Vec<JournalEntry>) -> Result<()> {
@@ -629,14 +657,8 @@ impl FileStore {
         }
         let items: usize = entries.iter().map(|e| e.docs.len()).sum();
         if let Some(j) = journal.as_mut() {
-            if j.needs_repair {
-                j.file
-                    .set_len(j.end)
-                    .map_err(|e| Error::io("truncate", &j.path, e))?;
-                j.needs_repair = false;
-            }
             let mut body = Vec::new();
-            format::encode_journal_batch(&mut body, &entries);
+            format::encode_journal_batch(&mut body, j.generation, &entries);
             let mut frame = Vec::with_capacity(body.len() + format::FRAME_HEADER_LEN);
             format::put_frame(&mut frame, RecordKind::JournalBatch, &body);
             let written = j
@@ -647,14 +669,11 @@ impl FileStore {
                     self.counters.bytes.fetch_add(frame.len() as u64, Relaxed);
                     self.sync_file(&*j.file, &j.path)
                 });
-            if let Err(e) = written {
-                // Not acknowledged: cut the journal back so the next append follows the
-                // last good record.
-                if j.file.set_len(j.end).is_err() {
-                    j.needs_repair = true;
-                }
-                return Err(e);
-            }
+            // On failure nothing is acknowledged and `end` stays: the next append
+            // overwrites the record at the same offset. (If it did reach the disk and the
+            // process dies first, replaying it is harmless: an unacknowledged write may
+            // survive.)
+            written?;
             j.end += frame.len() as u64;
             self.counters.journal_bytes.store(j.end, Relaxed);
         }
@@ -753,13 +772,18 @@ impl FileStore {
         self.checkpoint_files()?;
         if let Some(j) = journal.as_mut() {
             let sb = SUPERBLOCK_LEN as u64;
-            if j.end > sb || j.needs_repair {
+            if j.end > sb {
+                // Start a new generation: the records of the old one stay on disk (the
+                // space is reused) but are never replayed again.
+                let generation = j.generation + 1;
+                let mut b = Vec::with_capacity(SUPERBLOCK_LEN);
+                format::put_superblock(&mut b, RecordKind::JournalSuperblock, 0, generation);
                 j.file
-                    .set_len(sb)
-                    .map_err(|e| Error::io("truncate", &j.path, e))?;
-                j.end = sb;
-                j.needs_repair = false;
+                    .write_all_at(&b, 0)
+                    .map_err(|e| Error::io("write", &j.path, e))?;
                 self.sync_file(&*j.file, &j.path)?;
+                j.generation = generation;
+                j.end = sb;
             }
             self.counters.journal_bytes.store(j.end, Relaxed);
         }
@@ -901,49 +925,85 @@ impl FileStore {
     }
 }
 
-/// Reads every journal batch; returns them, the end of the last good record and the
-/// bytes of torn tail after it.
-fn read_journal(f: &dyn VFile, path: &Path) -> Result<(Vec<JournalEntry>, u64, u64)> {
+/// What reading a journal found.
+#[derive(Debug)]
+struct JournalRead {
+    /// The current generation's batches, in order.
+    entries: Vec<JournalEntry>,
+    /// End of the last of them (where the next record goes).
+    end: u64,
+    /// The superblock's generation.
+    generation: u64,
+    /// Bytes of a torn record of the current generation after `end` (0 when what follows
+    /// is zeros or records of an older generation).
+    torn_bytes: u64,
+}
+
+/// Reads the current generation's journal batches, up to the first frame that does not
+/// verify or belongs to an older generation.
+fn read_journal(f: &dyn VFile, path: &Path) -> Result<JournalRead> {
     let len = f.len().map_err(|e| Error::io("stat", path, e))?;
     let sb = SUPERBLOCK_LEN as u64;
     if len < sb {
-        return Ok((Vec::new(), len, 0));
+        // A journal whose creation never completed: nothing in it was acknowledged.
+        return Ok(JournalRead {
+            entries: Vec::new(),
+            end: sb,
+            generation: 1,
+            torn_bytes: len,
+        });
     }
     let mut head = vec![0u8; SUPERBLOCK_LEN];
     f.read_exact_at(&mut head, 0)
         .map_err(|e| Error::io("read", path, e))?;
     let body = format::decode_frame_of(&head, RecordKind::JournalSuperblock)
         .map_err(|r| data_file::corrupt(path, 0, r))?;
-    format::decode_superblock(body, RecordKind::JournalSuperblock)
+    let (_, generation) = format::decode_superblock(body, RecordKind::JournalSuperblock)
         .map_err(|r| data_file::corrupt(path, 0, r))?;
     let mut out = Vec::new();
     let mut pos = sb;
-    let mut fh = [0u8; format::FRAME_HEADER_LEN];
-    while pos + format::FRAME_HEADER_LEN as u64 <= len {
+    let mut fh = [0u8; format::FRAME_HEADER_LEN + 8];
+    let mut torn_bytes = 0;
+    while pos + fh.len() as u64 <= len {
         f.read_exact_at(&mut fh, pos)
             .map_err(|e| Error::io("read", path, e))?;
-        let Ok((_, blen, _)) = format::parse_frame_header(&fh) else {
+        let Ok((kind, blen, _)) = format::parse_frame_header(&fh) else {
             break;
         };
+        let gen_bytes: [u8; 8] = fh[format::FRAME_HEADER_LEN..]
+            .try_into()
+            .unwrap_or_default();
+        let ours =
+            kind == RecordKind::JournalBatch as u8 && u64::from_le_bytes(gen_bytes) == generation;
+        if !ours {
+            break;
+        }
         let total = format::FRAME_HEADER_LEN as u64 + u64::from(blen);
         if pos + total > len {
+            torn_bytes = len - pos;
             break;
         }
         let mut buf = vec![0u8; usize::try_from(total).unwrap_or(0)];
         f.read_exact_at(&mut buf, pos)
             .map_err(|e| Error::io("read", path, e))?;
         let Ok(body) = format::decode_frame_of(&buf, RecordKind::JournalBatch) else {
+            torn_bytes = total;
             break;
         };
         match format::decode_journal_batch(body) {
-            Ok(entries) => out.extend(entries),
+            Ok((_, entries)) => out.extend(entries),
             // A record whose CRC verifies but does not decode was written by a broken
             // build: refuse rather than guess.
             Err(r) => return Err(data_file::corrupt(path, pos, r)),
         }
         pos += total;
     }
-    Ok((out, pos, len - pos))
+    Ok(JournalRead {
+        entries: out,
+        end: pos,
+        generation,
+        torn_bytes,
+    })
 }
 
 impl KvStore for FileStore {

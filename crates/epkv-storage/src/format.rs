@@ -667,8 +667,9 @@ pub struct JournalEntry {
     pub docs: Vec<Document>,
 }
 
-/// Encodes a journal batch body.
-pub fn encode_journal_batch(out: &mut Vec<u8>, entries: &[JournalEntry]) {
+/// Encodes a journal batch body for journal generation `generation`.
+pub fn encode_journal_batch(out: &mut Vec<u8>, generation: u64, entries: &[JournalEntry]) {
+    put_u64(out, generation);
     put_u16(out, len_u16(entries.len()));
     for e in entries {
         put_u16(out, e.vbid);
@@ -681,12 +682,13 @@ pub fn encode_journal_batch(out: &mut Vec<u8>, entries: &[JournalEntry]) {
     }
 }
 
-/// Decodes a journal batch body.
+/// Decodes a journal batch body: its generation and entries.
 ///
 /// # Errors
 /// On any truncation or invalid field.
-pub fn decode_journal_batch(body: &[u8]) -> Result<Vec<JournalEntry>, DecodeError> {
+pub fn decode_journal_batch(body: &[u8]) -> Result<(u64, Vec<JournalEntry>), DecodeError> {
     let mut c = Cursor::new(body);
+    let generation = c.u64()?;
     let n = c.u16()?;
     let n = c.count(u64::from(n), 10)?;
     let mut out = Vec::with_capacity(n);
@@ -708,7 +710,7 @@ pub fn decode_journal_batch(body: &[u8]) -> Result<Vec<JournalEntry>, DecodeErro
         });
     }
     c.finish()?;
-    Ok(out)
+    Ok((generation, out))
 }
 
 /// Decodes any single frame and its body, for the fuzz target: must never panic.
@@ -845,8 +847,8 @@ mod tests {
             docs: vec![doc("x", 1), doc("y", 2)],
         }];
         let mut b = Vec::new();
-        encode_journal_batch(&mut b, &j);
-        assert_eq!(decode_journal_batch(&b).unwrap(), j);
+        encode_journal_batch(&mut b, 9, &j);
+        assert_eq!(decode_journal_batch(&b).unwrap(), (9, j));
     }
 
     #[test]

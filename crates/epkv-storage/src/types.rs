@@ -143,7 +143,7 @@ pub struct StoreStats {
     pub bytes_written: u64,
     /// Current journal size in bytes.
     pub journal_bytes: u64,
-    /// Journal checkpoints (data files synced, journal truncated).
+    /// Journal checkpoints (data files synced, a new journal generation started).
     pub checkpoints: u64,
     /// Data files open right now.
     pub open_files: u64,

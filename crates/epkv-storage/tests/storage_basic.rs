@@ -273,3 +273,35 @@ fn zero_budget_reopens_files_and_still_reads_back() {
     assert!(s.stats().file_opens >= 10);
     assert_eq!(s.get(Vbid(3), b"k").unwrap().unwrap().value, b"v");
 }
+
+/// Checkpoints start a new journal generation instead of truncating: records of older
+/// generations stay in the (reused, possibly preallocated) file and must never be
+/// replayed, or a deleted vBucket would come back.
+#[test]
+fn older_journal_generations_are_never_replayed() {
+    for prealloc in [0, 256 * 1024] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = FileStoreConfig::new(dir.path());
+        cfg.journal_prealloc_bytes = prealloc;
+        let s = FileStore::open(cfg.clone()).unwrap();
+        commit(&s, 1, vec![doc("a", 1, "x"), doc("b", 2, "y")]);
+        commit(&s, 2, vec![doc("c", 1, "z")]);
+        s.delete_vbucket(Vbid(1)).unwrap();
+        // The old generation's records now start right after the superblock.
+        drop(s);
+        let s = FileStore::open(cfg.clone()).unwrap();
+        assert_eq!(s.vbuckets(), [Vbid(2)], "prealloc {prealloc}");
+        assert!(s.get(Vbid(1), b"a").unwrap().is_none());
+        commit(&s, 2, vec![doc("d", 2, "w")]);
+        let journal_len = std::fs::metadata(dir.path().join("journal.log"))
+            .unwrap()
+            .len();
+        assert!(journal_len >= prealloc);
+        drop(s);
+        let s = FileStore::open(cfg).unwrap();
+        assert_eq!(s.vbuckets(), [Vbid(2)], "prealloc {prealloc}");
+        assert!(s.get(Vbid(1), b"a").unwrap().is_none());
+        assert_eq!(s.get(Vbid(2), b"d").unwrap().unwrap().value, b"w");
+        assert_eq!(s.recovery_report().journal_torn_bytes, 0);
+    }
+}
