@@ -264,6 +264,25 @@ impl Bucket {
             })?;
             handles.push(h);
         }
+        // One applier per shard writes journaled commits to the data files while the
+        // flusher goes on with the next batch (the background half of a journal commit).
+        let mut appliers = Vec::with_capacity(p.shards.len());
+        for shard in 0..p.shards.len() {
+            let weak = Arc::downgrade(bucket);
+            let spec = epkv_executor::TaskSpec::new(
+                format!("applier-{shard}"),
+                epkv_executor::Group::Writer,
+            )
+            .start(epkv_executor::Start::Sleep);
+            let h = exec.schedule(spec, move |_: &epkv_executor::TaskContext<'_>| {
+                let Some(b) = weak.upgrade() else {
+                    return epkv_executor::Next::Done;
+                };
+                b.applier_run(shard)
+            })?;
+            appliers.push(h);
+        }
+        *p.appliers.lock() = appliers;
         if !p.config.compaction_interval.is_zero() {
             let weak = Arc::downgrade(bucket);
             let every = p.config.compaction_interval;
@@ -311,17 +330,31 @@ impl Bucket {
             return Next::Done;
         };
         match p.flush_shard(shard, &self.vbuckets) {
-            Ok(o) if o.vbuckets > 0 => Next::After(std::time::Duration::ZERO),
-            Ok(_) => match p.apply_pending(shard) {
-                Ok(0) => Next::Sleep,
-                Ok(_) => Next::After(std::time::Duration::ZERO),
-                Err(e) => {
-                    tracing::warn!(bucket = %self.config.name, shard, error = %e, "writing journaled commits to data files failed; retrying");
-                    Next::After(RETRY_AFTER)
+            Ok(o) if o.vbuckets > 0 => {
+                if let Some(h) = p.appliers.lock().get(shard) {
+                    h.wake();
                 }
-            },
+                Next::After(std::time::Duration::ZERO)
+            }
+            Ok(_) => Next::Sleep,
             Err(e) => {
                 tracing::warn!(bucket = %self.config.name, shard, error = %e, "flush failed; items stay queued and are retried");
+                Next::After(RETRY_AFTER)
+            }
+        }
+    }
+
+    /// One run of a shard's applier task: writes its journaled commits to data files.
+    fn applier_run(&self, shard: usize) -> epkv_executor::Next {
+        use epkv_executor::Next;
+        let Some(p) = &self.persistence else {
+            return Next::Done;
+        };
+        match p.apply_pending(shard) {
+            Ok(0) => Next::Sleep,
+            Ok(_) => Next::After(std::time::Duration::ZERO),
+            Err(e) => {
+                tracing::warn!(bucket = %self.config.name, shard, error = %e, "writing journaled commits to data files failed; retrying");
                 Next::After(RETRY_AFTER)
             }
         }
@@ -411,6 +444,9 @@ impl Bucket {
             return;
         };
         for h in p.flushers.lock().drain(..) {
+            h.cancel();
+        }
+        for h in p.appliers.lock().drain(..) {
             h.cancel();
         }
         if let Some(exec) = p.executor.lock().take()
@@ -605,7 +641,12 @@ impl Drop for Bucket {
         // shutdown has already flushed and stopped it; this only handles a bucket dropped
         // without one, whose unflushed writes were never reported persisted.)
         if let Some(p) = &self.persistence {
-            for h in p.flushers.lock().drain(..) {
+            for h in p
+                .flushers
+                .lock()
+                .drain(..)
+                .chain(p.appliers.lock().drain(..))
+            {
                 h.cancel();
             }
             if let Some(exec) = p.executor.lock().take()

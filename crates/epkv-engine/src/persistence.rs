@@ -33,8 +33,8 @@ use std::time::Duration;
 
 /// Wait before a flusher retries after a failed commit.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_millis(100);
-/// vBuckets whose journaled commits a flusher writes to their data files per run when it
-/// has nothing else to do.
+/// vBuckets whose journaled commits an applier writes to their data files per run (it runs
+/// again at once while some remain, so a long backlog does not hold a Writer thread).
 const APPLY_PER_RUN: usize = 64;
 
 /// Where and how a bucket persists. `None` in [`crate::BucketConfig::persistence`] keeps
@@ -219,8 +219,10 @@ pub(crate) struct Persistence {
     pub(crate) fds: Arc<FdCache>,
     /// The executor running the flushers (None until started, and after shutdown).
     pub(crate) executor: Mutex<Option<epkv_executor::Executor>>,
-    /// One flusher task per shard (empty until started).
+    /// One flusher task per shard (empty until started), then the compactor.
     pub(crate) flushers: Mutex<Vec<epkv_executor::TaskHandle>>,
+    /// One applier task per shard (empty until started).
+    pub(crate) appliers: Mutex<Vec<epkv_executor::TaskHandle>>,
     /// Set while the last commit failed with "no space": writes answer TMPFAIL.
     pub(crate) disk_full: AtomicBool,
     /// Items loaded by warmup.
@@ -280,6 +282,7 @@ impl Persistence {
             fds,
             executor: Mutex::new(None),
             flushers: Mutex::new(Vec::new()),
+            appliers: Mutex::new(Vec::new()),
             disk_full: AtomicBool::new(false),
             warmup_items: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
