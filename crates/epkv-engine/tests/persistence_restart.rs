@@ -20,6 +20,7 @@ fn open(dir: &Path, flusher: FlusherMode) -> Arc<Bucket> {
     let mut p = PersistenceConfig::new(dir);
     p.flusher = flusher;
     p.shards = 3;
+    p.journal_prealloc_bytes = 64 * 1024;
     Bucket::new(
         BucketConfig {
             expiry_pager_interval: Duration::ZERO,
