@@ -460,10 +460,15 @@ impl Bucket {
                 tracing::error!(bucket = %self.config.name, error = %e, "final flush failed; queued items not persisted")
             }
         }
+        let mut clean = self.flush_all().is_ok();
         for (i, s) in p.shards.iter().enumerate() {
             if let Err(e) = epkv_storage::KvStore::checkpoint(&s.store) {
+                clean = false;
                 tracing::error!(bucket = %self.config.name, shard = i, error = %e, "final checkpoint failed; the journal is kept and replayed at next start");
             }
+        }
+        if clean && let Err(e) = p.mark_clean_shutdown() {
+            tracing::error!(bucket = %self.config.name, error = %e, "cannot record the clean shutdown; the next start creates new failover entries");
         }
     }
 

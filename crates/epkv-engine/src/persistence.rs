@@ -16,7 +16,11 @@
 //! - **Waiters**: [`crate::Bucket::when_persisted`] registers a callback run once the
 //!   vBucket's persisted seqno reaches a seqno; no thread blocks per waiter.
 //! - **Warmup**: [`crate::Bucket::new`] opens the shards and loads every vBucket's state and
-//!   documents before the bucket serves (synchronously, before it is handed out).
+//!   documents before the bucket serves (synchronously, before it is handed out). A clean
+//!   shutdown leaves a marker file; without it, every vBucket starts a new failover branch
+//!   at its persisted seqno.
+//! - **Appliers**: one task per shard writes journaled commits to the data files while the
+//!   flusher goes on (woken after each flush).
 
 use crate::vbucket::VBucket;
 use epkv_storage::{
@@ -30,6 +34,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
+
+/// File a clean shutdown leaves in the data directory (removed at start).
+const CLEAN_SHUTDOWN_MARKER: &str = "clean_shutdown";
 
 /// Wait before a flusher retries after a failed commit.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_millis(100);
@@ -233,6 +240,8 @@ pub(crate) struct Persistence {
     pub(crate) disk_full: AtomicBool,
     /// Items loaded by warmup.
     pub(crate) warmup_items: AtomicU64,
+    /// The previous run did not shut down cleanly.
+    pub(crate) unclean_restart: AtomicBool,
     /// Flusher runs that committed something.
     pub(crate) flushes: AtomicU64,
     /// Commits that failed.
@@ -292,6 +301,7 @@ impl Persistence {
             appliers: Mutex::new(Vec::new()),
             disk_full: AtomicBool::new(false),
             warmup_items: AtomicU64::new(0),
+            unclean_restart: AtomicBool::new(false),
             flushes: AtomicU64::new(0),
             flush_failures: AtomicU64::new(0),
             purge_marks: Mutex::new(HashMap::new()),
@@ -457,9 +467,34 @@ impl Persistence {
         }
     }
 
+    /// The marker a clean shutdown leaves in the data directory.
+    fn clean_marker(&self) -> PathBuf {
+        self.config.data_dir.join(CLEAN_SHUTDOWN_MARKER)
+    }
+
+    /// Records a clean shutdown (everything flushed and checkpointed).
+    pub(crate) fn mark_clean_shutdown(&self) -> std::io::Result<()> {
+        let p = self.clean_marker();
+        std::fs::write(&p, b"clean\n")?;
+        std::fs::File::open(&p)?.sync_all()?;
+        std::fs::File::open(&self.config.data_dir)?.sync_all()
+    }
+
     /// Loads every stored vBucket into `vbuckets`: state, failover log, seqnos, and the
-    /// live documents (until the hash table refuses one for memory).
+    /// live documents (until the hash table refuses one for memory). After an unclean
+    /// shutdown (no marker from the previous run) each loaded vBucket starts a new
+    /// failover branch at its persisted seqno.
     pub(crate) fn warmup(&self, vbuckets: &[VBucket]) -> Result<(), epkv_storage::Error> {
+        let marker = self.clean_marker();
+        let clean = marker.exists();
+        if clean {
+            std::fs::remove_file(&marker).map_err(|e| epkv_storage::Error::Io {
+                op: "remove",
+                path: marker.clone(),
+                source: e,
+            })?;
+        }
+        self.unclean_restart.store(!clean, Relaxed);
         for shard in &self.shards {
             for vbid in shard.store.vbuckets() {
                 let Some(vb) = vbuckets.get(usize::from(vbid.0)) else {
@@ -519,6 +554,9 @@ impl Persistence {
                     state.max_cas,
                     max_deleted_rev,
                 );
+                if !clean {
+                    vb.start_failover_branch();
+                }
                 self.warmup_items.fetch_add(loaded, Relaxed);
             }
         }

@@ -221,6 +221,10 @@ impl Bucket {
                 "ep_warmup_value_count",
                 p.warmup_items.load(Relaxed).to_string(),
             ),
+            (
+                "ep_warmup_unclean_shutdown",
+                p.unclean_restart.load(Relaxed).to_string(),
+            ),
         ] {
             sink(name, &v);
         }

@@ -155,6 +155,22 @@ impl VBucket {
         *state = new_state;
     }
 
+    /// Starts a new failover branch at the current high seqno (after an unclean shutdown,
+    /// as KV-Engine does at warmup: writes acknowledged but not persisted may be gone, so
+    /// clients must not trust seqnos above it under the old uuid).
+    pub(crate) fn start_failover_branch(&self) {
+        let _state = self.state.write();
+        let seqno = self.order.lock().high_seqno;
+        let uuid = new_failover_uuid();
+        let mut log = self.failover.lock();
+        log.insert(0, FailoverEntry { uuid, seqno });
+        log.truncate(MAX_FAILOVER_ENTRIES);
+        self.uuid.store(uuid, Ordering::Relaxed);
+        if self.persistent {
+            self.persist.mark_state_dirty();
+        }
+    }
+
     /// Returns the current failover uuid.
     pub(crate) fn uuid(&self) -> u64 {
         self.uuid.load(Ordering::Relaxed)

@@ -197,6 +197,26 @@ fn persisted_writes_survive_a_drop_without_shutdown() {
         b"yes"
     );
     assert!(b.high_seqno(vb("durable")).unwrap() >= info.seqno.0);
+    // Unclean shutdown: a new failover branch at the persisted seqno, as KV-Engine does.
+    let seqnos = b.vbucket_seqnos(vb("durable")).unwrap();
+    assert_eq!(seqnos.failover_log.len(), 2);
+    assert_eq!(seqnos.failover_log[0].seqno.0, info.seqno.0);
+    assert_eq!(
+        must_stats(&b, "persistence")["ep_warmup_unclean_shutdown"],
+        "true"
+    );
+    b.shutdown();
+    drop(b);
+    // That shutdown was clean: no new branch this time.
+    let b = open(dir.path(), FlusherMode::Manual);
+    assert_eq!(
+        b.vbucket_seqnos(vb("durable")).unwrap().failover_log.len(),
+        2
+    );
+    assert_eq!(
+        must_stats(&b, "persistence")["ep_warmup_unclean_shutdown"],
+        "false"
+    );
     b.shutdown();
 }
 
