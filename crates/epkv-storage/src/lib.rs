@@ -7,7 +7,7 @@
 //! compacts vBuckets. Backends: [`FileStore`] (files; journal on or off, see
 //! [`JournalMode`]), [`MemStore`] (memory), and [`FileStore`] over [`FaultFs`] (fault
 //! injection and simulated crashes, for tests). The byte-level format is in
-//! `docs/storage-format.md` and [`format`].
+//! `docs/storage-format.md` and [`format`](mod@format).
 //!
 //! **What it is not.** It knows nothing about vBucket state machines, durability,
 //! checkpoints or the hash table: it stores what it is given. It has no threads and no
