@@ -20,6 +20,7 @@ use foldhash::fast::RandomState;
 use parking_lot::Mutex;
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub(crate) type Slot = Box<StoredValue>;
 pub(crate) type RawTable = hashbrown::HashTable<Slot>;
@@ -82,6 +83,11 @@ impl Inner {
 pub(crate) struct Stripe {
     pub(crate) inner: Mutex<Inner>,
     pub(crate) counts: StripeCounts,
+    /// Set (under the lock) when a visit pauses inside this stripe, cleared when a visit
+    /// walks the stripe to its end: while set, the stripe does not shrink, so a paused
+    /// visit is restarted only by growth, which doubles the stripe each time and so
+    /// cannot go on for ever.
+    pub(crate) visit_paused: AtomicBool,
 }
 
 /// State shared by every stripe of one table.
@@ -145,6 +151,7 @@ impl HashTable {
             .map(|_| Stripe {
                 inner: Mutex::new(Inner::default()),
                 counts: StripeCounts::default(),
+                visit_paused: AtomicBool::new(false),
             })
             .collect();
         Ok(Self {
@@ -282,7 +289,7 @@ impl HashTable {
         };
         let r = f(&mut entry);
         let shrink = entry.shrink;
-        if shrink {
+        if shrink && !stripe.visit_paused.load(Ordering::Relaxed) {
             shrink_if_sparse(&mut inner, &self.shared);
         }
         if inner.committed.num_buckets() + inner.prepared.num_buckets() != buckets {

@@ -11,7 +11,9 @@ use crate::stats::{Props, StripeCounts};
 ///
 /// If the stripe was resized in between, its buckets have moved and the visit restarts
 /// that stripe from its first bucket: every item present for the whole visit is seen at
-/// least once, and an item of a stripe resized during a pause may be seen twice.
+/// least once, and an item of a stripe resized during a pause may be seen twice. A stripe
+/// with a paused visit inside does not shrink (until a visit walks it to its end), so only
+/// growth, which doubles the stripe, can restart a visit, and the visit ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Position {
     stripe: usize,
@@ -166,12 +168,18 @@ impl HashTable {
                 }
             }
             if let Some(bucket) = paused_at {
+                stripe
+                    .visit_paused
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 return Some(Position {
                     stripe: stripe_idx,
                     bucket,
                     resizes,
                 });
             }
+            stripe
+                .visit_paused
+                .store(false, std::sync::atomic::Ordering::Relaxed);
             if any_removed {
                 let before = guard.committed.num_buckets() + guard.prepared.num_buckets();
                 crate::hash_table::shrink_if_sparse(&mut guard, self.shared());

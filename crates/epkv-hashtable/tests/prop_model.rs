@@ -445,3 +445,48 @@ fn many_keys_grow_then_shrink_every_stripe() {
         assert!(t.get(i.to_string().as_bytes()).is_some());
     }
 }
+
+#[test]
+fn a_visit_paused_across_resizes_still_sees_every_item() {
+    let t = HashTable::unlimited(2).unwrap();
+    let key = |i: u32| format!("v-{i}").into_bytes();
+    for i in 0..200u32 {
+        t.insert(StoredValue::new(&key(i), b"v", meta(u64::from(i))).unwrap())
+            .unwrap();
+    }
+    let mut seen = BTreeSet::new();
+    let mut pos = Some(Position::START);
+    let mut step = 0u32;
+    while let Some(p) = pos {
+        let mut n = 0;
+        pos = t.visit(p, |item| {
+            seen.insert(item.item().unwrap().key().to_vec());
+            n += 1;
+            if n == 10 {
+                Visit::Pause
+            } else {
+                Visit::Continue
+            }
+        });
+        // During every pause, grow (and later shrink) the stripes so buckets move.
+        step += 1;
+        let base = 10_000 + step * 300;
+        for i in base..base + 300 {
+            t.insert(StoredValue::new(&key(i), b"x", meta(0)).unwrap())
+                .unwrap();
+        }
+        if step.is_multiple_of(3) {
+            for i in 10_000..base + 300 {
+                t.remove(&key(i));
+            }
+        }
+        assert!(step < 1_000, "the visit must end");
+    }
+    for i in 0..200u32 {
+        assert!(
+            seen.contains(&key(i)),
+            "item {i} present for the whole visit was missed"
+        );
+    }
+    assert!(t.stats().resizes > 4);
+}
