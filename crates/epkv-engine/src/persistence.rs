@@ -16,7 +16,9 @@
 //! - **Waiters**: [`crate::Bucket::when_persisted`] registers a callback run once the
 //!   vBucket's persisted seqno reaches a seqno; no thread blocks per waiter.
 //! - **Warmup**: [`crate::Bucket::new`] opens the shards and loads every vBucket's state and
-//!   documents before the bucket serves (synchronously, before it is handed out). A clean
+//!   documents before the bucket serves (synchronously, before it is handed out). If the
+//!   memory quota fills up, loading stops with a warning and the documents not loaded are
+//!   not served (there is no background fetch from disk yet). A clean
 //!   shutdown leaves a marker file; without it, every vBucket starts a new failover branch
 //!   at its persisted seqno.
 //! - **Appliers**: one task per shard writes journaled commits to the data files while the

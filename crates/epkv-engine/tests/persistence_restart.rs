@@ -354,3 +354,30 @@ fn compaction_purges_old_tombstones_and_expired_documents_from_disk() {
     assert_eq!(b.get(vb("exp"), b"exp"), Err(EngineStatus::KeyNotFound));
     b.shutdown();
 }
+
+#[test]
+fn vbucket_states_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlusherMode::Manual);
+    b.set_vbucket_state(Vbid(5), epkv_types::VBucketState::Replica)
+        .unwrap();
+    b.set_vbucket_state(Vbid(6), epkv_types::VBucketState::Dead)
+        .unwrap();
+    b.flush_all().unwrap();
+    drop(b);
+    // Even without a clean shutdown: the state changes were flushed.
+    let b = open(dir.path(), FlusherMode::Manual);
+    assert_eq!(
+        b.vbucket_state(Vbid(5)),
+        Some(epkv_types::VBucketState::Replica)
+    );
+    assert_eq!(
+        b.vbucket_state(Vbid(6)),
+        Some(epkv_types::VBucketState::Dead)
+    );
+    assert_eq!(
+        b.vbucket_state(Vbid(7)),
+        Some(epkv_types::VBucketState::Active)
+    );
+    b.shutdown();
+}
