@@ -21,6 +21,7 @@
 //! (`epkv-engine`) and hands it to the front end (`epkv-frontend`), then waits for
 //! SIGINT/SIGTERM and shuts down gracefully (exit code 0). A second signal exits at once.
 
+mod alloc;
 mod bucket_list;
 mod byte_size;
 mod rlimit;
@@ -43,11 +44,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc instead of glibc malloc: every SET allocates and frees item memory on the
-/// worker threads, and glibc's per-thread arenas grew and trimmed their heaps with an
-/// mprotect call every ~60 operations under memaslap (measured with strace -c).
+/// mimalloc instead of glibc malloc (see `alloc.rs` for why and how it is called).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: alloc::EpkvAlloc = alloc::EpkvAlloc;
 
 /// Command line: one flag per setting plus a few actions.
 #[derive(Debug, Parser)]
