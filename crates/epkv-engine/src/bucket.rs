@@ -4,7 +4,7 @@
 use crate::expiry_pager::ExpiryPager;
 use crate::persistence::{PersistedFuture, Persistence, RETRY_AFTER};
 use crate::stats::{Counter, Counters};
-use crate::vbucket::{Assigned, VBucket};
+use crate::vbucket::{Assigned, VBucket, WarmupPhase};
 use crate::{BucketConfig, EngineClock, Result};
 use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, Item, MutationInfo};
 use epkv_executor::{Clock, OffsetClock};
@@ -171,10 +171,39 @@ impl Bucket {
     /// Creates a bucket with every vBucket active and empty, and starts its expiry pager
     /// (a thread named `epkv-expiry-pager`) unless `config.expiry_pager_interval` is zero.
     ///
+    /// With persistence, it opens (recovers) the shards and returns at once: the stored
+    /// vBuckets are loaded by warmup tasks on the Reader group of the bucket's own
+    /// executor, and each answers data requests with TempFail until it is loaded
+    /// ([`Bucket::wait_warmup`], the `warmup` STAT group).
+    ///
     /// # Errors
     /// [`crate::Error::InvalidConfig`] for a configuration [`BucketConfig::validate`]
-    /// rejects; [`crate::Error::SpawnPager`] if the pager thread cannot start.
+    /// rejects; [`crate::Error::SpawnPager`] if the pager thread cannot start; a storage
+    /// error if a shard cannot be opened.
     pub fn new(config: BucketConfig, clock: EngineClock) -> Result<Arc<Bucket>> {
+        Self::build(config, clock, None)
+    }
+
+    /// As [`Bucket::new`], but every background task of the bucket's persistence (warmup,
+    /// flushers, appliers, compactor) is scheduled on `executor`, which the bucket does
+    /// not own or stop: with an [`epkv_executor::ManualExecutor`]'s handle a test decides
+    /// when each runs. Warmup tasks are named `warmup-N` (one per shard, Reader group).
+    ///
+    /// # Errors
+    /// As [`Bucket::new`].
+    pub fn new_on_executor(
+        config: BucketConfig,
+        clock: EngineClock,
+        executor: epkv_executor::ExecutorHandle,
+    ) -> Result<Arc<Bucket>> {
+        Self::build(config, clock, Some(executor))
+    }
+
+    fn build(
+        config: BucketConfig,
+        clock: EngineClock,
+        executor: Option<epkv_executor::ExecutorHandle>,
+    ) -> Result<Arc<Bucket>> {
         config.validate()?;
         let memory = Arc::new(MemoryTracker::new(config.high_wat_bytes()));
         let persistent = config.persistence.is_some();
@@ -199,13 +228,8 @@ impl Bucket {
         let persistence = match &config.persistence {
             Some(p) => {
                 let p = Persistence::open(p.clone())?;
-                p.warmup(&vbuckets)?;
-                tracing::info!(
-                    bucket = %config.name,
-                    items = p.warmup_items.load(std::sync::atomic::Ordering::Relaxed),
-                    vbuckets = p.shards.iter().map(|s| epkv_storage::KvStore::vbuckets(&s.store).len()).sum::<usize>(),
-                    "warmup complete"
-                );
+                let queued = p.prepare_warmup(&vbuckets)?;
+                tracing::info!(bucket = %config.name, vbuckets = queued, "warmup started");
                 Some(p)
             }
             None => None,
@@ -221,7 +245,7 @@ impl Bucket {
             pager: ExpiryPager::new(),
             persistence,
         });
-        Self::start_flushers(&bucket)?;
+        Self::start_tasks(&bucket, executor)?;
         if !interval.is_zero() {
             ExpiryPager::start(&bucket, interval)?;
         }
@@ -235,20 +259,94 @@ impl Bucket {
         Ok(bucket)
     }
 
-    /// Starts one flusher task per shard on a Writer thread of the bucket's executor.
-    fn start_flushers(bucket: &Arc<Bucket>) -> Result<()> {
+    /// Blocks until warmup has loaded (or failed) every stored vBucket, at most
+    /// `timeout`; returns whether it has. True at once for a memory-only bucket.
+    pub fn wait_warmup(&self, timeout: std::time::Duration) -> bool {
+        self.persistence
+            .as_ref()
+            .is_none_or(|p| p.warmup.wait(timeout))
+    }
+
+    /// True once warmup has loaded (or failed) every stored vBucket.
+    #[must_use]
+    pub fn is_warmed_up(&self) -> bool {
+        self.persistence.as_ref().is_none_or(|p| p.warmup.is_done())
+    }
+
+    /// One run of a shard's warmup task: loads one vBucket.
+    fn warmup_run(&self, shard: usize) -> epkv_executor::Next {
+        let Some(p) = &self.persistence else {
+            return epkv_executor::Next::Done;
+        };
+        p.warmup_next(
+            shard,
+            &self.vbuckets,
+            &self.memory,
+            self.config.low_wat_bytes(),
+        );
+        if p.warmup
+            .queues
+            .get(shard)
+            .is_some_and(|q| !q.lock().is_empty())
+        {
+            epkv_executor::Next::After(std::time::Duration::ZERO)
+        } else {
+            epkv_executor::Next::Done
+        }
+    }
+
+    /// Starts the persistence tasks on `executor`, or on an executor of the bucket's own
+    /// (one Reader, AuxIO and NonIO thread, `writer_threads` Writer threads): one warmup
+    /// task per shard with vBuckets to load, and, unless the flusher is manual, one
+    /// flusher and one applier per shard and the compactor.
+    fn start_tasks(
+        bucket: &Arc<Bucket>,
+        executor: Option<epkv_executor::ExecutorHandle>,
+    ) -> Result<()> {
         let Some(p) = &bucket.persistence else {
             return Ok(());
         };
+        let exec = match executor {
+            Some(h) => h,
+            None => {
+                let cfg = epkv_executor::ExecutorConfig::new()
+                    .with_threads(epkv_executor::Group::Reader, 1)
+                    .with_threads(epkv_executor::Group::AuxIo, 1)
+                    .with_threads(epkv_executor::Group::NonIo, 1)
+                    .with_threads(epkv_executor::Group::Writer, p.config.writer_threads);
+                let owned = epkv_executor::Executor::new(cfg)?;
+                let h = owned.handle();
+                *p.executor.lock() = Some(owned);
+                h
+            }
+        };
+        let mut warmers = Vec::new();
+        for shard in 0..p.shards.len() {
+            if p.warmup
+                .queues
+                .get(shard)
+                .is_none_or(|q| q.lock().is_empty())
+            {
+                continue;
+            }
+            let weak = Arc::downgrade(bucket);
+            let spec = epkv_executor::TaskSpec::new(
+                format!("warmup-{shard}"),
+                epkv_executor::Group::Reader,
+            );
+            warmers.push(
+                exec.schedule(spec, move |_: &epkv_executor::TaskContext<'_>| {
+                    let Some(b) = weak.upgrade() else {
+                        return epkv_executor::Next::Done;
+                    };
+                    b.warmup_run(shard)
+                })?,
+            );
+        }
+        *p.warmers.lock() = warmers;
         if p.config.flusher == crate::persistence::FlusherMode::Manual {
             return Ok(());
         }
-        let cfg = epkv_executor::ExecutorConfig::new()
-            .with_threads(epkv_executor::Group::Reader, 1)
-            .with_threads(epkv_executor::Group::AuxIo, 1)
-            .with_threads(epkv_executor::Group::NonIo, 1)
-            .with_threads(epkv_executor::Group::Writer, p.config.writer_threads);
-        let exec = epkv_executor::Executor::new(cfg)?;
         let mut handles = Vec::with_capacity(p.shards.len());
         for shard in 0..p.shards.len() {
             let weak = Arc::downgrade(bucket);
@@ -300,7 +398,6 @@ impl Bucket {
             handles.push(h);
         }
         *p.flushers.lock() = handles;
-        *p.executor.lock() = Some(exec);
         Ok(())
     }
 
@@ -443,6 +540,9 @@ impl Bucket {
         let Some(p) = &self.persistence else {
             return;
         };
+        for h in p.warmers.lock().drain(..) {
+            h.cancel();
+        }
         for h in p.flushers.lock().drain(..) {
             h.cancel();
         }
@@ -460,7 +560,11 @@ impl Bucket {
                 tracing::error!(bucket = %self.config.name, error = %e, "final flush failed; queued items not persisted")
             }
         }
-        let mut clean = self.flush_all().is_ok();
+        // A vBucket warmup never loaded missed its new failover branch (after an
+        // unclean start): the next start must not take this shutdown as clean.
+        let mut clean = self.flush_all().is_ok()
+            && (p.warmup.is_done()
+                || !p.unclean_restart.load(std::sync::atomic::Ordering::Relaxed));
         for (i, s) in p.shards.iter().enumerate() {
             if let Err(e) = epkv_storage::KvStore::checkpoint(&s.store) {
                 clean = false;
@@ -526,6 +630,9 @@ impl Bucket {
     pub fn run_expiry_pass(&self) -> usize {
         let mut removed = 0;
         for vb in self.vbuckets.iter() {
+            if vb.warmup_phase() != WarmupPhase::Ready {
+                continue;
+            }
             let state = vb.state();
             if *state != VBucketState::Active {
                 continue;
@@ -564,6 +671,7 @@ impl Bucket {
         if vbucket_for_key(key, self.config.num_vbuckets) != vbid {
             return Err(EngineStatus::NotMyVbucket);
         }
+        vb.check_warm()?;
         let state = vb.state();
         match *state {
             VBucketState::Active => Ok((vb, state)),
@@ -651,6 +759,7 @@ impl Drop for Bucket {
                 .lock()
                 .drain(..)
                 .chain(p.appliers.lock().drain(..))
+                .chain(p.warmers.lock().drain(..))
             {
                 h.cancel();
             }

@@ -58,6 +58,8 @@ impl Engine for Bucket {
             .vbuckets
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
+        // Warmup restores the stored state; a change now would be overwritten.
+        vb.check_warm()?;
         vb.set_state(state);
         if let Some(p) = &self.persistence {
             p.wake(vbid);
@@ -81,6 +83,7 @@ impl Engine for Bucket {
             .vbuckets
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
+        vb.check_warm()?;
         // Lock order: the failover log is read with the state lock held.
         let state = vb.state();
         if *state == VBucketState::Dead {

@@ -10,9 +10,11 @@
 //! STAT groups. With [`BucketConfig::persistence`] set it persists through `epkv-storage`:
 //! per-vBucket dirty queues (de-duplicating keys), one flusher task per shard on a Writer
 //! thread, a persisted seqno per vBucket with non-blocking waiters
-//! ([`Bucket::when_persisted`], [`Bucket::wait_persisted`]), warmup when created, and a
-//! final flush at shutdown (see `persistence.rs`). It has no replication or SyncWrite
-//! tracking, no item pager and no compaction task yet, and never sees the wire format.
+//! ([`Bucket::when_persisted`], [`Bucket::wait_persisted`]), warmup on Reader tasks
+//! after creation ([`Bucket::wait_warmup`]; a vBucket still loading answers TempFail), a
+//! compactor on AuxIO, and a final flush at shutdown (see `persistence.rs`). It has no
+//! replication or SyncWrite tracking, no item pager and no fetch from disk of values
+//! warmup left out, and never sees the wire format.
 //!
 //! # Key types
 //! - [`Bucket`]: the engine; build it with [`Bucket::new`] from a [`BucketConfig`] and an
@@ -33,7 +35,12 @@
 //!   fails with TempFail and changes nothing.
 //! - An expired document is never returned: every access checks expiry under the stripe
 //!   lock and removes the document (with a new seqno) if its time has come.
-//! - Client operations only run on active vBuckets whose vbid the key maps to.
+//! - Client operations only run on active vBuckets whose vbid the key maps to, and only
+//!   once warmup has loaded the vBucket (`VBucket::warmup`, an atomic checked before the
+//!   state lock: Loading → TempFail, Failed → NotMyVbucket). Warmup writes a vBucket's
+//!   documents and ordering point before it publishes Ready (Release/Acquire), and
+//!   nothing else writes to a vBucket that is not Ready (client ops, SET_VBUCKET, the
+//!   expiry pass and compaction skip it; FLUSH waits for the whole warmup).
 //!
 //! # Locking
 //! Locks, in the order they may be taken (never the reverse):
@@ -93,6 +100,12 @@
 //! - `persistence`: `ep_persistence_enabled`, shards, journal mode, `ep_queue_size`
 //!   (documents waiting for the flusher), waiters, commits and failures, totals of the
 //!   storage counters, `ep_disk_full`, `ep_warmup_value_count`.
+//! - `warmup`: `ep_warmup` (enabled/disabled), `ep_warmup_state` (`loading data`, then
+//!   `done`), `ep_warmup_thread` (`running` / `complete`), `ep_warmup_vbuckets` (stored
+//!   vBuckets queued), `ep_warmup_vbuckets_loaded`, `ep_warmup_vbuckets_failed`,
+//!   `ep_warmup_value_count` (documents loaded), `ep_warmup_oom` (documents not loaded:
+//!   memory at the low watermark), `ep_warmup_unclean_shutdown`, and `vb_N:warmup_error`
+//!   for each vBucket that could not be loaded.
 //!
 //! Counters are kept per thread (sharded, cache-line aligned) and summed when read, so
 //! counting never makes two cores write one cache line.

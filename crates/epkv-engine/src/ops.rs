@@ -421,6 +421,10 @@ impl Bucket {
         if !self.config.flush_enabled {
             return Err(EngineStatus::NotSupported);
         }
+        if !self.is_warmed_up() {
+            // Warmup would load documents back while the files are being deleted.
+            return Err(EngineStatus::TempFail);
+        }
         let removed: usize = self.vbuckets.iter().map(|vb| vb.table.clear()).sum();
         if let Some(p) = &self.persistence
             && let Err(e) = p.wipe(&self.vbuckets)

@@ -15,23 +15,31 @@
 //!   the disk is full, writes answer TMPFAIL.
 //! - **Waiters**: [`crate::Bucket::when_persisted`] registers a callback run once the
 //!   vBucket's persisted seqno reaches a seqno; no thread blocks per waiter.
-//! - **Warmup**: [`crate::Bucket::new`] opens the shards and loads every vBucket's state and
-//!   documents before the bucket serves (synchronously, before it is handed out). If the
-//!   memory quota fills up, loading stops with a warning and the documents not loaded are
-//!   not served (there is no background fetch from disk yet). A clean
+//! - **Warmup**: [`crate::Bucket::new`] opens (recovers) the shards, marks every stored
+//!   vBucket [`WarmupPhase::Loading`] and queues it on its shard's list, active vBuckets
+//!   first ([`Persistence::prepare_warmup`]); one `warmup-N` task per shard on the Reader
+//!   group then loads one vBucket per run ([`Persistence::warmup_next`]): its documents
+//!   by seqno into the hash table, then its state, seqnos and failover log, then makes it
+//!   Ready. Until then the vBucket answers TMPFAIL to data requests and state changes, so
+//!   nothing can write to it (no mutation is lost or takes a seqno below the stored
+//!   ones). A vBucket that cannot be read becomes [`WarmupPhase::Failed`] (NotMyVbucket,
+//!   files untouched, the error logged and in `STAT warmup`). Values are loaded while
+//!   item memory is below the low watermark; the rest are counted (`ep_warmup_oom`) and
+//!   not served until written again (there is no background fetch from disk yet). A clean
 //!   shutdown leaves a marker file; without it, every vBucket starts a new failover branch
 //!   at its persisted seqno.
 //! - **Appliers**: one task per shard writes journaled commits to the data files while the
 //!   flusher goes on (woken after each flush).
 
-use crate::vbucket::VBucket;
+use crate::vbucket::{VBucket, WarmupPhase};
+use epkv_hashtable::MemoryTracker;
 use epkv_storage::{
     Document, FdCache, FileStore, FileStoreConfig, JournalMode, KvStore, ScanControl, StoreStats,
     VbCommit, VbState,
 };
 use epkv_types::Vbid;
-use parking_lot::Mutex;
-use std::collections::HashMap;
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -251,6 +259,10 @@ pub(crate) struct Persistence {
     /// Per vBucket, its persisted seqno when the previous compaction ran: tombstones at or
     /// below it are purged by the next one.
     pub(crate) purge_marks: Mutex<HashMap<u16, u64>>,
+    /// Warmup progress (queues per shard, counters, the done condition).
+    pub(crate) warmup: WarmupProgress,
+    /// One warmup task per shard on the Reader group (empty once shut down).
+    pub(crate) warmers: Mutex<Vec<epkv_executor::TaskHandle>>,
 }
 
 impl std::fmt::Debug for Persistence {
@@ -294,6 +306,7 @@ impl Persistence {
                 flush_lock: Mutex::new(()),
             });
         }
+        let warmup = WarmupProgress::new(shards.len());
         Ok(Self {
             config,
             shards,
@@ -307,6 +320,8 @@ impl Persistence {
             flushes: AtomicU64::new(0),
             flush_failures: AtomicU64::new(0),
             purge_marks: Mutex::new(HashMap::new()),
+            warmup,
+            warmers: Mutex::new(Vec::new()),
         })
     }
 
@@ -423,6 +438,12 @@ impl Persistence {
                 }
             }
             sh.store.delete_vbuckets(&ids)?;
+            // A vBucket warmup could not load had its files deleted with the rest.
+            for vb in vbuckets.iter().skip(shard).step_by(n) {
+                if vb.warmup_phase() == WarmupPhase::Failed {
+                    vb.set_warmup_phase(WarmupPhase::Ready);
+                }
+            }
         }
         Ok(())
     }
@@ -441,6 +462,9 @@ impl Persistence {
                 let Some(vb) = vbuckets.get(usize::from(vbid.0)) else {
                     continue;
                 };
+                if vb.warmup_phase() != WarmupPhase::Ready {
+                    continue;
+                }
                 let mark = self.purge_marks.lock().get(&vbid.0).copied().unwrap_or(0);
                 let persisted = vb.persist.persisted();
                 let out = sh.store.compact(
@@ -482,11 +506,15 @@ impl Persistence {
         std::fs::File::open(&self.config.data_dir)?.sync_all()
     }
 
-    /// Loads every stored vBucket into `vbuckets`: state, failover log, seqnos, and the
-    /// live documents (until the hash table refuses one for memory). After an unclean
-    /// shutdown (no marker from the previous run) each loaded vBucket starts a new
-    /// failover branch at its persisted seqno.
-    pub(crate) fn warmup(&self, vbuckets: &[VBucket]) -> Result<(), epkv_storage::Error> {
+    /// Starts warmup: removes the clean-shutdown marker (remembering whether it was
+    /// there), marks every stored vBucket [`WarmupPhase::Loading`] and queues it on its
+    /// shard's warmup list, active vBuckets first. Returns how many were queued. Nothing
+    /// is read from the data files yet: [`Persistence::warmup_next`] does that, one
+    /// vBucket per call, on Reader tasks.
+    pub(crate) fn prepare_warmup(
+        &self,
+        vbuckets: &[VBucket],
+    ) -> Result<usize, epkv_storage::Error> {
         let marker = self.clean_marker();
         let clean = marker.exists();
         if clean {
@@ -497,72 +525,202 @@ impl Persistence {
             })?;
         }
         self.unclean_restart.store(!clean, Relaxed);
-        for shard in &self.shards {
+        let mut total = 0;
+        for (i, shard) in self.shards.iter().enumerate() {
+            let mut list: Vec<(bool, Vbid)> = Vec::new();
             for vbid in shard.store.vbuckets() {
                 let Some(vb) = vbuckets.get(usize::from(vbid.0)) else {
                     tracing::warn!(%vbid, "stored vBucket outside the bucket; ignored");
                     continue;
                 };
-                let Some(state) = shard.store.vbucket_state(vbid)? else {
-                    continue;
-                };
-                let mut max_deleted_rev = 0;
-                let mut loaded = 0u64;
-                let mut full = false;
-                shard.store.scan_by_seqno(vbid, 0, u64::MAX, &mut |d| {
-                    if d.deleted {
-                        max_deleted_rev = max_deleted_rev.max(d.rev_seqno);
-                        return ScanControl::Continue;
-                    }
-                    if full {
-                        return ScanControl::Continue;
-                    }
-                    let meta = epkv_hashtable::ItemMeta {
-                        cas: epkv_types::Cas(d.cas),
-                        rev_seqno: d.rev_seqno,
-                        by_seqno: epkv_types::Seqno(d.seqno),
-                        flags: d.flags,
-                        expiry: d.expiry,
-                        datatype: epkv_types::Datatype(d.datatype),
-                        ..epkv_hashtable::ItemMeta::default()
-                    };
-                    let Ok(sv) = epkv_hashtable::StoredValue::new(&d.key, &d.value, meta) else {
-                        return ScanControl::Continue;
-                    };
-                    vb.table.with_entry(&d.key, |e| match e.insert(sv) {
-                        Ok(_) => {
-                            e.mark_clean(epkv_types::Seqno(d.seqno));
-                            loaded += 1;
-                        }
-                        Err(err) => {
-                            tracing::warn!(%vbid, error = %err, "warmup stops loading values: memory full");
-                            full = true;
-                        }
-                    });
-                    ScanControl::Continue
-                })?;
-                let failover = state
-                    .failover_log
-                    .iter()
-                    .map(|e| crate::vbucket::FailoverEntry {
-                        uuid: e.uuid,
-                        seqno: e.seqno,
-                    })
-                    .collect();
-                vb.restore(
-                    state.state,
-                    failover,
-                    state.high_seqno,
-                    state.max_cas,
-                    max_deleted_rev,
+                vb.set_warmup_phase(WarmupPhase::Loading);
+                let active = matches!(
+                    shard.store.vbucket_state(vbid),
+                    Ok(Some(VbState {
+                        state: epkv_types::VBucketState::Active,
+                        ..
+                    }))
                 );
-                if !clean {
-                    vb.start_failover_branch();
-                }
-                self.warmup_items.fetch_add(loaded, Relaxed);
+                list.push((!active, vbid));
+            }
+            list.sort_unstable();
+            total += list.len();
+            if let Some(q) = self.warmup.queues.get(i) {
+                *q.lock() = list.into_iter().map(|(_, v)| v).collect();
             }
         }
+        *self.warmup.remaining.lock() = total;
+        self.warmup.vbuckets_total.store(total as u64, Relaxed);
+        Ok(total)
+    }
+
+    /// Loads the next queued vBucket of `shard` (see [`Persistence::load_vbucket`]) and
+    /// makes it Ready, or Failed if it cannot be read. Returns false when the shard's
+    /// list was already empty.
+    pub(crate) fn warmup_next(
+        &self,
+        shard: usize,
+        vbuckets: &[VBucket],
+        mem: &MemoryTracker,
+        low_wat: usize,
+    ) -> bool {
+        let Some(vbid) = self
+            .warmup
+            .queues
+            .get(shard)
+            .and_then(|q| q.lock().pop_front())
+        else {
+            return false;
+        };
+        let Some((sh, vb)) = self
+            .shards
+            .get(shard)
+            .zip(vbuckets.get(usize::from(vbid.0)))
+        else {
+            return true;
+        };
+        match self.load_vbucket(sh, vb, mem, low_wat) {
+            Ok(()) => {
+                vb.set_warmup_phase(WarmupPhase::Ready);
+                self.warmup.vbuckets_done.fetch_add(1, Relaxed);
+            }
+            Err(e) => {
+                tracing::error!(%vbid, shard, error = %e, "warmup cannot load this vBucket: it stays unavailable (NotMyVbucket) and its files are left as they are");
+                vb.set_warmup_phase(WarmupPhase::Failed);
+                self.warmup.failed.lock().push((vbid, e.to_string()));
+            }
+        }
+        let mut left = self.warmup.remaining.lock();
+        *left = left.saturating_sub(1);
+        if *left == 0 {
+            self.warmup.done_cv.notify_all();
+            tracing::info!(
+                vbuckets = self.warmup.vbuckets_done.load(Relaxed),
+                failed = self.warmup.failed.lock().len(),
+                items = self.warmup_items.load(Relaxed),
+                not_loaded = self.warmup.oom.load(Relaxed),
+                "warmup complete"
+            );
+        }
+        true
+    }
+
+    /// Loads one vBucket: state, failover log, seqnos, and its live documents while item
+    /// memory is under the low watermark `low_wat`. Documents past it are not loaded
+    /// (counted in `ep_warmup_oom`; the hash table has no disk fetch yet, so they are not
+    /// served until written again). After an unclean shutdown (no marker from the
+    /// previous run) the vBucket starts a new failover branch at its persisted seqno.
+    fn load_vbucket(
+        &self,
+        shard: &Shard,
+        vb: &VBucket,
+        mem: &MemoryTracker,
+        low_wat: usize,
+    ) -> Result<(), epkv_storage::Error> {
+        let vbid = vb.id;
+        let Some(state) = shard.store.vbucket_state(vbid)? else {
+            return Ok(());
+        };
+        let mut max_deleted_rev = 0;
+        let mut loaded = 0u64;
+        let mut skipped = 0u64;
+        shard.store.scan_by_seqno(vbid, 0, u64::MAX, &mut |d| {
+            if d.deleted {
+                max_deleted_rev = max_deleted_rev.max(d.rev_seqno);
+                return ScanControl::Continue;
+            }
+            if mem.used() >= low_wat {
+                skipped += 1;
+                return ScanControl::Continue;
+            }
+            let meta = epkv_hashtable::ItemMeta {
+                cas: epkv_types::Cas(d.cas),
+                rev_seqno: d.rev_seqno,
+                by_seqno: epkv_types::Seqno(d.seqno),
+                flags: d.flags,
+                expiry: d.expiry,
+                datatype: epkv_types::Datatype(d.datatype),
+                ..epkv_hashtable::ItemMeta::default()
+            };
+            let Ok(sv) = epkv_hashtable::StoredValue::new(&d.key, &d.value, meta) else {
+                return ScanControl::Continue;
+            };
+            vb.table.with_entry(&d.key, |e| match e.insert(sv) {
+                Ok(_) => {
+                    e.mark_clean(epkv_types::Seqno(d.seqno));
+                    loaded += 1;
+                }
+                Err(_) => skipped += 1,
+            });
+            ScanControl::Continue
+        })?;
+        if skipped > 0 {
+            tracing::warn!(%vbid, skipped, "warmup reached the memory low watermark: documents not loaded are not served until written again");
+        }
+        let failover = state
+            .failover_log
+            .iter()
+            .map(|e| crate::vbucket::FailoverEntry {
+                uuid: e.uuid,
+                seqno: e.seqno,
+            })
+            .collect();
+        vb.restore(
+            state.state,
+            failover,
+            state.high_seqno,
+            state.max_cas,
+            max_deleted_rev,
+        );
+        if self.unclean_restart.load(Relaxed) {
+            vb.start_failover_branch();
+        }
+        self.warmup_items.fetch_add(loaded, Relaxed);
+        self.warmup.oom.fetch_add(skipped, Relaxed);
         Ok(())
+    }
+}
+
+/// Warmup progress, shared by the Reader tasks and the stats.
+#[derive(Debug, Default)]
+pub(crate) struct WarmupProgress {
+    /// Per shard, the vBuckets still to load, in order.
+    pub(crate) queues: Vec<Mutex<VecDeque<Vbid>>>,
+    /// vBuckets queued and not yet loaded (or failed); `done_cv` is notified at 0.
+    pub(crate) remaining: Mutex<usize>,
+    /// Notified when `remaining` reaches 0.
+    pub(crate) done_cv: Condvar,
+    /// vBuckets queued at start.
+    pub(crate) vbuckets_total: AtomicU64,
+    /// vBuckets loaded.
+    pub(crate) vbuckets_done: AtomicU64,
+    /// Documents not loaded because memory reached the low watermark.
+    pub(crate) oom: AtomicU64,
+    /// vBuckets that could not be loaded, with the error.
+    pub(crate) failed: Mutex<Vec<(Vbid, String)>>,
+}
+
+impl WarmupProgress {
+    fn new(shards: usize) -> Self {
+        Self {
+            queues: (0..shards).map(|_| Mutex::new(VecDeque::new())).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// True once every queued vBucket is loaded or failed.
+    pub(crate) fn is_done(&self) -> bool {
+        *self.remaining.lock() == 0
+    }
+
+    /// Blocks until warmup is done or `timeout` passes; returns whether it is done.
+    pub(crate) fn wait(&self, timeout: Duration) -> bool {
+        let mut left = self.remaining.lock();
+        if *left == 0 {
+            return true;
+        }
+        let _ = self.done_cv.wait_while_for(&mut left, |l| *l > 0, timeout);
+        *left == 0
     }
 }
 

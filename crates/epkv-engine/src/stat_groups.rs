@@ -230,6 +230,52 @@ impl Bucket {
         }
     }
 
+    /// `warmup`: progress of loading the stored vBuckets at start.
+    fn emit_warmup(&self, sink: StatSink<'_>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(p) = &self.persistence else {
+            sink("ep_warmup", "disabled");
+            return;
+        };
+        let w = &p.warmup;
+        let done = w.is_done();
+        let failed = w.failed.lock().clone();
+        for (name, v) in [
+            ("ep_warmup", "enabled".to_owned()),
+            (
+                "ep_warmup_state",
+                if done { "done" } else { "loading data" }.to_owned(),
+            ),
+            (
+                "ep_warmup_thread",
+                if done { "complete" } else { "running" }.to_owned(),
+            ),
+            (
+                "ep_warmup_vbuckets",
+                w.vbuckets_total.load(Relaxed).to_string(),
+            ),
+            (
+                "ep_warmup_vbuckets_loaded",
+                w.vbuckets_done.load(Relaxed).to_string(),
+            ),
+            ("ep_warmup_vbuckets_failed", failed.len().to_string()),
+            (
+                "ep_warmup_value_count",
+                p.warmup_items.load(Relaxed).to_string(),
+            ),
+            ("ep_warmup_oom", w.oom.load(Relaxed).to_string()),
+            (
+                "ep_warmup_unclean_shutdown",
+                p.unclean_restart.load(Relaxed).to_string(),
+            ),
+        ] {
+            sink(name, &v);
+        }
+        for (vbid, err) in failed {
+            sink(&format!("vb_{}:warmup_error", vbid.0), &err);
+        }
+    }
+
     /// STAT: see [`epkv_engine_api::Engine::stats`].
     pub(crate) fn op_stats(&self, group: &str, sink: StatSink<'_>) -> EngineResult<()> {
         match group.trim() {
@@ -253,6 +299,10 @@ impl Bucket {
             }
             "persistence" => {
                 self.emit_persistence(sink);
+                Ok(())
+            }
+            "warmup" => {
+                self.emit_warmup(sink);
                 Ok(())
             }
             g => {

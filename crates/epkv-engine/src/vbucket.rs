@@ -8,7 +8,7 @@ use epkv_storage::Document;
 use epkv_types::{Cas, Seqno, VBucketState, Vbid};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 /// Most failover entries kept per vBucket (KV-Engine `max_failover_entries`).
 const MAX_FAILOVER_ENTRIES: usize = 25;
@@ -32,6 +32,37 @@ struct OrderPoint {
     /// The largest revision seqno any deleted (or expired) item of this vBucket had; a
     /// key created afresh starts above it.
     max_deleted_rev: u64,
+}
+
+/// Where a vBucket is in warmup ([`VBucket::warmup_phase`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WarmupPhase {
+    /// Serving: nothing to load, or loaded.
+    Ready,
+    /// Its files are still being loaded: data requests answer TempFail, and nothing may
+    /// write to it (a mutation now would take a seqno below the stored ones).
+    Loading,
+    /// Loading failed (a corrupt or unreadable file): the vBucket is unavailable
+    /// (NotMyVbucket, like a dead vBucket) and its files are left untouched.
+    Failed,
+}
+
+impl WarmupPhase {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Self::Ready,
+            1 => Self::Loading,
+            _ => Self::Failed,
+        }
+    }
+
+    fn as_u8(self) -> u8 {
+        match self {
+            Self::Ready => 0,
+            Self::Loading => 1,
+            Self::Failed => 2,
+        }
+    }
 }
 
 /// Seqno, CAS and (for new keys) revision seqno handed out for one mutation.
@@ -70,6 +101,11 @@ pub(crate) struct VBucket {
     pub(crate) persist: VbPersist,
     /// True when the bucket persists: mutations are queued for the flusher.
     persistent: bool,
+    /// [`WarmupPhase`] as a u8. Goes Loading → Ready or Loading → Failed once (FLUSH,
+    /// which deletes the files, also makes a Failed vBucket Ready). Written with Release
+    /// after warmup has stored everything it loaded; read with Acquire before an
+    /// operation touches the vBucket.
+    warmup: AtomicU8,
 }
 
 fn new_failover_uuid() -> u64 {
@@ -99,6 +135,7 @@ impl VBucket {
             failover: Mutex::new(vec![FailoverEntry { uuid, seqno: 0 }]),
             persist: VbPersist::default(),
             persistent: false,
+            warmup: AtomicU8::new(0),
         })
     }
 
@@ -131,6 +168,25 @@ impl VBucket {
         }
         *st = state;
         self.persist.set_persisted(high_seqno);
+    }
+
+    /// Where this vBucket is in warmup.
+    pub(crate) fn warmup_phase(&self) -> WarmupPhase {
+        WarmupPhase::from_u8(self.warmup.load(Ordering::Acquire))
+    }
+
+    /// TempFail while warmup is loading this vBucket, NotMyVbucket if loading failed.
+    pub(crate) fn check_warm(&self) -> epkv_engine_api::EngineResult<()> {
+        match self.warmup_phase() {
+            WarmupPhase::Ready => Ok(()),
+            WarmupPhase::Loading => Err(epkv_engine_api::EngineStatus::TempFail),
+            WarmupPhase::Failed => Err(epkv_engine_api::EngineStatus::NotMyVbucket),
+        }
+    }
+
+    /// Moves this vBucket to another warmup phase.
+    pub(crate) fn set_warmup_phase(&self, phase: WarmupPhase) {
+        self.warmup.store(phase.as_u8(), Ordering::Release);
     }
 
     /// Takes the state lock shared; the guard keeps the state from changing.

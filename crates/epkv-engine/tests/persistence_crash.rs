@@ -28,7 +28,7 @@ fn open(dir: &Path, flusher: FlusherMode) -> Arc<Bucket> {
     let mut p = PersistenceConfig::new(dir);
     p.shards = SHARDS;
     p.flusher = flusher;
-    Bucket::new(
+    let b = Bucket::new(
         BucketConfig {
             expiry_pager_interval: Duration::ZERO,
             persistence: Some(p),
@@ -36,7 +36,9 @@ fn open(dir: &Path, flusher: FlusherMode) -> Arc<Bucket> {
         },
         EngineClock::System,
     )
-    .unwrap()
+    .unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
+    b
 }
 
 fn value_of(key: &str) -> String {

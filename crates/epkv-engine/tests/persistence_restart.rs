@@ -21,7 +21,7 @@ fn open(dir: &Path, flusher: FlusherMode) -> Arc<Bucket> {
     p.flusher = flusher;
     p.shards = 3;
     p.journal_prealloc_bytes = 64 * 1024;
-    Bucket::new(
+    let b = Bucket::new(
         BucketConfig {
             expiry_pager_interval: Duration::ZERO,
             flush_enabled: true,
@@ -30,7 +30,9 @@ fn open(dir: &Path, flusher: FlusherMode) -> Arc<Bucket> {
         },
         EngineClock::System,
     )
-    .unwrap()
+    .unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
+    b
 }
 
 fn vb(key: &str) -> Vbid {
@@ -273,7 +275,7 @@ fn compaction_purges_old_tombstones_and_expired_documents_from_disk() {
         p.flusher = FlusherMode::Manual;
         p.shards = 2;
         p.compaction_interval = Duration::ZERO;
-        Bucket::new(
+        let b = Bucket::new(
             BucketConfig {
                 expiry_pager_interval: Duration::ZERO,
                 persistence: Some(p),
@@ -281,7 +283,9 @@ fn compaction_purges_old_tombstones_and_expired_documents_from_disk() {
             },
             EngineClock::Custom(clock.clone()),
         )
-        .unwrap()
+        .unwrap();
+        assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
+        b
     };
     let b = open_manual();
     for i in 0..20 {
