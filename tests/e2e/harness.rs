@@ -72,6 +72,8 @@ pub(crate) struct Server {
     child: Option<Child>,
     stderr: Option<std::thread::JoinHandle<String>>,
     data_dir: Option<PathBuf>,
+    /// The first line the server printed on stdout (empty for an external server).
+    pub(crate) listening_line: String,
 }
 
 impl Server {
@@ -84,6 +86,7 @@ impl Server {
                 child: None,
                 stderr: None,
                 data_dir: None,
+                listening_line: String::new(),
             },
             None => Server::spawn(&[]),
         }
@@ -159,6 +162,7 @@ impl Server {
             child: Some(child),
             stderr: Some(stderr),
             data_dir: Some(data_dir),
+            listening_line: line,
         }
     }
 
@@ -185,6 +189,11 @@ impl Server {
         let _ = stderr.read_to_string(&mut text);
         let _ = std::fs::remove_dir_all(&data_dir);
         (status, text)
+    }
+
+    /// The private data directory of a spawned server (removed when it is dropped).
+    pub(crate) fn data_dir(&self) -> Option<&std::path::Path> {
+        self.data_dir.as_deref()
     }
 
     /// The process id of a spawned server.

@@ -120,6 +120,46 @@ async fn settings_come_from_a_toml_file_and_flags_win() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[tokio::test]
+async fn persistence_is_on_by_default_and_memory_only_writes_nothing() {
+    if skip_if_external("persistence_default") {
+        return;
+    }
+    let server = Server::spawn(&[]);
+    let dir = server.data_dir().unwrap().to_owned();
+    assert!(
+        server
+            .listening_line
+            .contains(&format!("data {}", dir.display())),
+        "{}",
+        server.listening_line
+    );
+    assert!(
+        dir.join("default").is_dir(),
+        "the bucket's directory exists"
+    );
+    drop(server);
+
+    let server = Server::spawn(&["--persistence", "false"]);
+    assert!(
+        server.listening_line.contains("memory only"),
+        "{}",
+        server.listening_line
+    );
+    let mut c = server.client().await;
+    c.set(b"k", b"v", epkv_client::StoreOptions::new())
+        .await
+        .unwrap();
+    let persistence: HashMap<String, String> =
+        c.stat("vbucket-seqno").await.unwrap().into_iter().collect();
+    let vb = epkv_types::vbucket_for_key(b"k", epkv_types::NUM_VBUCKETS).0;
+    assert_eq!(persistence[&format!("vb_{vb}:last_persisted_seqno")], "0");
+    assert!(
+        !server.data_dir().unwrap().exists(),
+        "a memory-only server creates nothing under --data-dir"
+    );
+}
+
 #[test]
 fn print_settings_lists_every_flag() {
     let out = Command::new(server_binary())
@@ -138,6 +178,7 @@ fn print_settings_lists_every_flag() {
         "--flush-enabled",
         "--idle-timeout",
         "--max-packet-size",
+        "--persistence",
     ] {
         assert!(
             table.contains(&format!("`{flag}`")),

@@ -1,9 +1,10 @@
 """Fixtures that start a real epkv-server process for the Python client tests.
 
 The server binary is ``$EPKV_SERVER_BIN`` or ``target/debug/epkv-server`` under the
-repository root. It is started with ``--port 0`` and a temporary data directory; the port is
-read from its ``epkv listening on HOST:PORT ...`` line on stdout. At the end of the session
-it gets SIGTERM (and SIGKILL if it does not exit within 10 s).
+repository root. It is started with ``--port 0`` and a data directory of its own (the server
+persists by default; nothing is ever written to ./epkv-data), removed when the server is
+stopped; the port is read from its ``epkv listening on HOST:PORT ...`` line on stdout. At the
+end of the session it gets SIGTERM (and SIGKILL if it does not exit within 10 s).
 
 Set ``EPKV_PYTEST_ADDR=HOST:PORT`` to run the same tests against a server that is already
 running instead (for example ``memcached -p 11311 -U 0``, to check parity).
@@ -11,6 +12,7 @@ running instead (for example ``memcached -p 11311 -U 0``, to check parity).
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,10 +43,11 @@ def _server_bin() -> Path:
 class Server:
     """A running epkv-server process and the address it listens on."""
 
-    def __init__(self, proc, addr, log_path):
+    def __init__(self, proc, addr, log_path, data_dir):
         self.proc = proc
         self.addr = addr
         self.log_path = log_path
+        self.data_dir = data_dir
 
     def log_tail(self, lines=40):
         try:
@@ -58,12 +61,14 @@ def _start_server(tmp_path_factory):
     return _start_server_with(tmp_path_factory, [])
 
 
-def _start_server_with(tmp_path_factory, args, port=0):
-    """Starts the server on 127.0.0.1:``port`` with extra ``args``; returns it and its log."""
+def _start_server_with(tmp_path_factory, args, port=0, data_dir=None):
+    """Starts the server on 127.0.0.1:``port`` with extra ``args`` and ``data_dir`` (a fresh
+    one unless given, to restart a server on its data); returns it and its log."""
     binary = _server_bin()
     if not binary.is_file():
         pytest.fail(f"{binary} does not exist; run `cargo build -p epkv-server` first")
-    data_dir = tmp_path_factory.mktemp("epkv-data")
+    if data_dir is None:
+        data_dir = tmp_path_factory.mktemp("epkv-data")
     log_path = tmp_path_factory.mktemp("epkv-log") / "epkv-server.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
@@ -96,13 +101,14 @@ def _start_server_with(tmp_path_factory, args, port=0):
         proc.kill()
         proc.wait()
         log.close()
+        shutil.rmtree(data_dir, ignore_errors=True)
         tail = Path(log_path).read_text(errors="replace")[-4000:]
         pytest.fail(
             f"epkv-server did not print its listening line within {START_TIMEOUT_SECS}s "
             f"(exit code {proc.returncode}); stdout: {seen}; log:\n{tail}"
         )
     _wait_accepting(found["addr"])
-    return Server(proc, found["addr"], log_path), log
+    return Server(proc, found["addr"], log_path, data_dir), log
 
 
 def _wait_accepting(addr):
@@ -119,7 +125,17 @@ def _wait_accepting(addr):
             time.sleep(0.02)
 
 
-def _stop_server(server, log):
+def _stop_server(server, log, keep_data=False):
+    """SIGTERM (SIGKILL after 10 s); then removes the data directory unless ``keep_data``
+    (to start another server on it)."""
+    try:
+        _stop_process(server, log)
+    finally:
+        if not keep_data:
+            shutil.rmtree(server.data_dir, ignore_errors=True)
+
+
+def _stop_process(server, log):
     proc = server.proc
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -363,9 +363,13 @@ def test_the_sdk_reconnects_after_a_server_restart(tmp_path_factory, users_file,
     try:
         col = c.bucket("default").default_collection()
         col.upsert(doc_id, "before")
-        _stop_server(server, log)
-        server, log = _start_server_with(tmp_path_factory, args, port=port)
-        # Memory-only: the restarted server is empty, and the SDK carries on with it.
+        _stop_server(server, log, keep_data=True)
+        server, log = _start_server_with(tmp_path_factory, args, port=port,
+                                         data_dir=server.data_dir)
+        # The restarted server warmed up from the same data directory: the SDK reconnects
+        # and reads what it wrote before the restart, then carries on writing.
+        got = col.get(doc_id, GetOptions(timeout=timedelta(seconds=20)))
+        assert got.content_as[str] == "before"
         col.upsert(doc_id, "after", UpsertOptions(timeout=timedelta(seconds=20)))
         assert col.get(doc_id).content_as[str] == "after"
     finally:

@@ -8,6 +8,9 @@
 //! run, divided by the operations memaslap completed). CPU per op is the steadier number
 //! when client and server share two cores. Results go to `target/bench/frontend.json` (rows
 //! as in benchmarks.md "Machine-readable results") and `target/bench/frontend.md`.
+//!
+//! epkv runs as shipped, persistence included (its flusher writes to a data directory of
+//! its own under target/xtask/tmp, removed after each run); memcached does not persist.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -226,9 +229,12 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
                 };
                 for implementation in order {
                     let logs = out_dir.join(format!("{implementation}-{}-{conns}.log", w.name));
+                    // epkv persists by default; its data directory is its own and is
+                    // removed once the run's server has stopped.
+                    let mut data = None;
                     let server = match implementation {
                         "epkv" => {
-                            let data = tempdir("bench-frontend")?;
+                            let data = data.insert(tempdir("bench-frontend")?).path();
                             let args = vec![
                                 "--threads".into(),
                                 server_threads.to_string(),
@@ -264,6 +270,7 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
                         &cfg,
                         ticks,
                     )?;
+                    drop(data);
                     println!(
                         "round {}/{rounds} {:<10} {:<14} conns={:<3} {:>10.0} ops/s {:>7.2} cpu_us/op",
                         round + 1,

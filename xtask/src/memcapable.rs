@@ -179,13 +179,16 @@ pub(crate) fn memcapable(target: Target, profile: &str, addr: Option<&str>) -> R
     }
     let logs = util::target_dir().join("xtask");
     std::fs::create_dir_all(&logs)?;
+    // The server persists by default: it gets a data directory of its own, removed after
+    // it stops (`data` outlives `server`).
+    let mut data = None;
     let server = match target {
         Target::Epkv => {
-            let data = tempdir("memcapable")?;
+            let dir = data.insert(tempdir("memcapable")?);
             let args = vec![
                 "--flush-enabled".to_owned(),
                 "--data-dir".to_owned(),
-                data.display().to_string(),
+                dir.path().display().to_string(),
             ];
             let log = logs.join("memcapable-epkv.log");
             ServerProcess::start_epkv(&process::epkv_server_bin(profile), &args, log)?
@@ -203,13 +206,33 @@ pub(crate) fn memcapable(target: Target, profile: &str, addr: Option<&str>) -> R
         eprintln!("server log tail:\n{tail}");
         bail!("the server died during memcapable");
     }
+    drop(data);
     result?;
     stopped
 }
 
+/// A server's private data directory under target/xtask/tmp, removed when dropped (after
+/// the server using it has stopped).
+#[derive(Debug)]
+pub(crate) struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    /// The directory.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Creates a fresh empty directory under target/xtask/tmp for a server's data, named
-/// after this process; directories left by xtask processes that are gone are removed.
-pub(crate) fn tempdir(name: &str) -> Result<std::path::PathBuf> {
+/// after this process, removed when the returned guard drops; directories left by xtask
+/// processes that are gone (killed before cleaning up) are removed too.
+pub(crate) fn tempdir(name: &str) -> Result<TempDir> {
     let root = util::target_dir().join("xtask").join("tmp");
     if let Ok(entries) = std::fs::read_dir(&root) {
         for entry in entries.flatten() {
@@ -231,7 +254,7 @@ pub(crate) fn tempdir(name: &str) -> Result<std::path::PathBuf> {
         std::fs::remove_dir_all(&dir)?;
     }
     std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+    Ok(TempDir(dir))
 }
 
 #[cfg(test)]

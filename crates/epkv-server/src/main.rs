@@ -1,11 +1,16 @@
 //! `epkv-server`: the epkv key-value server.
 //!
-//! With no arguments it listens on 127.0.0.1:11210, creates the bucket `default` and keeps
-//! its data under `./epkv-data/default`, and prints one line saying how to connect:
+//! With no arguments it listens on 127.0.0.1:11210, creates the bucket `default`, persists
+//! it under `./epkv-data/default` (warming it back up at the next start), and prints one
+//! line saying how to connect:
 //!
 //! ```text
 //! epkv listening on 127.0.0.1:11210 (buckets default, data ./epkv-data, no authentication)
 //! ```
+//!
+//! `--persistence false` runs memory-only (a Couchbase ephemeral bucket): nothing is written
+//! under `--data-dir`, documents are lost at exit, and the line says `memory only` instead
+//! of the data directory.
 //!
 //! Access: with no users configured and a loopback address, clients use `default` without
 //! authenticating. `--admin-user`/`--admin-password` (or `EPKV_ADMIN_USER` /
@@ -162,13 +167,14 @@ fn run(cli: Cli) -> Result<()> {
         max_connections,
         memory_quota = %s.memory_quota,
         flush_enabled = s.flush_enabled,
+        persistence = s.persistence,
         "epkv-server {} started",
         env!("CARGO_PKG_VERSION")
     );
     if !s.persistence {
         tracing::warn!(
-            data_dir = %s.data_dir.display(),
-            "persistence is off (--persistence to turn it on): documents live in memory only and are lost at exit"
+            "persistence is off (--persistence false): documents live in memory only and are \
+             lost at exit; the persist durability levels are refused"
         );
     }
     if users.is_empty() && addr.ip().is_loopback() {
@@ -187,8 +193,12 @@ fn run(cli: Cli) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(
         stdout,
-        "epkv listening on {addr} (buckets {bucket_names}, data {}, {})",
-        s.data_dir.display(),
+        "epkv listening on {addr} (buckets {bucket_names}, {}, {})",
+        if s.persistence {
+            format!("data {}", s.data_dir.display())
+        } else {
+            "memory only".to_owned()
+        },
         if users.is_empty() {
             "no authentication".to_owned()
         } else {
@@ -229,8 +239,8 @@ fn bucket_names(s: &Settings) -> String {
 }
 
 /// Creates `default` and every configured bucket, each with its own engine, quota and
-/// data directory (`DATA_DIR/NAME`). All share the engine clock, so ADJUST_TIMEOFDAY
-/// moves them together.
+/// (when persistent) data directory `DATA_DIR/NAME`; memory-only buckets create no
+/// directory. All share the engine clock, so ADJUST_TIMEOFDAY moves them together.
 fn build_buckets(s: &Settings, clock: &EngineClock) -> Result<Buckets> {
     let mut specs = vec![BucketSpec {
         name: DEFAULT_BUCKET.to_owned(),
@@ -245,8 +255,10 @@ fn build_buckets(s: &Settings, clock: &EngineClock) -> Result<Buckets> {
     let mut buckets = Buckets::new();
     for spec in specs {
         let dir = s.data_dir.join(&spec.name);
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create data directory {}", dir.display()))?;
+        if s.persistence {
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create data directory {}", dir.display()))?;
+        }
         let quota = spec.quota.unwrap_or(s.memory_quota);
         let config = BucketConfig {
             name: spec.name.clone(),
@@ -259,7 +271,7 @@ fn build_buckets(s: &Settings, clock: &EngineClock) -> Result<Buckets> {
         };
         let bucket = Bucket::new(config, clock.clone())
             .with_context(|| format!("cannot create bucket {:?}", spec.name))?;
-        tracing::info!(bucket = %spec.name, memory_quota = %quota, data_dir = %dir.display(), "bucket created");
+        tracing::info!(bucket = %spec.name, memory_quota = %quota, persistent = s.persistence, data_dir = %dir.display(), "bucket created");
         buckets.insert(&spec.name, bucket)?;
     }
     Ok(buckets)

@@ -212,8 +212,8 @@ settings! {
         help = "Largest request packet (header + body) accepted; larger ones close the connection";
     output_buffer_limit: ByteSize = "2MiB", unit = "bytes",
         help = "Per-connection replies pending before the server stops reading from that client";
-    persistence: bool = "false", unit = "bool",
-        help = "Persist every bucket under DATA_DIR/NAME (per-vBucket files, a journal per shard, flusher tasks, warmup at start, final flush at shutdown); off keeps buckets in memory only",
+    persistence: bool = "true", unit = "bool",
+        help = "Persist every bucket under DATA_DIR/NAME (per-vBucket files, a journal per shard, flusher tasks, warmup at start, final flush at shutdown). `--persistence false` runs memory-only, as a Couchbase ephemeral bucket: nothing is written to DATA_DIR, data is lost at exit, and the persist durability levels are refused",
         clap(num_args = 0..=1, default_missing_value = "true");
     flush_enabled: bool = "false", unit = "bool",
         help = "Allow FLUSH to remove every document (off by default, as in Couchbase)",
@@ -336,6 +336,7 @@ mod tests {
         assert!(d.users_file.as_os_str().is_empty());
         assert!(d.admin_user.is_empty() && d.admin_password.expose().is_empty());
         assert_eq!(d.data_dir, PathBuf::from("./epkv-data"));
+        assert!(d.persistence, "persistent by default");
         assert_eq!(d.max_packet_size, ByteSize(20 << 20));
         assert!(!d.flush_enabled);
         assert_eq!(d.idle_timeout, 0);
@@ -366,6 +367,12 @@ mod tests {
         let (s, _) =
             Settings::merge(&flags(&["--flush-enabled=false"]), FileSettings::default()).unwrap();
         assert!(!s.flush_enabled);
+        let (s, _) =
+            Settings::merge(&flags(&["--persistence", "false"]), FileSettings::default()).unwrap();
+        assert!(!s.persistence, "memory-only with --persistence false");
+        let file = parse_file("persistence = false\n").unwrap();
+        let (s, _) = Settings::merge(&flags(&[]), file).unwrap();
+        assert!(!s.persistence, "memory-only from the file");
     }
 
     #[test]
