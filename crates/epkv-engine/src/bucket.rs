@@ -403,8 +403,9 @@ impl Bucket {
 
     /// Compacts every stored vBucket now (the background compactor calls this every
     /// `compaction_interval`): purges tombstones persisted before the previous compaction
-    /// and documents already expired. Writes continue meanwhile; a flush touching the
-    /// vBucket being compacted waits for it (the interlock is inside the store).
+    /// and documents already expired. Writes and flushes continue meanwhile: the store
+    /// copies each vBucket with no lock held, then catches up what was committed during
+    /// the copy under the vBucket's lock (the interlock is inside the store).
     ///
     /// # Errors
     /// The first storage error; vBuckets compacted before it keep their new files.
@@ -416,7 +417,7 @@ impl Bucket {
         };
         let now = u32::try_from(self.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
         let out = p.compact_all(&self.vbuckets, now)?;
-        tracing::info!(bucket = %self.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, "compaction done");
+        tracing::info!(bucket = %self.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, caught_up = out.caught_up, "compaction done");
         Ok(out)
     }
 

@@ -480,6 +480,7 @@ impl Persistence {
                 total.expired += out.expired;
                 total.bytes_before += out.bytes_before;
                 total.bytes_after += out.bytes_after;
+                total.caught_up += out.caught_up;
             }
         }
         Ok(total)

@@ -21,9 +21,12 @@
 //!
 //! **Locking.** `commit_lock` (journal + commit order of the shard) → one vBucket's mutex →
 //! the [`FdCache`] mutex. Readers take only the vBucket mutex, briefly, to clone its
-//! [`ReadView`], then read with positional I/O and no lock. Compaction holds the vBucket's
-//! mutex for the whole rewrite, which is its interlock with the flusher: a flush touching
-//! that vBucket waits, others are unaffected until they need that vBucket.
+//! [`ReadView`], then read with positional I/O and no lock. Compaction (`compact_lock`, one
+//! per shard, taken before any other) holds the vBucket's mutex only twice, briefly: to
+//! snapshot the last header and index, and, after copying that snapshot to the next
+//! revision with no lock held, to catch up the documents committed meanwhile (seqno above
+//! the snapshot's high seqno) and switch files. Commits to the vBucket go on during the
+//! copy; they wait only for the catch-up, which is proportional to what they wrote.
 
 use crate::data_file::{self, ReadView, Segment};
 use crate::error::{Error, Result};
@@ -179,6 +182,8 @@ pub struct FileStore {
     dirty: Mutex<BTreeSet<u16>>,
     /// vBuckets with commits not yet applied to their data file (journal mode).
     pending_vbs: Mutex<BTreeSet<u16>>,
+    /// Held for a whole compaction: one at a time per shard.
+    compact_lock: Mutex<()>,
     /// Bytes of documents in pending commits; above [`MAX_PENDING_BYTES`] a commit applies
     /// them itself (back-pressure when the background applier falls behind).
     pending_bytes: AtomicU64,
@@ -229,6 +234,7 @@ impl FileStore {
             commit_lock: Mutex::new(None),
             dirty: Mutex::new(BTreeSet::new()),
             pending_vbs: Mutex::new(BTreeSet::new()),
+            compact_lock: Mutex::new(()),
             pending_bytes: AtomicU64::new(0),
             dir_dirty: AtomicU64::new(0),
             counters: Counters::default(),
@@ -791,31 +797,116 @@ impl FileStore {
         Ok(())
     }
 
-    fn compact_locked(&self, g: &mut VbFile, rule: &PurgeRule) -> Result<CompactionOutcome> {
-        self.apply_pending_vb(g)?;
-        let Some(header) = g.header.clone() else {
-            return Ok(CompactionOutcome::default());
+    /// Compacts one vBucket while its commits go on (see the module docs): the bulk copy
+    /// runs with no lock held; only the snapshot and the catch-up of the commits made
+    /// meanwhile hold the vBucket's mutex. `between` runs after the copy, with no lock
+    /// held (a test hook to interleave commits deterministically).
+    fn compact_vb(
+        &self,
+        vb: &Arc<Mutex<VbFile>>,
+        rule: &PurgeRule,
+        between: &mut dyn FnMut(),
+    ) -> Result<CompactionOutcome> {
+        // One compaction at a time per shard: the next revision's name is taken here.
+        let _one = self.compact_lock.lock();
+        // 1. Snapshot (short lock): the last header and its index, after writing the
+        //    vBucket's journaled commits.
+        let (vbid, rev, header, view) = {
+            let mut g = vb.lock();
+            self.apply_pending_vb(&mut g)?;
+            let Some(header) = g.header.clone() else {
+                return Ok(CompactionOutcome::default());
+            };
+            let view = ReadView {
+                path: g.path.clone(),
+                segments: Arc::clone(&g.segments),
+            };
+            (g.vbid, g.rev, header, view)
         };
-        let view = ReadView {
-            path: g.path.clone(),
-            segments: Arc::clone(&g.segments),
+        let new_rev = rev + 1;
+        let tmp = self.cfg.dir.join(format!("vb_{vbid}.{new_rev}.compact"));
+        let dst = self.cfg.dir.join(data_file::file_name(vbid, new_rev));
+        let fail = |e: Error| {
+            self.fds.forget(&tmp);
+            let _ = self.vfs.remove(&tmp);
+            e
         };
-        let old = self.fds.get(&g.path, OpenMode::Existing)?;
-        let new_rev = g.rev + 1;
-        let tmp = self
-            .cfg
-            .dir
-            .join(format!("vb_{}.{new_rev}.compact", g.vbid));
-        let dst = self.cfg.dir.join(data_file::file_name(g.vbid, new_rev));
-        let result = self.write_compacted(&*old, &view, &header, rule, g.vbid, new_rev, &tmp);
-        let (out, end, header, seg) = match result {
-            Ok(v) => v,
-            Err(e) => {
-                self.fds.forget(&tmp);
-                let _ = self.vfs.remove(&tmp);
-                return Err(e);
-            }
+        // 2. Copy (no lock): the snapshot's bytes never change (the file is append-only
+        //    and a repair only cuts bytes after the last header), so commits can append
+        //    meanwhile. The copy is synced here, so that the catch-up syncs only its tail.
+        let old = self.fds.get(&view.path, OpenMode::Existing)?;
+        let (out, end, new_header, seg) = self
+            .write_compacted(&*old, &view, &header, rule, vbid, new_rev, &tmp)
+            .map_err(fail)?;
+        drop(old);
+        between();
+        // 3. Catch up and switch (lock held): the documents committed since the snapshot
+        //    (seqno above its high seqno) are appended to the new file as one commit
+        //    carrying the current header's commit id and state.
+        let mut g = vb.lock();
+        let same = self
+            .existing_vb(vbid)
+            .is_some_and(|cur| Arc::ptr_eq(&cur, vb))
+            && g.rev == rev;
+        if !same {
+            // The vBucket was deleted (or recreated) meanwhile: its old files are gone.
+            return Err(fail(Error::InvalidArgument(format!(
+                "vBucket {vbid} was deleted during its compaction"
+            ))));
+        }
+        self.apply_pending_vb(&mut g).map_err(fail)?;
+        let Some(current) = g.header.clone() else {
+            return Err(fail(Error::InvalidArgument(format!(
+                "vBucket {vbid} lost its header during its compaction"
+            ))));
         };
+        let mut next = VbFile {
+            vbid,
+            rev: new_rev,
+            path: tmp.clone(),
+            end,
+            header: Some(new_header),
+            segments: Arc::new(seg.into_iter().map(Arc::new).collect()),
+            needs_repair: false,
+            pending: Vec::new(),
+        };
+        let mut caught_up = 0u64;
+        if current.commit_id != header.commit_id {
+            let cur_view = ReadView {
+                path: g.path.clone(),
+                segments: Arc::clone(&g.segments),
+            };
+            let f = self
+                .fds
+                .get(&cur_view.path, OpenMode::Existing)
+                .map_err(fail)?;
+            let mut docs = Vec::new();
+            data_file::scan_by_seqno(
+                &*f,
+                &cur_view,
+                header.state.high_seqno + 1,
+                u64::MAX,
+                &mut |d| {
+                    docs.push(d);
+                    ScanControl::Continue
+                },
+            )
+            .map_err(fail)?;
+            caught_up = docs.len() as u64;
+            let mut state = current.state.clone();
+            state.purge_seqno = state
+                .purge_seqno
+                .max(next.header.as_ref().map_or(0, |h| h.state.purge_seqno));
+            let entry = JournalEntry {
+                vbid,
+                commit_id: current.commit_id,
+                state,
+                docs,
+            };
+            self.apply_inner(&mut next, &entry).map_err(fail)?;
+            let nf = self.fds.get(&tmp, OpenMode::Existing).map_err(fail)?;
+            self.sync_file(&*nf, &tmp).map_err(fail)?;
+        }
         self.fds.forget(&tmp);
         if let Err(e) = self.vfs.rename(&tmp, &dst) {
             let _ = self.vfs.remove(&tmp);
@@ -825,17 +916,41 @@ impl FileStore {
         // From here the new revision is the vBucket's file.
         let old_path = std::mem::replace(&mut g.path, dst);
         g.rev = new_rev;
-        g.end = end;
-        g.header = Some(header);
-        g.segments = Arc::new(seg.into_iter().map(Arc::new).collect());
-        self.dirty.lock().remove(&g.vbid);
+        g.end = next.end;
+        g.header = next.header;
+        g.segments = next.segments;
+        self.dirty.lock().remove(&vbid);
+        drop(g);
         self.fds.forget(&old_path);
         if let Err(e) = self.vfs.remove(&old_path) {
             tracing::warn!(path = %old_path.display(), error = %e, "compaction: cannot remove the old revision; it is removed at next open");
         }
         self.dir_dirty.fetch_add(1, Relaxed);
         self.counters.compactions.fetch_add(1, Relaxed);
-        Ok(out)
+        Ok(CompactionOutcome {
+            caught_up,
+            bytes_after: next.end,
+            ..out
+        })
+    }
+
+    /// As [`KvStore::compact`], running `between` after the bulk copy with no lock held,
+    /// before the commits made meanwhile are caught up: tests use it to interleave
+    /// commits with a compaction deterministically.
+    ///
+    /// # Errors
+    /// As [`KvStore::compact`].
+    #[doc(hidden)]
+    pub fn compact_with(
+        &self,
+        vbid: Vbid,
+        rule: &PurgeRule,
+        between: &mut dyn FnMut(),
+    ) -> Result<CompactionOutcome> {
+        let Some(vb) = self.existing_vb(vbid.0) else {
+            return Ok(CompactionOutcome::default());
+        };
+        self.compact_vb(&vb, rule, between)
     }
 
     #[expect(clippy::too_many_arguments, reason = "one private step of compaction")]
@@ -1124,11 +1239,7 @@ impl KvStore for FileStore {
     }
 
     fn compact(&self, vbid: Vbid, rule: &PurgeRule) -> Result<CompactionOutcome> {
-        let Some(vb) = self.existing_vb(vbid.0) else {
-            return Ok(CompactionOutcome::default());
-        };
-        let mut g = vb.lock();
-        self.compact_locked(&mut g, rule)
+        self.compact_with(vbid, rule, &mut || {})
     }
 
     fn apply_pending(&self, max_vbuckets: usize) -> Result<usize> {

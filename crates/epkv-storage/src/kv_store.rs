@@ -90,8 +90,10 @@ pub trait KvStore: Send + Sync + std::fmt::Debug {
     }
 
     /// Rewrites a vBucket keeping only the newest version of each key and dropping what
-    /// `rule` purges. Writes to the vBucket wait for it (the interlock lives here, not in
-    /// the caller).
+    /// `rule` purges. Commits to the vBucket may go on meanwhile; the interlock lives
+    /// here, not in the caller ([`crate::FileStore`] copies with no lock held and catches
+    /// up the commits made meanwhile under the vBucket's lock; [`crate::MemStore`] holds
+    /// its lock throughout).
     ///
     /// # Errors
     /// I/O errors; the vBucket is unchanged after a failed compaction.

@@ -108,6 +108,9 @@ pub struct CompactionOutcome {
     pub bytes_before: u64,
     /// File size after.
     pub bytes_after: u64,
+    /// Documents committed while the copy ran, appended to the new file afterwards
+    /// (files backend; always 0 for the memory backend).
+    pub caught_up: u64,
 }
 
 /// Whether a scan continues.
