@@ -13,6 +13,7 @@ mod harness;
 
 mod commands;
 mod couchbase;
+mod durability;
 mod expiry;
 mod malformed;
 mod pipelining;

@@ -15,6 +15,7 @@ import signal
 import socket
 import struct
 import subprocess
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +33,12 @@ pytestmark = pytest.mark.skipif(
 
 from couchbase.auth import PasswordAuthenticator  # noqa: E402
 from couchbase.cluster import Cluster  # noqa: E402
-from couchbase.durability import ClientDurability, PersistToExtended  # noqa: E402
+from couchbase.durability import (  # noqa: E402
+    ClientDurability,
+    DurabilityLevel,
+    PersistToExtended,
+    ServerDurability,
+)
 from couchbase.exceptions import (  # noqa: E402
     AuthenticationException,
     CasMismatchException,
@@ -61,6 +67,10 @@ APP = ("app", "app-password")
 TEST_ALARM_SECS = 60
 KV_TIMEOUT = timedelta(seconds=5)
 CONNECT_TIMEOUT = timedelta(seconds=10)
+# How long a write may take to be reported persisted by OBSERVE_SEQNO, and the pause
+# between two polls.
+PERSIST_WAIT_SECS = 20
+PERSIST_POLL_SECS = 0.005
 
 
 def _timeouts():
@@ -338,7 +348,25 @@ def test_a_forbidden_bucket_fails_instead_of_hanging(sdk_server):
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="needs persistence (issue 5)")
+def _wait_persisted(addr, bucket, token):
+    """Polls OBSERVE_SEQNO (bounded by PERSIST_WAIT_SECS) until the vBucket of ``token``
+    reports its seqno persisted; returns (uuid, persisted, current) of the last answer."""
+    deadline = time.monotonic() + PERSIST_WAIT_SECS
+    polls = 0
+    while True:
+        uuid_now, persisted, current = _observe_seqno(
+            addr, bucket, token.partition_id, token.partition_uuid)
+        polls += 1
+        assert uuid_now == token.partition_uuid
+        assert current >= token.sequence_number
+        if persisted >= token.sequence_number:
+            return uuid_now, persisted, current
+        assert time.monotonic() < deadline, (
+            f"seqno {token.sequence_number} not persisted within {PERSIST_WAIT_SECS}s "
+            f"({polls} polls; last persisted seqno {persisted})")
+        time.sleep(PERSIST_POLL_SECS)
+
+
 def test_persist_to_active_waits_for_observe_seqno(sdk_server, coll, doc_id):
     res = coll.upsert(doc_id, {"p": 1}, UpsertOptions(
         durability=ClientDurability(persist_to=PersistToExtended.ACTIVE),
@@ -346,13 +374,27 @@ def test_persist_to_active_waits_for_observe_seqno(sdk_server, coll, doc_id):
     assert coll.get(doc_id).content_as[dict] == {"p": 1}
     # couchbase-cxx-client 1.3.2 counts persist_to=ACTIVE as met without looking at the
     # persisted seqno (observe_poll.cxx: persisted_ >= 0 replicas), so whether the write
-    # really is on disk is asked of the server directly, with the SDK's mutation token.
+    # really reaches the disk is asked of the server directly, with the SDK's mutation
+    # token: the flusher persists it shortly after the acknowledgement.
+    _wait_persisted(sdk_server.addr, "default", res.mutation_token())
+
+
+@pytest.mark.parametrize("level", [DurabilityLevel.MAJORITY_AND_PERSIST_TO_ACTIVE,
+                                   DurabilityLevel.PERSIST_TO_MAJORITY])
+def test_server_durability_persist_levels_ack_only_once_persisted(sdk_server, coll, doc_id,
+                                                                  level):
+    res = coll.upsert(doc_id, {"d": level.value}, UpsertOptions(
+        durability=ServerDurability(level), timeout=timedelta(seconds=10)))
+    # The server acknowledged the SyncWrite only once persisted: OBSERVE_SEQNO right after
+    # already reports it, without waiting.
     token = res.mutation_token()
-    uuid_now, persisted, current = _observe_seqno(
+    _, persisted, _ = _observe_seqno(
         sdk_server.addr, "default", token.partition_id, token.partition_uuid)
-    assert uuid_now == token.partition_uuid
-    assert current >= token.sequence_number
-    assert persisted >= token.sequence_number, "the write is persisted"
+    assert persisted >= token.sequence_number
+    assert coll.get(doc_id).content_as[dict] == {"d": level.value}
+    coll.remove(doc_id, RemoveOptions(durability=ServerDurability(level)))
+    with pytest.raises(DocumentNotFoundException):
+        coll.get(doc_id)
 
 
 def test_the_sdk_reconnects_after_a_server_restart(tmp_path_factory, users_file, doc_id):

@@ -4,10 +4,16 @@ use crate::{
     ArithmeticRequest, EngineResult, EngineStatus, Item, MutationInfo, RemoveRequest, StoreRequest,
     VBucketSeqnos,
 };
-use epkv_types::{Cas, VBucketState, Vbid};
+use epkv_types::{Cas, Seqno, VBucketState, Vbid};
 
 /// Receives stat key/value pairs from [`Engine::stats`].
 pub type StatSink<'a> = &'a mut dyn FnMut(&str, &str);
+
+/// Called by [`Engine::when_persisted`] with the vBucket's persisted seqno once it has
+/// reached the seqno waited for. It runs on an engine thread (the flusher's, or the
+/// caller's when the seqno is already persisted), so it must be quick and never block:
+/// typically it completes a channel the waiting connection polls.
+pub type PersistedCallback = Box<dyn FnOnce(Seqno) + Send + 'static>;
 
 /// A bucket engine. All methods are synchronous and must not block for I/O: an engine that
 /// needs to wait will (in later versions) return a would-block status and resume the
@@ -109,6 +115,28 @@ pub trait Engine: Send + Sync + 'static {
     /// `NotSupported` from the default implementation.
     fn vbucket_seqnos(&self, vbid: Vbid) -> EngineResult<VBucketSeqnos> {
         let _ = vbid;
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Calls `done` once vBucket `vbid` has persisted `seqno` (at once if it already
+    /// has), without blocking a thread while waiting. The front end uses it to acknowledge
+    /// writes at the persist durability levels only once they are on disk. `done` may
+    /// never be called (a write the disk never takes): the waiter bounds the wait with the
+    /// durability timeout.
+    ///
+    /// The default answers `NotSupported`, for engines that do not persist; such an
+    /// engine must refuse the persist durability levels (`DurabilityInvalidLevel`).
+    ///
+    /// # Errors
+    /// `NotMyVbucket` for a vBucket outside the bucket; `NotSupported` for an engine
+    /// without persistence.
+    fn when_persisted(
+        &self,
+        vbid: Vbid,
+        seqno: Seqno,
+        done: PersistedCallback,
+    ) -> EngineResult<()> {
+        let _ = (vbid, seqno, done);
         Err(EngineStatus::NotSupported)
     }
 }

@@ -116,13 +116,21 @@ pub(crate) fn check_lock_and_cas(meta: &ItemMeta, cas: Cas, now: &LazyNow<'_>) -
 }
 
 /// Durability on a single node with no replicas: Majority is satisfied by the active
-/// alone, so it commits at once; the persist levels need persistence, which this bucket
-/// does not have (as an ephemeral bucket, it rejects them).
-pub(crate) fn check_durability(d: Option<&DurabilityRequirements>) -> EngineResult<()> {
+/// alone, so it commits at once. The persist levels need persistence: a persistent bucket
+/// accepts them (the front end acknowledges the write once [`Bucket::when_persisted`]
+/// reports its seqno durable); a memory-only bucket rejects them, as an ephemeral bucket.
+pub(crate) fn check_durability(
+    d: Option<&DurabilityRequirements>,
+    persistent: bool,
+) -> EngineResult<()> {
     match d.map(|d| d.level) {
         None | Some(DurabilityLevel::Majority) => Ok(()),
         Some(DurabilityLevel::MajorityAndPersistOnMaster | DurabilityLevel::PersistToMajority) => {
-            Err(EngineStatus::DurabilityInvalidLevel)
+            if persistent {
+                Ok(())
+            } else {
+                Err(EngineStatus::DurabilityInvalidLevel)
+            }
         }
     }
 }

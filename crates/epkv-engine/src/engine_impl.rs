@@ -4,7 +4,7 @@
 use crate::Bucket;
 use epkv_engine_api::{
     ArithmeticRequest, Engine, EngineResult, EngineStatus, FailoverEntry, Item, MutationInfo,
-    RemoveRequest, StatSink, StoreRequest, VBucketSeqnos,
+    PersistedCallback, RemoveRequest, StatSink, StoreRequest, VBucketSeqnos,
 };
 use epkv_types::{Cas, Seqno, VBucketState, Vbid};
 
@@ -105,6 +105,15 @@ impl Engine for Bucket {
             // 0 for a memory-only bucket.
             persisted_seqno: Seqno(vb.persist.persisted()),
         })
+    }
+
+    fn when_persisted(
+        &self,
+        vbid: Vbid,
+        seqno: Seqno,
+        done: PersistedCallback,
+    ) -> EngineResult<()> {
+        Bucket::when_persisted(self, vbid, seqno.0, move |persisted| done(Seqno(persisted)))
     }
 
     fn shutdown(&self) {

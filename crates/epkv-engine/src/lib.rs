@@ -75,7 +75,9 @@
 //!   vBucket becomes active; replica and dead answer NotMyVbucket.
 //! - ADD with a non-zero CAS is Invalid (memcached's validator says EINVAL).
 //! - Durability level Majority commits at once (a single node with no replicas is its own
-//!   majority); the persist levels answer DurabilityInvalidLevel, as an ephemeral bucket.
+//!   majority). The persist levels are accepted by a persistent bucket (the front end
+//!   acknowledges the write once `Engine::when_persisted` reports its seqno durable) and
+//!   answer DurabilityInvalidLevel in a memory-only bucket, as an ephemeral bucket.
 //! - Deleted and expired documents are removed from memory at once; the vBucket remembers
 //!   the highest revision it deleted so a re-created key continues above it.
 //! - FLUSH empties every vBucket but keeps seqnos counting and failover logs.

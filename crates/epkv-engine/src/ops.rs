@@ -206,7 +206,7 @@ impl Bucket {
         }
         let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
         self.check_disk()?;
-        check_durability(req.durability.as_ref())?;
+        check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb
             .table
@@ -313,7 +313,7 @@ impl Bucket {
     pub(crate) fn op_remove(&self, req: &RemoveRequest<'_>) -> EngineResult<MutationInfo> {
         let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
         self.check_disk()?;
-        check_durability(req.durability.as_ref())?;
+        check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(req.key, |e| {
             self.expire_on_access(vb, e, &now);
@@ -342,7 +342,7 @@ impl Bucket {
     ) -> EngineResult<(u64, MutationInfo)> {
         let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
         self.check_disk()?;
-        check_durability(req.durability.as_ref())?;
+        check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb
             .table

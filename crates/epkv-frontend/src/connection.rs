@@ -8,13 +8,19 @@
 //! has read enough, so a client that sends but never reads holds at most about
 //! `output_buffer_limit` + one reply + one packet of the server's memory.
 //!
+//! A write at a persist durability level leaves a [`PendingDurable`] behind: the loop then
+//! stops executing (and reading) until the engine reports the write's seqno persisted or
+//! the durability timeout passes, answers it, and goes on with the buffered requests, so
+//! replies stay in request order. The worker thread serves its other connections
+//! meanwhile.
+//!
 //! Closing rules: a header that cannot be trusted (unknown magic, a packet over the size
 //! limit, section lengths over the body length) closes the connection after the replies
 //! already queued are written; a request that is well framed but invalid is answered
 //! with an error status and the connection stays open.
 
 use crate::frontend::Shared;
-use crate::session::{Flow, Session};
+use crate::session::{Flow, PendingDurable, Session};
 use crate::timings::WorkerTimings;
 use crate::worker::{Accepted, ConnectionSlot};
 use bytes::{Buf, BytesMut};
@@ -41,6 +47,24 @@ enum Closing {
     Shutdown,
     /// A reply had no code a client without XERROR understands.
     NoXerror,
+}
+
+/// A durable write being waited for, with the moment its durability timeout expires.
+struct Waiting {
+    pending: PendingDurable,
+    deadline: tokio::time::Instant,
+}
+
+/// Resolves to true once the waited-for write is persisted, false when its timeout passes
+/// first (or the engine dropped the waiter); never resolves without a write waiting.
+async fn persisted_in_time(waiting: &mut Option<Waiting>) -> bool {
+    match waiting {
+        Some(w) => matches!(
+            tokio::time::timeout_at(w.deadline, &mut w.pending.persisted).await,
+            Ok(Ok(_))
+        ),
+        None => std::future::pending().await,
+    }
 }
 
 /// One client connection.
@@ -115,6 +139,7 @@ impl Connection {
         let mut inbuf = BytesMut::with_capacity(READ_CHUNK);
         let mut out = BytesMut::with_capacity(READ_CHUNK);
         let mut closing: Option<Closing> = None;
+        let mut waiting: Option<Waiting> = None;
         let mut eof = false;
         let mut last_activity = tokio::time::Instant::now();
         let idle_sleep = tokio::time::sleep(idle.unwrap_or(std::time::Duration::MAX / 4));
@@ -131,7 +156,7 @@ impl Connection {
             // Whether execution stopped at the output limit with requests possibly left in
             // the input buffer.
             let mut backlog = false;
-            if closing.is_none() {
+            if closing.is_none() && waiting.is_none() {
                 if let Some(c) = process(
                     shared,
                     &timings,
@@ -143,6 +168,10 @@ impl Connection {
                 ) {
                     closing = Some(c);
                 }
+                waiting = session.take_pending().map(|pending| Waiting {
+                    deadline: tokio::time::Instant::now() + pending.timeout,
+                    pending,
+                });
                 backlog = out.len() >= out_limit;
                 if let Some(nodelay) = session.nodelay_change.take()
                     && let Err(e) = wr.as_ref().set_nodelay(nodelay)
@@ -173,7 +202,7 @@ impl Connection {
                     Some(Closing::BadHeader) => break "untrusted packet header",
                     Some(Closing::Shutdown) => break "server shutdown",
                     Some(Closing::NoXerror) => break "status not understood without XERROR",
-                    None if eof && !backlog => break "client closed",
+                    None if eof && !backlog && waiting.is_none() => break "client closed",
                     None => {}
                 }
             }
@@ -183,7 +212,7 @@ impl Connection {
                 tokio::task::yield_now().await;
                 continue;
             }
-            let want_read = closing.is_none() && !eof && out.len() < out_limit;
+            let want_read = closing.is_none() && waiting.is_none() && !eof && out.len() < out_limit;
             if want_read {
                 if inbuf.is_empty() && inbuf.capacity() > SHRINK_ABOVE {
                     inbuf = BytesMut::with_capacity(READ_CHUNK);
@@ -217,6 +246,13 @@ impl Connection {
                     Err(e) => {
                         tracing::debug!(conn = id, %peer, error = %e, "read failed");
                         break "read error";
+                    }
+                },
+                persisted = persisted_in_time(&mut waiting), if waiting.is_some() => {
+                    if let Some(w) = waiting.take()
+                        && session.complete_durable(&mut out, w.pending, persisted)
+                    {
+                        closing = Some(Closing::NoXerror);
                     }
                 },
                 () = &mut idle_sleep, if idle.is_some() => {
@@ -301,6 +337,11 @@ fn process(
             Flow::Continue => {}
             Flow::Close => return Some(Closing::Quit),
             Flow::Disconnect => return Some(Closing::NoXerror),
+        }
+        if session.has_pending() {
+            // A durable write waits for persistence: nothing else runs until it is
+            // answered.
+            return None;
         }
     }
     None

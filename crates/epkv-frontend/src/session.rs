@@ -19,10 +19,16 @@ use epkv_engine_api::{
 use epkv_protocol::{
     Command, DurabilityRequirement, Feature, HelloFeatures, Request, Status, error_map_json,
 };
-use epkv_types::{Cas, Datatype, NUM_VBUCKETS, Vbid, vbucket_for_key};
+use epkv_types::{Cas, Datatype, DurabilityLevel, NUM_VBUCKETS, Seqno, Vbid, vbucket_for_key};
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// How long a write at a persist durability level waits for its seqno to be persisted
+/// when the client gave no timeout: KV-Engine's fixed default for SyncWrites.
+pub(crate) const DEFAULT_DURABILITY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the connection does after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +40,36 @@ pub(crate) enum Flow {
     /// Close after the replies queued so far: the reply would have been a status the
     /// client did not agree to understand (no XERROR), as kv_engine disconnects.
     Disconnect,
+}
+
+/// A write at a persist durability level (MajorityAndPersistOnMaster, PersistToMajority):
+/// applied in memory, answered only once its seqno is persisted, or with
+/// SyncWriteAmbiguous when `timeout` passes first. While one is pending the connection
+/// executes nothing else, so replies stay in request order; the worker thread is free
+/// (the engine completes `persisted` from its flusher, without a thread per waiter).
+pub(crate) struct PendingDurable {
+    /// Completed with the persisted seqno by the engine's callback.
+    pub(crate) persisted: oneshot::Receiver<Seqno>,
+    /// The durability timeout (the client's, or [`DEFAULT_DURABILITY_TIMEOUT`]).
+    pub(crate) timeout: Duration,
+    to: ReplyTo,
+    info: MutationInfo,
+    /// INCREMENT/DECREMENT's new value, returned in the reply.
+    counter: Option<u64>,
+    quiet: bool,
+}
+
+/// The timeout of a write that must be persisted before it is acknowledged, or `None` for
+/// a write acknowledged at once (no durability, or Majority: a single node is its own
+/// majority and commits in memory).
+fn persist_timeout(d: Option<DurabilityRequirement>) -> Option<Duration> {
+    let d = d?;
+    match d.level {
+        DurabilityLevel::Majority => None,
+        DurabilityLevel::MajorityAndPersistOnMaster | DurabilityLevel::PersistToMajority => {
+            Some(d.timeout.unwrap_or(DEFAULT_DURABILITY_TIMEOUT))
+        }
+    }
 }
 
 /// The bucket a connection uses.
@@ -71,6 +107,8 @@ pub(crate) struct Session {
     pub(crate) sasl: Option<SaslServer>,
     /// A reply the client cannot understand was due: close after this batch.
     disconnect: Cell<bool>,
+    /// A durable write waiting for persistence; the connection takes it after the request.
+    pending: Cell<Option<PendingDurable>>,
 }
 
 fn durability(d: Option<DurabilityRequirement>) -> Option<DurabilityRequirements> {
@@ -106,6 +144,90 @@ impl Session {
             user: None,
             sasl: None,
             disconnect: Cell::new(false),
+            pending: Cell::new(None),
+        }
+    }
+
+    /// Takes the durable write the last request left waiting for persistence, if any.
+    pub(crate) fn take_pending(&self) -> Option<PendingDurable> {
+        self.pending.take()
+    }
+
+    /// Whether the last request left a durable write waiting for persistence.
+    pub(crate) fn has_pending(&self) -> bool {
+        let p = self.pending.take();
+        let has = p.is_some();
+        self.pending.set(p);
+        has
+    }
+
+    /// Answers a durable write once its wait is over: success if `persisted`, else
+    /// SyncWriteAmbiguous (0xa3: the write is applied in memory and may still reach the
+    /// disk, as KV-Engine answers a SyncWrite whose timeout expired). Returns true when the
+    /// connection must close because the client cannot understand the reply (no XERROR).
+    pub(crate) fn complete_durable(
+        &self,
+        out: &mut BytesMut,
+        p: PendingDurable,
+        persisted: bool,
+    ) -> bool {
+        if !persisted {
+            tracing::debug!(
+                seqno = p.info.seqno.0,
+                timeout_ms = p.timeout.as_millis(),
+                "durable write not persisted within its timeout: SyncWriteAmbiguous"
+            );
+            self.fail_wire(out, p.to, Status::SyncWriteAmbiguous, &[]);
+            return self.disconnect.get();
+        }
+        if p.quiet {
+            return false;
+        }
+        let (extras, n) = self.mutation_extras(&p.info);
+        match p.counter {
+            Some(value) => put_success(
+                out,
+                p.to,
+                p.info.cas,
+                Datatype::RAW,
+                &extras[..n],
+                &[],
+                &value.to_be_bytes(),
+            ),
+            None => put_success(out, p.to, p.info.cas, Datatype::RAW, &extras[..n], &[], &[]),
+        }
+        false
+    }
+
+    /// Leaves an applied write waiting for vBucket `vbid` to persist its seqno before it
+    /// is answered (see [`PendingDurable`]).
+    #[expect(clippy::too_many_arguments, reason = "the parts of one deferred reply")]
+    fn defer_until_persisted(
+        &self,
+        shared: &Shared,
+        engine: &dyn Engine,
+        out: &mut BytesMut,
+        to: ReplyTo,
+        vbid: Vbid,
+        (info, counter): (MutationInfo, Option<u64>),
+        timeout: Duration,
+        quiet: bool,
+    ) {
+        let (tx, rx) = oneshot::channel();
+        let done = Box::new(move |persisted: Seqno| {
+            // The connection may have gone; then nobody waits.
+            let _ = tx.send(persisted);
+        });
+        match engine.when_persisted(vbid, info.seqno, done) {
+            Ok(()) => self.pending.set(Some(PendingDurable {
+                persisted: rx,
+                timeout,
+                to,
+                info,
+                counter,
+                quiet,
+            })),
+            Err(e) => self.fail(shared, out, to, e, &[]),
         }
     }
 
@@ -411,6 +533,7 @@ impl Session {
             } => {
                 // Borrowed from the read buffer: the engine copies key and value once,
                 // into the item it stores.
+                let persist = persist_timeout(d);
                 let result = engine.store(StoreRequest {
                     op,
                     vbid,
@@ -423,7 +546,19 @@ impl Session {
                     cas,
                     durability: durability(d),
                 });
-                self.put_mutation(shared, out, to, result, quiet);
+                match (result, persist) {
+                    (Ok(info), Some(timeout)) => self.defer_until_persisted(
+                        shared,
+                        engine,
+                        out,
+                        to,
+                        vbid,
+                        (info, None),
+                        timeout,
+                        quiet,
+                    ),
+                    (result, _) => self.put_mutation(shared, out, to, result, quiet),
+                }
             }
             Command::Delete {
                 key,
@@ -431,6 +566,7 @@ impl Session {
                 durability: d,
                 quiet,
             } => {
+                let persist = persist_timeout(d);
                 let result = engine.remove(RemoveRequest {
                     vbid,
                     key,
@@ -447,7 +583,19 @@ impl Session {
                     }),
                     other => other,
                 };
-                self.put_mutation(shared, out, to, result, quiet);
+                match (result, persist) {
+                    (Ok(info), Some(timeout)) => self.defer_until_persisted(
+                        shared,
+                        engine,
+                        out,
+                        to,
+                        vbid,
+                        (info, None),
+                        timeout,
+                        quiet,
+                    ),
+                    (result, _) => self.put_mutation(shared, out, to, result, quiet),
+                }
             }
             Command::Arithmetic {
                 op,
@@ -459,6 +607,7 @@ impl Session {
                 quiet,
                 ..
             } => {
+                let persist = persist_timeout(d);
                 let result = engine.arithmetic(ArithmeticRequest {
                     op,
                     vbid,
@@ -469,9 +618,19 @@ impl Session {
                     cas: req.header.cas,
                     durability: durability(d),
                 });
-                match result {
-                    Ok(_) if quiet => {}
-                    Ok((value, info)) => {
+                match (result, persist) {
+                    (Ok((value, info)), Some(timeout)) => self.defer_until_persisted(
+                        shared,
+                        engine,
+                        out,
+                        to,
+                        vbid,
+                        (info, Some(value)),
+                        timeout,
+                        quiet,
+                    ),
+                    (Ok(_), None) if quiet => {}
+                    (Ok((value, info)), None) => {
                         let (extras, n) = self.mutation_extras(&info);
                         put_success(
                             out,
@@ -483,7 +642,7 @@ impl Session {
                             &value.to_be_bytes(),
                         );
                     }
-                    Err(e) => self.fail(shared, out, to, e, &[]),
+                    (Err(e), _) => self.fail(shared, out, to, e, &[]),
                 }
             }
             Command::Flush { quiet } => match engine.flush() {
@@ -743,6 +902,22 @@ mod tests {
             high_seqno: Seqno(9),
             persisted_seqno: Seqno(5),
         }
+    }
+
+    #[test]
+    fn only_the_persist_levels_wait_with_the_clients_timeout_or_the_default() {
+        let d = |level, timeout| Some(DurabilityRequirement { level, timeout });
+        assert_eq!(persist_timeout(None), None);
+        assert_eq!(persist_timeout(d(DurabilityLevel::Majority, None)), None);
+        assert_eq!(
+            persist_timeout(d(DurabilityLevel::PersistToMajority, None)),
+            Some(DEFAULT_DURABILITY_TIMEOUT)
+        );
+        let t = Duration::from_millis(1500);
+        assert_eq!(
+            persist_timeout(d(DurabilityLevel::MajorityAndPersistOnMaster, Some(t))),
+            Some(t)
+        );
     }
 
     #[test]

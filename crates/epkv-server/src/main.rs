@@ -75,6 +75,10 @@ struct Cli {
     /// Testing mode: ADJUST_TIMEOFDAY may shift the server clock (for test suites only)
     #[arg(long, hide = true)]
     testing: bool,
+    /// Testing mode: no flusher tasks, so nothing is persisted until shutdown (to test
+    /// durability timeouts; needs --testing)
+    #[arg(long, hide = true, requires = "testing")]
+    testing_manual_flush: bool,
     #[command(subcommand)]
     command: Option<CliCommand>,
 }
@@ -138,7 +142,10 @@ fn run(cli: Cli) -> Result<()> {
     } else {
         EngineClock::System
     };
-    let buckets = build_buckets(s, &engine_clock)?;
+    if cli.testing_manual_flush {
+        tracing::warn!("testing mode: no flusher; writes are persisted only at shutdown");
+    }
+    let buckets = build_buckets(s, &engine_clock, cli.testing_manual_flush)?;
     let users = Arc::new(users::configured_users(s)?);
 
     let config = FrontendConfig {
@@ -241,7 +248,7 @@ fn bucket_names(s: &Settings) -> String {
 /// Creates `default` and every configured bucket, each with its own engine, quota and
 /// (when persistent) data directory `DATA_DIR/NAME`; memory-only buckets create no
 /// directory. All share the engine clock, so ADJUST_TIMEOFDAY moves them together.
-fn build_buckets(s: &Settings, clock: &EngineClock) -> Result<Buckets> {
+fn build_buckets(s: &Settings, clock: &EngineClock, manual_flush: bool) -> Result<Buckets> {
     let mut specs = vec![BucketSpec {
         name: DEFAULT_BUCKET.to_owned(),
         quota: None,
@@ -264,9 +271,14 @@ fn build_buckets(s: &Settings, clock: &EngineClock) -> Result<Buckets> {
             name: spec.name.clone(),
             memory_quota_bytes: quota.bytes(),
             flush_enabled: s.flush_enabled,
-            persistence: s
-                .persistence
-                .then(|| epkv_engine::PersistenceConfig::new(&dir)),
+            persistence: s.persistence.then(|| epkv_engine::PersistenceConfig {
+                flusher: if manual_flush {
+                    epkv_engine::FlusherMode::Manual
+                } else {
+                    epkv_engine::FlusherMode::Tasks
+                },
+                ..epkv_engine::PersistenceConfig::new(&dir)
+            }),
             ..BucketConfig::default()
         };
         let bucket = Bucket::new(config, clock.clone())

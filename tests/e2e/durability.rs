@@ -1,0 +1,238 @@
+//! Durable writes on a single node: Majority commits at once; the persist levels
+//! (MajorityAndPersistOnMaster, PersistToMajority) are acknowledged only once the write's
+//! seqno is persisted, and answer 0xa3 SyncWriteAmbiguous when their timeout passes first;
+//! a memory-only server refuses them with 0xa0 DurabilityInvalidLevel (as an ephemeral
+//! bucket).
+
+use crate::harness::{Server, key, skip_if_external};
+use epkv_client::{Client, Response, StoreOptions};
+use epkv_protocol::{Command, DurabilityRequirement, Feature, RequestBuilder, Status};
+use epkv_types::{ArithmeticOp, Cas, DurabilityLevel, NUM_VBUCKETS, Vbid, vbucket_for_key};
+use std::time::Duration;
+
+const PERSIST_LEVELS: [DurabilityLevel; 2] = [
+    DurabilityLevel::MajorityAndPersistOnMaster,
+    DurabilityLevel::PersistToMajority,
+];
+
+fn level(level: DurabilityLevel, timeout: Option<Duration>) -> DurabilityRequirement {
+    DurabilityRequirement { level, timeout }
+}
+
+/// A client that sees durability statuses (XERROR) and mutation seqnos.
+async fn sdk_like_client(server: &Server) -> Client {
+    let mut c = server.client().await;
+    c.hello("e2e-durability", &[Feature::Xerror, Feature::MutationSeqno])
+        .await
+        .unwrap();
+    c
+}
+
+fn be_u64(b: &[u8]) -> u64 {
+    u64::from_be_bytes(b.try_into().unwrap())
+}
+
+/// The (vBucket UUID, seqno) a mutation reply carries.
+fn token(r: &Response) -> (u64, u64) {
+    assert_eq!(r.extras.len(), 16, "MutationSeqno extras: {r:?}");
+    (be_u64(&r.extras[..8]), be_u64(&r.extras[8..]))
+}
+
+/// OBSERVE_SEQNO: (last persisted seqno, current seqno).
+async fn observe(c: &mut Client, vb: Vbid, uuid: u64) -> (u64, u64) {
+    let r = c.observe_seqno(vb, uuid).await.unwrap();
+    assert!(r.is_success(), "{r:?}");
+    assert_eq!(r.value.len(), 27, "format 0: {r:?}");
+    (be_u64(&r.value[11..19]), be_u64(&r.value[19..27]))
+}
+
+/// Asserts a durable mutation reply succeeded and that the server reports its seqno
+/// persisted right after acknowledging it.
+async fn assert_acknowledged_persisted(c: &mut Client, vb: Vbid, r: &Response, what: &str) {
+    assert!(r.is_success(), "{what}: {r:?}");
+    let (uuid, seqno) = token(r);
+    let (persisted, current) = observe(c, vb, uuid).await;
+    assert!(
+        persisted >= seqno,
+        "{what}: acknowledged at seqno {seqno} but persisted only up to {persisted}"
+    );
+    assert!(current >= seqno);
+}
+
+#[tokio::test]
+async fn persist_levels_are_acknowledged_only_once_persisted() {
+    if skip_if_external("durability_persist_levels") {
+        return;
+    }
+    let server = Server::spawn(&[]);
+    let mut c = sdk_like_client(&server).await;
+    for lvl in PERSIST_LEVELS {
+        let d = level(lvl, Some(Duration::from_secs(20)));
+        let k = key(&format!("persist-{lvl:?}"));
+        let vb = vbucket_for_key(&k, NUM_VBUCKETS);
+
+        let r = c
+            .set(&k, b"on disk", StoreOptions::new().durability(d))
+            .await
+            .unwrap();
+        assert_acknowledged_persisted(&mut c, vb, &r, "SET").await;
+        assert_eq!(&c.get(&k).await.unwrap().value[..], b"on disk");
+
+        // The default timeout (none given) works too.
+        let r = c
+            .set(
+                &k,
+                b"again",
+                StoreOptions::new().durability(level(lvl, None)),
+            )
+            .await
+            .unwrap();
+        assert_acknowledged_persisted(&mut c, vb, &r, "SET, default timeout").await;
+
+        let counter = key(&format!("persist-counter-{lvl:?}"));
+        let cvb = vbucket_for_key(&counter, NUM_VBUCKETS);
+        let incr = Command::Arithmetic {
+            op: ArithmeticOp::Increment,
+            key: &counter,
+            delta: 1,
+            initial: 41,
+            expiry: 0,
+            durability: Some(d),
+            preserve_ttl: false,
+            quiet: false,
+        };
+        let r = c
+            .request(RequestBuilder::from_command(&incr).vbucket(cvb))
+            .await
+            .unwrap();
+        assert_acknowledged_persisted(&mut c, cvb, &r, "INCREMENT").await;
+        assert_eq!(r.counter(), Some(41), "created with the initial value");
+
+        let del = Command::Delete {
+            key: &k,
+            cas: Cas::ANY,
+            durability: Some(d),
+            quiet: false,
+        };
+        let r = c
+            .request(RequestBuilder::from_command(&del).vbucket(vb))
+            .await
+            .unwrap();
+        assert_acknowledged_persisted(&mut c, vb, &r, "DELETE").await;
+        assert_eq!(c.get(&k).await.unwrap().status(), Some(Status::KeyEnoent));
+    }
+}
+
+#[tokio::test]
+async fn requests_pipelined_behind_a_durable_write_are_answered_in_order() {
+    if skip_if_external("durability_pipelined") {
+        return;
+    }
+    let server = Server::spawn(&[]);
+    let mut c = sdk_like_client(&server).await;
+    let k = key("persist-pipelined");
+    let vb = vbucket_for_key(&k, NUM_VBUCKETS);
+    let set = Command::Store {
+        op: epkv_types::StoreOp::Set,
+        key: &k,
+        value: b"durable",
+        flags: 7,
+        expiry: 0,
+        datatype: epkv_types::Datatype::RAW,
+        cas: Cas::ANY,
+        durability: Some(level(DurabilityLevel::PersistToMajority, None)),
+        preserve_ttl: false,
+        quiet: false,
+    };
+    let get = Command::Get {
+        key: &k,
+        with_key: false,
+        quiet: false,
+    };
+    let o1 = c
+        .queue(RequestBuilder::from_command(&set).vbucket(vb))
+        .unwrap();
+    let o2 = c
+        .queue(RequestBuilder::from_command(&get).vbucket(vb))
+        .unwrap();
+    let o3 = c
+        .queue(RequestBuilder::new(epkv_protocol::Opcode::Noop))
+        .unwrap();
+    let replies = c.flush_and_recv(3).await.unwrap();
+    let opaques: Vec<u32> = replies.iter().map(|r| r.opaque).collect();
+    assert_eq!(opaques, vec![o1, o2, o3], "replies in request order");
+    assert!(replies[0].is_success(), "{:?}", replies[0]);
+    assert_eq!(&replies[1].value[..], b"durable");
+    let (uuid, seqno) = token(&replies[0]);
+    let (persisted, _) = observe(&mut c, vb, uuid).await;
+    assert!(persisted >= seqno);
+}
+
+#[tokio::test]
+async fn a_durable_write_not_persisted_in_time_is_ambiguous_but_applied() {
+    if skip_if_external("durability_timeout") {
+        return;
+    }
+    // No flusher: nothing reaches the disk before shutdown, so every persist-level write
+    // outlives its timeout.
+    let server = Server::spawn(&["--testing-manual-flush"]);
+    let mut c = sdk_like_client(&server).await;
+    for lvl in PERSIST_LEVELS {
+        let k = key(&format!("ambiguous-{lvl:?}"));
+        let vb = vbucket_for_key(&k, NUM_VBUCKETS);
+        let d = level(lvl, Some(Duration::from_millis(200)));
+        let r = c
+            .set(&k, b"maybe", StoreOptions::new().durability(d))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), Some(Status::SyncWriteAmbiguous), "{r:?}");
+        // Ambiguous, not failed: the write is applied in memory, and the connection
+        // carries on.
+        assert_eq!(&c.get(&k).await.unwrap().value[..], b"maybe");
+        let r = c.get_cluster_config(None).await.unwrap();
+        assert!(r.is_success());
+        let uuid = {
+            let set = c.set(&k, b"plain", StoreOptions::new()).await.unwrap();
+            token(&set).0
+        };
+        let (persisted, current) = observe(&mut c, vb, uuid).await;
+        assert!(persisted < current, "nothing was persisted");
+    }
+    // Majority does not wait for the disk.
+    let k = key("ambiguous-majority");
+    let r = c
+        .set(
+            &k,
+            b"v",
+            StoreOptions::new().durability(level(DurabilityLevel::Majority, None)),
+        )
+        .await
+        .unwrap();
+    assert!(r.is_success(), "{r:?}");
+}
+
+#[tokio::test]
+async fn a_memory_only_server_refuses_the_persist_levels() {
+    if skip_if_external("durability_memory_only") {
+        return;
+    }
+    let server = Server::spawn(&["--persistence", "false"]);
+    let mut c = sdk_like_client(&server).await;
+    let k = key("memory-only-durable");
+    let r = c
+        .set(
+            &k,
+            b"v",
+            StoreOptions::new().durability(level(DurabilityLevel::Majority, None)),
+        )
+        .await
+        .unwrap();
+    assert!(r.is_success(), "Majority commits at once: {r:?}");
+    for lvl in PERSIST_LEVELS {
+        let r = c
+            .set(&k, b"v", StoreOptions::new().durability(level(lvl, None)))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), Some(Status::DurabilityInvalidLevel), "{lvl:?}");
+    }
+}
