@@ -301,6 +301,9 @@ impl Persistence {
             if !r.torn_tails.is_empty() || r.journal_torn_bytes > 0 {
                 tracing::warn!(shard = i, torn_tails = ?r.torn_tails, journal_torn_bytes = r.journal_torn_bytes, "storage recovery cut off torn tails");
             }
+            for q in &r.quarantined {
+                tracing::error!(shard = i, vbid = %q.vbid, path = %q.path.display(), offset = q.offset, error = %q.error, journal_commits_dropped = r.journal_commits_dropped, "vBucket data file corrupt: the vBucket stays unavailable (NotMyVbucket) until FLUSH deletes it; its files are kept");
+            }
             shards.push(Shard {
                 store,
                 flush_lock: Mutex::new(()),
@@ -528,6 +531,12 @@ impl Persistence {
         self.unclean_restart.store(!clean, Relaxed);
         let mut total = 0;
         for (i, shard) in self.shards.iter().enumerate() {
+            for q in shard.store.quarantined() {
+                if let Some(vb) = vbuckets.get(usize::from(q.vbid.0)) {
+                    vb.set_warmup_phase(WarmupPhase::Failed);
+                    self.warmup.failed.lock().push((q.vbid, q.error));
+                }
+            }
             let mut list: Vec<(bool, Vbid)> = Vec::new();
             for vbid in shard.store.vbuckets() {
                 let Some(vb) = vbuckets.get(usize::from(vbid.0)) else {
@@ -586,7 +595,9 @@ impl Persistence {
                 self.warmup.vbuckets_done.fetch_add(1, Relaxed);
             }
             Err(e) => {
-                tracing::error!(%vbid, shard, error = %e, "warmup cannot load this vBucket: it stays unavailable (NotMyVbucket) and its files are left as they are");
+                tracing::error!(%vbid, shard, error = %e, "warmup cannot load this vBucket: it stays unavailable (NotMyVbucket) until FLUSH deletes it, and its files are left as they are");
+                // What was loaded before the error is dropped: nothing serves it.
+                vb.table.clear();
                 vb.set_warmup_phase(WarmupPhase::Failed);
                 self.warmup.failed.lock().push((vbid, e.to_string()));
             }

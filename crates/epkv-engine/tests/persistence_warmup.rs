@@ -228,3 +228,103 @@ fn warmup_stops_loading_values_at_the_memory_low_watermark() {
     assert_eq!(hits, loaded);
     b.shutdown();
 }
+
+/// The data file of vBucket `v` in shard 0.
+fn data_file(dir: &Path, v: Vbid) -> std::path::PathBuf {
+    std::fs::read_dir(dir.join("shard_0"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            let n = p.file_name().unwrap().to_str().unwrap();
+            n.starts_with(&format!("vb_{}.", v.0)) && n.ends_with(".data")
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_corrupt_vbucket_file_makes_only_that_vbucket_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b_key) = two_keys();
+    let c_key = (0..)
+        .map(|i| format!("third-{i}"))
+        .find(|k| vb(k) != vb(&a) && vb(k) != vb(&b_key))
+        .unwrap();
+    {
+        let b = Bucket::new(config(dir.path(), 64 << 20), EngineClock::System).unwrap();
+        for k in [&a, &b_key, &c_key] {
+            set(&b, k, "one").unwrap();
+            b.flush_all().unwrap();
+            if k != &b_key {
+                set(&b, k, "two").unwrap();
+            }
+        }
+        b.shutdown();
+    }
+    // vBucket of `a`: damage in the middle (found at open: the shard opens without it).
+    let pa = data_file(dir.path(), vb(&a));
+    let mut bytes = std::fs::read(&pa).unwrap();
+    bytes[29 + 20] ^= 0xff;
+    bytes.push(1);
+    std::fs::write(&pa, &bytes).unwrap();
+    // vBucket of `b_key`: a damaged document in a file that ends in a valid header (found
+    // when warmup reads it).
+    let pb = data_file(dir.path(), vb(&b_key));
+    let mut bytes = std::fs::read(&pb).unwrap();
+    bytes[29 + 12] ^= 0x01;
+    std::fs::write(&pb, &bytes).unwrap();
+
+    let b = Bucket::new(config(dir.path(), 64 << 20), EngineClock::System).unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)));
+    for k in [&a, &b_key] {
+        assert_eq!(
+            b.get(vb(k), k.as_bytes()),
+            Err(EngineStatus::NotMyVbucket),
+            "{k}"
+        );
+        assert_eq!(set(&b, k, "x"), Err(EngineStatus::NotMyVbucket), "{k}");
+        assert_eq!(
+            b.set_vbucket_state(vb(k), VBucketState::Active),
+            Err(EngineStatus::NotMyVbucket)
+        );
+    }
+    assert_eq!(
+        b.get(vb(&c_key), c_key.as_bytes()).unwrap().value.as_ref(),
+        b"two"
+    );
+    let w = stats(&b, "warmup");
+    assert_eq!(w["ep_warmup_state"], "done");
+    assert_eq!(w["ep_warmup_vbuckets_failed"], "2");
+    let ea = &w[&format!("vb_{}:warmup_error", vb(&a).0)];
+    assert!(
+        ea.contains("offset 29") && ea.contains(pa.to_str().unwrap()),
+        "{ea}"
+    );
+    let eb = &w[&format!("vb_{}:warmup_error", vb(&b_key).0)];
+    assert!(
+        eb.contains("offset 29") && eb.contains(pb.to_str().unwrap()),
+        "{eb}"
+    );
+    assert_eq!(
+        b.item_count(),
+        1,
+        "nothing of the failed vBuckets stays loaded"
+    );
+    assert!(pa.exists() && pb.exists(), "damaged files are kept");
+    // FLUSH deletes every file, the damaged ones too: the vBuckets serve again.
+    b.flush().unwrap();
+    set(&b, &a, "again").unwrap();
+    assert_eq!(
+        b.get(vb(&a), a.as_bytes()).unwrap().value.as_ref(),
+        b"again"
+    );
+    b.shutdown();
+    drop(b);
+    let b = Bucket::new(config(dir.path(), 64 << 20), EngineClock::System).unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)));
+    assert_eq!(stats(&b, "warmup")["ep_warmup_vbuckets_failed"], "0");
+    assert_eq!(
+        b.get(vb(&a), a.as_bytes()).unwrap().value.as_ref(),
+        b"again"
+    );
+    b.shutdown();
+}

@@ -43,6 +43,15 @@ pub enum Error {
         /// What was wrong.
         reason: crate::format::DecodeError,
     },
+    /// The vBucket was set aside at open because its data file is corrupt
+    /// ([`crate::Quarantined`]); delete it to use the vbid again.
+    #[error("vBucket {vbid} is unavailable: {reason}")]
+    VbucketUnavailable {
+        /// The vBucket.
+        vbid: u16,
+        /// Why (the corruption found at open).
+        reason: String,
+    },
     /// A caller error: a vbid this store does not own, or a key too long for the format.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

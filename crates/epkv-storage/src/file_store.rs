@@ -100,6 +100,27 @@ pub struct RecoveryReport {
     pub journal_commits_replayed: u64,
     /// Leftover files removed (old revisions, unfinished compactions).
     pub files_removed: Vec<PathBuf>,
+    /// vBuckets whose newest data file is damaged in the middle: set aside
+    /// ([`FileStore::quarantined`]) instead of failing the whole shard's open.
+    pub quarantined: Vec<Quarantined>,
+    /// Journal commits of quarantined vBuckets that could not be replayed (dropped).
+    pub journal_commits_dropped: u64,
+}
+
+/// A vBucket set aside at open because its data file is corrupt in the middle: its files
+/// are left untouched for inspection, it is absent from [`KvStore::vbuckets`], reads find
+/// nothing in it and commits to it fail with [`Error::VbucketUnavailable`], until
+/// [`KvStore::delete_vbuckets`] removes its files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantined {
+    /// The vBucket.
+    pub vbid: Vbid,
+    /// The damaged file.
+    pub path: PathBuf,
+    /// Byte offset of the first bad record.
+    pub offset: u64,
+    /// The error, as logged.
+    pub error: String,
 }
 
 #[derive(Debug)]
@@ -184,6 +205,8 @@ pub struct FileStore {
     pending_vbs: Mutex<BTreeSet<u16>>,
     /// Held for a whole compaction: one at a time per shard.
     compact_lock: Mutex<()>,
+    /// vBuckets set aside at open (corrupt data file), by vbid. Leaf lock.
+    quarantined: Mutex<BTreeMap<u16, Quarantined>>,
     /// Bytes of documents in pending commits; above [`MAX_PENDING_BYTES`] a commit applies
     /// them itself (back-pressure when the background applier falls behind).
     pending_bytes: AtomicU64,
@@ -235,6 +258,7 @@ impl FileStore {
             dirty: Mutex::new(BTreeSet::new()),
             pending_vbs: Mutex::new(BTreeSet::new()),
             compact_lock: Mutex::new(()),
+            quarantined: Mutex::new(BTreeMap::new()),
             pending_bytes: AtomicU64::new(0),
             dir_dirty: AtomicU64::new(0),
             counters: Counters::default(),
@@ -249,6 +273,13 @@ impl FileStore {
     #[must_use]
     pub fn recovery_report(&self) -> &RecoveryReport {
         &self.report
+    }
+
+    /// The vBuckets currently set aside because their data file is corrupt (see
+    /// [`Quarantined`]).
+    #[must_use]
+    pub fn quarantined(&self) -> Vec<Quarantined> {
+        self.quarantined.lock().values().cloned().collect()
     }
 
     /// The shard's directory.
@@ -351,54 +382,87 @@ impl FileStore {
         }
         for (vbid, mut revs) in by_vb {
             revs.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
-            let mut chosen: Option<VbFile> = None;
-            for (rev, path) in revs {
-                if chosen.is_some() {
-                    self.remove_file(&path)?;
-                    continue;
+            match self.recover_vbucket(vbid, revs) {
+                Ok(Some(v)) => {
+                    self.vbs.lock().insert(vbid, Arc::new(Mutex::new(v)));
                 }
-                let f = self.fds.get(&path, OpenMode::Existing)?;
-                let rec = data_file::recover(&*f, &path, vbid)?;
-                let Some((header, end)) = rec.header else {
-                    // Nothing committed in this revision: a fresh file whose first commit
-                    // never became durable. The journal (if any) holds its commits.
-                    self.fds.forget(&path);
-                    self.remove_file(&path)?;
-                    if rec.torn_bytes > 0 {
-                        self.report.torn_tails.push((path.clone(), rec.torn_bytes));
-                    }
-                    continue;
-                };
-                if rec.torn_bytes > 0 {
-                    tracing::warn!(path = %path.display(), dropped_bytes = rec.torn_bytes, "data file: cutting off torn tail after the last valid header");
-                    f.set_len(end)
-                        .map_err(|e| Error::io("truncate", &path, e))?;
-                    self.sync_file(&*f, &path)?;
-                    self.report.torn_tails.push((path.clone(), rec.torn_bytes));
-                }
-                let mut segs = Vec::with_capacity(header.segments.len());
-                for (off, len) in &header.segments {
-                    segs.push(Arc::new(data_file::load_segment(&*f, &path, *off, *len)?));
-                }
-                chosen = Some(VbFile {
-                    vbid,
-                    rev,
+                Ok(None) => {}
+                Err(Error::Corrupt {
                     path,
-                    end,
-                    header: Some(header),
-                    segments: Arc::new(segs),
-                    needs_repair: false,
-                    pending: Vec::new(),
-                });
-            }
-            if let Some(v) = chosen {
-                self.vbs.lock().insert(vbid, Arc::new(Mutex::new(v)));
+                    offset,
+                    reason,
+                }) => {
+                    let error = Error::Corrupt {
+                        path: path.clone(),
+                        offset,
+                        reason,
+                    }
+                    .to_string();
+                    tracing::error!(vbid, path = %path.display(), offset, %error, "data file corrupt in the middle: this vBucket is set aside (unavailable), its files are kept for inspection; the other vBuckets open normally");
+                    self.fds.forget(&path);
+                    let q = Quarantined {
+                        vbid: Vbid(vbid),
+                        path,
+                        offset,
+                        error,
+                    };
+                    self.report.quarantined.push(q.clone());
+                    self.quarantined.lock().insert(vbid, q);
+                }
+                Err(e) => return Err(e),
             }
         }
         if self.dir_dirty.load(Relaxed) > 0 {
             self.sync_dir()?;
         }
         Ok(())
+    }
+
+    /// Chooses a vBucket's file among its revisions (newest first): the newest with a
+    /// committed header, whose torn tail is cut off; older ones are removed. A corrupt
+    /// newest revision is returned as the error and nothing is removed.
+    fn recover_vbucket(&mut self, vbid: u16, revs: Vec<(u64, PathBuf)>) -> Result<Option<VbFile>> {
+        let mut chosen: Option<VbFile> = None;
+        for (rev, path) in revs {
+            if chosen.is_some() {
+                self.remove_file(&path)?;
+                continue;
+            }
+            let f = self.fds.get(&path, OpenMode::Existing)?;
+            let rec = data_file::recover(&*f, &path, vbid)?;
+            let Some((header, end)) = rec.header else {
+                // Nothing committed in this revision: a fresh file whose first commit
+                // never became durable. The journal (if any) holds its commits.
+                self.fds.forget(&path);
+                self.remove_file(&path)?;
+                if rec.torn_bytes > 0 {
+                    self.report.torn_tails.push((path.clone(), rec.torn_bytes));
+                }
+                continue;
+            };
+            let mut segs = Vec::with_capacity(header.segments.len());
+            for (off, len) in &header.segments {
+                segs.push(Arc::new(data_file::load_segment(&*f, &path, *off, *len)?));
+            }
+            if rec.torn_bytes > 0 {
+                tracing::warn!(path = %path.display(), dropped_bytes = rec.torn_bytes, "data file: cutting off torn tail after the last valid header");
+                f.set_len(end)
+                    .map_err(|e| Error::io("truncate", &path, e))?;
+                self.sync_file(&*f, &path)?;
+                self.report.torn_tails.push((path.clone(), rec.torn_bytes));
+            }
+            chosen = Some(VbFile {
+                vbid,
+                rev,
+                path,
+                end,
+                header: Some(header),
+                segments: Arc::new(segs),
+                needs_repair: false,
+                pending: Vec::new(),
+            });
+        }
+        Ok(chosen)
     }
 
     fn remove_file(&mut self, p: &Path) -> Result<()> {
@@ -496,6 +560,16 @@ impl FileStore {
             last.insert((e.vbid, e.commit_id), e);
         }
         for ((vbid, commit_id), e) in last {
+            if self.quarantined.lock().contains_key(&vbid) {
+                tracing::error!(
+                    vbid,
+                    commit_id,
+                    documents = e.docs.len(),
+                    "journal commit of a quarantined vBucket dropped"
+                );
+                self.report.journal_commits_dropped += 1;
+                continue;
+            }
             let vb = self.vb(vbid);
             let mut g = vb.lock();
             let have = g.header.as_ref().map_or(0, |h| h.commit_id);
@@ -649,6 +723,15 @@ impl FileStore {
     }
 
     fn commit_locked(&self, journal: &mut Option<Journal>, batch: &[VbCommit]) -> Result<()> {
+        {
+            let q = self.quarantined.lock();
+            if let Some(bad) = batch.iter().find_map(|c| q.get(&c.vbid.0)) {
+                return Err(Error::VbucketUnavailable {
+                    vbid: bad.vbid.0,
+                    reason: bad.error.clone(),
+                });
+            }
+        }
         let mut vbs: Vec<Arc<Mutex<VbFile>>> = Vec::with_capacity(batch.len());
         let mut entries: Vec<JournalEntry> = Vec::with_capacity(batch.len());
         for c in batch {
@@ -1217,6 +1300,27 @@ impl KvStore for FileStore {
         self.checkpoint_locked(&mut j)?;
         let mut removed = false;
         for vbid in vbids {
+            if self.quarantined.lock().contains_key(&vbid.0) {
+                // Every revision of it goes, then it is an ordinary (absent) vBucket.
+                let files = self
+                    .vfs
+                    .list(&self.cfg.dir)
+                    .map_err(|e| Error::io("list", &self.cfg.dir, e))?;
+                for p in files {
+                    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                    if data_file::parse_file_name(name).is_some_and(|(v, _, _)| v == vbid.0) {
+                        self.fds.forget(&p);
+                        match self.vfs.remove(&p) {
+                            Ok(()) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                            Err(e) => return Err(Error::io("remove", &p, e)),
+                        }
+                        removed = true;
+                    }
+                }
+                self.quarantined.lock().remove(&vbid.0);
+                tracing::info!(vbid = vbid.0, "quarantined vBucket deleted");
+            }
             let Some(vb) = self.existing_vb(vbid.0) else {
                 continue;
             };

@@ -14,13 +14,16 @@
 //! clock: the engine runs it on its Writer/Reader/AuxIO tasks and passes "now" to
 //! compaction in [`PurgeRule`].
 //!
-//! **Key types.** [`KvStore`], [`FileStore`] / [`FileStoreConfig`] / [`RecoveryReport`],
+//! **Key types.** [`KvStore`], [`FileStore`] / [`FileStoreConfig`] / [`RecoveryReport`] /
+//! [`Quarantined`],
 //! [`MemStore`], [`FaultFs`], [`FdCache`] (open files under a descriptor budget),
 //! [`Document`], [`VbState`], [`VbCommit`], [`StoreStats`], [`Error`].
 //!
 //! **Invariants.**
 //! - Every record and header carries a CRC32C; a read that fails verification is an
-//!   [`Error::Corrupt`] naming file and offset, never a panic and never bad data.
+//!   [`Error::Corrupt`] naming file and offset, never a panic and never bad data. Damage
+//!   found at open in the middle of a vBucket's file sets that vBucket aside
+//!   ([`Quarantined`], [`Error::VbucketUnavailable`] on commit) and opens the rest.
 //! - A vBucket's committed state is its data file's last valid header, plus (journal on)
 //!   the journal records with a higher commit id. `commit` returning `Ok` means durable.
 //! - A failed write or sync is never ignored: `commit` returns the error, the file is cut
@@ -68,7 +71,7 @@ mod vfs;
 pub use error::{Error, Result};
 pub use fault::{FaultCounts, FaultFs, FaultOp};
 pub use fd_cache::{FdCache, default_fd_budget};
-pub use file_store::{FileStore, FileStoreConfig, JournalMode, RecoveryReport};
+pub use file_store::{FileStore, FileStoreConfig, JournalMode, Quarantined, RecoveryReport};
 pub use kv_store::KvStore;
 pub use mem_store::MemStore;
 pub use types::{

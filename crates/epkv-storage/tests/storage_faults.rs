@@ -249,16 +249,24 @@ fn torn_tail_is_dropped_and_reported() {
     assert_eq!(s.verify().unwrap(), 2);
 }
 
-/// Damage in the middle of a file (a valid header follows it) is an error naming the file
-/// and the offset, at open; never a panic.
+/// Damage in the middle of a file (a valid header follows it) is reported at open with the
+/// file and the offset, never a panic, and sets only that vBucket aside: the shard opens,
+/// other vBuckets work, the damaged file is kept, commits to the vBucket fail until it is
+/// deleted, and its journaled commits are dropped (and counted).
 #[test]
-fn mid_file_corruption_is_reported_with_file_and_offset() {
+fn mid_file_corruption_sets_that_vbucket_aside_and_names_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = FileStoreConfig::new(dir.path());
     cfg.journal = JournalMode::Off;
     let s = FileStore::open(cfg.clone()).unwrap();
-    s.commit(&batch(&[5], "a", 1)).unwrap();
-    s.commit(&batch(&[5], "b", 2)).unwrap();
+    s.commit(&batch(&[5, 6], "a", 1)).unwrap();
+    s.commit(&batch(&[5, 6], "b", 2)).unwrap();
+    drop(s);
+    // A run with the journal on leaves a commit of both only in the journal (a crash
+    // before its data files were written).
+    cfg.journal = JournalMode::On;
+    let s = FileStore::open(cfg.clone()).unwrap();
+    s.commit(&batch(&[5, 6], "j", 3)).unwrap();
     drop(s);
     let p = data_file(dir.path(), 5);
     let mut bytes = std::fs::read(&p).unwrap();
@@ -269,16 +277,50 @@ fn mid_file_corruption_is_reported_with_file_and_offset() {
     bytes.push(0); // an extra byte after the last header: the file no longer ends in one
     bytes[n] = 1;
     std::fs::write(&p, &bytes).unwrap();
-    let e = FileStore::open(cfg).unwrap_err();
-    match &e {
-        Error::Corrupt { path, offset, .. } => {
-            assert_eq!(path, &p);
-            assert_eq!(*offset, 29);
-        }
-        other => panic!("unexpected {other}"),
-    }
-    let msg = e.to_string();
-    assert!(msg.contains("offset 29") && msg.contains("vb_5."), "{msg}");
+    let s = FileStore::open(cfg.clone()).unwrap();
+    let r = s.recovery_report().clone();
+    assert_eq!(r.quarantined.len(), 1, "{r:?}");
+    assert_eq!(r.journal_commits_dropped, 1, "{r:?}");
+    assert_eq!(r.journal_commits_replayed, 1, "{r:?}");
+    let q = &r.quarantined[0];
+    assert_eq!(q.vbid, Vbid(5));
+    assert_eq!(q.path, p);
+    assert_eq!(q.offset, 29);
+    assert!(
+        q.error.contains("offset 29") && q.error.contains("vb_5."),
+        "{}",
+        q.error
+    );
+    assert_eq!(s.quarantined(), r.quarantined);
+    assert_eq!(s.vbuckets(), vec![Vbid(6)]);
+    assert_eq!(must_value(&s, 6, "b"), Some(2));
+    assert_eq!(must_value(&s, 6, "j"), Some(3));
+    assert_eq!(must_value(&s, 5, "a"), None);
+    let e = s.commit(&batch(&[5, 6], "c", 4)).unwrap_err();
+    assert!(
+        matches!(&e, Error::VbucketUnavailable { vbid: 5, .. }),
+        "{e}"
+    );
+    assert!(p.exists(), "the damaged file is kept");
+    s.commit(&batch(&[6], "c", 4)).unwrap();
+    assert_eq!(s.verify().unwrap(), 4);
+    drop(s);
+
+    // Still set aside at the next open (the file is untouched).
+    let s = FileStore::open(cfg.clone()).unwrap();
+    assert_eq!(s.quarantined().len(), 1);
+    assert_eq!(must_value(&s, 6, "c"), Some(4));
+    // Deleting it removes its files; the vbid is usable again.
+    s.delete_vbuckets(&[Vbid(5)]).unwrap();
+    assert!(s.quarantined().is_empty());
+    assert!(!p.exists());
+    s.commit(&batch(&[5], "fresh", 1)).unwrap();
+    assert_eq!(must_value(&s, 5, "fresh"), Some(1));
+    s.close().unwrap();
+    let s = FileStore::open(cfg).unwrap();
+    assert!(s.quarantined().is_empty());
+    assert_eq!(must_value(&s, 5, "fresh"), Some(1));
+    assert_eq!(s.verify().unwrap(), 5);
 }
 
 /// A corrupt record met by a read (the file ends in a valid header, so open is fast and
