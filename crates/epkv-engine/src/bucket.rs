@@ -703,6 +703,53 @@ impl Bucket {
         self.counters.incr(Counter::ExpiredAccess);
     }
 
+    /// Reads back from disk the value of the entry's item if it is not resident (warmup
+    /// loads only keys and metadata once item memory reaches the low watermark; nothing
+    /// else evicts values yet), so that the operation sees, returns and re-persists the
+    /// whole document. The read is synchronous, on the operation's thread, with the
+    /// key's stripe lock held (lock order: stripe → the store's locks, never the
+    /// reverse); a background fetch on the Reader group is not implemented. Errors:
+    /// TempFail when memory is too full for the value or the disk read is temporarily
+    /// impossible (no descriptor), Internal if the disk does not hold that version.
+    pub(crate) fn fetch_if_evicted(&self, vb: &VBucket, e: &mut Entry<'_>) -> EngineResult<()> {
+        let meta = match e.get() {
+            Some(sv) if !sv.is_resident() && !sv.is_deleted() => *sv.meta(),
+            _ => return Ok(()),
+        };
+        let key = e.key().to_vec();
+        let Some(shard) = self
+            .persistence
+            .as_ref()
+            .and_then(|p| p.shards.get(p.shard_of(vb.id)))
+        else {
+            return Err(EngineStatus::Internal);
+        };
+        let doc = match epkv_storage::KvStore::get(&shard.store, vb.id, &key) {
+            Ok(d) => d,
+            Err(err) if err.is_temporary() => return Err(EngineStatus::TempFail),
+            Err(err) => {
+                tracing::error!(vbid = %vb.id, error = %err, "cannot read a non-resident value back from disk");
+                return Err(EngineStatus::Internal);
+            }
+        };
+        match doc {
+            Some(d) if !d.deleted && d.seqno == meta.by_seqno.0 => {
+                let sv = StoredValue::new(&key, &d.value, meta).map_err(|err| {
+                    tracing::error!(vbid = %vb.id, error = %err, "value read back from disk refused");
+                    EngineStatus::Internal
+                })?;
+                self.insert_or_tempfail(e, sv)?;
+                e.mark_clean(meta.by_seqno);
+                self.counters.incr(Counter::BgFetched);
+                Ok(())
+            }
+            other => {
+                tracing::error!(vbid = %vb.id, seqno = meta.by_seqno.0, on_disk = ?other.map(|d| (d.seqno, d.deleted)), "a non-resident document's version is not on disk");
+                Err(EngineStatus::Internal)
+            }
+        }
+    }
+
     /// Stores `sv` in the entry, refusing with TempFail when item memory would pass the
     /// high watermark.
     pub(crate) fn insert_or_tempfail(

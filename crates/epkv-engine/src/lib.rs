@@ -12,9 +12,11 @@
 //! thread, a persisted seqno per vBucket with non-blocking waiters
 //! ([`Bucket::when_persisted`], [`Bucket::wait_persisted`]), warmup on Reader tasks
 //! after creation ([`Bucket::wait_warmup`]; a vBucket still loading answers TempFail), a
-//! compactor on AuxIO, and a final flush at shutdown (see `persistence.rs`). It has no
-//! replication or SyncWrite tracking, no item pager and no fetch from disk of values
-//! warmup left out, and never sees the wire format.
+//! compactor on AuxIO, and a final flush at shutdown (see `persistence.rs`). Past the
+//! memory low watermark warmup loads keys and metadata only; an operation needing such a
+//! value reads it back from disk synchronously. It has no replication or SyncWrite
+//! tracking, no item pager (so nothing evicts values after warmup) and no background
+//! fetch on the Reader group, and never sees the wire format.
 //!
 //! # Key types
 //! - [`Bucket`]: the engine; build it with [`Bucket::new`] from a [`BucketConfig`] and an
@@ -59,6 +61,11 @@
 //!    queues its document (so the queue holds every seqno up to the high seqno), or alone
 //!    by the flusher. The persisted-seqno waiters' mutex is a leaf; callbacks run after it
 //!    is released.
+//!
+//! 6. The store's locks (`epkv-storage`): taken inside a stripe lock only by the synchronous
+//!    read-back of a non-resident value (`Bucket::fetch_if_evicted`); the storage layer
+//!    never calls back into the engine, and the flusher and warmup take stripe locks only
+//!    with no store lock held.
 //!
 //! The flusher holds its shard's flush mutex while it takes queues and commits; it takes
 //! `state` shared (briefly, to read the state it commits), never a stripe lock while
@@ -105,9 +112,11 @@
 //! - `warmup`: `ep_warmup` (enabled/disabled), `ep_warmup_state` (`loading data`, then
 //!   `done`), `ep_warmup_thread` (`running` / `complete`), `ep_warmup_vbuckets` (stored
 //!   vBuckets queued), `ep_warmup_vbuckets_loaded`, `ep_warmup_vbuckets_failed`,
-//!   `ep_warmup_value_count` (documents loaded), `ep_warmup_oom` (documents not loaded:
-//!   memory at the low watermark), `ep_warmup_unclean_shutdown`, and `vb_N:warmup_error`
-//!   for each vBucket that could not be loaded.
+//!   `ep_warmup_value_count` (documents loaded with their values),
+//!   `ep_warmup_key_only_count` (loaded as key and metadata: memory at the low watermark),
+//!   `ep_warmup_oom` (not loaded at all: memory at the high watermark),
+//!   `ep_warmup_unclean_shutdown`, and `vb_N:warmup_error` for each vBucket that could not
+//!   be loaded. The default group's `ep_bg_fetched` counts values read back from disk.
 //!
 //! Counters are kept per thread (sharded, cache-line aligned) and summed when read, so
 //! counting never makes two cores write one cache line.

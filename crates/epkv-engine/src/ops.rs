@@ -36,6 +36,7 @@ impl Bucket {
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
             self.expire_on_access(vb, e, &now);
+            self.fetch_if_evicted(vb, e)?;
             e.track_reference();
             let sv = e.get().ok_or(EngineStatus::KeyNotFound)?;
             // A locked document shows everyone a CAS that can never match.
@@ -107,6 +108,7 @@ impl Bucket {
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
             self.expire_on_access(vb, e, &now);
+            self.fetch_if_evicted(vb, e)?;
             let a = self.touch_entry(vb, e, expiry_raw, &now)?;
             let sv = e.get().ok_or(EngineStatus::Internal)?;
             Ok(item_of(sv, vbid, a.cas))
@@ -128,6 +130,7 @@ impl Bucket {
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
             self.expire_on_access(vb, e, &now);
+            self.fetch_if_evicted(vb, e)?;
             let a = self.touch_entry(vb, e, expiry_raw, &now)?;
             Ok(Self::mutation_info(vb, a))
         });
@@ -156,6 +159,7 @@ impl Bucket {
             if locked(&meta, &now) {
                 return Err(EngineStatus::Locked);
             }
+            self.fetch_if_evicted(vb, e)?;
             // As KV-Engine: the lock's CAS (fresh from the HLC, no seqno) becomes the
             // document's CAS and is the token unlock and writers must present.
             let lock_cas = vb.assign_lock_cas(now.nanos());
@@ -239,6 +243,10 @@ impl Bucket {
         now: &LazyNow<'_>,
     ) -> EngineResult<MutationInfo> {
         self.expire_on_access(vb, e, now);
+        if matches!(req.op, StoreOp::Append | StoreOp::Prepend) {
+            // The only writes that keep the old value.
+            self.fetch_if_evicted(vb, e)?;
+        }
         let existing = match e.get() {
             Some(sv) => {
                 if req.op == StoreOp::Add {
@@ -367,6 +375,7 @@ impl Bucket {
         now: &LazyNow<'_>,
     ) -> EngineResult<(u64, MutationInfo)> {
         self.expire_on_access(vb, e, now);
+        self.fetch_if_evicted(vb, e)?;
         let (sv, result, old_rev) = match e.get() {
             None => {
                 if req.expiry_raw == ARITHMETIC_NO_CREATE || !req.cas.is_any() {

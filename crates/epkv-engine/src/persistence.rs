@@ -24,8 +24,11 @@
 //!   nothing can write to it (no mutation is lost or takes a seqno below the stored
 //!   ones). A vBucket that cannot be read becomes [`WarmupPhase::Failed`] (NotMyVbucket,
 //!   files untouched, the error logged and in `STAT warmup`). Values are loaded while
-//!   item memory is below the low watermark; the rest are counted (`ep_warmup_oom`) and
-//!   not served until written again (there is no background fetch from disk yet). A clean
+//!   item memory is below the low watermark; past it documents are loaded as keys and
+//!   metadata (non-resident), and an operation that needs such a value reads it back
+//!   from disk synchronously (no Reader-group background fetch yet). Documents whose
+//!   metadata does not fit under the high watermark are counted (`ep_warmup_oom`) and
+//!   not served until written again. A clean
 //!   shutdown leaves a marker file; without it, every vBucket starts a new failover branch
 //!   at its persisted seqno.
 //! - **Appliers**: one task per shard writes journaled commits to the data files while the
@@ -610,6 +613,7 @@ impl Persistence {
                 vbuckets = self.warmup.vbuckets_done.load(Relaxed),
                 failed = self.warmup.failed.lock().len(),
                 items = self.warmup_items.load(Relaxed),
+                keys_only = self.warmup.keys_only.load(Relaxed),
                 not_loaded = self.warmup.oom.load(Relaxed),
                 "warmup complete"
             );
@@ -617,10 +621,12 @@ impl Persistence {
         true
     }
 
-    /// Loads one vBucket: state, failover log, seqnos, and its live documents while item
-    /// memory is under the low watermark `low_wat`. Documents past it are not loaded
-    /// (counted in `ep_warmup_oom`; the hash table has no disk fetch yet, so they are not
-    /// served until written again). After an unclean shutdown (no marker from the
+    /// Loads one vBucket: state, failover log, seqnos, and its live documents, with their
+    /// values while item memory is under the low watermark `low_wat` and as non-resident
+    /// items (key and metadata) past it (`ep_warmup_key_only_count`; values are read back
+    /// by [`crate::Bucket`]'s `fetch_if_evicted` on access). A document whose metadata
+    /// does not fit under the high watermark is not loaded (`ep_warmup_oom`) and not
+    /// served until written again. After an unclean shutdown (no marker from the
     /// previous run) the vBucket starts a new failover branch at its persisted seqno.
     fn load_vbucket(
         &self,
@@ -635,14 +641,11 @@ impl Persistence {
         };
         let mut max_deleted_rev = 0;
         let mut loaded = 0u64;
+        let mut keys_only = 0u64;
         let mut skipped = 0u64;
         shard.store.scan_by_seqno(vbid, 0, u64::MAX, &mut |d| {
             if d.deleted {
                 max_deleted_rev = max_deleted_rev.max(d.rev_seqno);
-                return ScanControl::Continue;
-            }
-            if mem.used() >= low_wat {
-                skipped += 1;
                 return ScanControl::Continue;
             }
             let meta = epkv_hashtable::ItemMeta {
@@ -654,20 +657,36 @@ impl Persistence {
                 datatype: epkv_types::Datatype(d.datatype),
                 ..epkv_hashtable::ItemMeta::default()
             };
-            let Ok(sv) = epkv_hashtable::StoredValue::new(&d.key, &d.value, meta) else {
+            // Under the low watermark: the whole document. Past it: key and metadata
+            // only (a non-resident item whose value is read back on access).
+            let with_value = mem.used() < low_wat;
+            let value: &[u8] = if with_value { &d.value } else { &[] };
+            let Ok(sv) = epkv_hashtable::StoredValue::new(&d.key, value, meta) else {
                 return ScanControl::Continue;
             };
             vb.table.with_entry(&d.key, |e| match e.insert(sv) {
                 Ok(_) => {
                     e.mark_clean(epkv_types::Seqno(d.seqno));
-                    loaded += 1;
+                    if with_value {
+                        loaded += 1;
+                    } else if e.evict_value() {
+                        keys_only += 1;
+                    } else {
+                        // Cannot happen for a clean committed item; never serve an empty
+                        // value for it.
+                        e.remove();
+                        skipped += 1;
+                    }
                 }
                 Err(_) => skipped += 1,
             });
             ScanControl::Continue
         })?;
+        if keys_only > 0 {
+            tracing::info!(%vbid, keys_only, "warmup reached the memory low watermark: later documents are loaded without their values (read back from disk on access)");
+        }
         if skipped > 0 {
-            tracing::warn!(%vbid, skipped, "warmup reached the memory low watermark: documents not loaded are not served until written again");
+            tracing::warn!(%vbid, skipped, "warmup reached the memory high watermark: documents not loaded at all are not served until written again");
         }
         let failover = state
             .failover_log
@@ -688,6 +707,7 @@ impl Persistence {
             vb.start_failover_branch();
         }
         self.warmup_items.fetch_add(loaded, Relaxed);
+        self.warmup.keys_only.fetch_add(keys_only, Relaxed);
         self.warmup.oom.fetch_add(skipped, Relaxed);
         Ok(())
     }
@@ -706,7 +726,9 @@ pub(crate) struct WarmupProgress {
     pub(crate) vbuckets_total: AtomicU64,
     /// vBuckets loaded.
     pub(crate) vbuckets_done: AtomicU64,
-    /// Documents not loaded because memory reached the low watermark.
+    /// Documents loaded as keys and metadata only (memory at the low watermark).
+    pub(crate) keys_only: AtomicU64,
+    /// Documents not loaded at all (memory at the high watermark even for the key).
     pub(crate) oom: AtomicU64,
     /// vBuckets that could not be loaded, with the error.
     pub(crate) failed: Mutex<Vec<(Vbid, String)>>,

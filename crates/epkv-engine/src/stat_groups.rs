@@ -263,6 +263,10 @@ impl Bucket {
                 "ep_warmup_value_count",
                 p.warmup_items.load(Relaxed).to_string(),
             ),
+            (
+                "ep_warmup_key_only_count",
+                w.keys_only.load(Relaxed).to_string(),
+            ),
             ("ep_warmup_oom", w.oom.load(Relaxed).to_string()),
             (
                 "ep_warmup_unclean_shutdown",

@@ -94,6 +94,7 @@ counters! {
     ExpiryPagerRuns => "ep_num_expiry_pager_runs", "completed expiry pager passes";
     TmpOomErrors => "ep_tmp_oom_errors", "writes refused with TMPFAIL for lack of memory";
     TooBig => "ep_item_too_big", "writes refused because the value was too large";
+    BgFetched => "ep_bg_fetched", "values of non-resident documents read back from disk (synchronously, by the operation that needed them)";
 }
 
 /// Every stat of the default and `memory` groups, counters first. The `vbucket` and
