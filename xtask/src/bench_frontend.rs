@@ -9,8 +9,11 @@
 //! when client and server share two cores. Results go to `target/bench/frontend.json` (rows
 //! as in benchmarks.md "Machine-readable results") and `target/bench/frontend.md`.
 //!
-//! epkv runs as shipped, persistence included (its flusher writes to a data directory of
-//! its own under target/xtask/tmp, removed after each run); memcached does not persist.
+//! memcached does not persist, so by default epkv runs memory-only (`--persistence false`,
+//! a Couchbase ephemeral bucket) and the two servers do the same work. With
+//! `--epkv-persistence` epkv runs as shipped, persistence included (its flusher writes to a
+//! data directory of its own under target/xtask/tmp, removed after each run), to show
+//! what persisting every write costs on top.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -51,6 +54,9 @@ pub(crate) struct FrontendOptions {
     /// Use this epkv-server binary instead of building target/release/epkv-server.
     #[arg(long)]
     pub(crate) epkv_bin: Option<PathBuf>,
+    /// Run epkv with persistence on (as shipped) instead of memory-only like memcached.
+    #[arg(long)]
+    pub(crate) epkv_persistence: bool,
 }
 
 /// A request mix, written as a memaslap configuration file.
@@ -229,13 +235,15 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
                 };
                 for implementation in order {
                     let logs = out_dir.join(format!("{implementation}-{}-{conns}.log", w.name));
-                    // epkv persists by default; its data directory is its own and is
-                    // removed once the run's server has stopped.
+                    // epkv's data directory is its own and is removed once the run's
+                    // server has stopped (it stays empty when memory-only).
                     let mut data = None;
                     let server = match implementation {
                         "epkv" => {
                             let data = data.insert(tempdir("bench-frontend")?).path();
                             let args = vec![
+                                "--persistence".into(),
+                                opts.epkv_persistence.to_string(),
                                 "--threads".into(),
                                 server_threads.to_string(),
                                 "--memory-quota".into(),
@@ -287,10 +295,27 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
     }
     let runs = rows.len();
     let rows = summarise(&rows);
-    let json_rows: Vec<_> = rows.iter().map(Row::to_json).collect();
+    let json_rows: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            let mut j = r.to_json();
+            j["params"]["epkv_persistence"] = opts.epkv_persistence.into();
+            j
+        })
+        .collect();
     let json_path = out_dir.join("frontend.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&json_rows)?)?;
-    let md = markdown(&rows, secs, rounds)?;
+    let mut md = markdown(&rows, secs, rounds)?;
+    writeln!(
+        md,
+        "\nepkv {} (`--epkv-persistence` {}).",
+        if opts.epkv_persistence {
+            "persisted every write to its data directory, memcached does not persist"
+        } else {
+            "ran memory-only (`--persistence false`), as memcached does"
+        },
+        if opts.epkv_persistence { "on" } else { "off" }
+    )?;
     let md_path = out_dir.join("frontend.md");
     std::fs::write(&md_path, &md)?;
     println!("\n{md}");
