@@ -304,7 +304,8 @@ impl Bucket {
     }
 
     /// Starts the persistence tasks on `executor`, or on an executor of the bucket's own
-    /// (one Reader, AuxIO and NonIO thread, `writer_threads` Writer threads): one warmup
+    /// (`reader_threads` Reader threads, one AuxIO and NonIO thread, `writer_threads`
+    /// Writer threads): one warmup
     /// task per shard with vBuckets to load, and, unless the flusher is manual, one
     /// flusher and one applier per shard and the compactor.
     fn start_tasks(
@@ -318,7 +319,7 @@ impl Bucket {
             Some(h) => h,
             None => {
                 let cfg = epkv_executor::ExecutorConfig::new()
-                    .with_threads(epkv_executor::Group::Reader, 1)
+                    .with_threads(epkv_executor::Group::Reader, p.config.reader_threads)
                     .with_threads(epkv_executor::Group::AuxIo, 1)
                     .with_threads(epkv_executor::Group::NonIo, 1)
                     .with_threads(epkv_executor::Group::Writer, p.config.writer_threads);

@@ -146,6 +146,9 @@ impl BucketConfig {
             if !(1..=16).contains(&p.writer_threads) {
                 return Err(invalid("persistence.writer_threads", "must be 1..=16"));
             }
+            if !(1..=16).contains(&p.reader_threads) {
+                return Err(invalid("persistence.reader_threads", "must be 1..=16"));
+            }
         }
         if self.getl_default_timeout_secs == 0 {
             return Err(invalid("getl_default_timeout_secs", "must be at least 1"));
