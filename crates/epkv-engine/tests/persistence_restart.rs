@@ -385,3 +385,68 @@ fn vbucket_states_survive_a_restart() {
     );
     b.shutdown();
 }
+
+/// Compactions while writers and the background flushers run: every write survives a
+/// restart (the store catches up what was committed during each copy).
+#[test]
+fn compactions_during_writes_and_flushes_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlusherMode::Tasks);
+    // A base to compact: a few hundred keys, some deleted.
+    for i in 0..300 {
+        must_set(&b, &format!("base-{i}"), &format!("v{i}"), 0);
+    }
+    for i in 0..50 {
+        let key = format!("base-{i}");
+        b.remove(RemoveRequest {
+            vbid: vb(&key),
+            key: key.as_bytes(),
+            cas: Cas::ANY,
+            durability: None,
+        })
+        .unwrap();
+    }
+    b.flush_all().unwrap();
+    let writer = {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || {
+            for round in 0..4 {
+                for i in 0..300 {
+                    must_set(&b, &format!("w-{i}"), &format!("r{round}"), round);
+                }
+            }
+        })
+    };
+    let mut compactions = 0;
+    while !writer.is_finished() && compactions < 5 {
+        b.compact_all().unwrap();
+        compactions += 1;
+    }
+    writer.join().unwrap();
+    b.compact_all().unwrap();
+    b.shutdown();
+    drop(b);
+
+    let b = open(dir.path(), FlusherMode::Tasks);
+    for i in 0..300 {
+        let key = format!("w-{i}");
+        let item = b.get(vb(&key), key.as_bytes()).unwrap();
+        assert_eq!(item.value.as_ref(), b"r3", "{key}");
+        assert_eq!(item.flags, 3);
+    }
+    for i in 0..300 {
+        let key = format!("base-{i}");
+        match b.get(vb(&key), key.as_bytes()) {
+            Ok(item) => {
+                assert!(i >= 50, "{key} was deleted");
+                assert_eq!(item.value.as_ref(), format!("v{i}").as_bytes());
+            }
+            Err(e) => {
+                assert!(i < 50, "{key}: {e:?}");
+                assert_eq!(e, EngineStatus::KeyNotFound);
+            }
+        }
+    }
+    assert!(compactions >= 1);
+    b.shutdown();
+}
