@@ -72,6 +72,9 @@ pub(crate) struct Server {
     child: Option<Child>,
     stderr: Option<std::thread::JoinHandle<String>>,
     data_dir: Option<PathBuf>,
+    /// Whether `data_dir` is the server's own, removed when it is dropped (false for a
+    /// directory the test passed in, to restart servers on it).
+    owns_data_dir: bool,
     /// The first line the server printed on stdout (empty for an external server).
     pub(crate) listening_line: String,
 }
@@ -86,6 +89,7 @@ impl Server {
                 child: None,
                 stderr: None,
                 data_dir: None,
+                owns_data_dir: false,
                 listening_line: String::new(),
             },
             None => Server::spawn(&[]),
@@ -114,11 +118,21 @@ impl Server {
     /// A fresh process with exactly these arguments and extra environment variables (plus
     /// a private data directory).
     pub(crate) fn spawn_exact_env(args: &[&str], env: &[(&str, &str)]) -> Server {
-        let data_dir = std::env::temp_dir().join(format!(
-            "epkv-e2e-{}-{}",
-            std::process::id(),
-            NEXT_DIR.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
+        let mut server = Server::spawn_on(args, env, &fresh_data_dir());
+        server.owns_data_dir = true;
+        server
+    }
+
+    /// [`Server::spawn`] on the data directory `data_dir`, which outlives the server (for
+    /// restarts); the test removes it (see [`TestDir`]).
+    pub(crate) fn spawn_in(data_dir: &std::path::Path, extra: &[&str]) -> Server {
+        let mut args = vec!["--port", "0", "--testing", "--flush-enabled"];
+        args.extend_from_slice(extra);
+        Server::spawn_on(&args, &[], data_dir)
+    }
+
+    fn spawn_on(args: &[&str], env: &[(&str, &str)], data_dir: &std::path::Path) -> Server {
+        let data_dir = data_dir.to_owned();
         let mut child = Command::new(server_binary())
             .args(args)
             .arg("--data-dir")
@@ -162,6 +176,7 @@ impl Server {
             child: Some(child),
             stderr: Some(stderr),
             data_dir: Some(data_dir),
+            owns_data_dir: false,
             listening_line: line,
         }
     }
@@ -169,11 +184,7 @@ impl Server {
     /// Runs the server with `args` (plus a private data directory) expecting it to fail
     /// at start; returns its exit status and stderr.
     pub(crate) fn spawn_exact_expecting_failure(args: &[&str]) -> (ExitStatus, String) {
-        let data_dir = std::env::temp_dir().join(format!(
-            "epkv-e2e-{}-{}",
-            std::process::id(),
-            NEXT_DIR.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
+        let data_dir = fresh_data_dir();
         let mut child = Command::new(server_binary())
             .args(args)
             .arg("--data-dir")
@@ -220,6 +231,33 @@ impl Server {
             .expect("connect to epkv-server")
     }
 
+    /// Waits (bounded) until warmup has loaded every stored vBucket (`STAT warmup`), so
+    /// data requests no longer answer TMPFAIL. Needs the open mode (no users).
+    pub(crate) async fn wait_warmed_up(&self) {
+        let mut c = self.client().await;
+        for _ in 0..3000 {
+            let stats: std::collections::HashMap<String, String> =
+                c.stat("warmup").await.unwrap().into_iter().collect();
+            match stats.get("ep_warmup_state").map(String::as_str) {
+                Some("done") | None => return,
+                Some(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        panic!("warmup did not finish within 30 s");
+    }
+
+    /// SIGKILLs a spawned server (no chance to flush) and waits for it; returns its
+    /// stderr.
+    pub(crate) fn kill(mut self) -> String {
+        let mut child = self.child.take().expect("a spawned server");
+        child.kill().expect("SIGKILL");
+        let _ = child.wait();
+        self.stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
+    }
+
     /// Sends SIGTERM and waits (bounded) for the process to exit; returns its status and
     /// stderr.
     pub(crate) fn terminate(mut self) -> (ExitStatus, String) {
@@ -242,6 +280,35 @@ impl Server {
 }
 
 static NEXT_DIR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A new directory name under the temporary directory, unique to this run.
+fn fresh_data_dir() -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "epkv-e2e-{}-{}",
+        std::process::id(),
+        NEXT_DIR.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ))
+}
+
+/// A data directory a test shares between the servers it starts one after the other;
+/// removed when dropped.
+pub(crate) struct TestDir(PathBuf);
+
+impl TestDir {
+    pub(crate) fn new() -> TestDir {
+        TestDir(fresh_data_dir())
+    }
+
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// Waits for a child to exit, killing it (and failing) after `limit`.
 fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
@@ -275,7 +342,9 @@ impl Drop for Server {
             let _ = child.kill();
             let _ = child.wait();
         }
-        if let Some(dir) = self.data_dir.take() {
+        if let Some(dir) = self.data_dir.take()
+            && self.owns_data_dir
+        {
             let _ = std::fs::remove_dir_all(dir);
         }
     }

@@ -18,5 +18,6 @@ mod expiry;
 mod malformed;
 mod pipelining;
 mod process;
+mod restart;
 mod scram;
 mod vbuckets;
