@@ -16,6 +16,7 @@ mod couchbase;
 mod durability;
 mod expiry;
 mod malformed;
+mod persistence;
 mod pipelining;
 mod process;
 mod restart;
