@@ -292,6 +292,10 @@ impl Bucket {
             &self.memory,
             self.config.low_wat_bytes(),
         );
+        // Loading may have dirtied the vBucket's state (a new failover branch after an
+        // unclean shutdown). A write to a vBucket whose queue is already non-empty does
+        // not wake the flusher, so without this nothing would be flushed after a crash.
+        p.wake_shard(shard);
         if p.warmup
             .queues
             .get(shard)
@@ -407,6 +411,10 @@ impl Bucket {
             handles.push(h);
         }
         *p.flushers.lock() = handles;
+        // Warmup may have dirtied states before the handles were registered.
+        for shard in 0..p.shards.len() {
+            p.wake_shard(shard);
+        }
         Ok(())
     }
 

@@ -349,6 +349,14 @@ impl Persistence {
         }
     }
 
+    /// Wakes a shard's flusher (after warmup changed its vBuckets' states, which queues
+    /// them without the empty-to-non-empty transition that wakes it on a write).
+    pub(crate) fn wake_shard(&self, shard: usize) {
+        if let Some(h) = self.flushers.lock().get(shard) {
+            h.wake();
+        }
+    }
+
     /// Sums the shards' storage counters.
     pub(crate) fn store_stats(&self) -> StoreStats {
         let mut t = StoreStats::default();
