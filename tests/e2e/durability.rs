@@ -236,3 +236,59 @@ async fn a_memory_only_server_refuses_the_persist_levels() {
         assert_eq!(r.status(), Some(Status::DurabilityInvalidLevel), "{lvl:?}");
     }
 }
+
+#[tokio::test]
+async fn a_waiting_durable_write_does_not_block_its_worker_thread() {
+    if skip_if_external("durability_worker_free") {
+        return;
+    }
+    // One worker thread, and no flusher: a persist-level write waits its whole timeout
+    // (65 s, longer than the client's 30 s read timeout).
+    let server = Server::spawn(&["--threads", "1", "--testing-manual-flush"]);
+    let mut waiting = sdk_like_client(&server).await;
+    let k = key("worker-free");
+    let vb = vbucket_for_key(&k, NUM_VBUCKETS);
+    let set = Command::Store {
+        op: epkv_types::StoreOp::Set,
+        key: &k,
+        value: b"pending",
+        flags: 0,
+        expiry: 0,
+        datatype: epkv_types::Datatype::RAW,
+        cas: Cas::ANY,
+        durability: Some(level(
+            DurabilityLevel::PersistToMajority,
+            Some(Duration::from_millis(u64::from(
+                DurabilityRequirement::MAX_TIMEOUT_MS,
+            ))),
+        )),
+        preserve_ttl: false,
+        quiet: false,
+    };
+    waiting
+        .queue(RequestBuilder::from_command(&set).vbucket(vb))
+        .unwrap();
+    waiting.flush().await.unwrap();
+    // Other connections, on the same (only) worker, are served meanwhile: were the worker
+    // blocked, these would time out.
+    let mut other = sdk_like_client(&server).await;
+    // The write is applied before it waits (the other connection may get there first:
+    // poll, bounded).
+    let mut seen = false;
+    for _ in 0..1000 {
+        let r = other.get(&k).await.unwrap();
+        if r.is_success() {
+            assert_eq!(&r.value[..], b"pending");
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(seen, "the waiting write is applied in memory");
+    let r = other
+        .set(&key("worker-free-2"), b"v", StoreOptions::new())
+        .await
+        .unwrap();
+    assert!(r.is_success());
+    drop(waiting);
+}
