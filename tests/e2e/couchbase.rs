@@ -2,7 +2,7 @@
 //! SELECT_BUCKET, the error map, the cluster map and OBSERVE_SEQNO (issue 6; what the
 //! clients send is recorded in `../shared/design/protocol-compat.md`).
 
-use crate::harness::{Server, key, server_binary, skip_if_external};
+use crate::harness::{Server, TestDir, key, server_binary, skip_if_external};
 use crate::scram::{ScramOutcome, scram_sha512};
 use epkv_client::{Client, StoreOptions};
 use epkv_protocol::{Feature, Opcode, RequestBuilder, Status};
@@ -12,14 +12,12 @@ use std::path::PathBuf;
 const ADMIN: (&str, &str) = ("Administrator", "password");
 const APP: (&str, &str) = ("app", "app-pw");
 
-/// A users file with `app` (bucket `travel` only), written by `epkv-server user add`.
-fn users_file() -> PathBuf {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let path = std::env::temp_dir().join(format!(
-        "epkv-e2e-users-{}-{}.toml",
-        std::process::id(),
-        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    ));
+/// A users file with `app` (bucket `travel` only), written by `epkv-server user add`, in
+/// a directory removed when the returned guard drops.
+fn users_file() -> (TestDir, PathBuf) {
+    let dir = TestDir::new();
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let path = dir.path().join("users.toml");
     let out = std::process::Command::new(server_binary())
         .args(["user", "add", "--users-file"])
         .arg(&path)
@@ -32,13 +30,13 @@ fn users_file() -> PathBuf {
         !text.contains(APP.1),
         "the users file never holds the password"
     );
-    path
+    (dir, path)
 }
 
 /// A server with users (the admin from the flags, `app` from the file) and the buckets
 /// `default`, `travel` and `beer`.
-fn secured_server() -> (Server, PathBuf) {
-    let users = users_file();
+fn secured_server() -> (Server, TestDir) {
+    let (dir, users) = users_file();
     let server = Server::spawn(&[
         "--buckets",
         "travel,beer=64MiB",
@@ -49,7 +47,7 @@ fn secured_server() -> (Server, PathBuf) {
         "--admin-password",
         ADMIN.1,
     ]);
-    (server, users)
+    (server, dir)
 }
 
 /// HELLO as the Couchbase SDKs send it (XERROR, JSON, MutationSeqno, SelectBucket).
