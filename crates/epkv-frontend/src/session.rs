@@ -546,19 +546,7 @@ impl Session {
                     cas,
                     durability: durability(d),
                 });
-                match (result, persist) {
-                    (Ok(info), Some(timeout)) => self.defer_until_persisted(
-                        shared,
-                        engine,
-                        out,
-                        to,
-                        vbid,
-                        (info, None),
-                        timeout,
-                        quiet,
-                    ),
-                    (result, _) => self.put_mutation(shared, out, to, result, quiet),
-                }
+                self.finish_mutation(shared, engine, out, to, vbid, result, persist, quiet);
             }
             Command::Delete {
                 key,
@@ -583,19 +571,7 @@ impl Session {
                     }),
                     other => other,
                 };
-                match (result, persist) {
-                    (Ok(info), Some(timeout)) => self.defer_until_persisted(
-                        shared,
-                        engine,
-                        out,
-                        to,
-                        vbid,
-                        (info, None),
-                        timeout,
-                        quiet,
-                    ),
-                    (result, _) => self.put_mutation(shared, out, to, result, quiet),
-                }
+                self.finish_mutation(shared, engine, out, to, vbid, result, persist, quiet);
             }
             Command::Arithmetic {
                 op,
@@ -737,21 +713,39 @@ impl Session {
         );
     }
 
-    fn put_mutation(
+    /// Answers a SET-family or DELETE result: at once, or once persisted when the
+    /// request asked for a persist durability level (`persist` is its timeout).
+    #[expect(clippy::too_many_arguments, reason = "the parts of one mutation reply")]
+    fn finish_mutation(
         &self,
         shared: &Shared,
+        engine: &dyn Engine,
         out: &mut BytesMut,
         to: ReplyTo,
+        vbid: Vbid,
         result: Result<MutationInfo, EngineStatus>,
+        persist: Option<Duration>,
         quiet: bool,
     ) {
-        match result {
-            Ok(_) if quiet => {}
-            Ok(info) => {
+        match (result, persist) {
+            (Ok(info), Some(timeout)) => {
+                self.defer_until_persisted(
+                    shared,
+                    engine,
+                    out,
+                    to,
+                    vbid,
+                    (info, None),
+                    timeout,
+                    quiet,
+                );
+            }
+            (Ok(_), None) if quiet => {}
+            (Ok(info), None) => {
                 let (extras, n) = self.mutation_extras(&info);
                 put_success(out, to, info.cas, Datatype::RAW, &extras[..n], &[], &[]);
             }
-            Err(e) => self.fail(shared, out, to, e, &[]),
+            (Err(e), _) => self.fail(shared, out, to, e, &[]),
         }
     }
 
