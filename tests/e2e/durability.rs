@@ -89,6 +89,26 @@ async fn persist_levels_are_acknowledged_only_once_persisted() {
             .unwrap();
         assert_acknowledged_persisted(&mut c, vb, &r, "SET, default timeout").await;
 
+        // TOUCH carries no seqno in its reply: once it is acknowledged, everything the
+        // vBucket holds (the touch is its latest mutation) must be persisted.
+        let uuid = token(&r).0;
+        let touch = Command::Touch {
+            key: &k,
+            expiry: 3600,
+            durability: Some(d),
+        };
+        let r = c
+            .request(RequestBuilder::from_command(&touch).vbucket(vb))
+            .await
+            .unwrap();
+        assert!(r.is_success(), "TOUCH: {r:?}");
+        assert!(r.extras.is_empty(), "TOUCH replies carry no extras: {r:?}");
+        let (persisted, current) = observe(&mut c, vb, uuid).await;
+        assert_eq!(
+            persisted, current,
+            "TOUCH acknowledged before it was persisted"
+        );
+
         let counter = key(&format!("persist-counter-{lvl:?}"));
         let cvb = vbucket_for_key(&counter, NUM_VBUCKETS);
         let incr = Command::Arithmetic {
@@ -186,6 +206,16 @@ async fn a_durable_write_not_persisted_in_time_is_ambiguous_but_applied() {
             .await
             .unwrap();
         assert_eq!(r.status(), Some(Status::SyncWriteAmbiguous), "{r:?}");
+        let touch = Command::Touch {
+            key: &k,
+            expiry: 3600,
+            durability: Some(d),
+        };
+        let r = c
+            .request(RequestBuilder::from_command(&touch).vbucket(vb))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), Some(Status::SyncWriteAmbiguous), "TOUCH: {r:?}");
         // Ambiguous, not failed: the write is applied in memory, and the connection
         // carries on.
         assert_eq!(&c.get(&k).await.unwrap().value[..], b"maybe");
@@ -234,6 +264,26 @@ async fn a_memory_only_server_refuses_the_persist_levels() {
             .await
             .unwrap();
         assert_eq!(r.status(), Some(Status::DurabilityInvalidLevel), "{lvl:?}");
+        let touch = Command::Touch {
+            key: &k,
+            expiry: 3600,
+            durability: Some(level(lvl, None)),
+        };
+        let vb = vbucket_for_key(&k, NUM_VBUCKETS);
+        let r = c
+            .request(RequestBuilder::from_command(&touch).vbucket(vb))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            Some(Status::DurabilityInvalidLevel),
+            "TOUCH {lvl:?}"
+        );
+        let got = c.get(&k).await.unwrap();
+        assert!(
+            got.is_success(),
+            "the refused TOUCH left the document alone"
+        );
     }
 }
 

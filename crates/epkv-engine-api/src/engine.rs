@@ -118,6 +118,13 @@ pub trait Engine: Send + Sync + 'static {
         Err(EngineStatus::NotSupported)
     }
 
+    /// True when the engine persists its writes, so that [`Engine::when_persisted`] can
+    /// complete and the persist durability levels are accepted. The default is `false`
+    /// (a memory-only engine, as a Couchbase ephemeral bucket).
+    fn persistent(&self) -> bool {
+        false
+    }
+
     /// Calls `done` once vBucket `vbid` has persisted `seqno` (at once if it already
     /// has), without blocking a thread while waiting. The front end uses it to acknowledge
     /// writes at the persist durability levels only once they are on disk. `done` may

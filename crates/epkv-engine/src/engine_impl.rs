@@ -107,6 +107,10 @@ impl Engine for Bucket {
         })
     }
 
+    fn persistent(&self) -> bool {
+        self.persistence.is_some()
+    }
+
     fn when_persisted(
         &self,
         vbid: Vbid,

@@ -54,9 +54,20 @@ pub(crate) struct PendingDurable {
     pub(crate) timeout: Duration,
     to: ReplyTo,
     info: MutationInfo,
-    /// INCREMENT/DECREMENT's new value, returned in the reply.
-    counter: Option<u64>,
+    /// What the success reply carries.
+    body: DurableReply,
     quiet: bool,
+}
+
+/// The success reply of a write waiting for persistence, besides its CAS.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum DurableReply {
+    /// SET family, DELETE: the mutation extras (when negotiated), no value.
+    Mutation,
+    /// INCREMENT/DECREMENT: the mutation extras and the new value.
+    Counter(u64),
+    /// TOUCH: the CAS only, as its immediate reply.
+    Touch,
 }
 
 /// The timeout of a write that must be persisted before it is acknowledged, or `None` for
@@ -184,8 +195,8 @@ impl Session {
             return false;
         }
         let (extras, n) = self.mutation_extras(&p.info);
-        match p.counter {
-            Some(value) => put_success(
+        match p.body {
+            DurableReply::Counter(value) => put_success(
                 out,
                 p.to,
                 p.info.cas,
@@ -194,7 +205,10 @@ impl Session {
                 &[],
                 &value.to_be_bytes(),
             ),
-            None => put_success(out, p.to, p.info.cas, Datatype::RAW, &extras[..n], &[], &[]),
+            DurableReply::Mutation => {
+                put_success(out, p.to, p.info.cas, Datatype::RAW, &extras[..n], &[], &[]);
+            }
+            DurableReply::Touch => put_success(out, p.to, p.info.cas, Datatype::RAW, &[], &[], &[]),
         }
         false
     }
@@ -209,7 +223,7 @@ impl Session {
         out: &mut BytesMut,
         to: ReplyTo,
         vbid: Vbid,
-        (info, counter): (MutationInfo, Option<u64>),
+        (info, body): (MutationInfo, DurableReply),
         timeout: Duration,
         quiet: bool,
     ) {
@@ -224,7 +238,7 @@ impl Session {
                 timeout,
                 to,
                 info,
-                counter,
+                body,
                 quiet,
             })),
             Err(e) => self.fail(shared, out, to, e, &[]),
@@ -601,7 +615,7 @@ impl Session {
                         out,
                         to,
                         vbid,
-                        (info, Some(value)),
+                        (info, DurableReply::Counter(value)),
                         timeout,
                         quiet,
                     ),
@@ -626,10 +640,35 @@ impl Session {
                 Ok(()) => put_status(out, to, Status::Success, &[]),
                 Err(e) => self.fail(shared, out, to, e, &[]),
             },
-            Command::Touch { key, expiry, .. } => match engine.touch(vbid, key, expiry) {
-                Ok(info) => put_success(out, to, info.cas, Datatype::RAW, &[], &[], &[]),
-                Err(e) => self.fail(shared, out, to, e, &[]),
-            },
+            Command::Touch {
+                key,
+                expiry,
+                durability: d,
+            } => {
+                let persist = persist_timeout(d);
+                let result = if persist.is_some() && !engine.persistent() {
+                    // Refused before anything changes, as the store commands are.
+                    Err(EngineStatus::DurabilityInvalidLevel)
+                } else {
+                    engine.touch(vbid, key, expiry)
+                };
+                match (result, persist) {
+                    (Ok(info), Some(timeout)) => self.defer_until_persisted(
+                        shared,
+                        engine,
+                        out,
+                        to,
+                        vbid,
+                        (info, DurableReply::Touch),
+                        timeout,
+                        false,
+                    ),
+                    (Ok(info), None) => {
+                        put_success(out, to, info.cas, Datatype::RAW, &[], &[], &[]);
+                    }
+                    (Err(e), _) => self.fail(shared, out, to, e, &[]),
+                }
+            }
             Command::Gat {
                 key, expiry, quiet, ..
             } => match engine.get_and_touch(vbid, key, expiry) {
@@ -735,7 +774,7 @@ impl Session {
                     out,
                     to,
                     vbid,
-                    (info, None),
+                    (info, DurableReply::Mutation),
                     timeout,
                     quiet,
                 );
