@@ -8,6 +8,7 @@
 
 mod bench_frontend;
 mod bench_micro;
+mod bench_persistence;
 mod ci;
 mod deps;
 mod fuzz;
@@ -79,6 +80,8 @@ enum Cmd {
 enum BenchCmd {
     /// epkv-server vs memcached under memaslap --binary (ops/s and server CPU per op).
     Frontend(bench_frontend::FrontendOptions),
+    /// PersistToMajority SET latency under 1..2000 connections (epkv-fight), with the disk floor.
+    Persistence(bench_persistence::PersistenceOptions),
     /// Any other name runs the epkv-bench bench of that name:
     /// `cargo xtask bench executor --quick` is
     /// `cargo bench -p epkv-bench --bench executor -- --quick`.
@@ -105,6 +108,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Frontend(opts),
         } => bench_frontend::bench_frontend(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Persistence(opts),
+        } => bench_persistence::bench_persistence(&opts),
         Cmd::Bench {
             which: BenchCmd::Micro(args),
         } => bench_micro::bench_micro(&args),

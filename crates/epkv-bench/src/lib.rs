@@ -23,5 +23,6 @@
 //! ```
 
 pub mod baton;
+pub mod fight;
 pub mod harness;
 pub mod naive;
