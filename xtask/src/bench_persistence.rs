@@ -76,6 +76,39 @@ pub(crate) fn disk_floor_us(dir: &Path, samples: usize) -> Result<f64> {
     Ok(times.get(times.len() / 2).copied().unwrap_or(f64::NAN))
 }
 
+/// Returns the soft open-file limit of process `pid` from `/proc/<pid>/limits`.
+fn nofile_limit(pid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut words = line.split_whitespace().skip(3);
+    let soft = words.next()?.parse().ok()?;
+    let hard = words.next()?.parse().ok()?;
+    Some((soft, hard))
+}
+
+/// Makes sure this process (and so the server and epkv-fight it starts) may open `need`
+/// files: raises the soft RLIMIT_NOFILE to the hard limit with util-linux `prlimit` when
+/// it is lower, and fails if even the hard limit is too low.
+fn ensure_nofile(need: u64) -> Result<()> {
+    let pid = std::process::id();
+    let Some((soft, hard)) = nofile_limit(pid) else {
+        return Ok(());
+    };
+    if soft >= need {
+        return Ok(());
+    }
+    if hard < need {
+        bail!("{need} open files needed but the hard limit is {hard}; raise it (ulimit -Hn)");
+    }
+    util::run(Command::new("prlimit").args([
+        "--pid",
+        &pid.to_string(),
+        &format!("--nofile={hard}:{hard}"),
+    ]))?;
+    eprintln!("raised RLIMIT_NOFILE from {soft} to {hard}");
+    Ok(())
+}
+
 /// Extracts the JSON of the `fight-result: {...}` line.
 pub(crate) fn parse_fight(stdout: &str) -> Option<Value> {
     let line = stdout
@@ -149,12 +182,13 @@ pub(crate) fn markdown(runs: &[Run], floor_us: f64, secs: u64) -> Result<String>
     for r in runs {
         let x = &r.result;
         let mean_ms = num(x, "mean_us") / 1e3;
-        // The seed ran 1 and 2000 threads; compare with the nearest.
-        let seed = SEED_MS
-            .iter()
-            .min_by_key(|s| s.0.abs_diff(r.connections))
-            .copied()
-            .unwrap_or(SEED_MS[0]);
+        // The seed ran 1 and 2000 threads: one connection against its 1-thread run, any
+        // concurrent run against its 2000-thread run.
+        let seed = if r.connections <= 1 {
+            SEED_MS[0]
+        } else {
+            SEED_MS[1]
+        };
         writeln!(
             md,
             "| {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {} | {:.1}x | {} / {} ms ({}) | {:.3} |",
@@ -216,6 +250,8 @@ pub(crate) fn bench_persistence(opts: &PersistenceOptions) -> Result<()> {
         "disk floor: {floor_us:.0} us per 4 KiB append + fdatasync (median of {FLOOR_SAMPLES})"
     );
     let max_conns = conns.iter().copied().max().unwrap_or(1);
+    // Each connection is a socket in the client and one in the server, plus files.
+    ensure_nofile(max_conns as u64 + 512)?;
     let total = Stopwatch::start();
     let mut runs = Vec::new();
     for &c in &conns {
@@ -292,6 +328,13 @@ mod tests {
     }
 
     #[test]
+    fn own_nofile_limit_is_readable() {
+        let (soft, hard) = nofile_limit(std::process::id()).unwrap();
+        assert!(soft <= hard);
+        assert!(ensure_nofile(1).is_ok());
+    }
+
+    #[test]
     fn fight_result_line_parses() {
         let v = parse_fight("[1us - 2us] ...\nfight-result: {\"ops\": 3}\n").unwrap();
         assert_eq!(v["ops"], 3);
@@ -311,6 +354,8 @@ mod tests {
             md.contains("| 1 | 100 | 4.60 ms | 2.00 ms | 9.00 ms | 9.50 ms | 0 | 2.0x | 4.8 / 4.6 ms (1) | 1.000 |"),
             "{md}"
         );
+        assert!(md.contains("748 / 614 ms (2000)"), "{md}");
+        let md = markdown(&[run(500)], 1000.0, 5).unwrap();
         assert!(md.contains("748 / 614 ms (2000)"), "{md}");
     }
 
