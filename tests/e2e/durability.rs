@@ -32,6 +32,19 @@ fn be_u64(b: &[u8]) -> u64 {
     u64::from_be_bytes(b.try_into().unwrap())
 }
 
+/// TOUCH `key` (expiry one hour) with durability `d`.
+async fn touch_durable(c: &mut Client, key: &[u8], d: DurabilityRequirement) -> Response {
+    let touch = Command::Touch {
+        key,
+        expiry: 3600,
+        durability: Some(d),
+    };
+    let vb = vbucket_for_key(key, NUM_VBUCKETS);
+    c.request(RequestBuilder::from_command(&touch).vbucket(vb))
+        .await
+        .unwrap()
+}
+
 /// The (vBucket UUID, seqno) a mutation reply carries.
 fn token(r: &Response) -> (u64, u64) {
     assert_eq!(r.extras.len(), 16, "MutationSeqno extras: {r:?}");
@@ -92,15 +105,7 @@ async fn persist_levels_are_acknowledged_only_once_persisted() {
         // TOUCH carries no seqno in its reply: once it is acknowledged, everything the
         // vBucket holds (the touch is its latest mutation) must be persisted.
         let uuid = token(&r).0;
-        let touch = Command::Touch {
-            key: &k,
-            expiry: 3600,
-            durability: Some(d),
-        };
-        let r = c
-            .request(RequestBuilder::from_command(&touch).vbucket(vb))
-            .await
-            .unwrap();
+        let r = touch_durable(&mut c, &k, d).await;
         assert!(r.is_success(), "TOUCH: {r:?}");
         assert!(r.extras.is_empty(), "TOUCH replies carry no extras: {r:?}");
         let (persisted, current) = observe(&mut c, vb, uuid).await;
@@ -206,15 +211,7 @@ async fn a_durable_write_not_persisted_in_time_is_ambiguous_but_applied() {
             .await
             .unwrap();
         assert_eq!(r.status(), Some(Status::SyncWriteAmbiguous), "{r:?}");
-        let touch = Command::Touch {
-            key: &k,
-            expiry: 3600,
-            durability: Some(d),
-        };
-        let r = c
-            .request(RequestBuilder::from_command(&touch).vbucket(vb))
-            .await
-            .unwrap();
+        let r = touch_durable(&mut c, &k, d).await;
         assert_eq!(r.status(), Some(Status::SyncWriteAmbiguous), "TOUCH: {r:?}");
         // Ambiguous, not failed: the write is applied in memory, and the connection
         // carries on.
@@ -264,16 +261,7 @@ async fn a_memory_only_server_refuses_the_persist_levels() {
             .await
             .unwrap();
         assert_eq!(r.status(), Some(Status::DurabilityInvalidLevel), "{lvl:?}");
-        let touch = Command::Touch {
-            key: &k,
-            expiry: 3600,
-            durability: Some(level(lvl, None)),
-        };
-        let vb = vbucket_for_key(&k, NUM_VBUCKETS);
-        let r = c
-            .request(RequestBuilder::from_command(&touch).vbucket(vb))
-            .await
-            .unwrap();
+        let r = touch_durable(&mut c, &k, level(lvl, None)).await;
         assert_eq!(
             r.status(),
             Some(Status::DurabilityInvalidLevel),

@@ -3,6 +3,7 @@
 
 use crate::Bucket;
 use crate::stats::{Counter, STATS, StatGroup};
+use crate::vbucket::VBucket;
 use epkv_engine_api::{EngineResult, EngineStatus, StatSink};
 use epkv_hashtable::StoredValue;
 use epkv_types::VBucketState;
@@ -93,17 +94,20 @@ impl Bucket {
         }
     }
 
+    /// vBucket `only`, or every vBucket; `NotMyVbucket` for an id outside the bucket.
+    fn selected_vbuckets(&self, only: Option<u16>) -> EngineResult<&[VBucket]> {
+        match only {
+            Some(id) => self
+                .vbuckets
+                .get(usize::from(id))
+                .map(std::slice::from_ref)
+                .ok_or(EngineStatus::NotMyVbucket),
+            None => Ok(&self.vbuckets[..]),
+        }
+    }
+
     fn emit_vbucket_details(&self, only: Option<u16>, sink: StatSink<'_>) -> EngineResult<()> {
-        let vbs = match only {
-            Some(id) => {
-                let vb = self
-                    .vbuckets
-                    .get(usize::from(id))
-                    .ok_or(EngineStatus::NotMyVbucket)?;
-                std::slice::from_ref(vb)
-            }
-            None => &self.vbuckets[..],
-        };
+        let vbs = self.selected_vbuckets(only)?;
         for vb in vbs {
             let state = *vb.state();
             let (high_seqno, max_cas, max_deleted_rev) = vb.ordering_snapshot();
@@ -126,16 +130,7 @@ impl Bucket {
 
     /// `vbucket-seqno [N]`: per vBucket its seqnos as Couchbase names them.
     fn emit_vbucket_seqno(&self, only: Option<u16>, sink: StatSink<'_>) -> EngineResult<()> {
-        let vbs = match only {
-            Some(id) => {
-                let vb = self
-                    .vbuckets
-                    .get(usize::from(id))
-                    .ok_or(EngineStatus::NotMyVbucket)?;
-                std::slice::from_ref(vb)
-            }
-            None => &self.vbuckets[..],
-        };
+        let vbs = self.selected_vbuckets(only)?;
         for vb in vbs {
             let (high, _, _) = vb.ordering_snapshot();
             let p = format!("vb_{}", vb.id.0);
