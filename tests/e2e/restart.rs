@@ -135,9 +135,30 @@ async fn sigkill_under_write_load_loses_no_write_acknowledged_as_persisted() {
     if skip_if_external("crash") {
         return;
     }
+    crash_cycles(3, |_| None).await;
+}
+
+/// The crash test with the journal off (`--journal false`: a sync per vBucket data file
+/// per batch) in even cycles and on in odd ones, so that each restart also switches the
+/// mode: a journal left by a run with it on is replayed by a run with it off, and the
+/// other way round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_with_the_journal_switched_off_and_on_loses_no_persisted_write() {
+    if skip_if_external("crash_journal_off") {
+        return;
+    }
+    crash_cycles(2, |cycle| Some(cycle % 2 == 1)).await;
+}
+
+/// Runs `EPKV_E2E_CRASH_CYCLES` (default `default_cycles`) crash cycles on one data
+/// directory; `journal(cycle)` says whether that cycle's server runs with the journal on
+/// (`Some(true)`), off (`Some(false)`) or with the default (`None`).
+async fn crash_cycles(default_cycles: u32, journal: fn(u32) -> Option<bool>) {
     let cycles: u32 = std::env::var("EPKV_E2E_CRASH_CYCLES")
         .ok()
-        .map_or(3, |v| v.parse().expect("EPKV_E2E_CRASH_CYCLES is a number"));
+        .map_or(default_cycles, |v| {
+            v.parse().expect("EPKV_E2E_CRASH_CYCLES is a number")
+        });
     let seed: u64 = std::env::var("EPKV_E2E_CRASH_SEED").ok().map_or_else(
         || rand::thread_rng().r#gen(),
         |v| v.parse().expect("EPKV_E2E_CRASH_SEED is a number"),
@@ -150,9 +171,22 @@ async fn sigkill_under_write_load_loses_no_write_acknowledged_as_persisted() {
     const PER_WRITER: u32 = 5000;
 
     for cycle in 0..cycles {
-        let server = Server::spawn_in(dir.path(), &[]);
+        let mode = journal(cycle);
+        let args: Vec<&str> = match mode {
+            Some(on) => vec!["--journal", if on { "true" } else { "false" }],
+            None => Vec::new(),
+        };
+        let server = Server::spawn_in(dir.path(), &args);
         server.wait_warmed_up().await;
         let mut admin = server.client().await;
+        if let Some(on) = mode {
+            let p = stats(&mut admin, "persistence").await;
+            assert_eq!(
+                p["ep_persistence_journal"],
+                if on { "on" } else { "off" },
+                "{p:?}"
+            );
+        }
         if cycle > 0 {
             let warm = stats(&mut admin, "warmup").await;
             assert_eq!(

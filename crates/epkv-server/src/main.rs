@@ -277,6 +277,12 @@ fn build_buckets(s: &Settings, clock: &EngineClock, manual_flush: bool) -> Resul
                 } else {
                     epkv_engine::FlusherMode::Tasks
                 },
+                journal: if s.journal {
+                    epkv_engine::JournalMode::On
+                } else {
+                    epkv_engine::JournalMode::Off
+                },
+                fd_budget: (s.fd_budget > 0).then_some(s.fd_budget),
                 ..epkv_engine::PersistenceConfig::new(&dir)
             }),
             ..BucketConfig::default()

@@ -215,6 +215,11 @@ settings! {
     persistence: bool = "true", unit = "bool",
         help = "Persist every bucket under DATA_DIR/NAME (per-vBucket files, a journal per shard, flusher tasks, warmup at start, final flush at shutdown). `--persistence false` runs memory-only, as a Couchbase ephemeral bucket: nothing is written to DATA_DIR, data is lost at exit, and the persist durability levels are refused",
         clap(num_args = 0..=1, default_missing_value = "true");
+    journal: bool = "true", unit = "bool",
+        help = "With persistence: make each flush batch durable with one append and one fdatasync of its shard's journal, however many vBuckets it touches (data files are synced at checkpoints). `--journal false` syncs every vBucket data file a batch touches instead, as KV-Engine does (slower; for comparison)",
+        clap(num_args = 0..=1, default_missing_value = "true");
+    fd_budget: usize = "0", unit = "count",
+        help = "With persistence: most data files each bucket keeps open (least recently used ones are closed beyond it); 0 derives it from the open-file limit minus a reserve for connections";
     flush_enabled: bool = "false", unit = "bool",
         help = "Allow FLUSH to remove every document (off by default, as in Couchbase)",
         clap(num_args = 0..=1, default_missing_value = "true");
