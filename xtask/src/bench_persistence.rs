@@ -7,7 +7,11 @@
 //! with mean/p50/p99/p99.9, ops/s, p50 as a multiple of the disk floor, and the seed's
 //! kv_engine averages alongside. Writes `target/bench/persistence.json` and `.md`.
 //!
-//! The server has no journal on/off setting, so every run is journal-on (as shipped).
+//! Every connection count runs in three storage modes, side by side: `journal` (as
+//! shipped: one journal fdatasync per batch per shard, data files kept open),
+//! `no-journal` (`--journal false`: a sync per vBucket data file per batch, files kept
+//! open; KV-Engine after the seed's fix) and `reopen` (`--journal false --fd-budget 1`:
+//! also reopening the data files, KV-Engine before it).
 
 use std::fmt::Write as _;
 use std::fs::OpenOptions;
@@ -37,6 +41,18 @@ pub(crate) struct PersistenceOptions {
     /// Pre-loaded keys (overrides --quick).
     #[arg(long)]
     pub(crate) keys: Option<u64>,
+    /// Storage modes to run, comma separated: journal, no-journal, reopen (default all).
+    #[arg(long, value_delimiter = ',', value_parser = ["journal", "no-journal", "reopen"])]
+    pub(crate) modes: Option<Vec<String>>,
+}
+
+/// The server flags of a storage mode.
+fn mode_args(mode: &str) -> &'static [&'static str] {
+    match mode {
+        "no-journal" => &["--journal", "false"],
+        "reopen" => &["--journal", "false", "--fd-budget", "1"],
+        _ => &["--journal", "true"],
+    }
 }
 
 /// The seed's cbc-pillowfight averages (ms): (threads, before, after).
@@ -49,6 +65,8 @@ const FLOOR_SAMPLES: usize = 200;
 #[derive(Debug, Clone)]
 pub(crate) struct Run {
     pub(crate) connections: usize,
+    /// Storage mode: journal, no-journal or reopen.
+    pub(crate) mode: String,
     /// `epkv-fight`'s `fight-result` object.
     pub(crate) result: Value,
 }
@@ -139,7 +157,9 @@ pub(crate) fn rows(runs: &[Run], floor_us: f64) -> Vec<Value> {
                     "keys": x["keys"],
                     "value_bytes": x["value_bytes"],
                     "durability": x["durability"],
-                    "journal": "on",
+                    "mode": r.mode,
+                    "journal": if r.mode == "journal" { "on" } else { "off" },
+                    "files": if r.mode == "reopen" { "reopened" } else { "kept open" },
                     "client": "epkv-fight",
                 },
                 "impl": "epkv",
@@ -165,7 +185,7 @@ pub(crate) fn markdown(runs: &[Run], floor_us: f64, secs: u64) -> Result<String>
     let mut md = String::new();
     writeln!(
         md,
-        "### Persistence: PersistToMajority SET latency (epkv-fight, journal on)"
+        "### Persistence: PersistToMajority SET latency (epkv-fight)"
     )?;
     writeln!(md)?;
     writeln!(
@@ -176,9 +196,12 @@ pub(crate) fn markdown(runs: &[Run], floor_us: f64, secs: u64) -> Result<String>
     writeln!(md)?;
     writeln!(
         md,
-        "| conns | ops/s | mean | p50 | p99 | p99.9 | errors | p50 / disk floor | seed avg before / after (threads) | epkv mean / seed after |"
+        "| conns | mode | ops/s | mean | p50 | p99 | p99.9 | errors | p50 / disk floor | p50 / journal p50 | seed avg before / after (threads) | epkv mean / seed after |"
     )?;
-    writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    writeln!(
+        md,
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )?;
     for r in runs {
         let x = &r.result;
         let mean_ms = num(x, "mean_us") / 1e3;
@@ -189,10 +212,15 @@ pub(crate) fn markdown(runs: &[Run], floor_us: f64, secs: u64) -> Result<String>
         } else {
             SEED_MS[1]
         };
+        let journal_p50 = runs
+            .iter()
+            .find(|j| j.connections == r.connections && j.mode == "journal")
+            .map_or(f64::NAN, |j| num(&j.result, "p50_us"));
         writeln!(
             md,
-            "| {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {} | {:.1}x | {} / {} ms ({}) | {:.3} |",
+            "| {} | {} | {:.0} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {} | {:.1}x | {:.2}x | {} / {} ms ({}) | {:.3} |",
             r.connections,
+            r.mode,
             num(x, "items_per_sec"),
             mean_ms,
             num(x, "p50_us") / 1e3,
@@ -200,6 +228,7 @@ pub(crate) fn markdown(runs: &[Run], floor_us: f64, secs: u64) -> Result<String>
             num(x, "p999_us") / 1e3,
             x["errors"],
             num(x, "p50_us") / floor_us,
+            num(x, "p50_us") / journal_p50,
             seed.1,
             seed.2,
             seed.0,
@@ -254,15 +283,25 @@ pub(crate) fn bench_persistence(opts: &PersistenceOptions) -> Result<()> {
     ensure_nofile(max_conns as u64 + 512)?;
     let total = Stopwatch::start();
     let mut runs = Vec::new();
-    for &c in &conns {
+    let modes = opts.modes.clone().unwrap_or_else(|| {
+        ["journal", "no-journal", "reopen"]
+            .map(String::from)
+            .to_vec()
+    });
+    // Modes alternate within each connection count, so noise hits them alike.
+    for (c, mode) in conns
+        .iter()
+        .flat_map(|&c| modes.iter().map(move |m| (c, m.clone())))
+    {
         let data = tempdir("bench-persistence")?;
-        let args = vec![
+        let mut args = vec![
             "--data-dir".into(),
             data.path().display().to_string(),
             "--max-connections".into(),
             (max_conns + 256).to_string(),
         ];
-        let log = out_dir.join(format!("persistence-epkv-{c}.log"));
+        args.extend(mode_args(&mode).iter().map(|a| (*a).to_owned()));
+        let log = out_dir.join(format!("persistence-epkv-{mode}-{c}.log"));
         let mut server = ServerProcess::start_epkv(&server_bin, &args, log)?;
         let mut cmd = Command::new(fight_bin());
         cmd.args(["--addr", &server.addr()])
@@ -291,6 +330,7 @@ pub(crate) fn bench_persistence(opts: &PersistenceOptions) -> Result<()> {
             parse_fight(&stdout).with_context(|| format!("no fight-result from `{line}`"))?;
         runs.push(Run {
             connections: c,
+            mode,
             result,
         });
     }
@@ -320,6 +360,7 @@ mod tests {
     fn run(c: usize) -> Run {
         Run {
             connections: c,
+            mode: "journal".into(),
             result: json!({"connections": c, "keys": 10, "value_bytes": 512,
                 "durability": "persist-majority", "ops": 100, "errors": 0, "secs": 1.0,
                 "items_per_sec": 100.0, "mean_us": 4600.0, "p50_us": 2000, "p99_us": 9000,
@@ -351,10 +392,24 @@ mod tests {
         assert_eq!(rows[1]["ns_per_op"], 1e7);
         let md = markdown(&runs, 1000.0, 5).unwrap();
         assert!(
-            md.contains("| 1 | 100 | 4.60 ms | 2.00 ms | 9.00 ms | 9.50 ms | 0 | 2.0x | 4.8 / 4.6 ms (1) | 1.000 |"),
+            md.contains("| 1 | journal | 100 | 4.60 ms | 2.00 ms | 9.00 ms | 9.50 ms | 0 | 2.0x | 1.00x | 4.8 / 4.6 ms (1) | 1.000 |"),
             "{md}"
         );
+        assert_eq!(rows[0]["params"]["journal"], "on");
         assert!(md.contains("748 / 614 ms (2000)"), "{md}");
+        // A journal-off run is compared with the journal run at its connection count.
+        let mut off = run(1);
+        off.mode = "reopen".into();
+        off.result["p50_us"] = json!(5000);
+        let rows = super::rows(&[run(1), off.clone()], 1000.0);
+        assert_eq!(rows[1]["params"]["journal"], "off");
+        assert_eq!(rows[1]["params"]["files"], "reopened");
+        let md = markdown(&[run(1), off], 1000.0, 5).unwrap();
+        assert!(
+            md.contains("| 1 | reopen | 100 | 4.60 ms | 5.00 ms |"),
+            "{md}"
+        );
+        assert!(md.contains("| 5.0x | 2.50x |"), "{md}");
         let md = markdown(&[run(500)], 1000.0, 5).unwrap();
         assert!(md.contains("748 / 614 ms (2000)"), "{md}");
     }
