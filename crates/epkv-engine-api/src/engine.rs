@@ -25,6 +25,24 @@ pub trait Engine: Send + Sync + 'static {
     /// `KeyNotFound`, `NotMyVbucket`, `TempFail`.
     fn get(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item>;
 
+    /// Reads a live document as [`Self::get`] does, but lends it to `f` instead of
+    /// returning a copy: the front end encodes the reply straight from the engine's
+    /// memory. `f` runs while the engine holds the key (under its lock), so it must be
+    /// short and must not call back into the engine. The default calls [`Self::get`].
+    ///
+    /// # Errors
+    /// As [`Self::get`]; `f` is not called on an error.
+    fn get_with(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+        f: &mut dyn FnMut(&crate::ItemView<'_>),
+    ) -> EngineResult<()> {
+        let item = self.get(vbid, key)?;
+        f(&item.view());
+        Ok(())
+    }
+
     /// Reads a document and sets its expiry (GAT, GATQ).
     ///
     /// # Errors

@@ -160,6 +160,21 @@ pub(crate) fn document_of(
     }
 }
 
+/// Lends a stored document as the engine API's borrowed view, with the CAS readers see.
+pub(crate) fn view_of(sv: &StoredValue, vbid: Vbid, cas: Cas) -> epkv_engine_api::ItemView<'_> {
+    let m = sv.meta();
+    epkv_engine_api::ItemView {
+        key: sv.key(),
+        value: sv.value(),
+        flags: m.flags,
+        expiry_unix_secs: m.expiry,
+        datatype: m.datatype,
+        cas,
+        vbid,
+        seqno: m.by_seqno,
+    }
+}
+
 /// Builds the [`Item`] a read returns.
 pub(crate) fn item_of(sv: &StoredValue, vbid: Vbid, cas: Cas) -> Item {
     let m = sv.meta();

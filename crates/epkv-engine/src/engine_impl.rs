@@ -13,6 +13,17 @@ impl Engine for Bucket {
         self.op_get(vbid, key)
     }
 
+    fn get_with(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+        f: &mut dyn FnMut(&epkv_engine_api::ItemView<'_>),
+    ) -> EngineResult<()> {
+        self.op_get_with(vbid, key, |sv, cas| {
+            f(&crate::bucket::view_of(sv, vbid, cas))
+        })
+    }
+
     fn get_and_touch(&self, vbid: Vbid, key: &[u8], expiry_raw: u32) -> EngineResult<Item> {
         self.op_get_and_touch(vbid, key, expiry_raw)
     }

@@ -31,6 +31,17 @@ fn json_or_raw(value: &[u8]) -> Datatype {
 impl Bucket {
     /// GET.
     pub(crate) fn op_get(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
+        self.op_get_with(vbid, key, |sv, cas| item_of(sv, vbid, cas))
+    }
+
+    /// GET's work, handing the live document and the CAS readers may see (a never-matching
+    /// one while it is locked) to `read`, under the key's lock.
+    pub(crate) fn op_get_with<R>(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+        read: impl FnOnce(&StoredValue, Cas) -> R,
+    ) -> EngineResult<R> {
         self.counters.incr(Counter::CmdGet);
         let (vb, _state) = self.client_vbucket(vbid, key)?;
         let now = LazyNow::new(&*self.clock);
@@ -45,7 +56,7 @@ impl Bucket {
             } else {
                 sv.meta().cas
             };
-            Ok(item_of(sv, vbid, cas))
+            Ok(read(sv, cas))
         });
         self.count_read(&result);
         result

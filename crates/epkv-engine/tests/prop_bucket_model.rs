@@ -485,6 +485,32 @@ impl Harness {
             }
             Op::Get { key: k } => {
                 let got = b.get(self.vbid(k), self.keys[k].as_bytes());
+                // The borrowing read sees exactly what the copying one returned (no time
+                // passes between them) and is not called on a miss.
+                let mut lent = None;
+                let lent_result = b.get_with(self.vbid(k), self.keys[k].as_bytes(), &mut |v| {
+                    assert!(lent.is_none(), "get_with calls its callback once");
+                    lent = Some((v.key.to_vec(), v.value.to_vec(), v.flags, v.cas, v.seqno));
+                });
+                match &got {
+                    Ok(item) => {
+                        assert_eq!(lent_result, Ok(()));
+                        assert_eq!(
+                            lent,
+                            Some((
+                                item.key.to_vec(),
+                                item.value.to_vec(),
+                                item.flags,
+                                item.cas,
+                                item.seqno
+                            ))
+                        );
+                    }
+                    Err(e) => {
+                        assert_eq!(lent_result, Err(*e));
+                        assert!(lent.is_none(), "get_with called its callback on {e:?}");
+                    }
+                }
                 self.expire_key(k);
                 match (got, self.m.items.get(&k)) {
                     (Ok(item), Some(i)) => {

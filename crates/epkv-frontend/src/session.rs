@@ -13,8 +13,8 @@ use crate::timings;
 use bytes::BytesMut;
 use epkv_auth::SaslServer;
 use epkv_engine_api::{
-    ArithmeticRequest, DurabilityRequirements, Engine, EngineStatus, Expiry, Item, MutationInfo,
-    RemoveRequest, StoreRequest, VBucketSeqnos,
+    ArithmeticRequest, DurabilityRequirements, Engine, EngineStatus, Expiry, ItemView,
+    MutationInfo, RemoveRequest, StoreRequest, VBucketSeqnos,
 };
 use epkv_protocol::{
     Command, DurabilityRequirement, Feature, HelloFeatures, Request, Status, error_map_json,
@@ -528,8 +528,10 @@ impl Session {
                 key,
                 with_key,
                 quiet,
-            } => match engine.get(vbid, key) {
-                Ok(item) => self.put_item(out, to, &item, with_key),
+            } => match engine.get_with(vbid, key, &mut |item| {
+                self.put_item(out, to, item, with_key);
+            }) {
+                Ok(()) => {}
                 Err(EngineStatus::KeyNotFound) if quiet => {}
                 Err(e) => self.fail(shared, out, to, e, if with_key { key } else { &[] }),
             },
@@ -672,7 +674,7 @@ impl Session {
             Command::Gat {
                 key, expiry, quiet, ..
             } => match engine.get_and_touch(vbid, key, expiry) {
-                Ok(item) => self.put_item(out, to, &item, false),
+                Ok(item) => self.put_item(out, to, &item.view(), false),
                 Err(EngineStatus::KeyNotFound) if quiet => {}
                 Err(e) => self.fail(shared, out, to, e, &[]),
             },
@@ -680,7 +682,7 @@ impl Session {
                 key,
                 lock_timeout_secs,
             } => match engine.get_locked(vbid, key, lock_timeout_secs) {
-                Ok(item) => self.put_item(out, to, &item, false),
+                Ok(item) => self.put_item(out, to, &item.view(), false),
                 Err(e) => self.fail(shared, out, to, e, &[]),
             },
             Command::UnlockKey { key, cas } => match engine.unlock(vbid, key, cas) {
@@ -739,8 +741,8 @@ impl Session {
         (extras, 16)
     }
 
-    fn put_item(&self, out: &mut BytesMut, to: ReplyTo, item: &Item, with_key: bool) {
-        let key: &[u8] = if with_key { &item.key } else { &[] };
+    fn put_item(&self, out: &mut BytesMut, to: ReplyTo, item: &ItemView<'_>, with_key: bool) {
+        let key: &[u8] = if with_key { item.key } else { &[] };
         put_success(
             out,
             to,
@@ -748,7 +750,7 @@ impl Session {
             self.datatype_out(item.datatype),
             &item.flags.to_be_bytes(),
             key,
-            &item.value,
+            item.value,
         );
     }
 
