@@ -335,7 +335,14 @@ async fn noop_version_verbosity_and_unknown_opcodes() {
     let mut c = server.client().await;
     c.noop().await.unwrap();
     let v = c.version().await.unwrap();
-    assert!(!v.is_empty());
+    // Clients parse a leading major.minor.micro and libmemcached refuses major 0.
+    let mut parts = v.splitn(3, '.');
+    let major: u32 = parts.next().unwrap().parse().unwrap();
+    let minor: u32 = parts.next().unwrap().parse().unwrap();
+    let micro = parts.next().unwrap();
+    assert!(major >= 1 && minor < 256, "{v}");
+    assert!(micro.starts_with(|c: char| c.is_ascii_digit()), "{v}");
+    assert!(v.contains("-epkv-"), "{v}");
     let verbosity = c
         .request(RequestBuilder::new(Opcode::Verbosity).extras(&[0, 0, 0, 2]))
         .await

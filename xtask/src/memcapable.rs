@@ -83,7 +83,13 @@ pub(crate) fn judge(results: &[(String, Outcome)]) -> Vec<String> {
 
 /// Runs `memccapable <args>` with a time limit; returns (combined output, success).
 fn run_memccapable(args: &[String]) -> Result<(String, bool)> {
-    let mut cmd = Command::new("memccapable");
+    run_tool("memccapable", args)
+}
+
+/// Runs a libmemcached-tools program with a time limit; returns (combined output,
+/// success).
+fn run_tool(tool: &str, args: &[String]) -> Result<(String, bool)> {
+    let mut cmd = Command::new(tool);
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -162,6 +168,21 @@ pub(crate) fn run_against(addr: &str) -> Result<usize> {
     )
 }
 
+/// Runs libmemcached's `memcstat --binary` against `addr`: it sends VERSION first and
+/// refuses a server whose version does not start with a major version above 0, then
+/// reads every STAT. Returns the number of stats it printed.
+pub(crate) fn memcstat_against(addr: &str) -> Result<usize> {
+    let args = vec!["--binary".to_owned(), format!("--servers={addr}")];
+    eprintln!("+ memcstat {}", args.join(" "));
+    let (text, ok) = run_tool("memcstat", &args)?;
+    let stats = text.lines().filter(|l| l.contains(": ")).count();
+    if !ok || !text.lines().any(|l| l.trim_start().starts_with("version:")) {
+        bail!("memcstat against {addr} failed:\n{text}");
+    }
+    println!("memcstat: {stats} stats read, version parsed");
+    Ok(stats)
+}
+
 /// Which server `cargo xtask memcapable` starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Target {
@@ -175,6 +196,7 @@ pub(crate) enum Target {
 pub(crate) fn memcapable(target: Target, profile: &str, addr: Option<&str>) -> Result<()> {
     if let Some(addr) = addr {
         run_against(addr)?;
+        memcstat_against(addr)?;
         return Ok(());
     }
     let logs = util::target_dir().join("xtask");
@@ -197,7 +219,7 @@ pub(crate) fn memcapable(target: Target, profile: &str, addr: Option<&str>) -> R
             ServerProcess::start_memcached(&[], logs.join("memcapable-memcached.log"))?
         }
     };
-    let result = run_against(&server.addr());
+    let result = run_against(&server.addr()).and_then(|_| memcstat_against(&server.addr()));
     let mut server = server;
     let alive = server.is_running();
     let tail = server.log_tail();

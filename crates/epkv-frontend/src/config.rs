@@ -47,6 +47,19 @@ pub struct FrontendConfig {
     pub users: Arc<UserStore>,
 }
 
+/// The KV-Engine release whose protocol epkv speaks: the first part of the version it
+/// reports.
+pub const PROTOCOL_LEVEL: &str = "7.6.0";
+
+/// The version VERSION and `STAT version` report for epkv `epkv_version`:
+/// `7.6.0-epkv-<epkv_version>`, shaped as KV-Engine's `7.6.0-<build>`. Clients parse a
+/// leading `major.minor.micro` (libmemcached, and so `memcstat`, refuse a major version
+/// of 0, which epkv's own `0.x` would give).
+#[must_use]
+pub fn wire_version(epkv_version: &str) -> String {
+    format!("{PROTOCOL_LEVEL}-epkv-{epkv_version}")
+}
+
 impl Default for FrontendConfig {
     fn default() -> Self {
         Self {
@@ -58,7 +71,7 @@ impl Default for FrontendConfig {
             output_buffer_limit: 2 * 1024 * 1024,
             testing: false,
             shutdown_timeout: Duration::from_secs(10),
-            version: env!("CARGO_PKG_VERSION").to_owned(),
+            version: wire_version(env!("CARGO_PKG_VERSION")),
             clock: Arc::new(SystemClock),
             users: Arc::new(UserStore::empty()),
         }

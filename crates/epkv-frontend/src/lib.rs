@@ -73,7 +73,7 @@ mod timings;
 mod worker;
 
 pub use buckets::{Buckets, DEFAULT_BUCKET, MAX_BUCKET_NAME_LEN, is_valid_bucket_name};
-pub use config::FrontendConfig;
+pub use config::{FrontendConfig, PROTOCOL_LEVEL, wire_version};
 pub use error::{FrontendError, Result};
 pub use frontend::Frontend;
 pub use status_map::{engine_status_to_wire, status_for_client};

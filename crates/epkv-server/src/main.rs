@@ -157,7 +157,7 @@ fn run(cli: Cli) -> Result<()> {
         output_buffer_limit,
         testing: cli.testing,
         shutdown_timeout: Duration::from_secs(s.shutdown_timeout),
-        version: env!("CARGO_PKG_VERSION").to_owned(),
+        version: epkv_frontend::wire_version(env!("CARGO_PKG_VERSION")),
         clock: Arc::new(SystemClock),
         users: Arc::clone(&users),
     };
