@@ -42,7 +42,7 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
     ),
     (
         "fuzz",
-        "cargo +nightly fuzz run decode_request for 30 s, storage_decode for 10 s",
+        "cargo +nightly fuzz run decode_request for 30 s; storage_decode, decode_response, sasl_server for 10 s each",
     ),
     ("bench-build", "cargo bench -p epkv-bench --no-run"),
 ];

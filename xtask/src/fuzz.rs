@@ -8,9 +8,15 @@ use anyhow::{Result, bail};
 use crate::util;
 
 /// The cargo-fuzz targets the smoke runs (`fuzz/fuzz_targets/<name>.rs`), each with the
-/// divisor of `--secs` it gets: the packet decoder gets the full time, the storage record
-/// decoder a third (at least 5 s), so CI stays short.
-pub(crate) const TARGETS: &[(&str, u64)] = &[("decode_request", 1), ("storage_decode", 3)];
+/// divisor of `--secs` it gets: the request decoder gets the full time, the storage record
+/// decoder, the client's response decoder and the SASL server a third each (at least
+/// 5 s), so CI stays short.
+pub(crate) const TARGETS: &[(&str, u64)] = &[
+    ("decode_request", 1),
+    ("storage_decode", 3),
+    ("decode_response", 3),
+    ("sasl_server", 3),
+];
 
 /// Seconds a target with `divisor` runs when the smoke is given `secs`.
 pub(crate) fn target_secs(secs: u64, divisor: u64) -> u64 {
