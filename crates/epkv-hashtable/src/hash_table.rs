@@ -54,11 +54,17 @@ pub enum WantsDeleted {
 }
 
 /// The contents of one stripe, behind its lock.
+///
+/// `repr(C)` keeps what a lookup and an insert touch together: the lock's byte, then
+/// (8 bytes in) the committed table's header and the inline low MFU counts, so that the
+/// lock, the table header and the count of a new item's MFU share the stripe's first
+/// cache line (checked by a test).
 #[derive(Default)]
+#[repr(C)]
 pub(crate) struct Inner {
     pub(crate) committed: RawTable,
-    pub(crate) prepared: RawTable,
     pub(crate) mfu: MfuHistogram,
+    pub(crate) prepared: RawTable,
 }
 
 impl Inner {
@@ -79,7 +85,8 @@ impl Inner {
 
 /// One lock stripe, aligned to 128 bytes so neighbouring stripes' locks and counters
 /// never share a cache line (nor the adjacent line the x86 spatial prefetcher pulls in).
-#[repr(align(128))]
+/// `repr(C)`: the lock and its `Inner` come first, at the start of the stripe's line.
+#[repr(C, align(128))]
 pub(crate) struct Stripe {
     pub(crate) inner: Mutex<Inner>,
     pub(crate) counts: StripeCounts,
@@ -786,4 +793,33 @@ fn insert_into(
     let occupied = table.insert_unique(hash, Box::new(sv), |v| shared.hash(v.key()));
     *index = Some(occupied.bucket_index());
     Ok(None)
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    #[test]
+    fn the_lock_the_committed_table_and_a_new_items_mfu_count_share_the_first_line() {
+        let table = HashTable::unlimited(1).unwrap();
+        let stripe = &table.stripes()[0];
+        let base = std::ptr::from_ref(stripe) as usize;
+        assert_eq!(base % 128, 0, "stripes are line aligned");
+        let inner = stripe.inner.lock();
+        let end_of = |p: usize, len: usize| p + len - base;
+        let committed = std::ptr::from_ref(&inner.committed) as usize;
+        assert!(end_of(committed, std::mem::size_of::<RawTable>()) <= 64);
+        let initial = std::ptr::from_ref(&inner.mfu.low[usize::from(mfu::INITIAL)]) as usize;
+        assert!(
+            end_of(initial, 4) <= 64,
+            "count of MFU {} at {}",
+            mfu::INITIAL,
+            initial - base
+        );
+        assert_eq!(
+            std::mem::size_of::<Stripe>(),
+            256,
+            "the inline counts did not grow a stripe"
+        );
+    }
 }
