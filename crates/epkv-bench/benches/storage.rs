@@ -2,25 +2,34 @@
 //! side in one run, on the disk of the target directory.
 //!
 //! `cargo bench -p epkv-bench --bench storage -- [--quick] [--vbuckets 1024]
-//!  [--batch-items 2000] [--docs 100000] [DiskFloor|Flush|Persist|Scan|Warmup]`
+//!  [--batch-items 2000] [--shards 1,4] [--docs 100000] [DiskFloor|Flush|Persist|Scan|Warmup]`
 //!
 //! - **DiskFloor**: append 4 KiB to a file and fdatasync it, repeatedly. items/s = syncs
 //!   per second; ns/op = the disk's fdatasync latency, the floor every durable write pays.
 //! - **FlushThroughput**: batches of `batch-items` 512-byte documents with random keys
 //!   spread over `vbuckets` vBuckets (so a batch touches nearly every vBucket), committed
 //!   back to back. items/s = documents made durable per second. Peers: journal on with data
-//!   files kept open and the journal preallocated (`epkv`), the same with a journal that
-//!   grows as it is appended to (`journal-growing`), journal on with files reopened per batch,
-//!   journal off with files kept open, and journal off with files reopened per batch (what
-//!   KV-Engine did before MB-36572: a sync per vBucket per batch and an open/close per
-//!   vBucket per batch). Syncs per batch are printed for each.
+//!   files kept open, the journal preallocated and journaled commits written to the data
+//!   files 8 MiB at a time (`epkv`), the same writing each commit to the data files at once
+//!   (`apply-each-commit`), the same with a journal that grows as it is appended to
+//!   (`journal-growing`), journal on with files reopened per batch, journal off with files
+//!   kept open, and journal off with files reopened per batch (what KV-Engine did before
+//!   MB-36572: a sync per vBucket per batch and an open/close per vBucket per batch). Syncs
+//!   per batch are printed for each.
 //! - **PersistLatency**: a closed loop of `batch-items` writers, each with one write
-//!   outstanding; a flusher commits everything queued as one batch, after which every
-//!   writer's write counts as persisted and it queues the next. Reports p50 / p99 of the
-//!   queued-to-persisted time and p50 as a multiple of the DiskFloor latency measured in
-//!   the same run (the figure to compare across machines; the goal is <= 3x with the
-//!   journal). items/s = writes persisted per second. This is the storage part of the
-//!   seed's persistTo latency; the engine's queues and flusher task come on top.
+//!   outstanding, over `shards` stores (one journal and one flusher thread each, vBucket
+//!   `v` on shard `v % shards`, as the engine shards a bucket): a shard's flusher commits
+//!   everything queued on it as one batch, then each writer whose write that was queues its
+//!   next write to a random key (so to any shard). A write's latency runs from being
+//!   queued to its batch's commit returning, waiting for the batch before it included.
+//!   Reports p50 / p99 and p50 as a multiple of the DiskFloor latency measured in the same
+//!   run (the figure to compare across machines; the goal is <= 3x with the journal), the
+//!   mean writes per batch, and the mean split between waiting for the shard's previous
+//!   commit and the write's own commit. items/s = writes persisted per second (by Little's
+//!   law the mean latency is writers / items/s). Rows: `epkv` at each shard count,
+//!   `apply-each-commit` and `journal-growing` at the largest, `kv-engine-2019` at 1 shard.
+//!   This is the storage part of the seed's persistTo latency; the engine's queues and
+//!   task wake-ups come on top.
 //! - **KvStoreScan**: `docs` documents committed in one batch to one vBucket, then a full
 //!   by-seqno scan reading every value from disk. Peers: the same documents written in 100
 //!   commits (several index segments), and the in-memory store.
@@ -34,12 +43,14 @@ use epkv_storage::{
     VbState,
 };
 use epkv_types::{VBucketState, Vbid};
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const VALUE_BYTES: usize = 512;
 
@@ -107,42 +118,59 @@ struct Mode {
     journal: JournalMode,
     fd_budget: usize,
     journal_prealloc_bytes: u64,
+    apply_after_bytes: u64,
 }
 
 /// Journal preallocation of the `epkv` mode: the checkpoint threshold (64 MiB) plus room
 /// for the batch that crosses it.
 const PREALLOC: u64 = 72 << 20;
 
-const MODES: [Mode; 5] = [
+/// Journaled documents the `epkv` mode lets accumulate before writing them to the data
+/// files (the engine's default).
+const APPLY_AFTER: u64 = 8 << 20;
+
+const MODES: [Mode; 6] = [
     Mode {
         name: "epkv",
         journal: JournalMode::On,
         fd_budget: 4096,
         journal_prealloc_bytes: PREALLOC,
+        apply_after_bytes: APPLY_AFTER,
     },
     Mode {
         name: "journal-growing",
         journal: JournalMode::On,
         fd_budget: 4096,
         journal_prealloc_bytes: 0,
+        apply_after_bytes: APPLY_AFTER,
     },
     Mode {
         name: "journal-reopen-per-batch",
         journal: JournalMode::On,
         fd_budget: 0,
         journal_prealloc_bytes: PREALLOC,
+        apply_after_bytes: APPLY_AFTER,
     },
     Mode {
         name: "no-journal-files-open",
         journal: JournalMode::Off,
         fd_budget: 4096,
         journal_prealloc_bytes: 0,
+        apply_after_bytes: 0,
     },
     Mode {
         name: "kv-engine-2019",
         journal: JournalMode::Off,
         fd_budget: 0,
         journal_prealloc_bytes: 0,
+        apply_after_bytes: 0,
+    },
+    Mode {
+        name: "apply-each-commit",
+        journal: JournalMode::On,
+        fd_budget: 4096,
+        journal_prealloc_bytes: PREALLOC,
+        apply_after_bytes: 0,
     },
 ];
 
@@ -151,6 +179,7 @@ fn open_store(dir: &Path, m: Mode) -> FileStore {
     cfg.journal = m.journal;
     cfg.fd_budget = m.fd_budget;
     cfg.journal_prealloc_bytes = m.journal_prealloc_bytes;
+    cfg.apply_after_bytes = m.apply_after_bytes;
     must(FileStore::open(cfg), "open store")
 }
 
@@ -237,6 +266,248 @@ fn flush_run(m: Mode, vbuckets: usize, items: usize, d: Duration) -> (f64, f64, 
         (s1.syncs - s0.syncs) as f64 / times.len() as f64,
     );
     (rate, syncs, times)
+}
+
+/// One write waiting in a shard's queue: its vBucket, document and when it was queued.
+struct Queued {
+    vb: u16,
+    doc: Document,
+    at: Instant,
+}
+
+/// A shard's queue of writes (the engine's dirty queues of the shard's vBuckets) and the
+/// seqnos of its vBuckets (assigned at queue time, under the lock, like the engine's
+/// ordering point).
+#[derive(Default)]
+struct ShardQueue {
+    q: Mutex<(Vec<Queued>, HashMap<u16, u64>)>,
+    cv: Condvar,
+}
+
+/// PersistLatency runs of one case, summed over rounds.
+#[derive(Default)]
+struct PersistAcc {
+    rates: Vec<f64>,
+    latencies: Vec<Duration>,
+    /// Summed wait (ns) over all writes, summed commit time (ns) over all batches.
+    wait: f64,
+    commit: f64,
+    batches: u64,
+}
+
+/// What a PersistLatency run measured.
+struct PersistRun {
+    /// Writes persisted per second.
+    rate: f64,
+    /// Queued-to-persisted time of every write persisted.
+    latencies: Vec<Duration>,
+    /// Mean time a write waited queued before its batch was taken (the previous batch's
+    /// commit still running), and mean commit time per batch.
+    wait_ns: f64,
+    commit_ns: f64,
+    /// Commits (batches) and writes per commit.
+    batches: u64,
+}
+
+fn make_doc(rng: &mut Rng, keyspace: u64, vbuckets: usize) -> (u16, Document) {
+    let k = rng.next() % keyspace;
+    let vb = u16::try_from(k % vbuckets as u64).unwrap_or(0);
+    (
+        vb,
+        Document {
+            key: format!("key{k:09}").into_bytes(),
+            value: vec![(k & 0xff) as u8; VALUE_BYTES],
+            seqno: 0,
+            cas: 0,
+            rev_seqno: 1,
+            flags: 0,
+            expiry: 0,
+            datatype: 0,
+            deleted: false,
+        },
+    )
+}
+
+/// Queues writes on their shards (vBucket `v` belongs to shard `v % shards`), each with
+/// the next seqno of its vBucket.
+fn queue_writes(queues: &[ShardQueue], writes: Vec<(u16, Document)>, at: Instant) {
+    let n = queues.len();
+    let mut by_shard: Vec<Vec<(u16, Document)>> = (0..n).map(|_| Vec::new()).collect();
+    for (vb, d) in writes {
+        by_shard[usize::from(vb) % n].push((vb, d));
+    }
+    for (sq, ws) in queues.iter().zip(by_shard) {
+        if ws.is_empty() {
+            continue;
+        }
+        let mut g = sq.q.lock();
+        for (vb, mut doc) in ws {
+            let s = g.1.entry(vb).or_insert(0);
+            *s += 1;
+            doc.seqno = *s;
+            doc.cas = *s;
+            g.0.push(Queued { vb, doc, at });
+        }
+        drop(g);
+        sq.cv.notify_one();
+    }
+}
+
+/// The closed loop of `writers` writers over `shards` stores (one directory, journal and
+/// flusher thread each, as the engine runs them): each writer has one write queued; a
+/// shard's flusher commits everything queued on it as one batch, then every writer whose
+/// write that was queues its next write (to a random key, so to any shard). A write's
+/// latency is from being queued to its batch's commit returning. One applier thread writes
+/// the journaled commits to the data files meanwhile (the engine's applier tasks).
+#[expect(clippy::too_many_lines, reason = "one closed loop, read top to bottom")]
+fn persist_run(m: Mode, shards: usize, vbuckets: usize, writers: usize, d: Duration) -> PersistRun {
+    let dirs: Vec<PathBuf> = (0..shards)
+        .map(|i| bench_dir(&format!("{}-{shards}-{i}", m.name)))
+        .collect();
+    let stores: Vec<FileStore> = dirs.iter().map(|dir| open_store(dir, m)).collect();
+    let queues: Vec<ShardQueue> = (0..shards).map(|_| ShardQueue::default()).collect();
+    // Untimed: create every vBucket's file first, so the run measures steady state.
+    {
+        let mut rng = Rng(0x1234_5678_9abc_def1);
+        let mut seqnos = vec![0u64; vbuckets];
+        let b = make_batch(&mut rng, &mut seqnos, vbuckets * 2, 1 << 20);
+        for (i, s) in stores.iter().enumerate() {
+            let part: Vec<VbCommit> = b
+                .iter()
+                .filter(|c| usize::from(c.vbid.0) % shards == i)
+                .cloned()
+                .collect();
+            must(s.commit(&part), "commit");
+            must(s.checkpoint(), "checkpoint");
+        }
+        for (vb, high) in seqnos.iter().enumerate() {
+            let vb = u16::try_from(vb).unwrap_or(0);
+            queues[usize::from(vb) % shards]
+                .q
+                .lock()
+                .1
+                .insert(vb, *high);
+        }
+    }
+    let s0: u64 = stores.iter().map(|s| s.stats().items_flushed).sum();
+    let stop = AtomicBool::new(false);
+    let t0 = SystemClock.now();
+    {
+        let mut rng = Rng(0x0bad_cafe_f00d_d00d);
+        let w = (0..writers)
+            .map(|_| make_doc(&mut rng, 1 << 20, vbuckets))
+            .collect();
+        queue_writes(&queues, w, t0);
+    }
+    let per_shard: Vec<(Vec<Duration>, f64, f64, u64)> = std::thread::scope(|sc| {
+        let applier = (m.journal == JournalMode::On).then(|| {
+            let (stores, stop) = (&stores, &stop);
+            sc.spawn(move || {
+                while !stop.load(Relaxed) {
+                    let mut left = 0;
+                    for s in stores {
+                        left += must(s.apply_pending(64), "apply_pending");
+                    }
+                    if left == 0 {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+            })
+        });
+        let flushers: Vec<_> = (0..shards)
+            .map(|i| {
+                let (stores, queues, stop) = (&stores, &queues, &stop);
+                sc.spawn(move || {
+                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
+                    let mut lat = Vec::new();
+                    let (mut wait, mut commit, mut batches) = (0f64, 0f64, 0u64);
+                    loop {
+                        let taken = {
+                            let mut g = queues[i].q.lock();
+                            while g.0.is_empty() && !stop.load(Relaxed) {
+                                queues[i].cv.wait_for(&mut g, Duration::from_millis(5));
+                            }
+                            std::mem::take(&mut g.0)
+                        };
+                        if stop.load(Relaxed) && (SystemClock.now() - t0 >= d) {
+                            break;
+                        }
+                        let start = SystemClock.now();
+                        let mut per_vb: HashMap<u16, Vec<Document>> = HashMap::new();
+                        let mut ats = Vec::with_capacity(taken.len());
+                        for q in taken {
+                            ats.push(q.at);
+                            per_vb.entry(q.vb).or_default().push(q.doc);
+                        }
+                        let batch: Vec<VbCommit> = per_vb
+                            .into_iter()
+                            .map(|(vb, docs)| VbCommit {
+                                vbid: Vbid(vb),
+                                docs,
+                                state: VbState::new(VBucketState::Active),
+                            })
+                            .collect();
+                        must(stores[i].commit(&batch), "commit");
+                        let done = SystemClock.now();
+                        commit += (done - start).as_secs_f64() * 1e9;
+                        batches += 1;
+                        for at in &ats {
+                            wait += (start - *at).as_secs_f64() * 1e9;
+                            lat.push(done - *at);
+                        }
+                        // Each writer whose write is persisted queues its next one.
+                        let next = (0..ats.len())
+                            .map(|_| make_doc(&mut rng, 1 << 20, vbuckets))
+                            .collect();
+                        queue_writes(queues, next, SystemClock.now());
+                        if SystemClock.now() - t0 >= d && batches >= 2 {
+                            stop.store(true, Relaxed);
+                            for q in queues {
+                                q.cv.notify_all();
+                            }
+                        }
+                    }
+                    (lat, wait, commit, batches)
+                })
+            })
+            .collect();
+        let out = flushers
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| std::process::exit(2)))
+            .collect();
+        stop.store(true, Relaxed);
+        if let Some(a) = applier {
+            let _ = a.join();
+        }
+        out
+    });
+    let secs = (SystemClock.now() - t0).as_secs_f64();
+    let s1: u64 = stores.iter().map(|s| s.stats().items_flushed).sum();
+    drop(stores);
+    for dir in &dirs {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let mut latencies = Vec::new();
+    let (mut wait, mut commit, mut batches) = (0f64, 0f64, 0u64);
+    for (l, w, c, b) in per_shard {
+        latencies.extend(l);
+        wait += w;
+        commit += c;
+        batches += b;
+    }
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+    let (rate, wait_ns, commit_ns) = (
+        (s1 - s0) as f64 / secs,
+        wait / latencies.len().max(1) as f64,
+        commit / batches.max(1) as f64,
+    );
+    PersistRun {
+        rate,
+        latencies,
+        wait_ns,
+        commit_ns,
+        batches,
+    }
 }
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
@@ -357,35 +628,69 @@ fn main() {
         ));
     }
     if args.wants("PersistLatency") {
-        let params = [("writers", items as u64), ("vbuckets", vbuckets as u64)];
+        let shard_counts = args.list("shards", &[1, 4]);
         let mut lines = Vec::new();
-        for m in [MODES[0], MODES[1], MODES[4]] {
-            let mut rates = Vec::new();
-            let mut all = Vec::new();
-            for _ in 0..rounds {
-                let (rate, _, times) = flush_run(m, vbuckets, items, d);
-                rates.push(rate);
-                // In the closed loop every write of a batch was queued when the previous
-                // batch completed and is persisted when this one completes.
-                all.extend(times);
+        let mut cases: Vec<(Mode, usize)> = Vec::new();
+        for &n in &shard_counts {
+            cases.push((MODES[0], n.clamp(1, 64)));
+        }
+        let most = shard_counts.last().copied().unwrap_or(1).clamp(1, 64);
+        cases.push((MODES[5], most));
+        cases.push((MODES[1], most));
+        cases.push((MODES[4], 1));
+        let mut results: Vec<PersistAcc> = cases.iter().map(|_| PersistAcc::default()).collect();
+        for _ in 0..rounds {
+            for (c, r) in cases.iter().zip(results.iter_mut()) {
+                let run = persist_run(c.0, c.1, vbuckets, items, d);
+                r.rates.push(run.rate);
+                #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+                {
+                    r.wait += run.wait_ns * run.latencies.len() as f64;
+                    r.commit += run.commit_ns * run.batches as f64;
+                }
+                r.batches += run.batches;
+                r.latencies.extend(run.latencies);
             }
+        }
+        for ((m, shards), acc) in cases.into_iter().zip(results) {
+            let PersistAcc {
+                rates,
+                latencies: mut all,
+                wait,
+                commit,
+                batches,
+            } = acc;
+            let params = [
+                ("writers", items as u64),
+                ("vbuckets", vbuckets as u64),
+                ("shards", shards as u64),
+            ];
             let p50 = percentile(&mut all, 0.5);
             let p99 = percentile(&mut all, 0.99);
-            report.push(Row::new("PersistLatency", &params, m.name, median(rates)));
+            let rate = median(rates);
+            report.push(Row::new("PersistLatency", &params, m.name, rate));
             let mult = if floor_ns > 0.0 {
                 p50.as_secs_f64() * 1e9 / floor_ns
             } else {
                 0.0
             };
+            #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+            let (n, b) = (all.len().max(1) as f64, batches.max(1) as f64);
             lines.push(format!(
-                "{}: p50 {:.2} ms, p99 {:.2} ms, p50 = {mult:.1}x fdatasync",
+                "{} {shards} shard(s): p50 {:.2} ms, p99 {:.2} ms, p50 = {mult:.1}x fdatasync, \
+                 {:.0} writes/batch, mean wait for a batch {:.2} ms + commit {:.2} ms",
                 m.name,
                 p50.as_secs_f64() * 1e3,
-                p99.as_secs_f64() * 1e3
+                p99.as_secs_f64() * 1e3,
+                n / b,
+                wait / n / 1e6,
+                commit / b / 1e6,
             ));
         }
         report.note(&format!(
-            "PersistLatency ({items} concurrent writers, closed loop, queued-to-persisted): {}.",
+            "PersistLatency ({items} concurrent writers, closed loop, queued-to-persisted, \
+             4 KiB floor {:.0} us): {}.",
+            floor_ns / 1e3,
             lines.join("; ")
         ));
     }

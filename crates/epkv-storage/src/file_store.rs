@@ -72,6 +72,12 @@ pub struct FileStoreConfig {
     /// as it is appended to). The journal is never shrunk; a checkpoint starts a new
     /// generation instead.
     pub journal_prealloc_bytes: u64,
+    /// Document bytes of journaled commits [`KvStore::apply_pending`] lets accumulate
+    /// before it writes them to the data files (default 0: write at once). Above 0, each
+    /// data file gets many commits in one write (one append, one index segment, one
+    /// header), which costs far less than one write per commit; reads, compaction and
+    /// checkpoints still apply what they need first.
+    pub apply_after_bytes: u64,
 }
 
 impl FileStoreConfig {
@@ -85,6 +91,7 @@ impl FileStoreConfig {
             fd_budget: default_fd_budget(),
             fd_cache: None,
             journal_prealloc_bytes: 0,
+            apply_after_bytes: 0,
         }
     }
 }
@@ -219,6 +226,29 @@ pub struct FileStore {
 const JOURNAL_NAME: &str = "journal.log";
 /// Document bytes allowed to wait for the background applier (64 MiB).
 const MAX_PENDING_BYTES: u64 = 64 << 20;
+
+/// Several pending commits of one vBucket (oldest first) as one: the newest version of
+/// each key in seqno order, and the last commit's id and state.
+fn merge_entries(pending: &[JournalEntry]) -> Option<JournalEntry> {
+    let last = pending.last()?;
+    let mut latest: HashMap<&[u8], &Document> = HashMap::new();
+    for d in pending.iter().flat_map(|e| e.docs.iter()) {
+        match latest.get(d.key.as_slice()) {
+            Some(old) if old.seqno > d.seqno => {}
+            _ => {
+                latest.insert(&d.key, d);
+            }
+        }
+    }
+    let mut docs: Vec<Document> = latest.into_values().cloned().collect();
+    docs.sort_by_key(|d| d.seqno);
+    Some(JournalEntry {
+        vbid: last.vbid,
+        commit_id: last.commit_id,
+        state: last.state.clone(),
+        docs,
+    })
+}
 
 fn entry_bytes(e: &JournalEntry) -> u64 {
     e.docs
@@ -793,16 +823,28 @@ impl FileStore {
         Ok(())
     }
 
-    /// Writes one vBucket's pending commits to its data file.
+    /// Writes one vBucket's pending commits to its data file, all of them as one commit
+    /// (one append, one index segment, one header carrying the last commit's id and state):
+    /// the documents of all of them, the newest version of each key.
     fn apply_pending_vb(&self, g: &mut VbFile) -> Result<()> {
         self.repair(g)?;
-        while !g.pending.is_empty() {
-            let e = g.pending.remove(0);
-            if let Err(err) = self.apply(g, &e) {
-                g.pending.insert(0, e);
+        let pending = std::mem::take(&mut g.pending);
+        let merged;
+        let one = match pending.as_slice() {
+            [] => None,
+            [only] => Some(only),
+            many => {
+                merged = merge_entries(many);
+                merged.as_ref()
+            }
+        };
+        if let Some(e) = one {
+            if let Err(err) = self.apply(g, e) {
+                g.pending = pending;
                 return Err(err);
             }
-            self.pending_bytes.fetch_sub(entry_bytes(&e), Relaxed);
+            let bytes: u64 = pending.iter().map(entry_bytes).sum();
+            self.pending_bytes.fetch_sub(bytes, Relaxed);
             self.dirty.lock().insert(g.vbid);
         }
         self.pending_vbs.lock().remove(&g.vbid);
@@ -1347,6 +1389,9 @@ impl KvStore for FileStore {
     }
 
     fn apply_pending(&self, max_vbuckets: usize) -> Result<usize> {
+        if self.pending_bytes.load(Relaxed) < self.cfg.apply_after_bytes {
+            return Ok(0);
+        }
         self.apply_pending_upto(max_vbuckets)
     }
 

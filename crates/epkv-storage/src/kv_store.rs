@@ -100,8 +100,10 @@ pub trait KvStore: Send + Sync + std::fmt::Debug {
     fn compact(&self, vbid: Vbid, rule: &PurgeRule) -> Result<CompactionOutcome>;
 
     /// Does the deferred half of journal commits: writes up to `max_vbuckets` vBuckets'
-    /// journaled commits to their data files. Returns how many vBuckets still have such
-    /// commits. Nothing depends on it for correctness (reads, compaction and checkpoints
+    /// journaled commits to their data files (each vBucket's pending commits as one data
+    /// file commit). Returns how many vBuckets still have such commits; a store may leave
+    /// commits pending until enough have accumulated and return 0 meanwhile
+    /// (`FileStoreConfig::apply_after_bytes`). Nothing depends on it for correctness (reads, compaction and checkpoints
     /// apply what they need first); the engine runs it on a background task so that the
     /// flusher's commit returns as soon as the journal is synced.
     ///

@@ -232,6 +232,61 @@ fn many_commits_merge_segments_and_scans_stay_exact() {
     assert_eq!(must_scan(&s, 9, mid, u64::MAX), tail);
 }
 
+/// Ten journaled commits of one vBucket, the key `same` rewritten in each; `apply_each`
+/// applies after every commit, otherwise all ten wait. Returns the bytes the applier wrote.
+fn ten_commits_then_apply(dir: &std::path::Path, apply_each: bool, apply_after: u64) -> u64 {
+    let mut cfg = FileStoreConfig::new(dir);
+    cfg.apply_after_bytes = apply_after;
+    let s = FileStore::open(cfg.clone()).unwrap();
+    let mut applied = 0;
+    let mut apply = |s: &FileStore| {
+        let before = s.stats().bytes_written;
+        assert_eq!(s.apply_pending(usize::MAX).unwrap(), 0);
+        applied += s.stats().bytes_written - before;
+    };
+    for i in 0..10u64 {
+        commit(
+            &s,
+            3,
+            vec![
+                doc(&format!("k{i}"), 2 * i + 1, "v"),
+                doc("same", 2 * i + 2, &i.to_string()),
+            ],
+        );
+        if apply_each {
+            apply(&s);
+        }
+    }
+    apply(&s);
+    // Unclean stop: recovery = the data file's last header + the journal.
+    drop(s);
+    let s = FileStore::open(cfg).unwrap();
+    assert_eq!(s.get(Vbid(3), b"same").unwrap().unwrap().value, b"9");
+    assert_eq!(s.vbucket_state(Vbid(3)).unwrap().unwrap().high_seqno, 20);
+    let mut want: Vec<(String, u64, bool)> = (0..10u64)
+        .map(|i| (format!("k{i}"), 2 * i + 1, false))
+        .collect();
+    want.push(("same".to_owned(), 20, false));
+    want.sort_by_key(|x| x.1);
+    assert_eq!(must_scan(&s, 3, 0, u64::MAX), want);
+    assert_eq!(s.verify().unwrap(), 11);
+    applied
+}
+
+#[test]
+fn pending_commits_of_a_vbucket_reach_its_data_file_as_one_write() {
+    let each = ten_commits_then_apply(tempfile::tempdir().unwrap().path(), true, 0);
+    let merged = ten_commits_then_apply(tempfile::tempdir().unwrap().path(), false, 0);
+    // One header, one index segment and one copy of `same` instead of ten.
+    assert!(
+        merged * 2 < each,
+        "merged {merged} bytes, one by one {each}"
+    );
+    // Below the threshold apply_pending writes nothing; reads and recovery still see all.
+    let deferred = ten_commits_then_apply(tempfile::tempdir().unwrap().path(), true, 1 << 20);
+    assert_eq!(deferred, 0);
+}
+
 #[test]
 fn journal_makes_a_multi_vbucket_batch_durable_with_one_sync() {
     let dir = tempfile::tempdir().unwrap();

@@ -184,6 +184,10 @@ fn check(s: &FileStore, m: &Model) {
 }
 
 fn run(ops: Vec<Op>, journal: JournalMode, fd_budget: usize) {
+    run_with(ops, journal, fd_budget, 0);
+}
+
+fn run_with(ops: Vec<Op>, journal: JournalMode, fd_budget: usize, apply_after_bytes: u64) {
     let dir = tempfile::tempdir().unwrap();
     let fs = FaultFs::new();
     let mut cfg = FileStoreConfig::new(dir.path());
@@ -193,6 +197,7 @@ fn run(ops: Vec<Op>, journal: JournalMode, fd_budget: usize) {
     // after the current ones and must be ignored.
     cfg.journal_prealloc_bytes = if fd_budget == 2 { 16 * 1024 } else { 0 };
     cfg.checkpoint_bytes = 4096;
+    cfg.apply_after_bytes = apply_after_bytes;
     let reopen = |fs: &FaultFs| FileStore::open_with(cfg.clone(), Arc::new(fs.clone())).unwrap();
     let mut s = reopen(&fs);
     let mut m = Model::default();
@@ -269,6 +274,13 @@ proptest! {
     #[test]
     fn acknowledged_writes_survive_restarts_without_journal(ops in prop::collection::vec(op_strategy(), 1..40)) {
         run(ops, JournalMode::Off, 64);
+    }
+
+    #[test]
+    fn acknowledged_writes_survive_with_deferred_apply(ops in prop::collection::vec(op_strategy(), 1..40)) {
+        // apply_pending leaves commits pending below 1 KiB of documents, so several
+        // commits of a vBucket reach its data file as one.
+        run_with(ops, JournalMode::On, 64, 1024);
     }
 
     #[test]
