@@ -693,7 +693,6 @@ impl FileStore {
         }
         let base = g.end;
         let mut keys: Vec<KeyEntry> = Vec::with_capacity(e.docs.len());
-        let mut body = Vec::new();
         for d in &e.docs {
             if d.key.len() > usize::from(u16::MAX) || d.value.len() > (64 << 20) {
                 return Err(Error::InvalidArgument(format!(
@@ -703,9 +702,9 @@ impl FileStore {
                 )));
             }
             let offset = base + buf.len() as u64;
-            body.clear();
-            format::encode_document(&mut body, d);
-            format::put_frame(&mut buf, RecordKind::Document, &body);
+            format::put_frame_with(&mut buf, RecordKind::Document, |out| {
+                format::encode_document(out, d);
+            });
             keys.push(KeyEntry {
                 key: d.key.clone(),
                 seqno: d.seqno,
@@ -776,10 +775,21 @@ impl FileStore {
         }
         let items: usize = entries.iter().map(|e| e.docs.len()).sum();
         if let Some(j) = journal.as_mut() {
-            let mut body = Vec::new();
-            format::encode_journal_batch(&mut body, j.generation, &entries);
-            let mut frame = Vec::with_capacity(body.len() + format::FRAME_HEADER_LEN);
-            format::put_frame(&mut frame, RecordKind::JournalBatch, &body);
+            // Sized up front: the batch is encoded once, into its frame, with no regrowth.
+            let approx: usize = entries
+                .iter()
+                .map(|e| {
+                    256 + e
+                        .docs
+                        .iter()
+                        .map(|d| 64 + d.key.len() + d.value.len())
+                        .sum::<usize>()
+                })
+                .sum();
+            let mut frame = Vec::with_capacity(approx + format::FRAME_HEADER_LEN + 16);
+            format::put_frame_with(&mut frame, RecordKind::JournalBatch, |out| {
+                format::encode_journal_batch(out, j.generation, &entries);
+            });
             let written = j
                 .file
                 .write_all_at(&frame, j.end)

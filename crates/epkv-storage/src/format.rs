@@ -112,6 +112,22 @@ pub fn put_frame(out: &mut Vec<u8>, kind: RecordKind, body: &[u8]) {
     out.extend_from_slice(body);
 }
 
+/// Appends a frame whose body `encode` writes straight into `out` (no copy of the body):
+/// the header is reserved first and filled in, with the CRC, afterwards.
+pub fn put_frame_with(out: &mut Vec<u8>, kind: RecordKind, encode: impl FnOnce(&mut Vec<u8>)) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
+    encode(out);
+    let body_len = out.len() - start - FRAME_HEADER_LEN;
+    let len = u32::try_from(body_len).unwrap_or(u32::MAX);
+    let mut head = [0u8; 5];
+    head[0] = kind as u8;
+    head[1..5].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&head), &out[start + FRAME_HEADER_LEN..]);
+    out[start..start + 5].copy_from_slice(&head);
+    out[start + 5..start + FRAME_HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+}
+
 /// Parses a frame header: returns the kind byte, the body length and the stored CRC.
 ///
 /// # Errors
@@ -769,6 +785,20 @@ mod tests {
             decode_frame(&f[..f.len() - 1]),
             Err(DecodeError::Truncated { .. })
         ));
+    }
+
+    #[test]
+    fn a_frame_encoded_in_place_is_the_same_bytes() {
+        let mut body = Vec::new();
+        encode_document(&mut body, &doc("key", 9));
+        let mut a = vec![1, 2, 3];
+        put_frame(&mut a, RecordKind::Document, &body);
+        let mut b = vec![1, 2, 3];
+        put_frame_with(&mut b, RecordKind::Document, |out| {
+            encode_document(out, &doc("key", 9));
+        });
+        assert_eq!(a, b);
+        assert_eq!(decode_frame(&b[3..]).unwrap().0, RecordKind::Document);
     }
 
     #[test]
