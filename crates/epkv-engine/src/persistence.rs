@@ -95,9 +95,9 @@ pub struct PersistenceConfig {
     pub journal_prealloc_bytes: u64,
     /// Document bytes of journaled commits a shard's applier lets accumulate before it
     /// writes them to the data files, so that each data file gets many commits in one
-    /// append ([`FileStoreConfig::apply_after_bytes`]). Default 8 MiB (the applier's CPU
-    /// per batch fell by about half in the storage benchmark, docs/benchmarks.md); 0
-    /// writes each commit at once.
+    /// append ([`FileStoreConfig::apply_after_bytes`]). Default 8 MiB: the applier's time
+    /// per batch halved in the storage benchmark, though persist latency there moved
+    /// within noise (docs/benchmarks.md); 0 writes each commit at once.
     pub apply_after_bytes: u64,
 }
 
