@@ -11,14 +11,11 @@ use epkv_protocol::{
 };
 use libfuzzer_sys::fuzz_target;
 
+#[path = "common.rs"]
+mod common;
+
 fuzz_target!(|data: &[u8]| {
-    // A small limit so that length checks are reached often; the default is exercised too.
-    let first = data.first().copied().unwrap_or(0);
-    let limits = if first & 1 == 0 {
-        Limits::default()
-    } else {
-        Limits { max_packet_bytes: 64 + u32::from(first) * 4 }
-    };
+    let limits = common::limits_for(data);
     let mut rest = data;
     let mut out = Vec::new();
     loop {

@@ -8,13 +8,11 @@
 use epkv_protocol::{HEADER_LEN, Limits, Response, ResponseHeader};
 use libfuzzer_sys::fuzz_target;
 
+#[path = "common.rs"]
+mod common;
+
 fuzz_target!(|data: &[u8]| {
-    let first = data.first().copied().unwrap_or(0);
-    let limits = if first & 1 == 0 {
-        Limits::default()
-    } else {
-        Limits { max_packet_bytes: 64 + u32::from(first) * 4 }
-    };
+    let limits = common::limits_for(data);
     let mut rest = data;
     while let Some(head) = rest.first_chunk::<HEADER_LEN>() {
         let Ok(header) = ResponseHeader::decode(head, &limits) else {

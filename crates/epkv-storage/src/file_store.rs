@@ -231,12 +231,11 @@ const PARALLEL_SYNC_MIN: usize = 32;
 /// Document bytes allowed to wait for the background applier (64 MiB).
 const MAX_PENDING_BYTES: u64 = 64 << 20;
 
-/// Several pending commits of one vBucket (oldest first) as one: the newest version of
-/// each key in seqno order, and the last commit's id and state.
-fn merge_entries(pending: &[JournalEntry]) -> Option<JournalEntry> {
-    let last = pending.last()?;
-    let mut latest: HashMap<&[u8], &Document> = HashMap::new();
-    for d in pending.iter().flat_map(|e| e.docs.iter()) {
+/// The highest-seqno version of each key among `docs` (copied), in seqno order.
+/// `capacity` sizes the map (a hint).
+fn latest_per_key<'a>(docs: impl Iterator<Item = &'a Document>, capacity: usize) -> Vec<Document> {
+    let mut latest: HashMap<&[u8], &Document> = HashMap::with_capacity(capacity);
+    for d in docs {
         match latest.get(d.key.as_slice()) {
             Some(old) if old.seqno > d.seqno => {}
             _ => {
@@ -246,6 +245,14 @@ fn merge_entries(pending: &[JournalEntry]) -> Option<JournalEntry> {
     }
     let mut docs: Vec<Document> = latest.into_values().cloned().collect();
     docs.sort_by_key(|d| d.seqno);
+    docs
+}
+
+/// Several pending commits of one vBucket (oldest first) as one: the newest version of
+/// each key in seqno order, and the last commit's id and state.
+fn merge_entries(pending: &[JournalEntry]) -> Option<JournalEntry> {
+    let last = pending.last()?;
+    let docs = latest_per_key(pending.iter().flat_map(|e| e.docs.iter()), 0);
     Some(JournalEntry {
         vbid: last.vbid,
         commit_id: last.commit_id,
@@ -643,17 +650,7 @@ impl FileStore {
     /// Prepares one vBucket's journal entry: de-duplicated documents in seqno order, the
     /// next commit id and the completed state.
     fn prepare(g: &VbFile, c: &VbCommit) -> JournalEntry {
-        let mut latest: HashMap<&[u8], &Document> = HashMap::with_capacity(c.docs.len());
-        for d in &c.docs {
-            match latest.get(d.key.as_slice()) {
-                Some(old) if old.seqno > d.seqno => {}
-                _ => {
-                    latest.insert(&d.key, d);
-                }
-            }
-        }
-        let mut docs: Vec<Document> = latest.into_values().cloned().collect();
-        docs.sort_by_key(|d| d.seqno);
+        let docs = latest_per_key(c.docs.iter(), c.docs.len());
         let mut state = c.state.clone();
         if let Some(max) = docs.iter().map(|d| d.seqno).max() {
             state.high_seqno = state.high_seqno.max(max);
