@@ -55,16 +55,19 @@ pub enum WantsDeleted {
 
 /// The contents of one stripe, behind its lock.
 ///
-/// `repr(C)` keeps what a lookup and an insert touch together: the lock's byte, then
-/// (8 bytes in) the committed table's header and the inline low MFU counts, so that the
-/// lock, the table header and the count of a new item's MFU share the stripe's first
-/// cache line (checked by a test).
+/// `repr(C)` keeps what a lookup and an insert touch together at the front of the
+/// stripe (checked by a test): the lock's byte, then (8 bytes in) the prepared table's
+/// header, which every lookup reads to see whether there are prepares at all, then the
+/// committed table's header, whose first half (where hashbrown keeps the bucket mask and
+/// control pointer a probe needs) is still in the first cache line, then the inline low
+/// MFU counts, in the second line with the committed table's item count that an insert
+/// updates anyway: one 128-byte aligned pair of lines.
 #[derive(Default)]
 #[repr(C)]
 pub(crate) struct Inner {
+    pub(crate) prepared: RawTable,
     pub(crate) committed: RawTable,
     pub(crate) mfu: MfuHistogram,
-    pub(crate) prepared: RawTable,
 }
 
 impl Inner {
@@ -327,12 +330,15 @@ impl HashTable {
         let mut guard = stripe.inner.lock();
         let inner = &mut *guard;
         // Only a maybe-visible prepare changes what a reader sees; they are rare (warmup,
-        // promotion), so without one the prepared table is not probed at all.
-        if stripe
-            .counts
-            .maybe_visible
-            .load(std::sync::atomic::Ordering::Relaxed)
-            != 0
+        // promotion), so without one the prepared table is not probed at all. The
+        // emptiness check comes first: it reads the stripe's first cache line, the
+        // counter another.
+        if !inner.prepared.is_empty()
+            && stripe
+                .counts
+                .maybe_visible
+                .load(std::sync::atomic::Ordering::Relaxed)
+                != 0
             && let Some(p) = inner.prepared.find(hash, |sv| sv.key() == key)
             && p.committed_state() == CommittedState::PreparedMaybeVisible
         {
@@ -800,18 +806,24 @@ mod layout_tests {
     use super::*;
 
     #[test]
-    fn the_lock_the_committed_table_and_a_new_items_mfu_count_share_the_first_line() {
+    fn a_lookup_and_an_insert_touch_only_the_first_two_lines_of_a_stripe() {
         let table = HashTable::unlimited(1).unwrap();
         let stripe = &table.stripes()[0];
         let base = std::ptr::from_ref(stripe) as usize;
         assert_eq!(base % 128, 0, "stripes are line aligned");
         let inner = stripe.inner.lock();
         let end_of = |p: usize, len: usize| p + len - base;
+        let prepared = std::ptr::from_ref(&inner.prepared) as usize;
+        assert!(end_of(prepared, std::mem::size_of::<RawTable>()) <= 64);
         let committed = std::ptr::from_ref(&inner.committed) as usize;
-        assert!(end_of(committed, std::mem::size_of::<RawTable>()) <= 64);
+        assert!(
+            end_of(committed, 16) <= 64,
+            "a probe's half of the committed header"
+        );
+        assert!(end_of(committed, std::mem::size_of::<RawTable>()) <= 128);
         let initial = std::ptr::from_ref(&inner.mfu.low[usize::from(mfu::INITIAL)]) as usize;
         assert!(
-            end_of(initial, 4) <= 64,
+            end_of(initial, 4) <= 128,
             "count of MFU {} at {}",
             mfu::INITIAL,
             initial - base
