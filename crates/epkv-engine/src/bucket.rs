@@ -160,6 +160,23 @@ pub(crate) fn document_of(
     }
 }
 
+/// Schedules a task of `bucket` that holds it only weakly: each run upgrades the
+/// reference and calls `run`, and the task ends once the bucket is gone.
+fn schedule_weak(
+    exec: &epkv_executor::ExecutorHandle,
+    bucket: &Arc<Bucket>,
+    spec: epkv_executor::TaskSpec,
+    run: impl Fn(&Bucket) -> epkv_executor::Next + Send + 'static,
+) -> Result<epkv_executor::TaskHandle> {
+    let weak = Arc::downgrade(bucket);
+    Ok(
+        exec.schedule(spec, move |_: &epkv_executor::TaskContext<'_>| {
+            weak.upgrade()
+                .map_or(epkv_executor::Next::Done, |b| run(&b))
+        })?,
+    )
+}
+
 /// Lends a stored document as the engine API's borrowed view, with the CAS readers see.
 pub(crate) fn view_of(sv: &StoredValue, vbid: Vbid, cas: Cas) -> epkv_engine_api::ItemView<'_> {
     let m = sv.meta();
@@ -357,19 +374,13 @@ impl Bucket {
             {
                 continue;
             }
-            let weak = Arc::downgrade(bucket);
             let spec = epkv_executor::TaskSpec::new(
                 format!("warmup-{shard}"),
                 epkv_executor::Group::Reader,
             );
-            warmers.push(
-                exec.schedule(spec, move |_: &epkv_executor::TaskContext<'_>| {
-                    let Some(b) = weak.upgrade() else {
-                        return epkv_executor::Next::Done;
-                    };
-                    b.warmup_run(shard)
-                })?,
-            );
+            warmers.push(schedule_weak(&exec, bucket, spec, move |b| {
+                b.warmup_run(shard)
+            })?);
         }
         *p.warmers.lock() = warmers;
         if p.config.flusher == crate::persistence::FlusherMode::Manual {
@@ -377,53 +388,38 @@ impl Bucket {
         }
         let mut handles = Vec::with_capacity(p.shards.len());
         for shard in 0..p.shards.len() {
-            let weak = Arc::downgrade(bucket);
             let spec = epkv_executor::TaskSpec::new(
                 format!("flusher-{shard}"),
                 epkv_executor::Group::Writer,
             );
-            let h = exec.schedule(spec, move |_: &epkv_executor::TaskContext<'_>| {
-                let Some(b) = weak.upgrade() else {
-                    return epkv_executor::Next::Done;
-                };
+            handles.push(schedule_weak(&exec, bucket, spec, move |b| {
                 b.flusher_run(shard)
-            })?;
-            handles.push(h);
+            })?);
         }
         // One applier per shard writes journaled commits to the data files while the
         // flusher goes on with the next batch (the background half of a journal commit).
         let mut appliers = Vec::with_capacity(p.shards.len());
         for shard in 0..p.shards.len() {
-            let weak = Arc::downgrade(bucket);
             let spec = epkv_executor::TaskSpec::new(
                 format!("applier-{shard}"),
                 epkv_executor::Group::Writer,
             )
             .start(epkv_executor::Start::Sleep);
-            let h = exec.schedule(spec, move |_: &epkv_executor::TaskContext<'_>| {
-                let Some(b) = weak.upgrade() else {
-                    return epkv_executor::Next::Done;
-                };
+            appliers.push(schedule_weak(&exec, bucket, spec, move |b| {
                 b.applier_run(shard)
-            })?;
-            appliers.push(h);
+            })?);
         }
         *p.appliers.lock() = appliers;
         if !p.config.compaction_interval.is_zero() {
-            let weak = Arc::downgrade(bucket);
             let every = p.config.compaction_interval;
             let spec = epkv_executor::TaskSpec::new("compactor", epkv_executor::Group::AuxIo)
                 .start(epkv_executor::Start::After(every));
-            let h = exec.schedule(spec, move |_: &epkv_executor::TaskContext<'_>| {
-                let Some(b) = weak.upgrade() else {
-                    return epkv_executor::Next::Done;
-                };
+            handles.push(schedule_weak(&exec, bucket, spec, move |b| {
                 if let Err(e) = b.compact_all() {
                     tracing::warn!(bucket = %b.config.name, error = %e, "background compaction failed; retried at the next interval");
                 }
                 epkv_executor::Next::After(every)
-            })?;
-            handles.push(h);
+            })?);
         }
         *p.flushers.lock() = handles;
         // Warmup may have dirtied states before the handles were registered.
