@@ -22,7 +22,55 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub(crate) type Slot = Box<StoredValue>;
+/// One occupied bucket: the item's boxed [`StoredValue`] and its key's full hash, kept
+/// beside the pointer so that a resize rehashes without reading any item (it read every
+/// boxed item, a cache miss each, to hash its key again) and a lookup compares the full
+/// hash before following the pointer to compare keys.
+pub(crate) struct Slot {
+    hash: u64,
+    sv: Box<StoredValue>,
+}
+
+impl Slot {
+    fn new(hash: u64, sv: StoredValue) -> Self {
+        Self {
+            hash,
+            sv: Box::new(sv),
+        }
+    }
+
+    /// The hash the slot was inserted with (the table's hasher for resizes).
+    #[inline]
+    pub(crate) fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    /// Whether this slot holds `key`, whose hash is `hash`.
+    #[inline]
+    pub(crate) fn is(&self, hash: u64, key: &[u8]) -> bool {
+        self.hash == hash && self.sv.key() == key
+    }
+
+    fn into_inner(self) -> StoredValue {
+        *self.sv
+    }
+}
+
+impl std::ops::Deref for Slot {
+    type Target = StoredValue;
+
+    #[inline]
+    fn deref(&self) -> &StoredValue {
+        &self.sv
+    }
+}
+
+impl std::ops::DerefMut for Slot {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut StoredValue {
+        &mut self.sv
+    }
+}
 pub(crate) type RawTable = hashbrown::HashTable<Slot>;
 
 /// Stripes whose committed table has at most this many buckets are never shrunk.
@@ -281,11 +329,13 @@ impl HashTable {
         let buckets = inner.committed.num_buckets() + inner.prepared.num_buckets();
         let committed = inner
             .committed
-            .find_bucket_index(hash, |sv| sv.key() == key);
+            .find_bucket_index(hash, |sv| sv.is(hash, key));
         let prepared = if inner.prepared.is_empty() {
             None
         } else {
-            inner.prepared.find_bucket_index(hash, |sv| sv.key() == key)
+            inner
+                .prepared
+                .find_bucket_index(hash, |sv| sv.is(hash, key))
         };
         let mut entry = Entry {
             inner: &mut inner,
@@ -300,7 +350,7 @@ impl HashTable {
         let r = f(&mut entry);
         let shrink = entry.shrink;
         if shrink && !stripe.visit_paused.load(Ordering::Relaxed) {
-            shrink_if_sparse(&mut inner, &self.shared);
+            shrink_if_sparse(&mut inner);
         }
         if inner.committed.num_buckets() + inner.prepared.num_buckets() != buckets {
             stripe.counts.count_resize();
@@ -339,12 +389,12 @@ impl HashTable {
                 .maybe_visible
                 .load(std::sync::atomic::Ordering::Relaxed)
                 != 0
-            && let Some(p) = inner.prepared.find(hash, |sv| sv.key() == key)
+            && let Some(p) = inner.prepared.find(hash, |sv| sv.is(hash, key))
             && p.committed_state() == CommittedState::PreparedMaybeVisible
         {
             return Some(f(p));
         }
-        let sv = inner.committed.find_mut(hash, |sv| sv.key() == key)?;
+        let sv = inner.committed.find_mut(hash, |sv| sv.is(hash, key))?;
         if sv.is_deleted() {
             return (wants_deleted == WantsDeleted::Yes).then(|| f(sv));
         }
@@ -362,14 +412,14 @@ impl HashTable {
         let stripe = &self.stripes[self.stripe_index(hash)];
         let inner = stripe.inner.lock();
         if !inner.prepared.is_empty()
-            && let Some(p) = inner.prepared.find(hash, |sv| sv.key() == key)
+            && let Some(p) = inner.prepared.find(hash, |sv| sv.is(hash, key))
             && p.committed_state().is_in_flight()
         {
             return Some(f(p));
         }
         inner
             .committed
-            .find(hash, |sv| sv.key() == key)
+            .find(hash, |sv| sv.is(hash, key))
             .map(|sv| f(sv))
     }
 
@@ -422,7 +472,7 @@ impl HashTable {
             &mut inner.committed
         };
         let buckets = table.num_buckets();
-        let mut index = table.find_bucket_index(hash, |v| v.key() == sv.key());
+        let mut index = table.find_bucket_index(hash, |v| v.is(hash, sv.key()));
         if mode == Store::ReplaceLive
             && index
                 .and_then(|i| table.get_bucket(i))
@@ -501,10 +551,8 @@ impl HashTable {
                 }
             }
             let before = inner.committed.num_buckets() + inner.prepared.num_buckets();
-            inner
-                .committed
-                .shrink_to(0, |sv| self.shared.hash(sv.key()));
-            inner.prepared.shrink_to(0, |sv| self.shared.hash(sv.key()));
+            inner.committed.shrink_to(0, Slot::hash);
+            inner.prepared.shrink_to(0, Slot::hash);
             if before != 0 {
                 s.counts.count_resize();
             }
@@ -528,11 +576,11 @@ pub(crate) fn bump_mfu(sv: &mut StoredValue, hist: &mut MfuHistogram) {
 }
 
 /// Shrinks a stripe's tables that are under a quarter full to about half full.
-pub(crate) fn shrink_if_sparse(inner: &mut Inner, shared: &Shared) {
+pub(crate) fn shrink_if_sparse(inner: &mut Inner) {
     for t in [&mut inner.committed, &mut inner.prepared] {
         let buckets = t.num_buckets();
         if buckets > MIN_SHRINK_BUCKETS && t.len() * 4 < buckets {
-            t.shrink_to(t.len() * 2, |sv| shared.hash(sv.key()));
+            t.shrink_to(t.len() * 2, Slot::hash);
         }
     }
 }
@@ -686,7 +734,7 @@ impl Entry<'_> {
         self.counts.apply(Some(&p), None);
         self.inner.mfu.apply(p.evictable_mfu, None);
         self.shrink = true;
-        Some(*sv)
+        Some(sv.into_inner())
     }
 
     /// Removes and returns the prepared version (an abort, or the end of a completed
@@ -698,7 +746,7 @@ impl Entry<'_> {
         self.shared.tracker.release(p.footprint());
         self.counts.apply(Some(&p), None);
         self.shrink = true;
-        Some(*sv)
+        Some(sv.into_inner())
     }
 
     /// Commits the prepared version: it becomes the committed version (state
@@ -796,7 +844,7 @@ fn insert_into(
     shared.tracker.try_charge(after.footprint())?;
     counts.apply(None, Some(&after));
     hist.apply(None, after.evictable_mfu);
-    let occupied = table.insert_unique(hash, Box::new(sv), |v| shared.hash(v.key()));
+    let occupied = table.insert_unique(hash, Slot::new(hash, sv), Slot::hash);
     *index = Some(occupied.bucket_index());
     Ok(None)
 }

@@ -182,7 +182,7 @@ impl HashTable {
                 .store(false, std::sync::atomic::Ordering::Relaxed);
             if any_removed {
                 let before = guard.committed.num_buckets() + guard.prepared.num_buckets();
-                crate::hash_table::shrink_if_sparse(&mut guard, self.shared());
+                crate::hash_table::shrink_if_sparse(&mut guard);
                 if guard.committed.num_buckets() + guard.prepared.num_buckets() != before {
                     stripe.counts.count_resize();
                 }
