@@ -45,6 +45,13 @@ async fn touch_durable(c: &mut Client, key: &[u8], d: DurabilityRequirement) -> 
         .unwrap()
 }
 
+/// SET `key` = `value` at durability `lvl` with the server's default timeout.
+async fn set_at(c: &mut Client, key: &[u8], value: &[u8], lvl: DurabilityLevel) -> Response {
+    c.set(key, value, StoreOptions::new().durability(level(lvl, None)))
+        .await
+        .unwrap()
+}
+
 /// The (vBucket UUID, seqno) a mutation reply carries.
 fn token(r: &Response) -> (u64, u64) {
     assert_eq!(r.extras.len(), 16, "MutationSeqno extras: {r:?}");
@@ -92,14 +99,7 @@ async fn persist_levels_are_acknowledged_only_once_persisted() {
         assert_eq!(&c.get(&k).await.unwrap().value[..], b"on disk");
 
         // The default timeout (none given) works too.
-        let r = c
-            .set(
-                &k,
-                b"again",
-                StoreOptions::new().durability(level(lvl, None)),
-            )
-            .await
-            .unwrap();
+        let r = set_at(&mut c, &k, b"again", lvl).await;
         assert_acknowledged_persisted(&mut c, vb, &r, "SET, default timeout").await;
 
         // TOUCH carries no seqno in its reply: once it is acknowledged, everything the
@@ -227,14 +227,7 @@ async fn a_durable_write_not_persisted_in_time_is_ambiguous_but_applied() {
     }
     // Majority does not wait for the disk.
     let k = key("ambiguous-majority");
-    let r = c
-        .set(
-            &k,
-            b"v",
-            StoreOptions::new().durability(level(DurabilityLevel::Majority, None)),
-        )
-        .await
-        .unwrap();
+    let r = set_at(&mut c, &k, b"v", DurabilityLevel::Majority).await;
     assert!(r.is_success(), "{r:?}");
 }
 
@@ -246,20 +239,10 @@ async fn a_memory_only_server_refuses_the_persist_levels() {
     let server = Server::spawn(&["--persistence", "false"]);
     let mut c = sdk_like_client(&server).await;
     let k = key("memory-only-durable");
-    let r = c
-        .set(
-            &k,
-            b"v",
-            StoreOptions::new().durability(level(DurabilityLevel::Majority, None)),
-        )
-        .await
-        .unwrap();
+    let r = set_at(&mut c, &k, b"v", DurabilityLevel::Majority).await;
     assert!(r.is_success(), "Majority commits at once: {r:?}");
     for lvl in PERSIST_LEVELS {
-        let r = c
-            .set(&k, b"v", StoreOptions::new().durability(level(lvl, None)))
-            .await
-            .unwrap();
+        let r = set_at(&mut c, &k, b"v", lvl).await;
         assert_eq!(r.status(), Some(Status::DurabilityInvalidLevel), "{lvl:?}");
         let r = touch_durable(&mut c, &k, level(lvl, None)).await;
         assert_eq!(

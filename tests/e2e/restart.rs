@@ -329,3 +329,19 @@ async fn a_clean_sigterm_restart_serves_everything_written() {
         .unwrap();
     assert!(r.is_success());
 }
+
+#[tokio::test]
+async fn a_writer_thread_count_out_of_range_stops_the_server_with_a_clear_error() {
+    if skip_if_external("writer_threads_range") {
+        return;
+    }
+    for bad in ["0", "17"] {
+        let (status, stderr) =
+            Server::spawn_exact_expecting_failure(&["--port", "0", "--writer-threads", bad]);
+        assert!(!status.success(), "--writer-threads {bad} started");
+        assert!(
+            stderr.contains("writer_threads") && stderr.contains("1..=16"),
+            "{stderr}"
+        );
+    }
+}

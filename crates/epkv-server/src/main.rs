@@ -283,7 +283,7 @@ fn build_buckets(s: &Settings, clock: &EngineClock, manual_flush: bool) -> Resul
                     epkv_engine::JournalMode::Off
                 },
                 fd_budget: (s.fd_budget > 0).then_some(s.fd_budget),
-                writer_threads: s.writer_threads.max(1),
+                writer_threads: s.writer_threads,
                 ..epkv_engine::PersistenceConfig::new(&dir)
             }),
             ..BucketConfig::default()

@@ -221,7 +221,7 @@ settings! {
     fd_budget: usize = "0", unit = "count",
         help = "With persistence: most data files each bucket keeps open (least recently used ones are closed beyond it); 0 derives it from the open-file limit minus a reserve for connections";
     writer_threads: usize = "2", unit = "count",
-        help = "With persistence: threads of each bucket's Writer group, which runs the shards' flushers and appliers (4 shards per bucket; at most this many flushers sync at once)";
+        help = "With persistence: threads of each bucket's Writer group, which runs the shards' flushers and appliers (4 shards per bucket; at most this many flushers sync at once); 1 to 16";
     flush_enabled: bool = "false", unit = "bool",
         help = "Allow FLUSH to remove every document (off by default, as in Couchbase)",
         clap(num_args = 0..=1, default_missing_value = "true");
