@@ -94,7 +94,8 @@ impl FaultFs {
         s.tear_at = Some(s.counts.writes + n.max(1));
     }
 
-    /// Makes the next `count` opens fail with EMFILE.
+    /// Makes the next `count` opens (and directory syncs, which open the directory) fail
+    /// with EMFILE.
     pub fn set_emfile(&self, count: u32) {
         self.state.lock().emfile = count;
     }
@@ -277,6 +278,10 @@ impl Vfs for FaultFs {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut s = self.state.lock();
+        if s.emfile > 0 {
+            s.emfile -= 1;
+            return Err(io::Error::from_raw_os_error(libc::EMFILE));
+        }
         s.counts.syncs += 1;
         let n = s.counts.syncs;
         if s.fail_at.get(&FaultOp::Sync) == Some(&n) {

@@ -121,24 +121,61 @@ impl FdCache {
         while self.budget > 0 && g.map.len() >= self.budget {
             Self::evict_lru(&mut g);
         }
-        let f = match self.vfs.open(path, mode) {
-            Ok(f) => f,
-            Err(e) if is_emfile(&e) => {
-                // Out of descriptors: close every file this cache holds and try once more.
-                self.emfile_retries.fetch_add(1, Relaxed);
-                tracing::warn!(path = %path.display(), open = g.map.len(), "EMFILE: closing cached data files and retrying");
-                g.map.clear();
-                self.vfs
-                    .open(path, mode)
-                    .map_err(|e| Error::io("open", path, e))?
-            }
-            Err(e) => return Err(Error::io("open", path, e)),
-        };
+        let f = self
+            .retry_emptied(&mut g, path, || self.vfs.open(path, mode))
+            .map_err(|e| Error::io("open", path, e))?;
         self.opens.fetch_add(1, Relaxed);
         if self.budget > 0 {
             g.map.insert(path.to_owned(), (Arc::clone(&f), tick));
         }
         Ok(f)
+    }
+
+    /// Runs `op`, a descriptor-consuming call made outside the cache (a directory sync, the
+    /// journal's open); if the OS is out of descriptors, closes every cached file and runs
+    /// it once more. Without this a full cache could starve the store's own bookkeeping.
+    ///
+    /// # Errors
+    /// The error of the last attempt.
+    pub fn with_room<T>(
+        &self,
+        path: &Path,
+        op: impl Fn() -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        // Not under the cache's lock: `op` may be slow (an fsync), and only the retry
+        // needs the cache.
+        match op() {
+            Err(e) if is_emfile(&e) => {
+                if !self.empty_for_retry(&mut self.inner.lock(), path) {
+                    return Err(e);
+                }
+                op()
+            }
+            r => r,
+        }
+    }
+
+    /// Closes every cached file ahead of a retry; false if there was none to close.
+    fn empty_for_retry(&self, g: &mut Inner, path: &Path) -> bool {
+        if g.map.is_empty() {
+            return false;
+        }
+        self.emfile_retries.fetch_add(1, Relaxed);
+        tracing::warn!(path = %path.display(), open = g.map.len(), "EMFILE: closing cached data files and retrying");
+        g.map.clear();
+        true
+    }
+
+    fn retry_emptied<T>(
+        &self,
+        g: &mut Inner,
+        path: &Path,
+        op: impl Fn() -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        match op() {
+            Err(e) if is_emfile(&e) && self.empty_for_retry(g, path) => op(),
+            r => r,
+        }
     }
 
     fn evict_lru(g: &mut Inner) {
@@ -195,6 +232,25 @@ mod tests {
         let e = c.get(&dir.path().join("c"), OpenMode::Create).unwrap_err();
         assert!(matches!(e, Error::TooManyOpenFiles { .. }), "{e}");
         assert!(e.is_temporary());
+    }
+
+    #[test]
+    fn a_directory_sync_out_of_descriptors_closes_cached_files_and_retries() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = FaultFs::new();
+        let c = FdCache::new(Arc::new(fs.clone()), 8);
+        c.get(&dir.path().join("a"), OpenMode::Create).unwrap();
+        c.get(&dir.path().join("b"), OpenMode::Create).unwrap();
+        fs.set_emfile(1);
+        c.with_room(dir.path(), || fs.sync_dir(dir.path())).unwrap();
+        assert_eq!((c.emfile_retries(), c.open_files()), (1, 0));
+        // Nothing left to close: the error is reported, not retried.
+        fs.set_emfile(1);
+        let e = c
+            .with_room(dir.path(), || fs.sync_dir(dir.path()))
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EMFILE));
+        assert_eq!(c.emfile_retries(), 1);
     }
 
     #[test]

@@ -393,9 +393,10 @@ impl FileStore {
 
     fn sync_dir(&self) -> Result<()> {
         self.counters.syncs.fetch_add(1, Relaxed);
-        self.vfs
-            .sync_dir(&self.cfg.dir)
-            .map_err(|e| Error::io("sync dir", &self.cfg.dir, e))?;
+        let dir = &self.cfg.dir;
+        self.fds
+            .with_room(dir, || self.vfs.sync_dir(dir))
+            .map_err(|e| Error::io("sync dir", dir, e))?;
         self.dir_dirty.store(0, Relaxed);
         Ok(())
     }
@@ -518,7 +519,10 @@ impl FileStore {
         let path = self.cfg.dir.join(JOURNAL_NAME);
         if self.cfg.journal == JournalMode::Off {
             // A journal left by a run with it on must still be replayed once.
-            match self.vfs.open(&path, OpenMode::Existing) {
+            match self
+                .fds
+                .with_room(&path, || self.vfs.open(&path, OpenMode::Existing))
+            {
                 Ok(f) => {
                     let j = read_journal(&*f, &path)?;
                     self.report.journal_torn_bytes = j.torn_bytes;
@@ -536,8 +540,8 @@ impl FileStore {
             return Ok(());
         }
         let f = self
-            .vfs
-            .open(&path, OpenMode::Create)
+            .fds
+            .with_room(&path, || self.vfs.open(&path, OpenMode::Create))
             .map_err(|e| Error::io("open", &path, e))?;
         let len = f.len().map_err(|e| Error::io("stat", &path, e))?;
         let sb = SUPERBLOCK_LEN as u64;
@@ -1142,8 +1146,8 @@ impl FileStore {
             ..CompactionOutcome::default()
         };
         let f = self
-            .vfs
-            .open(tmp, OpenMode::Create)
+            .fds
+            .with_room(tmp, || self.vfs.open(tmp, OpenMode::Create))
             .map_err(|e| Error::io("open", tmp, e))?;
         f.set_len(0).map_err(|e| Error::io("truncate", tmp, e))?;
         let mut buf = data_file::superblock(vbid, rev);
