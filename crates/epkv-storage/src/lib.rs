@@ -29,8 +29,9 @@
 //!   the journal records with a higher commit id. `commit` returning `Ok` means durable.
 //! - A failed write or sync is never ignored: `commit` returns the error, the file is cut
 //!   back to its last header, and the batch can be retried.
-//! - Data files stay open across writes, at most [`FdCache::budget`] of them; EMFILE closes
-//!   idle files and retries once, then reports [`Error::TooManyOpenFiles`] (temporary).
+//! - Data files stay open across writes, at most [`FdCache::budget`] of them; EMFILE on any
+//!   open (a data file, the journal, a compaction target, a directory sync) closes the idle
+//!   cached files and retries once, then reports [`Error::TooManyOpenFiles`] (temporary).
 //! - Locking (per [`FileStore`]): commit lock → one vBucket's mutex → the [`FdCache`] mutex.
 //!
 //! **Dependencies.** `epkv-types` only (plus crc32c, libc, parking_lot, thiserror,
