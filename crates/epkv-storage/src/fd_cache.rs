@@ -121,9 +121,13 @@ impl FdCache {
         while self.budget > 0 && g.map.len() >= self.budget {
             Self::evict_lru(&mut g);
         }
-        let f = self
-            .retry_emptied(&mut g, path, || self.vfs.open(path, mode))
-            .map_err(|e| Error::io("open", path, e))?;
+        let f = match self.vfs.open(path, mode) {
+            Err(e) if is_emfile(&e) && self.empty_for_retry(&mut g, path) => {
+                self.vfs.open(path, mode)
+            }
+            r => r,
+        }
+        .map_err(|e| Error::io("open", path, e))?;
         self.opens.fetch_add(1, Relaxed);
         if self.budget > 0 {
             g.map.insert(path.to_owned(), (Arc::clone(&f), tick));
@@ -164,18 +168,6 @@ impl FdCache {
         tracing::warn!(path = %path.display(), open = g.map.len(), "EMFILE: closing cached data files and retrying");
         g.map.clear();
         true
-    }
-
-    fn retry_emptied<T>(
-        &self,
-        g: &mut Inner,
-        path: &Path,
-        op: impl Fn() -> std::io::Result<T>,
-    ) -> std::io::Result<T> {
-        match op() {
-            Err(e) if is_emfile(&e) && self.empty_for_retry(g, path) => op(),
-            r => r,
-        }
     }
 
     fn evict_lru(g: &mut Inner) {
