@@ -25,6 +25,11 @@
 //!   mimalloc called as `mimalloc::MiMalloc` calls it, once with `mi_malloc` for small
 //!   alignments (see `PLAIN_SMALL`).
 //!
+//! - **floor** (with the two lookups only; not a peer and not in "best peer"): hash the
+//!   key and read one 16-byte slot of a flat array at the hash's position, nothing else.
+//!   No map can look a key up with less memory traffic, so its rate bounds every peer's;
+//!   the output says what multiple of it 1.5x the best peer would be.
+//!
 //! Peers: `Mutex<std::collections::HashMap>`, `dashmap` (as many shards as epkv has
 //! stripes) and `papaya`, all keyed by `Box<[u8]>`, storing the same metadata (`ItemMeta`),
 //! the value as `Bytes` and a "prepared" flag, and all hashing with
@@ -370,6 +375,85 @@ impl Map for Papaya {
     }
 }
 
+/// A lower bound, not a map: what any hash-indexed lookup must at least do here. The key
+/// is hashed (foldhash, as everywhere) and one 16-byte slot of a flat array sized like a
+/// table for every benchmark key (two slots per key) is read at the hash's position; no
+/// probing, key comparison, lock, guard or metadata. Lookups are independent, so the CPU
+/// overlaps their memory accesses as far as it can: its rate is the most this machine's
+/// caches and memory deliver for one random slot read per key, a ceiling for every peer.
+struct Floor {
+    build: Hasher,
+    /// Slot `i` is `slots[2i]` (the hash written there) and `slots[2i + 1]` (the CAS).
+    slots: Box<[std::sync::atomic::AtomicU64]>,
+    mask: usize,
+}
+
+impl Floor {
+    fn new(keys: usize) -> Self {
+        let n = (keys * 2).next_power_of_two();
+        Self {
+            build: Hasher::default(),
+            slots: (0..n * 2)
+                .map(|_| std::sync::atomic::AtomicU64::new(0))
+                .collect(),
+            mask: n - 1,
+        }
+    }
+
+    #[inline]
+    fn slot(&self, key: &[u8]) -> (u64, usize) {
+        use std::hash::BuildHasher;
+        let h = self.build.hash_one(key);
+        // Truncation intended: the low bits pick the slot.
+        #[allow(clippy::cast_possible_truncation)]
+        let i = (h as usize) & self.mask;
+        (h, i * 2)
+    }
+
+    /// Reads the key's slot: the stored CAS when the slot's hash is the key's.
+    #[inline]
+    fn read(&self, key: &[u8]) -> Option<u64> {
+        let (h, i) = self.slot(key);
+        let tag = self.slots[i].load(Ordering::Relaxed);
+        let cas = self.slots[i + 1].load(Ordering::Relaxed);
+        (tag == h).then_some(cas)
+    }
+}
+
+impl Map for Floor {
+    fn name(&self) -> &'static str {
+        "floor"
+    }
+    fn set(&self, key: &[u8], _value: &[u8], cas: u64, _prepared: bool) {
+        let (h, i) = self.slot(key);
+        self.slots[i].store(h, Ordering::Relaxed);
+        self.slots[i + 1].store(cas, Ordering::Relaxed);
+    }
+    fn find_read(&self, key: &[u8]) -> Option<u64> {
+        self.read(key)
+    }
+    fn find_write(&self, key: &[u8]) -> Option<u64> {
+        self.read(key)
+    }
+    fn read_value(&self, _key: &[u8]) -> Option<Bytes> {
+        None
+    }
+    fn replace(&self, _key: &[u8], _value: &[u8], _cas: u64) -> bool {
+        false
+    }
+    fn delete(&self, _key: &[u8]) -> bool {
+        false
+    }
+    fn clear(&self) {
+        for s in &self.slots {
+            s.store(0, Ordering::Relaxed);
+        }
+    }
+    fn resize_marker(&self) -> Option<usize> {
+        None
+    }
+}
+
 fn make(name: &str, stripes: usize) -> Box<dyn Map> {
     match name {
         "epkv" => match HashTable::unlimited(stripes) {
@@ -657,16 +741,23 @@ fn main() {
         })
         .collect();
     let maps: Vec<Box<dyn Map>> = impls.iter().map(|n| make(n, stripes)).collect();
+    let floor = Floor::new(items * args.threads.iter().copied().max().unwrap_or(1));
     for &threads in &args.threads {
         let keys: Vec<Vec<Vec<u8>>> = (0..threads).map(|t| keys_of(t, items)).collect();
         for &(bench, pct) in &benches {
             if !args.wants(bench.name()) {
                 continue;
             }
-            let mut results: Vec<PassRate> = vec![PassRate::default(); maps.len()];
+            let is_find = matches!(bench, Bench::FindForRead | Bench::FindForWrite);
+            // The floor runs with the lookups only, as the last "map" of each round.
+            let mut runs: Vec<&dyn Map> = maps.iter().map(AsRef::as_ref).collect();
+            if is_find {
+                runs.push(&floor);
+            }
+            let mut results: Vec<PassRate> = vec![PassRate::default(); runs.len()];
             for _ in 0..args.rounds() {
-                for (i, m) in maps.iter().enumerate() {
-                    let r = run_bench(m.as_ref(), bench, pct, &keys, passes);
+                for (i, m) in runs.iter().enumerate() {
+                    let r = run_bench(*m, bench, pct, &keys, passes);
                     // Best round (see `run_bench`).
                     let b = &mut results[i];
                     if r.wall > b.wall {
@@ -678,7 +769,8 @@ fn main() {
             }
             let mut epkv = (0.0, 0.0);
             let mut best_peer = (0.0f64, 0.0f64);
-            for (i, m) in maps.iter().enumerate() {
+            let mut floor_rate = None;
+            for (i, m) in runs.iter().enumerate() {
                 let r = &results[i];
                 let mut params: Vec<(&str, u64)> =
                     vec![("items", items as u64), ("threads", threads as u64)];
@@ -690,7 +782,9 @@ fn main() {
                 println!("    per thread {}", per_thread.join(" "));
                 params.push(("per_cpu_sec", 1));
                 report.push(Row::new(bench.name(), &params, m.name(), r.cpu));
-                if i == 0 {
+                if m.name() == "floor" {
+                    floor_rate = Some(r.wall);
+                } else if i == 0 {
                     epkv = (r.wall, r.cpu);
                 } else {
                     best_peer = (best_peer.0.max(r.wall), best_peer.1.max(r.cpu));
@@ -702,6 +796,18 @@ fn main() {
                 epkv.0 / best_peer.0.max(1e-9),
                 epkv.1 / best_peer.1.max(1e-9)
             );
+            if let Some(f) = floor_rate {
+                println!(
+                    "    {}/{pct}%/threads {threads}: floor (hash + one random slot read) = \
+                     {}; best peer / floor = {:.2}, epkv / floor = {:.2}: 1.5x the best \
+                     peer is {:.2}x the floor",
+                    bench.name(),
+                    rate(f),
+                    best_peer.0 / f.max(1e-9),
+                    epkv.0 / f.max(1e-9),
+                    1.5 * best_peer.0 / f.max(1e-9)
+                );
+            }
         }
     }
     if args.wants("Resize") {
