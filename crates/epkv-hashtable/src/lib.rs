@@ -5,8 +5,9 @@
 //! version and a *prepared* one (a SyncWrite in flight, or a completed prepare kept for a
 //! while). The engine keeps one table per vBucket. Each item carries key, value (shared
 //! [`bytes::Bytes`], absent once evicted), [`ItemMeta`] (CAS, revision seqno, by-seqno,
-//! flags, expiry, lock expiry, datatype), a [`CommittedState`], deleted / dirty /
-//! resident bits and an 8-bit probabilistic MFU counter.
+//! flags, expiry, lock expiry, datatype), a [`CommittedState`] and deleted / dirty /
+//! resident bits; beside it, in its slot, the table keeps its 8-bit probabilistic MFU
+//! counter ([`Entry::mfu`], [`VisitedItem::mfu`]).
 //!
 //! This crate is *not* the bucket: it knows nothing of vBucket states, seqno or CAS
 //! assignment, durability levels, persistence or the wire format. Callers decide what a

@@ -2,9 +2,9 @@
 //! an access increments it with probability `1 / (1 + 0.012 * c^2)`, so about 65,000
 //! accesses take it from 0 to 255.
 //!
-//! The random draw is a thread-local xorshift64* generator (written here: a draw is one
-//! multiply and three shifts, cheaper than any shared or locked generator), compared with
-//! a table of 256 precomputed 32-bit thresholds.
+//! The random draw is a thread-local SplitMix64 generator (written here: a draw is an
+//! addition to the state and two multiplies, cheaper than any shared or locked generator),
+//! compared with a table of 256 precomputed 32-bit thresholds.
 
 use std::cell::Cell;
 
@@ -40,7 +40,9 @@ thread_local! {
     static RNG: Cell<u64> = const { Cell::new(0) };
 }
 
-/// A uniform 32-bit draw from this thread's generator.
+/// A uniform 32-bit draw from this thread's generator: SplitMix64, whose state advances
+/// by one addition, so consecutive draws (one per lookup in a tight loop) wait on each
+/// other for a single add; the mixing that makes the output uniform is off that chain.
 #[inline]
 fn draw() -> u32 {
     RNG.with(|s| {
@@ -48,11 +50,12 @@ fn draw() -> u32 {
         if x == 0 {
             x = seed();
         }
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
         s.set(x);
-        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as u32
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 32) as u32
     })
 }
 
@@ -67,17 +70,15 @@ fn seed() -> u64 {
 
 /// Returns `c` after one access: `c + 1` with probability `1 / (1 + 0.012 c^2)`, else `c`;
 /// 255 stays 255.
+///
+/// Branch-free (`|` and `&` on booleans, not `||` and `&&`): whether an access increments
+/// is a coin toss the CPU cannot predict, and the mispredicted branch cost FindForRead
+/// more than computing both outcomes does.
 #[inline]
 #[must_use]
 pub fn next_on_access(c: u8) -> u8 {
-    if c == u8::MAX {
-        return c;
-    }
-    if c == 0 || draw() < THRESHOLDS[usize::from(c)] {
-        c + 1
-    } else {
-        c
-    }
+    let inc = (draw() < THRESHOLDS[usize::from(c)]) | (c == 0);
+    c + u8::from(inc & (c != u8::MAX))
 }
 
 #[cfg(test)]

@@ -49,7 +49,9 @@ pub(crate) struct Props {
 }
 
 impl Props {
-    pub(crate) fn of(sv: &StoredValue) -> Self {
+    /// The properties of `sv` whose MFU counter is `mfu` (the table keeps the counter in
+    /// the item's slot; see [`crate::hash_table::Slot::props`]).
+    pub(crate) fn of(sv: &StoredValue, mfu: u8) -> Self {
         let committed = sv.is_committed();
         let live = committed && !sv.is_deleted();
         Self {
@@ -60,7 +62,7 @@ impl Props {
             non_resident: live && !sv.is_resident(),
             dirty: sv.is_dirty(),
             footprint: sv.footprint(),
-            evictable_mfu: (live && sv.is_resident()).then_some(sv.mfu()),
+            evictable_mfu: (live && sv.is_resident()).then_some(mfu),
         }
     }
 
@@ -141,6 +143,21 @@ impl MfuHistogram {
         if let Some(a) = after {
             let c = self.slot(a);
             *c = c.wrapping_add(1);
+        }
+    }
+
+    /// Moves one item from MFU value `before` to `after` (equal when a bump did not
+    /// increment), without branching on whether they differ: the read path's bump is a
+    /// coin toss the CPU cannot predict.
+    #[inline]
+    pub(crate) fn shift(&mut self, before: u8, after: u8) {
+        debug_assert!(after >= before, "a bump never lowers the counter");
+        let (b, a) = (usize::from(before), usize::from(after));
+        if a < MFU_INLINE {
+            self.low[b] = self.low[b].wrapping_sub(1);
+            self.low[a] = self.low[a].wrapping_add(1);
+        } else {
+            self.apply(Some(before), Some(after));
         }
     }
 

@@ -1,6 +1,5 @@
 //! [`StoredValue`], its document metadata [`ItemMeta`], and its [`CommittedState`].
 
-use crate::mfu;
 use crate::{Error, Result};
 use bytes::Bytes;
 use epkv_types::{Cas, Datatype, Seqno};
@@ -170,18 +169,17 @@ const INLINE_LENS: [InlineLen; INLINE_KEY_LEN + 1] = [
     InlineLen::L20,
 ];
 
-/// The table-managed bytes of an item: life-cycle state, flag bits, MFU counter.
+/// The table-managed bytes of an item: life-cycle state and flag bits.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct TableBytes {
     /// A [`CommittedState`] as its `u8` (a plain byte, so that the compiler uses the
     /// inline length, not this, as the niche of [`Key`]).
     state: u8,
     bits: u8,
-    mfu: u8,
 }
 
 /// A key, inline when short (no allocation), boxed when long, together with the table's
-/// three bytes of per-item state (kept here, in space the key enum would otherwise pad,
+/// two bytes of per-item state (kept here, in space the key enum would otherwise pad,
 /// so that the whole `StoredValue` is 96 bytes). 24 bytes.
 #[derive(Clone)]
 enum Key {
@@ -246,7 +244,9 @@ const DIRTY: u8 = 2;
 const RESIDENT: u8 = 4;
 
 /// One version of a document in the table: key, value (absent once evicted), metadata,
-/// life-cycle state, deleted/dirty/resident bits and the MFU frequency counter.
+/// life-cycle state and deleted/dirty/resident bits. Its MFU frequency counter is not
+/// here: the table keeps it in the item's slot (see [`crate::Entry::mfu`]), so that a
+/// read which bumps it never writes to the item.
 ///
 /// # Memory layout (what [`Self::footprint`] counts)
 /// - the `StoredValue` itself, 96 bytes, in its own allocation (the table's slot holds a
@@ -269,10 +269,8 @@ const RESIDENT: u8 = 4;
 /// ([`crate::Entry::insert`], eviction) so the accounting stays exact.
 ///
 /// The fields are laid out in a fixed order (`repr(C)`): what every lookup touches (the
-/// key and the table's state, flag and MFU bytes, which share one 24-byte field) comes
-/// first, so a lookup that bumps the MFU counter usually dirties the cache line it already
-/// read for the key comparison rather than a second one (with the compiler's order the
-/// counter landed at the end, and perf showed FindForRead's time in that line's miss).
+/// key and the table's state and flag bytes, which share one 24-byte field) comes first,
+/// so a lookup's key comparison and state check read one cache line.
 #[derive(Clone)]
 #[repr(C)]
 pub struct StoredValue {
@@ -292,7 +290,6 @@ impl std::fmt::Debug for StoredValue {
             .field("deleted", &self.is_deleted())
             .field("dirty", &self.is_dirty())
             .field("resident", &self.is_resident())
-            .field("mfu", &self.mfu())
             .finish()
     }
 }
@@ -361,7 +358,6 @@ impl StoredValue {
                 TableBytes {
                     state: CommittedState::CommittedViaMutation as u8,
                     bits: DIRTY | RESIDENT,
-                    mfu: mfu::INITIAL,
                 },
             ),
         })
@@ -477,12 +473,6 @@ impl StoredValue {
         self.key.t().bits & RESIDENT != 0
     }
 
-    /// The 8-bit MFU (most frequently used) counter.
-    #[must_use]
-    pub fn mfu(&self) -> u8 {
-        self.key.t().mfu
-    }
-
     /// Returns the bytes this item is charged for (see the type's docs).
     #[must_use]
     pub fn footprint(&self) -> usize {
@@ -513,10 +503,6 @@ impl StoredValue {
 
     pub(crate) fn meta_mut(&mut self) -> &mut ItemMeta {
         &mut self.meta
-    }
-
-    pub(crate) fn set_mfu(&mut self, mfu: u8) {
-        self.key.t_mut().mfu = mfu;
     }
 
     pub(crate) fn set_dirty(&mut self, dirty: bool) {
@@ -597,11 +583,10 @@ mod tests {
     }
 
     #[test]
-    fn new_items_are_committed_dirty_resident_with_initial_mfu() {
+    fn new_items_are_committed_dirty_and_resident() {
         let sv = StoredValue::new(b"k", b"v", ItemMeta::default()).unwrap();
         assert_eq!(sv.committed_state(), CommittedState::CommittedViaMutation);
         assert!(sv.is_committed() && sv.is_dirty() && sv.is_resident() && !sv.is_deleted());
-        assert_eq!(sv.mfu(), mfu::INITIAL);
         let p = sv.clone().with_state(CommittedState::Pending);
         assert!(p.is_prepared() && p.committed_state().is_in_flight());
         let d = StoredValue::new_deleted(b"k", ItemMeta::default()).unwrap();

@@ -3,8 +3,8 @@
 //! in between (what the item pager and expiry pager need).
 
 use crate::StoredValue;
-use crate::hash_table::{HashTable, Inner, Shared, bump_mfu, evict};
-use crate::stats::{Props, StripeCounts};
+use crate::hash_table::{HashTable, Inner, Shared, Slot, bump_mfu, evict};
+use crate::stats::StripeCounts;
 
 /// Where a paused visit resumes: a stripe, a bucket inside it, and the stripe's resize
 /// count when the visit paused.
@@ -65,6 +65,16 @@ impl VisitedItem<'_> {
         self.inner.committed.get_bucket(self.bucket).map(|b| &**b)
     }
 
+    /// The item's MFU counter, or `None` once [`Self::remove`] has removed it. The table
+    /// keeps the counter beside the item, not in it.
+    #[must_use]
+    pub fn mfu(&self) -> Option<u8> {
+        if self.removed {
+            return None;
+        }
+        self.inner.committed.get_bucket(self.bucket).map(Slot::mfu)
+    }
+
     /// Removes the item from the table.
     pub fn remove(&mut self) {
         if self.removed {
@@ -72,7 +82,7 @@ impl VisitedItem<'_> {
         }
         if let Ok(entry) = self.inner.committed.get_bucket_entry(self.bucket) {
             let (sv, _) = entry.remove();
-            let p = Props::of(&sv);
+            let p = sv.props();
             self.shared.tracker.release(p.footprint());
             self.counts.apply(Some(&p), None);
             self.inner.mfu.apply(p.evictable_mfu, None);
@@ -99,9 +109,9 @@ impl VisitedItem<'_> {
         }
         let inner = &mut *self.inner;
         if let Some(sv) = inner.committed.get_bucket_mut(self.bucket) {
-            let before = Props::of(sv).evictable_mfu;
+            let before = sv.props().evictable_mfu;
             sv.set_mfu(mfu);
-            inner.mfu.apply(before, Props::of(sv).evictable_mfu);
+            inner.mfu.apply(before, sv.props().evictable_mfu);
         }
     }
 

@@ -178,12 +178,16 @@ fn check(table: &HashTable, model: &Model) {
     // The MFU histogram equals a scan of the live resident committed items.
     let mut hist = [0u64; 256];
     let mut seen = 0;
-    table.for_each(|sv| {
+    table.visit(Position::START, |item| {
+        let (Some(sv), Some(mfu)) = (item.item(), item.mfu()) else {
+            panic!("a visited item is there until removed");
+        };
         assert_eq!(model.committed.get(sv.key()), Some(&V::of(sv)), "{sv:?}");
         if !sv.is_deleted() && sv.is_resident() {
-            hist[usize::from(sv.mfu())] += 1;
+            hist[usize::from(mfu)] += 1;
         }
         seen += 1;
+        Visit::Continue
     });
     assert_eq!(seen, model.committed.len());
     assert_eq!(*s.mfu_histogram, hist);

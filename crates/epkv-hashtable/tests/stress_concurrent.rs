@@ -225,10 +225,14 @@ fn concurrent_sync_writes_keep_invariants() {
     }
     let s = table.stats();
     let (mut items, mut bytes, mut hist) = (0, 0, [0u64; 256]);
-    table.for_each(|sv| {
+    table.visit(Position::START, |item| {
+        let (Some(sv), Some(mfu)) = (item.item(), item.mfu()) else {
+            panic!("a visited item is there until removed");
+        };
         items += 1;
         bytes += sv.footprint();
-        hist[usize::from(sv.mfu())] += 1;
+        hist[usize::from(mfu)] += 1;
+        Visit::Continue
     });
     let mut prepared = 0;
     table.for_each_prepared(|sv| {
