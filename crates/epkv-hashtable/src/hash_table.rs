@@ -46,8 +46,9 @@ impl KeyHash {
         }
     }
 
-    /// The bits the stripe is picked from (tag bits 12..44, which neither the bucket
-    /// index of any realistic stripe nor the control byte depend on alone).
+    /// The bits the stripe is picked from: tag bits 12..44. The range reduction takes the
+    /// stripe from the top of that range, far above the low tag bits that choose a
+    /// bucket within the stripe, so the two choices do not correlate.
     #[inline]
     fn stripe_bits(self) -> u64 {
         (self.tag >> 12) & 0xffff_ffff
@@ -61,10 +62,10 @@ impl KeyHash {
 ///   item, a cache miss each, to hash its key again) and a lookup compare 56 bits of hash
 ///   before following the pointer to compare keys.
 /// - **The MFU counter** lives here, not in the item, so that a read's bump writes to the
-///   slot's cache line, which the lookup has just read and which holds four slots, rather
-///   than dirtying the item's line: 100,000 items' slot lines are a fraction of their
-///   items' lines, and FindForRead ran 20-44% faster than with the counter in the item
-///   (`cargo xtask bench hashtable`, 1 and 2 threads, interleaved builds).
+///   slot's cache line, which the lookup has just read, and a read never writes to the
+///   item (FindForRead +5% in interleaved runs; see "Lookup cost" in docs/hashtable.md).
+///   Everything a read changes is then in this word, which is what a lock-free read
+///   would need.
 pub(crate) struct Slot {
     word: u64,
     sv: Box<StoredValue>,
