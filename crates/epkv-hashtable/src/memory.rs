@@ -3,17 +3,60 @@
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Bytes a shard reserves from the global count at a time, and keeps at most (twice
+/// this) before it gives the excess back.
+const CHUNK: usize = 64 * 1024;
+
+/// Shards per tracker: threads are spread over them round robin, so up to this many
+/// writing threads never share one.
+const SHARDS: usize = 32;
+
+/// One shard's reserve: bytes counted in the global total that no item holds yet.
+/// Aligned to 128 bytes so that two shards never share a cache line (nor the adjacent
+/// line the x86 spatial prefetcher pulls in).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard {
+    free: AtomicUsize,
+}
+
+/// The shard the calling thread charges to and releases into.
+fn my_shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    SHARD.with(|s| *s)
+}
+
 /// Counts the bytes charged by items (see [`crate::StoredValue::footprint`]) across every
 /// table that shares it, and refuses growth beyond a limit.
 ///
-/// Charges go through a compare-and-swap loop, so the count never exceeds the limit, even
-/// transiently, whatever the number of concurrent writers. Releases always succeed.
+/// # How it counts
+/// Every writer thread would otherwise update one shared counter per insert, replace
+/// and delete, and at two or more threads that counter's cache line moves between the
+/// cores on every write. So the global count, `reserved`, is taken in chunks of 64 KiB
+/// by per-thread shards, which charge and release items against their own reserve (an
+/// atomic operation on a line that stays with its core) and go back to `reserved` only
+/// to take another chunk or to return a surplus above two chunks (KV-Engine keeps
+/// per-core memory counters for the same reason).
+///
+/// - **The limit is exact.** `reserved` never exceeds the limit, even transiently: it
+///   grows only through a compare-and-swap loop that checks it. A charge that does not
+///   fit in its shard's reserve or a new chunk takes exactly the bytes it needs, and if
+///   even that does not fit it first collects every shard's reserve back into `reserved`
+///   and tries once more, so a charge is refused only when the bytes that items hold plus
+///   those of charges in flight leave no room.
+/// - **[`Self::used`]** is `reserved` minus the shards' reserves: exact once concurrent
+///   calls have returned, and never above the limit.
+/// - Releases always succeed.
 #[derive(Debug)]
 pub struct MemoryTracker {
-    /// Bytes currently charged.
-    used: AtomicUsize,
-    /// Bytes that may be charged at most; `usize::MAX` means unlimited.
+    /// Bytes taken from the limit: charged by items, or held in a shard's reserve.
+    reserved: AtomicUsize,
+    /// Bytes that may be reserved at most; `usize::MAX` means unlimited.
     limit: AtomicUsize,
+    shards: Box<[Shard]>,
 }
 
 impl MemoryTracker {
@@ -21,8 +64,9 @@ impl MemoryTracker {
     #[must_use]
     pub fn new(limit_bytes: usize) -> Self {
         Self {
-            used: AtomicUsize::new(0),
+            reserved: AtomicUsize::new(0),
             limit: AtomicUsize::new(limit_bytes),
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
         }
     }
 
@@ -32,10 +76,16 @@ impl MemoryTracker {
         Self::new(usize::MAX)
     }
 
-    /// Returns the bytes currently charged.
+    /// Returns the bytes currently charged (a snapshot: exact once concurrent charges
+    /// and releases have returned).
     #[must_use]
     pub fn used(&self) -> usize {
-        self.used.load(Ordering::Relaxed)
+        let spare: usize = self
+            .shards
+            .iter()
+            .map(|s| s.free.load(Ordering::Relaxed))
+            .fold(0, usize::wrapping_add);
+        self.reserved.load(Ordering::Relaxed).saturating_sub(spare)
     }
 
     /// Returns the limit in bytes.
@@ -45,9 +95,11 @@ impl MemoryTracker {
     }
 
     /// Changes the limit. Bytes already charged stay charged even if above the new limit;
-    /// only later growth is refused.
+    /// only later growth is refused (the shards' reserves go back first, so none of them
+    /// is spent above a lowered limit).
     pub fn set_limit(&self, limit_bytes: usize) {
         self.limit.store(limit_bytes, Ordering::Relaxed);
+        self.collect_reserves();
     }
 
     /// Charges `bytes` if that keeps the total within the limit.
@@ -55,23 +107,76 @@ impl MemoryTracker {
     /// # Errors
     /// [`Error::QuotaExceeded`] when the charge would exceed the limit; nothing is charged.
     pub fn try_charge(&self, bytes: usize) -> Result<()> {
-        let limit = self.limit();
-        self.used
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                used.checked_add(bytes).filter(|&total| total <= limit)
+        let shard = &self.shards[my_shard()];
+        if shard
+            .free
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |free| {
+                free.checked_sub(bytes)
             })
-            .map(|_| ())
-            .map_err(|used| Error::QuotaExceeded {
-                needed: bytes,
-                used,
-                limit,
-            })
+            .is_ok()
+        {
+            return Ok(());
+        }
+        // A new chunk for the shard, with this charge taken from it.
+        if let Some(chunk_and_bytes) = bytes.checked_add(CHUNK)
+            && self.reserve(chunk_and_bytes)
+        {
+            shard.free.fetch_add(CHUNK, Ordering::Relaxed);
+            return Ok(());
+        }
+        // Near the limit: just the bytes, if need be after collecting every reserve.
+        if self.reserve(bytes) {
+            return Ok(());
+        }
+        self.collect_reserves();
+        if self.reserve(bytes) {
+            return Ok(());
+        }
+        Err(Error::QuotaExceeded {
+            needed: bytes,
+            used: self.used(),
+            limit: self.limit(),
+        })
     }
 
     /// Returns `bytes` to the tracker.
     pub fn release(&self, bytes: usize) {
-        let prev = self.used.fetch_sub(bytes, Ordering::Relaxed);
-        debug_assert!(prev >= bytes, "released more memory than was charged");
+        let shard = &self.shards[my_shard()];
+        let free = shard.free.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if free > 2 * CHUNK {
+            // Keep one chunk; give the surplus (whatever is above it now) back.
+            let surplus = shard
+                .free
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |f| {
+                    (f > CHUNK).then_some(CHUNK)
+                })
+                .map_or(0, |f| f - CHUNK);
+            self.unreserve(surplus);
+        }
+    }
+
+    /// Adds `bytes` to `reserved` if that keeps it within the limit.
+    fn reserve(&self, bytes: usize) -> bool {
+        let limit = self.limit();
+        self.reserved
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                r.checked_add(bytes).filter(|&total| total <= limit)
+            })
+            .is_ok()
+    }
+
+    fn unreserve(&self, bytes: usize) {
+        if bytes > 0 {
+            let prev = self.reserved.fetch_sub(bytes, Ordering::Relaxed);
+            debug_assert!(prev >= bytes, "released more memory than was charged");
+        }
+    }
+
+    /// Moves every shard's reserve back to `reserved`.
+    fn collect_reserves(&self) {
+        for s in self.shards.iter() {
+            self.unreserve(s.free.swap(0, Ordering::Relaxed));
+        }
     }
 }
 
@@ -102,6 +207,100 @@ mod tests {
         assert_eq!(t.used(), 100);
         t.release(100);
         assert_eq!(t.used(), 0);
+    }
+
+    #[test]
+    fn a_charge_near_the_limit_collects_the_other_threads_reserves() {
+        let limit = 200_000;
+        let t = MemoryTracker::new(limit);
+        // Another thread charges a little, and its shard reserves a chunk beside it.
+        std::thread::scope(|s| {
+            s.spawn(|| t.try_charge(1_000).unwrap());
+        });
+        assert_eq!(t.used(), 1_000);
+        // Everything else fits only once that reserve is given back.
+        t.try_charge(limit - 1_000).unwrap();
+        assert_eq!(t.used(), limit);
+        assert!(matches!(
+            t.try_charge(1),
+            Err(Error::QuotaExceeded { needed: 1, used, limit: l }) if used == limit && l == limit
+        ));
+        t.release(limit);
+        assert_eq!(t.used(), 0);
+    }
+
+    #[test]
+    fn a_lowered_limit_is_not_passed_by_spending_a_reserve() {
+        let t = MemoryTracker::new(usize::MAX);
+        t.try_charge(10).unwrap();
+        t.set_limit(10);
+        assert!(t.try_charge(1).is_err());
+        assert_eq!(t.used(), 10);
+    }
+
+    #[test]
+    fn bytes_charged_on_one_thread_can_be_released_on_another() {
+        let t = MemoryTracker::new(1 << 30);
+        for _ in 0..100 {
+            t.try_charge(3_000).unwrap();
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..100 {
+                    t.release(3_000);
+                }
+            });
+        });
+        assert_eq!(t.used(), 0);
+    }
+
+    #[test]
+    fn concurrent_charges_never_pass_the_limit_and_add_up() {
+        const THREADS: usize = 6;
+        const ROUNDS: usize = 20_000;
+        let limit = 1_000_000;
+        let t = MemoryTracker::new(limit);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let held: Vec<usize> = std::thread::scope(|s| {
+            let watcher = s.spawn(|| {
+                let mut checks = 0u64;
+                while !stop.load(Ordering::Relaxed) && checks < 10_000_000 {
+                    assert!(t.reserved.load(Ordering::Relaxed) <= limit);
+                    assert!(t.used() <= limit);
+                    checks += 1;
+                }
+            });
+            let workers: Vec<_> = (0..THREADS)
+                .map(|i| {
+                    let t = &t;
+                    s.spawn(move || {
+                        // Each thread keeps what it charged in a stack and releases in
+                        // turn, charging sizes from 1 byte to 100 KiB.
+                        let mut mine = Vec::new();
+                        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ i as u64;
+                        for _ in 0..ROUNDS {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let n = (x % 100_000) as usize + 1;
+                            if x.is_multiple_of(3) {
+                                if let Some(b) = mine.pop() {
+                                    t.release(b);
+                                }
+                            } else if t.try_charge(n).is_ok() {
+                                mine.push(n);
+                            }
+                        }
+                        mine.iter().sum::<usize>()
+                    })
+                })
+                .collect();
+            let held = workers.into_iter().map(|w| w.join().unwrap()).collect();
+            stop.store(true, Ordering::Relaxed);
+            watcher.join().unwrap();
+            held
+        });
+        assert_eq!(t.used(), held.iter().sum::<usize>());
     }
 
     #[test]
