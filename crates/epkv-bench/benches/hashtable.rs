@@ -34,6 +34,12 @@
 //!   No map can look a key up with less memory traffic, so its rate bounds every peer's;
 //!   the output says what multiple of it 1.5x the best peer would be.
 //!
+//! - **sketch-lockfree**, **sketch-lockfree-mfu** (with the two lookups only; not peers):
+//!   the lock-free table epkv would need for papaya-like reads, cut down to a read's cost
+//!   (atomic 16-byte slots, a `seize` guard per lookup, no lock), without and with the MFU
+//!   bump `find_read` must make (a compare-and-swap on the slot word); see [`Sketch`]. They
+//!   show what such a redesign could gain before building it.
+//!
 //! Peers: `Mutex<std::collections::HashMap>`, `dashmap` (as many shards as epkv has
 //! stripes) and `papaya`, all keyed by `Box<[u8]>`, storing the same metadata (`ItemMeta`),
 //! the value as `Bytes` and a "prepared" flag, and all hashing with
@@ -453,6 +459,186 @@ impl Map for Floor {
     }
 }
 
+/// A design sketch, not a peer and not epkv (like the floor: lookups only, never the
+/// "best peer"): the lock-free table epkv would need for papaya-like reads, cut down to
+/// what a read costs. 64 stripes of 16-byte slots (the key's 56-bit tag with an 8-bit MFU
+/// counter in one word, and a pointer to the boxed [`StoredValue`]), linear probing, no
+/// resize (sized for the run's keys at a load of about 3/4), writers under the
+/// stripe's mutex, readers with no lock: a `seize` guard per lookup, as papaya takes,
+/// then atomic loads. With `mfu`, `find_read` bumps the counter as epkv must
+/// (probability 1/(1 + 0.012 c^2)) with a compare-and-swap on the slot word, the only
+/// update a lock-free reader could make without clobbering a concurrent writer's word.
+/// Items are freed only by `clear` and `drop`, which the harness calls while no lookup
+/// runs, so the guard is never needed for safety here: it is taken only for its cost.
+struct Sketch {
+    build: Hasher,
+    stripes: Box<[SketchStripe]>,
+    mfu: bool,
+    collector: seize::Collector,
+}
+
+struct SketchStripe {
+    lock: parking_lot::Mutex<()>,
+    slots: Box<[SketchSlot]>,
+}
+
+#[derive(Default)]
+struct SketchSlot {
+    /// 0 when empty, else the tag (low 56 bits, never 0) and the MFU counter (top 8).
+    word: std::sync::atomic::AtomicU64,
+    item: std::sync::atomic::AtomicPtr<StoredValue>,
+}
+
+const SKETCH_TAG: u64 = (1 << 56) - 1;
+
+impl Sketch {
+    fn new(keys: usize, mfu: bool) -> Self {
+        const STRIPES: usize = 64;
+        // Load about 3/4 (like hashbrown's stripes when full): as many bytes of slot
+        // array per key as epkv's table.
+        let per = (keys * 4 / 3 / STRIPES + 16).next_power_of_two();
+        Self {
+            build: Hasher::default(),
+            stripes: (0..STRIPES)
+                .map(|_| SketchStripe {
+                    lock: parking_lot::Mutex::new(()),
+                    slots: (0..per).map(|_| SketchSlot::default()).collect(),
+                })
+                .collect(),
+            mfu,
+            collector: seize::Collector::new(),
+        }
+    }
+
+    /// The key's tag (never 0), its stripe and its first slot there.
+    #[inline]
+    fn place(&self, key: &[u8]) -> (u64, &SketchStripe, usize) {
+        use std::hash::BuildHasher;
+        let h = self.build.hash_one(key);
+        let tag = (h & SKETCH_TAG).max(1);
+        let stripe = &self.stripes[((h >> 56) as usize) % self.stripes.len()];
+        (tag, stripe, (h >> 20) as usize & (stripe.slots.len() - 1))
+    }
+
+    /// Runs `f` on the item stored under `key`, lock-free.
+    #[inline]
+    fn find<R>(&self, key: &[u8], bump: bool, f: impl FnOnce(&StoredValue) -> R) -> Option<R> {
+        let _guard = self.collector.enter();
+        let (tag, stripe, mut i) = self.place(key);
+        let mask = stripe.slots.len() - 1;
+        loop {
+            let slot = &stripe.slots[i];
+            let w = slot.word.load(Ordering::Acquire);
+            if w == 0 {
+                return None;
+            }
+            if w & SKETCH_TAG == tag {
+                let p = slot.item.load(Ordering::Acquire);
+                // SAFETY: a slot's item is written before its word (release) and freed
+                // only by `clear`/`drop`, never while a lookup runs (see the type docs).
+                let sv = unsafe { &*p };
+                if sv.key() == key {
+                    if bump && !sv.is_prepared() {
+                        let c = (w >> 56) as u8;
+                        let n = epkv_hashtable::mfu::next_on_access(c);
+                        if n != c {
+                            let new = (w & SKETCH_TAG) | (u64::from(n) << 56);
+                            let _ = slot.word.compare_exchange(
+                                w,
+                                new,
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
+                        }
+                    }
+                    return Some(f(sv));
+                }
+            }
+            i = (i + 1) & mask;
+        }
+    }
+}
+
+impl Map for Sketch {
+    fn name(&self) -> &'static str {
+        if self.mfu {
+            "sketch-lockfree-mfu"
+        } else {
+            "sketch-lockfree"
+        }
+    }
+    fn set(&self, key: &[u8], value: &[u8], cas: u64, prepared: bool) {
+        let meta = ItemMeta {
+            cas: Cas(cas),
+            ..ItemMeta::default()
+        };
+        let Ok(mut sv) = StoredValue::new(key, value, meta) else {
+            return;
+        };
+        if prepared {
+            sv = sv.with_state(CommittedState::Pending);
+        }
+        let (tag, stripe, mut i) = self.place(key);
+        let mask = stripe.slots.len() - 1;
+        let _locked = stripe.lock.lock();
+        for _ in 0..stripe.slots.len() {
+            let slot = &stripe.slots[i];
+            let w = slot.word.load(Ordering::Relaxed);
+            if w == 0 {
+                slot.item
+                    .store(Box::into_raw(Box::new(sv)), Ordering::Relaxed);
+                let initial = u64::from(epkv_hashtable::mfu::INITIAL) << 56;
+                slot.word.store(tag | initial, Ordering::Release);
+                return;
+            }
+            i = (i + 1) & mask;
+        }
+        unreachable!("the sketch is sized for every benchmark key");
+    }
+    fn find_read(&self, key: &[u8]) -> Option<u64> {
+        self.find(key, self.mfu, |sv| {
+            (!sv.is_prepared()).then_some(sv.meta().cas.0)
+        })
+        .flatten()
+    }
+    fn find_write(&self, key: &[u8]) -> Option<u64> {
+        self.find(key, false, |sv| sv.meta().cas.0)
+    }
+    // `main` runs the sketches with the two lookups only; nothing else may reach them.
+    fn read_value(&self, _key: &[u8]) -> Option<Bytes> {
+        unreachable!("the sketches only run the lookups")
+    }
+    fn replace(&self, _key: &[u8], _value: &[u8], _cas: u64) -> bool {
+        unreachable!("the sketches only run the lookups")
+    }
+    fn delete(&self, _key: &[u8]) -> bool {
+        unreachable!("the sketches only run the lookups")
+    }
+    fn clear(&self) {
+        for stripe in self.stripes.iter() {
+            let _locked = stripe.lock.lock();
+            for slot in stripe.slots.iter() {
+                slot.word.store(0, Ordering::Relaxed);
+                let p = slot.item.swap(std::ptr::null_mut(), Ordering::Relaxed);
+                if !p.is_null() {
+                    // SAFETY: `p` came from `Box::into_raw` in `set` and was just taken out
+                    // of its slot; no lookup runs during `clear` (see the type docs).
+                    drop(unsafe { Box::from_raw(p) });
+                }
+            }
+        }
+    }
+    fn resize_marker(&self) -> Option<usize> {
+        unreachable!("the sketches only run the lookups")
+    }
+}
+
+impl Drop for Sketch {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
 fn make(name: &str, stripes: usize) -> Box<dyn Map> {
     match name {
         "epkv" => match HashTable::unlimited(stripes) {
@@ -748,18 +934,26 @@ fn main() {
         })
         .collect();
     let maps: Vec<Box<dyn Map>> = impls.iter().map(|n| make(n, stripes)).collect();
-    let floor = Floor::new(items * args.threads.iter().copied().max().unwrap_or(1));
+    let all_keys = items * args.threads.iter().copied().max().unwrap_or(1);
+    let floor = Floor::new(all_keys);
+
     for &threads in &args.threads {
         let keys: Vec<Vec<Vec<u8>>> = (0..threads).map(|t| keys_of(t, items)).collect();
+        let sketches = [
+            Sketch::new(items * threads, false),
+            Sketch::new(items * threads, true),
+        ];
         for &(bench, pct) in &benches {
             if !args.wants(bench.name()) {
                 continue;
             }
             let is_find = matches!(bench, Bench::FindForRead | Bench::FindForWrite);
-            // The floor runs with the lookups only, as the last "map" of each round.
+            // The floor and the design sketches run with the lookups only, after the maps
+            // in each round, the floor first.
             let mut runs: Vec<&dyn Map> = maps.iter().map(AsRef::as_ref).collect();
             if is_find {
                 runs.push(&floor);
+                runs.extend(sketches.iter().map(|s| s as &dyn Map));
             }
             let mut results: Vec<PassRate> = vec![PassRate::default(); runs.len()];
             for _ in 0..args.rounds() {
@@ -779,6 +973,7 @@ fn main() {
             let mut epkv = (0.0, 0.0);
             let mut best_peer = (0.0f64, 0.0f64);
             let mut floor_rate = None;
+            let mut sketch_rates = Vec::new();
             for (i, m) in runs.iter().enumerate() {
                 let r = &results[i];
                 let mut params: Vec<(&str, u64)> =
@@ -792,8 +987,11 @@ fn main() {
                 params.push(("per_cpu_sec", 1));
                 report.push(Row::new(bench.name(), &params, m.name(), r.cpu));
                 if i == maps.len() {
-                    // The floor, pushed after the maps.
+                    // The floor, pushed right after the maps.
                     floor_rate = Some(r.wall);
+                } else if i > maps.len() {
+                    // A design sketch: neither epkv nor a peer.
+                    sketch_rates.push((m.name(), r.wall));
                 } else if i == 0 {
                     epkv = (r.wall, r.cpu);
                 } else {
@@ -808,6 +1006,17 @@ fn main() {
                     epkv.0 / best_peer.0,
                     epkv.1 / best_peer.1.max(1e-9)
                 );
+            }
+            for (name, r) in sketch_rates {
+                if best_peer.0 > 0.0 {
+                    println!(
+                        "    {}/{pct}%/threads {threads}: {name} / best peer = {:.2}x wall \
+                         (epkv / {name} = {:.2}x)",
+                        bench.name(),
+                        r / best_peer.0,
+                        epkv.0 / r.max(1e-9)
+                    );
+                }
             }
             if let Some(f) = floor_rate {
                 println!(
