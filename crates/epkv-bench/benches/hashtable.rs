@@ -385,6 +385,25 @@ impl Map for Papaya {
     }
 }
 
+/// The [`Map`] methods of the floor and the design sketches besides the lookups: `main`
+/// runs those with `FindForRead` and `FindForWrite` only, so nothing else may reach them.
+macro_rules! lookups_only {
+    ($what:literal) => {
+        fn read_value(&self, _key: &[u8]) -> Option<Bytes> {
+            unreachable!(concat!($what, " only runs the lookups"))
+        }
+        fn replace(&self, _key: &[u8], _value: &[u8], _cas: u64) -> bool {
+            unreachable!(concat!($what, " only runs the lookups"))
+        }
+        fn delete(&self, _key: &[u8]) -> bool {
+            unreachable!(concat!($what, " only runs the lookups"))
+        }
+        fn resize_marker(&self) -> Option<usize> {
+            unreachable!(concat!($what, " only runs the lookups"))
+        }
+    };
+}
+
 /// A lower bound, not a map: what any hash-indexed lookup must at least do here. The key
 /// is hashed (foldhash, as everywhere) and one 16-byte slot of a flat array sized like a
 /// table for every benchmark key (two slots per key) is read at the hash's position; no
@@ -439,23 +458,11 @@ impl Map for Floor {
     fn find_write(&self, key: &[u8]) -> Option<u64> {
         self.read(key)
     }
-    // `main` runs the floor with the two lookups only; nothing else may reach it.
-    fn read_value(&self, _key: &[u8]) -> Option<Bytes> {
-        unreachable!("the floor only runs the lookups")
-    }
-    fn replace(&self, _key: &[u8], _value: &[u8], _cas: u64) -> bool {
-        unreachable!("the floor only runs the lookups")
-    }
-    fn delete(&self, _key: &[u8]) -> bool {
-        unreachable!("the floor only runs the lookups")
-    }
+    lookups_only!("the floor");
     fn clear(&self) {
         for s in self.slots.iter().flatten() {
             s.store(0, Ordering::Relaxed);
         }
-    }
-    fn resize_marker(&self) -> Option<usize> {
-        unreachable!("the floor only runs the lookups")
     }
 }
 
@@ -604,16 +611,7 @@ impl Map for Sketch {
     fn find_write(&self, key: &[u8]) -> Option<u64> {
         self.find(key, false, |sv| sv.meta().cas.0)
     }
-    // `main` runs the sketches with the two lookups only; nothing else may reach them.
-    fn read_value(&self, _key: &[u8]) -> Option<Bytes> {
-        unreachable!("the sketches only run the lookups")
-    }
-    fn replace(&self, _key: &[u8], _value: &[u8], _cas: u64) -> bool {
-        unreachable!("the sketches only run the lookups")
-    }
-    fn delete(&self, _key: &[u8]) -> bool {
-        unreachable!("the sketches only run the lookups")
-    }
+    lookups_only!("a sketch");
     fn clear(&self) {
         for stripe in self.stripes.iter() {
             let _locked = stripe.lock.lock();
@@ -627,9 +625,6 @@ impl Map for Sketch {
                 }
             }
         }
-    }
-    fn resize_marker(&self) -> Option<usize> {
-        unreachable!("the sketches only run the lookups")
     }
 }
 
