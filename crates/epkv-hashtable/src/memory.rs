@@ -1,6 +1,9 @@
 //! [`MemoryTracker`]: bytes charged by items, shared by every table of a bucket, with a limit.
 
 use crate::{Error, Result};
+#[cfg(epkv_loom)]
+use loom::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(not(epkv_loom))]
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Bytes a shard reserves from the global count at a time, and keeps at most (twice
@@ -14,7 +17,7 @@ const SHARDS: usize = 32;
 /// One shard's reserve: bytes counted in the global total that no item holds yet.
 /// Aligned to 128 bytes so that two shards never share a cache line (nor the adjacent
 /// line the x86 spatial prefetcher pulls in).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 #[repr(align(128))]
 struct Shard {
     free: AtomicUsize,
@@ -22,9 +25,10 @@ struct Shard {
 
 /// The shard the calling thread charges to and releases into.
 fn my_shard() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    // std's atomic even in loom builds: the loom models name their shards explicitly.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        static SHARD: usize = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SHARDS;
     }
     SHARD.with(|s| *s)
 }
@@ -66,7 +70,11 @@ impl MemoryTracker {
         Self {
             reserved: AtomicUsize::new(0),
             limit: AtomicUsize::new(limit_bytes),
-            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Shard {
+                    free: AtomicUsize::new(0),
+                })
+                .collect(),
         }
     }
 
@@ -107,7 +115,12 @@ impl MemoryTracker {
     /// # Errors
     /// [`Error::QuotaExceeded`] when the charge would exceed the limit; nothing is charged.
     pub fn try_charge(&self, bytes: usize) -> Result<()> {
-        let shard = &self.shards[my_shard()];
+        self.try_charge_on(my_shard(), bytes)
+    }
+
+    /// [`Self::try_charge`] against shard `shard`.
+    fn try_charge_on(&self, shard: usize, bytes: usize) -> Result<()> {
+        let shard = &self.shards[shard];
         if shard
             .free
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |free| {
@@ -141,7 +154,12 @@ impl MemoryTracker {
 
     /// Returns `bytes` to the tracker.
     pub fn release(&self, bytes: usize) {
-        let shard = &self.shards[my_shard()];
+        self.release_on(my_shard(), bytes);
+    }
+
+    /// [`Self::release`] into shard `shard`.
+    fn release_on(&self, shard: usize, bytes: usize) {
+        let shard = &self.shards[shard];
         let free = shard.free.fetch_add(bytes, Ordering::Relaxed) + bytes;
         if free > 2 * CHUNK {
             // Keep one chunk; give the surplus (whatever is above it now) back.
@@ -186,7 +204,7 @@ impl Default for MemoryTracker {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(epkv_loom)))]
 mod tests {
     use super::*;
 
@@ -312,5 +330,69 @@ mod tests {
         t.release(40);
         t.try_charge(10).unwrap();
         assert_eq!(t.used(), 50);
+    }
+}
+
+/// Loom models of the shard hand-offs. Run with
+/// `RUSTFLAGS="--cfg epkv_loom" cargo test -p epkv-hashtable --release --lib loom`.
+#[cfg(all(test, epkv_loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// Two charges on two shards that fit the limit only one at a time: exactly one
+    /// succeeds, whatever the interleaving, and the count never passes the limit.
+    #[test]
+    fn loom_only_one_of_two_charges_that_together_pass_the_limit_succeeds() {
+        loom::model(|| {
+            let t = Arc::new(MemoryTracker::new(100));
+            let spawn = |shard| {
+                let t = Arc::clone(&t);
+                thread::spawn(move || {
+                    let ok = t.try_charge_on(shard, 60).is_ok();
+                    assert!(t.reserved.load(Ordering::Relaxed) <= 100);
+                    ok
+                })
+            };
+            let (a, b) = (spawn(0), spawn(1));
+            let (a, b) = (a.join().unwrap(), b.join().unwrap());
+            assert!(a ^ b, "exactly one charge fits");
+            assert_eq!(t.used(), 60);
+        });
+    }
+
+    /// Shard 0 holds 100 bytes and a chunk reserve; one thread releases the 100 bytes
+    /// while another charges a chunk on shard 1, which fits only once shard 0's reserve is
+    /// given back: it succeeds in every interleaving, the limit is never passed, and the
+    /// count ends exact.
+    #[test]
+    fn loom_a_charge_near_the_limit_reclaims_another_shards_reserve() {
+        loom::model(|| {
+            let limit = CHUNK + 200;
+            let t = Arc::new(MemoryTracker::new(limit));
+            // Shard 0 takes a chunk beside its 100 bytes.
+            t.try_charge_on(0, 100).unwrap();
+            assert_eq!(t.used(), 100);
+            let releaser = {
+                let t = Arc::clone(&t);
+                thread::spawn(move || t.release_on(0, 100))
+            };
+            let charger = {
+                let t = Arc::clone(&t);
+                thread::spawn(move || {
+                    let ok = t.try_charge_on(1, CHUNK).is_ok();
+                    assert!(t.reserved.load(Ordering::Relaxed) <= limit);
+                    ok
+                })
+            };
+            releaser.join().unwrap();
+            let ok = charger.join().unwrap();
+            // CHUNK fits beside 100 held bytes (limit - 100 >= CHUNK), so it must succeed
+            // once shard 0's unused reserve is collected.
+            assert!(ok, "the reserve of shard 0 must be reclaimed");
+            assert_eq!(t.used(), CHUNK);
+            assert!(t.reserved.load(Ordering::Relaxed) <= limit);
+        });
     }
 }
