@@ -205,6 +205,21 @@ trait Map: Send + Sync {
     fn resize_marker(&self) -> Option<usize>;
 }
 
+/// The item epkv (and the design sketches) store for a `set`: the value, CAS `cas`, and
+/// for a prepared key a pending SyncWrite. `None` only for a key too long to store.
+fn stored_value(key: &[u8], value: &[u8], cas: u64, prepared: bool) -> Option<StoredValue> {
+    let meta = ItemMeta {
+        cas: Cas(cas),
+        ..ItemMeta::default()
+    };
+    let sv = StoredValue::new(key, value, meta).ok()?;
+    Some(if prepared {
+        sv.with_state(CommittedState::Pending)
+    } else {
+        sv
+    })
+}
+
 struct Epkv(HashTable);
 
 impl Map for Epkv {
@@ -212,14 +227,7 @@ impl Map for Epkv {
         "epkv"
     }
     fn set(&self, key: &[u8], value: &[u8], cas: u64, prepared: bool) {
-        let meta = ItemMeta {
-            cas: Cas(cas),
-            ..ItemMeta::default()
-        };
-        if let Ok(mut sv) = StoredValue::new(key, value, meta) {
-            if prepared {
-                sv = sv.with_state(CommittedState::Pending);
-            }
+        if let Some(sv) = stored_value(key, value, cas, prepared) {
             let _ = self.0.insert(sv);
         }
     }
@@ -239,11 +247,7 @@ impl Map for Epkv {
             })
     }
     fn replace(&self, key: &[u8], value: &[u8], cas: u64) -> bool {
-        let meta = ItemMeta {
-            cas: Cas(cas),
-            ..ItemMeta::default()
-        };
-        StoredValue::new(key, value, meta).is_ok_and(|sv| self.0.replace(sv).is_ok())
+        stored_value(key, value, cas, false).is_some_and(|sv| self.0.replace(sv).is_ok())
     }
     fn delete(&self, key: &[u8]) -> bool {
         self.0.remove(key).is_some()
@@ -575,16 +579,9 @@ impl Map for Sketch {
         }
     }
     fn set(&self, key: &[u8], value: &[u8], cas: u64, prepared: bool) {
-        let meta = ItemMeta {
-            cas: Cas(cas),
-            ..ItemMeta::default()
-        };
-        let Ok(mut sv) = StoredValue::new(key, value, meta) else {
+        let Some(sv) = stored_value(key, value, cas, prepared) else {
             return;
         };
-        if prepared {
-            sv = sv.with_state(CommittedState::Pending);
-        }
         let (tag, stripe, mut i) = self.place(key);
         let mask = stripe.slots.len() - 1;
         let _locked = stripe.lock.lock();
@@ -931,7 +928,6 @@ fn main() {
     let maps: Vec<Box<dyn Map>> = impls.iter().map(|n| make(n, stripes)).collect();
     let all_keys = items * args.threads.iter().copied().max().unwrap_or(1);
     let floor = Floor::new(all_keys);
-
     for &threads in &args.threads {
         let keys: Vec<Vec<Vec<u8>>> = (0..threads).map(|t| keys_of(t, items)).collect();
         let sketches = [
