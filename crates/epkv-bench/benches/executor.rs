@@ -2,6 +2,7 @@
 //!
 //! `cargo bench -p epkv-bench --bench executor -- [--quick] [--threads 1,2]
 //!  [--timeouts 1000,4096,30000] [--waiter-spin-us 2,50] [--epkv-idle SPIN,YIELD]
+//!  [--impls epkv,tokio,...]
 //!  [OneShot|Timeout]`
 //!
 //! - **OneShotScheduleRun**: N requesting threads each create a one-shot task, schedule it
@@ -9,7 +10,8 @@
 //!   completed schedule-run-signal round trips per wall second, all threads together.
 //!   Peers: tokio (`Handle::spawn` of an async block on a multi-thread runtime with N
 //!   workers) and a naive `Mutex<BinaryHeap>` + `Condvar` pool with N workers. All three
-//!   signal back through the same spin-then-park baton.
+//!   signal back through the same spin-then-park baton. `floor` (not a peer) is a bare
+//!   lock-free queue with always-polling workers and no task machinery: the ceiling.
 //! - **TimeoutAddCancel**: K timeouts split over N threads, each armed 10-30 s ahead; every
 //!   operation re-arms the thread's next timeout to a new uniform 10-30 s deadline. items/s
 //!   = *completed* re-arms (the new deadline is in force when the call returns) per wall
@@ -21,6 +23,7 @@
 //!   half the re-arms move a timeout earlier and half later, at every K.
 
 use epkv_bench::baton::Baton;
+use epkv_bench::floor::BarePool;
 use epkv_bench::harness::{Args, Measurement, Report, Row, median, run_threads};
 use epkv_bench::naive::{NaivePool, NaiveTimers};
 use epkv_executor::{
@@ -30,6 +33,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
+
+/// Every peer allocates per task (epkv's task cell, tokio's task, the naive pool's boxed
+/// job), so the allocator is part of what is measured: the benchmark uses mimalloc, the
+/// allocator `epkv-server` runs with, for all of them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// A small xorshift generator: every peer draws its deadlines the same way.
 struct Rng(u64);
@@ -183,6 +192,19 @@ fn one_shot_naive(threads: usize, d: Duration) -> Measurement {
     })
 }
 
+fn one_shot_floor(threads: usize, d: Duration) -> Measurement {
+    let pool = BarePool::new(threads).unwrap_or_else(|e| die("floor pool", e));
+    run_threads(threads, d, |_| {
+        let baton = Arc::new(Baton::new());
+        let pool = &pool;
+        move || {
+            let b = Arc::clone(&baton);
+            pool.run(move || b.post());
+            baton.wait();
+        }
+    })
+}
+
 // ---------------------------------------------------------------- TimeoutAddCancel
 
 fn per_thread(k: usize, threads: usize, t: usize) -> usize {
@@ -321,6 +343,11 @@ fn compare(
     params: &[(&str, u64)],
     peers: &[Runner<'_>],
 ) {
+    let only = args.extra.get("impls");
+    let peers: Vec<&Runner<'_>> = peers
+        .iter()
+        .filter(|(name, _)| only.is_none_or(|o| o.split(',').any(|x| x == *name)))
+        .collect();
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     for _ in 0..args.rounds() {
         for (i, (_, run)) in peers.iter().enumerate() {
@@ -357,6 +384,7 @@ fn main() {
                     ("epkv", Box::new(move || one_shot_epkv(t, d))),
                     ("tokio", Box::new(move || one_shot_tokio(t, d))),
                     ("naive-heap-pool", Box::new(move || one_shot_naive(t, d))),
+                    ("floor", Box::new(move || one_shot_floor(t, d))),
                 ];
                 compare(
                     &mut report,
@@ -372,7 +400,10 @@ fn main() {
              Every peer signals the requester through the same baton, which spins \
              waiter_spin_us before parking: 2 us is folly's Baton default, which the seed \
              used; 50 us shows the sensitivity (a requester that rarely parks lets the naive \
-             pool ping-pong through its mutex without sleeping).",
+             pool ping-pong through its mutex without sleeping). `floor` is not a peer: a \
+             bare lock-free queue of boxed closures and workers that poll it without ever \
+             sleeping (no task object, statistics or shutdown guarantees), the ceiling any \
+             pool can approach here.",
         );
     }
     if args.wants("TimeoutAddCancel") {

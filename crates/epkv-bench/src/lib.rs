@@ -24,5 +24,6 @@
 
 pub mod baton;
 pub mod fight;
+pub mod floor;
 pub mod harness;
 pub mod naive;
