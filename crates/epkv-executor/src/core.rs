@@ -30,8 +30,7 @@ use crate::wheel::{TICK_SHIFT, Wheel};
 use crossbeam_queue::SegQueue;
 use crossbeam_utils::CachePadded;
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool as StdAtomicBool, AtomicU64 as StdAtomicU64, AtomicUsize};
 use std::sync::atomic::{Ordering::Relaxed, Ordering::SeqCst, fence};
@@ -88,69 +87,85 @@ pub(crate) struct TaskCell {
     pub(crate) stats: LazyStats,
 }
 
-/// Identity hash for task ids (sequential integers), mixed by a multiply so the table's
-/// high and low bits both vary.
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
+/// A finished task's registry entry is dropped once its shard has grown to at least
+/// this many entries (and twice its live count at the previous prune).
+const PRUNE_MIN: usize = 64;
 
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8) | u64::from(*b);
-        }
+/// The registry shard of the calling thread: assigned round-robin on first use.
+fn local_shard() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Relaxed) % REGISTRY_SHARDS;
     }
+    SHARD.with(|s| *s)
+}
 
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
+/// The tasks one registry shard holds, finished ones among them until the next prune.
+#[derive(Default)]
+struct RegistryShard {
+    tasks: Vec<TaskHandle>,
+    /// Length at which the next insert prunes finished tasks first.
+    prune_at: usize,
+}
 
-    fn finish(&self) -> u64 {
-        self.0
+impl RegistryShard {
+    fn prune(&mut self) {
+        self.tasks.retain(|h| !h.is_done());
+        self.prune_at = (self.tasks.len() * 2).max(PRUNE_MIN);
     }
 }
 
-type TaskMap = HashMap<u64, TaskHandle, BuildHasherDefault<IdHasher>>;
-
 /// Every live task, so shutdown can cancel sleeping ones and stats can list them.
+///
+/// Each scheduling thread files its tasks in its own shard, so that shard's lock and memory
+/// stay in its cache. Finishing a task does not touch the registry (the worker that ran
+/// it would otherwise take the scheduler's lock and move its lines on every task): a
+/// finished task's entry stays until the shard's owner prunes it, which happens when the
+/// shard has doubled since its previous prune (amortised O(1) per insert), and on every
+/// listing. A shard so holds at most twice its live tasks plus [`PRUNE_MIN`]; the body of
+/// a finished task is dropped when it finishes, not when its entry goes.
 struct Registry {
-    shards: Box<[CachePadded<Mutex<TaskMap>>]>,
+    shards: Box<[CachePadded<Mutex<RegistryShard>>]>,
 }
 
 impl Registry {
     fn new() -> Self {
         Self {
             shards: (0..REGISTRY_SHARDS)
-                .map(|_| CachePadded::new(Mutex::new(TaskMap::default())))
+                .map(|_| CachePadded::new(Mutex::new(RegistryShard::default())))
                 .collect(),
         }
     }
 
-    fn shard(&self, id: TaskId) -> &Mutex<TaskMap> {
-        #[expect(
-            clippy::cast_possible_truncation,
-            reason = "only the low bits select a shard"
-        )]
-        &self.shards[(id.0 as usize) % REGISTRY_SHARDS]
-    }
-
     fn insert(&self, h: TaskHandle) {
-        self.shard(h.id()).lock().insert(h.id().0, h);
+        let mut shard = self.shards[local_shard()].lock();
+        if shard.tasks.len() >= shard.prune_at {
+            shard.prune();
+        }
+        shard.tasks.push(h);
     }
 
-    fn remove(&self, id: TaskId) -> Option<TaskHandle> {
-        self.shard(id).lock().remove(&id.0)
-    }
-
+    /// The unfinished tasks (pruning the finished ones).
     fn all(&self) -> Vec<TaskHandle> {
         let mut out = Vec::new();
         for shard in &self.shards {
-            out.extend(shard.lock().values().cloned());
+            let mut shard = shard.lock();
+            shard.prune();
+            out.extend(shard.tasks.iter().cloned());
         }
         out
     }
 
+    /// How many unfinished tasks there are (pruning the finished ones).
     fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().len()).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut s = s.lock();
+                s.prune();
+                s.tasks.len()
+            })
+            .sum()
     }
 }
 
@@ -612,11 +627,11 @@ impl Core {
         }
     }
 
-    /// Releases a task whose state word says DONE: drops its body and unregisters it.
+    /// Releases a task whose state word says DONE: drops its body. Its registry entry goes
+    /// at its shard's next prune.
     fn finish(&self, h: &TaskHandle) {
         debug_assert!(h.cell().state.load() & DONE != 0);
         let body = h.cell().body.lock().take();
-        self.registry.remove(h.id());
         // The body's destructor runs with no executor lock held: it may schedule or
         // cancel other tasks.
         drop(body);
@@ -687,5 +702,49 @@ impl Core {
         let mut all: Vec<TaskInfo> = self.registry.all().iter().map(TaskHandle::info).collect();
         all.sort_by_key(|t| t.id);
         all
+    }
+}
+
+#[cfg(all(test, not(epkv_loom)))]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::manual::ManualExecutor;
+
+    impl Registry {
+        /// Entries held, finished ones included.
+        fn raw_len(&self) -> usize {
+            self.shards.iter().map(|s| s.lock().tasks.len()).sum()
+        }
+    }
+
+    #[test]
+    fn finished_tasks_leave_the_registry_within_the_prune_bound() {
+        let exec = ManualExecutor::new(Arc::new(ManualClock::new(Duration::ZERO)));
+        let core = Arc::clone(&exec.handle().core);
+        let sleeper = exec
+            .schedule(
+                TaskSpec::new("sleeper", Group::NonIo).start(crate::task::Start::Sleep),
+                |_: &TaskContext<'_>| Next::Sleep,
+            )
+            .unwrap();
+        for i in 0..10 * PRUNE_MIN {
+            drop(exec.schedule(
+                TaskSpec::new("one-shot", Group::NonIo),
+                |_: &TaskContext<'_>| Next::Done,
+            ));
+            assert_eq!(exec.run_until_idle(10), 1, "run {i}");
+            // One live task: the shard prunes at PRUNE_MIN entries, so it never holds more.
+            assert!(
+                core.registry.raw_len() <= PRUNE_MIN,
+                "{}",
+                core.registry.raw_len()
+            );
+        }
+        assert_eq!(core.task_count(), 1);
+        assert_eq!(core.registry.raw_len(), 1, "a count prunes");
+        assert_eq!(core.tasks_handles().len(), 1);
+        assert!(sleeper.cancel());
+        assert_eq!(core.task_count(), 0);
     }
 }
