@@ -567,16 +567,23 @@ impl Core {
     /// Runs a task popped from a run queue: checks it is still due, runs the body with
     /// panics caught, records statistics and acts on the answer.
     pub(crate) fn run(&self, h: &TaskHandle) {
+        self.run_at(h, self.now_ns());
+    }
+
+    /// [`Core::run`] with the start time already read (a worker passes the time it read
+    /// before popping the task, at most one run old); returns the time read after the run
+    /// (`None` if the body did not run), which the worker reuses rather than reading its
+    /// clock again: one clock read per run instead of three.
+    pub(crate) fn run_at(&self, h: &TaskHandle, start: u64) -> Option<u64> {
         let cell = h.cell();
-        let start = self.now_ns();
         match cell.state.begin(start) {
             Begin::Finish => {
                 self.finish(h);
-                return;
+                return None;
             }
             Begin::NotDue(due) => {
                 self.arm(h, due, Some(start));
-                return;
+                return None;
             }
             Begin::Run => {}
         }
@@ -625,6 +632,7 @@ impl Core {
             }
             End::Arm(due) => self.arm(h, due, Some(end)),
         }
+        Some(end)
     }
 
     /// Releases a task whose state word says DONE: drops its body. Its registry entry goes

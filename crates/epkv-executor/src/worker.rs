@@ -50,16 +50,18 @@ pub(crate) fn worker_loop(core: &Core, gi: usize, me: usize, spin_rounds: u32, y
     let shard = &g.shards[me];
     let bit = 1u64 << me;
     let mut hot = false;
+    // The time read at the end of the previous run, if the loop comes straight from one.
+    let mut last_end = None;
     loop {
         if core.is_shut_down() {
             break;
         }
-        let now = core.now_ns();
+        let now = last_end.take().unwrap_or_else(|| core.now_ns());
         if now >> TICK_SHIFT >= shard.next_tick.load(Relaxed) {
             core.poll_shard(shard, now, now >> TICK_SHIFT);
         }
         if let Some(h) = g.pop() {
-            core.run(&h);
+            last_end = core.run_at(&h, now);
             hot = true;
             continue;
         }
@@ -70,7 +72,7 @@ pub(crate) fn worker_loop(core: &Core, gi: usize, me: usize, spin_rounds: u32, y
                 if g.has_work() {
                     g.notify_one();
                 }
-                core.run(&h);
+                last_end = core.run_at(&h, core.now_ns());
                 hot = true;
                 continue;
             }
