@@ -112,6 +112,10 @@ impl RegistryShard {
     fn prune(&mut self) {
         self.tasks.retain(|h| !h.is_done());
         self.prune_at = (self.tasks.len() * 2).max(PRUNE_MIN);
+        // After a burst, give back what a quarter-full vector holds on to.
+        if self.tasks.capacity() > 2 * self.prune_at {
+            self.tasks.shrink_to(self.prune_at);
+        }
     }
 }
 
@@ -751,6 +755,28 @@ mod tests {
         }
         assert_eq!(core.task_count(), 1);
         assert_eq!(core.registry.raw_len(), 1, "a count prunes");
+        // A burst of live tasks, then all finished: the shard gives the memory back.
+        let burst: Vec<TaskHandle> = (0..20 * PRUNE_MIN)
+            .map(|_| {
+                exec.schedule(
+                    TaskSpec::new("burst", Group::NonIo).start(crate::task::Start::Sleep),
+                    |_: &TaskContext<'_>| Next::Done,
+                )
+                .unwrap()
+            })
+            .collect();
+        assert_eq!(core.task_count(), 1 + burst.len());
+        for h in &burst {
+            assert!(h.cancel());
+        }
+        assert_eq!(core.task_count(), 1);
+        let capacity: usize = core
+            .registry
+            .shards
+            .iter()
+            .map(|s| s.lock().tasks.capacity())
+            .sum();
+        assert!(capacity <= 2 * PRUNE_MIN, "{capacity}");
         assert_eq!(core.tasks_handles().len(), 1);
         assert!(sleeper.cancel());
         assert_eq!(core.task_count(), 0);
