@@ -140,23 +140,30 @@ fn tokio_rt(workers: usize, time: bool) -> tokio::runtime::Runtime {
 
 // ---------------------------------------------------------------- OneShotScheduleRun
 
+/// The OneShotScheduleRun loop every peer shares: each of `threads` requesters hands
+/// `submit` its baton (the submitted work must post it), then waits on it.
+fn round_trips(threads: usize, d: Duration, submit: impl Fn(Arc<Baton>) + Sync) -> Measurement {
+    run_threads(threads, d, |_| {
+        let baton = Arc::new(Baton::new());
+        let submit = &submit;
+        move || {
+            submit(Arc::clone(&baton));
+            baton.wait();
+        }
+    })
+}
+
 fn one_shot_epkv(threads: usize, d: Duration) -> Measurement {
     let exec = executor(threads);
     let handle = exec.handle();
-    let m = run_threads(threads, d, |_| {
-        let baton = Arc::new(Baton::new());
-        let handle = handle.clone();
-        move || {
-            let b = Arc::clone(&baton);
-            let spec = TaskSpec::new("one-shot", Group::NonIo);
-            let scheduled = handle.schedule(spec, move |_: &TaskContext<'_>| {
-                b.post();
-                Next::Done
-            });
-            if let Err(e) = scheduled {
-                die("schedule", e);
-            }
-            baton.wait();
+    let m = round_trips(threads, d, |b| {
+        let spec = TaskSpec::new("one-shot", Group::NonIo);
+        let scheduled = handle.schedule(spec, move |_: &TaskContext<'_>| {
+            b.post();
+            Next::Done
+        });
+        if let Err(e) = scheduled {
+            die("schedule", e);
         }
     });
     if let Err(e) = exec.shutdown(Duration::from_secs(10)) {
@@ -167,42 +174,18 @@ fn one_shot_epkv(threads: usize, d: Duration) -> Measurement {
 
 fn one_shot_tokio(threads: usize, d: Duration) -> Measurement {
     let rt = tokio_rt(threads, false);
-    let handle = rt.handle().clone();
-    run_threads(threads, d, |_| {
-        let baton = Arc::new(Baton::new());
-        let handle = handle.clone();
-        move || {
-            let b = Arc::clone(&baton);
-            drop(handle.spawn(async move { b.post() }));
-            baton.wait();
-        }
-    })
+    let handle = rt.handle();
+    round_trips(threads, d, |b| drop(handle.spawn(async move { b.post() })))
 }
 
 fn one_shot_naive(threads: usize, d: Duration) -> Measurement {
     let pool = NaivePool::new(threads).unwrap_or_else(|e| die("naive pool", e));
-    run_threads(threads, d, |_| {
-        let baton = Arc::new(Baton::new());
-        let pool = &pool;
-        move || {
-            let b = Arc::clone(&baton);
-            pool.schedule_now(move || b.post());
-            baton.wait();
-        }
-    })
+    round_trips(threads, d, |b| pool.schedule_now(move || b.post()))
 }
 
 fn one_shot_floor(threads: usize, d: Duration) -> Measurement {
     let pool = BarePool::new(threads).unwrap_or_else(|e| die("floor pool", e));
-    run_threads(threads, d, |_| {
-        let baton = Arc::new(Baton::new());
-        let pool = &pool;
-        move || {
-            let b = Arc::clone(&baton);
-            pool.run(move || b.post());
-            baton.wait();
-        }
-    })
+    round_trips(threads, d, |b| pool.run(move || b.post()))
 }
 
 // ---------------------------------------------------------------- TimeoutAddCancel
