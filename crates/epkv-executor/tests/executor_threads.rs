@@ -331,3 +331,86 @@ fn timers_follow_an_offset_clock_that_jumps_forward() {
     rx.recv_timeout(LIMIT).unwrap();
     exec.shutdown(LIMIT).unwrap();
 }
+
+/// Drops one count when the task body holding it is dropped.
+struct DropCount(Arc<AtomicUsize>);
+
+impl Drop for DropCount {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, SeqCst);
+    }
+}
+
+#[test]
+fn registry_lists_only_live_tasks_while_several_threads_schedule() {
+    const THREADS: usize = 4;
+    const ONE_SHOTS: usize = 2_000;
+    const SLEEPERS: usize = 50;
+    let exec = Executor::new(small()).unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let stop_listing = AtomicBool::new(false);
+    let sleepers: Vec<_> = std::thread::scope(|s| {
+        // A lister runs beside the schedulers: every task it sees must be unfinished
+        // when it is listed (finished ones are pruned under the same shard lock).
+        s.spawn(|| {
+            while !stop_listing.load(SeqCst) {
+                let listed = exec.handle().tasks();
+                assert!(listed.len() <= THREADS * (ONE_SHOTS + SLEEPERS));
+                std::thread::yield_now();
+            }
+        });
+        let schedulers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (exec, ran, dropped) = (&exec, &ran, &dropped);
+                s.spawn(move || {
+                    let mut mine = Vec::new();
+                    for i in 0..ONE_SHOTS {
+                        let (ran, guard) = (Arc::clone(ran), DropCount(Arc::clone(dropped)));
+                        let spec = TaskSpec::new("one-shot", Group::NonIo);
+                        drop(exec.handle().schedule(spec, move |_: &TaskContext<'_>| {
+                            let _held = &guard;
+                            ran.fetch_add(1, SeqCst);
+                            Next::Done
+                        }));
+                        if i % (ONE_SHOTS / SLEEPERS) == 0 {
+                            let guard = DropCount(Arc::clone(dropped));
+                            let spec = TaskSpec::new(format!("sleeper-{t}"), Group::AuxIo)
+                                .start(Start::Sleep);
+                            mine.push(
+                                exec.handle()
+                                    .schedule(spec, move |_: &TaskContext<'_>| {
+                                        let _held = &guard;
+                                        Next::Sleep
+                                    })
+                                    .unwrap(),
+                            );
+                        }
+                    }
+                    mine
+                })
+            })
+            .collect();
+        let sleepers = schedulers
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        wait_until("every one-shot to run", || {
+            ran.load(SeqCst) == THREADS * ONE_SHOTS
+        });
+        stop_listing.store(true, SeqCst);
+        sleepers
+    });
+    wait_until("every one-shot body to be dropped", || {
+        dropped.load(SeqCst) == THREADS * ONE_SHOTS
+    });
+    assert_eq!(sleepers.len(), THREADS * SLEEPERS);
+    assert_eq!(exec.handle().task_count(), sleepers.len());
+    let listed = exec.handle().tasks();
+    assert_eq!(listed.len(), sleepers.len());
+    assert!(listed.iter().all(|t| t.name.starts_with("sleeper-")));
+    // Shutdown cancels the sleepers, which only the registry and these handles hold.
+    exec.shutdown(LIMIT).unwrap();
+    assert!(sleepers.iter().all(|h| h.is_done()));
+    assert_eq!(dropped.load(SeqCst), THREADS * (ONE_SHOTS + SLEEPERS));
+}
