@@ -149,6 +149,13 @@ impl Registry {
         shard.tasks.push(h);
     }
 
+    /// Drops every finished task's entry.
+    fn prune_all(&self) {
+        for shard in &self.shards {
+            shard.lock().prune();
+        }
+    }
+
     /// The unfinished tasks (pruning the finished ones).
     fn all(&self) -> Vec<TaskHandle> {
         let mut out = Vec::new();
@@ -256,6 +263,9 @@ pub(crate) struct Core {
     /// Executor time zero: due times are nanoseconds since this instant.
     epoch: Instant,
     shutdown: AtomicBool,
+    /// Set when `drain` has cancelled everything: from then on, finishing a task prunes
+    /// the registry at once.
+    drained: AtomicBool,
     registry: Registry,
     pub(crate) groups: Box<[GroupCore]>,
     pub(crate) driver: Driver,
@@ -320,6 +330,7 @@ impl Core {
             clock,
             epoch,
             shutdown: AtomicBool::new(false),
+            drained: AtomicBool::new(false),
             registry: Registry::new(),
             groups,
             driver,
@@ -640,13 +651,21 @@ impl Core {
     }
 
     /// Releases a task whose state word says DONE: drops its body. Its registry entry goes
-    /// at its shard's next prune.
+    /// at its shard's next prune, or at once after shutdown's drain.
     fn finish(&self, h: &TaskHandle) {
         debug_assert!(h.cell().state.load() & DONE != 0);
         let body = h.cell().body.lock().take();
         // The body's destructor runs with no executor lock held: it may schedule or
         // cancel other tasks.
         drop(body);
+        if self.drained.load(SeqCst) {
+            // No owner will prune again (no schedule succeeds after shutdown), and an entry
+            // left behind would keep the core alive through a cycle (core, registry, task,
+            // core). Finishing is rare once drained: a task that outlived a timed-out
+            // shutdown, or one scheduled in a race with it. (The bulk of shutdown's
+            // cancellations finish before `drain` ends, which prunes them all at once.)
+            self.registry.prune_all();
+        }
     }
 
     /// Marks the core shut down and cancels every registered task.
@@ -684,6 +703,11 @@ impl Core {
         for h in self.registry.all() {
             self.cancel(&h);
         }
+        // From here every finish prunes the registry. Set before the prune below: a task
+        // finishing concurrently either sees the flag and prunes, or set DONE early enough
+        // for this prune to see it (all SeqCst).
+        self.drained.store(true, SeqCst);
+        self.registry.prune_all();
     }
 
     /// Finishes a task taken off a run queue during shutdown. Every queued task was
@@ -728,6 +752,93 @@ mod tests {
         fn raw_len(&self) -> usize {
             self.shards.iter().map(|s| s.lock().tasks.len()).sum()
         }
+    }
+
+    #[test]
+    fn shutdown_leaves_no_cycle_keeping_the_core_alive() {
+        let exec = ManualExecutor::new(Arc::new(ManualClock::new(Duration::ZERO)));
+        let core = Arc::downgrade(&exec.handle().core);
+        for _ in 0..3 {
+            drop(exec.schedule(
+                TaskSpec::new("one-shot", Group::NonIo),
+                |_: &TaskContext<'_>| Next::Done,
+            ));
+        }
+        assert_eq!(exec.run_until_idle(10), 3);
+        let sleeper = exec
+            .schedule(
+                TaskSpec::new("sleeper", Group::NonIo).start(crate::task::Start::Sleep),
+                |_: &TaskContext<'_>| Next::Sleep,
+            )
+            .unwrap();
+        drop(
+            exec.schedule(
+                TaskSpec::new("periodic", Group::NonIo)
+                    .start(crate::task::Start::After(Duration::from_secs(5))),
+                |_: &TaskContext<'_>| Next::After(Duration::from_secs(5)),
+            ),
+        );
+        drop(sleeper);
+        let handle = exec.handle();
+        exec.shutdown();
+        // Scheduling after shutdown is refused and leaves nothing behind either.
+        assert!(
+            handle
+                .schedule(
+                    TaskSpec::new("late", Group::NonIo),
+                    |_: &TaskContext<'_>| { Next::Done }
+                )
+                .is_err()
+        );
+        drop(handle);
+        drop(exec);
+        assert!(core.upgrade().is_none(), "a task still holds the core");
+    }
+
+    #[test]
+    fn a_task_that_outlives_a_timed_out_shutdown_leaves_no_cycle() {
+        use crate::executor::{Executor, ExecutorConfig};
+        use std::sync::mpsc;
+        let limit = Duration::from_secs(20);
+        let exec = Executor::new(ExecutorConfig::for_cores(2)).unwrap();
+        let core = Arc::downgrade(&exec.handle().core);
+        let (started_tx, started_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let stuck = exec
+            .schedule(
+                TaskSpec::new("stuck", Group::Reader),
+                move |_: &TaskContext<'_>| {
+                    started_tx.send(()).unwrap();
+                    let _ = release_rx.lock().recv_timeout(limit);
+                    Next::Done
+                },
+            )
+            .unwrap();
+        started_rx.recv_timeout(limit).unwrap();
+        assert!(matches!(
+            exec.shutdown(Duration::from_millis(50)),
+            Err(Error::ShutdownTimeout { .. })
+        ));
+        release_tx.send(()).unwrap();
+        drop(exec);
+        // The stuck run ends, its worker exits and drops its reference to the core; then
+        // nothing else may hold it.
+        let wait = |cond: &dyn Fn() -> bool| {
+            for _ in 0..limit.as_millis() {
+                if cond() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            false
+        };
+        assert!(wait(&|| stuck.is_done()));
+        drop(stuck);
+        assert!(
+            wait(&|| core.strong_count() == 0),
+            "a task still holds the core"
+        );
     }
 
     #[test]
