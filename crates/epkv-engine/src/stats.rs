@@ -5,8 +5,7 @@
 //! round-robin the first time the thread counts), so the GET path never writes a cache
 //! line another core is writing. Reading a counter sums the shards.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The STAT group a stat belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,23 +301,6 @@ pub(crate) struct Counters {
     shards: Box<[Shard]>,
 }
 
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static MY_SHARD: Cell<Option<usize>> = const { Cell::new(None) };
-}
-
-fn my_shard() -> usize {
-    MY_SHARD.with(|s| {
-        if let Some(i) = s.get() {
-            return i;
-        }
-        let i = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
-        s.set(Some(i));
-        i
-    })
-}
-
 impl Counters {
     /// Creates zeroed counters.
     pub(crate) fn new() -> Self {
@@ -333,7 +315,8 @@ impl Counters {
 
     /// Adds `n` to `c`.
     pub(crate) fn add(&self, c: Counter, n: u64) {
-        self.shards[my_shard()].counts[c as usize].fetch_add(n, Ordering::Relaxed);
+        self.shards[epkv_types::thread_shard(SHARDS)].counts[c as usize]
+            .fetch_add(n, Ordering::Relaxed);
     }
 
     /// Adds one to `c`.

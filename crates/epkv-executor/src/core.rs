@@ -91,7 +91,9 @@ pub(crate) struct TaskCell {
 /// this many entries (and twice its live count at the previous prune).
 const PRUNE_MIN: usize = 64;
 
-/// The registry shard of the calling thread: assigned round-robin on first use.
+/// The registry shard of the calling thread: assigned round-robin on first use. (The
+/// same as `epkv_types::thread_shard`, which the other crates share; the executor depends
+/// on no workspace crate, so it keeps this copy.)
 fn local_shard() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {

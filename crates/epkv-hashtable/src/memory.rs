@@ -23,16 +23,6 @@ struct Shard {
     free: AtomicUsize,
 }
 
-/// The shard the calling thread charges to and releases into.
-fn my_shard() -> usize {
-    // std's atomic even in loom builds: the loom models name their shards explicitly.
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    thread_local! {
-        static SHARD: usize = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % SHARDS;
-    }
-    SHARD.with(|s| *s)
-}
-
 /// Counts the bytes charged by items (see [`crate::StoredValue::footprint`]) across every
 /// table that shares it, and refuses growth beyond a limit.
 ///
@@ -115,7 +105,7 @@ impl MemoryTracker {
     /// # Errors
     /// [`Error::QuotaExceeded`] when the charge would exceed the limit; nothing is charged.
     pub fn try_charge(&self, bytes: usize) -> Result<()> {
-        self.try_charge_on(my_shard(), bytes)
+        self.try_charge_on(epkv_types::thread_shard(SHARDS), bytes)
     }
 
     /// [`Self::try_charge`] against shard `shard`.
@@ -154,7 +144,7 @@ impl MemoryTracker {
 
     /// Returns `bytes` to the tracker.
     pub fn release(&self, bytes: usize) {
-        self.release_on(my_shard(), bytes);
+        self.release_on(epkv_types::thread_shard(SHARDS), bytes);
     }
 
     /// [`Self::release`] into shard `shard`.

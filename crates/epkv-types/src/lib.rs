@@ -3,7 +3,9 @@
 //! This crate is the bottom of the dependency graph: small newtypes and enums naming the
 //! concepts of a vBucket-partitioned key-value store ([`Vbid`], [`Seqno`], [`Cas`],
 //! [`Datatype`], [`VBucketState`], [`DurabilityLevel`]) and the key → vBucket mapping
-//! ([`vbucket_for_key`]). It is not a codec (see `epkv-protocol`) and holds no engine logic.
+//! ([`vbucket_for_key`]), plus [`thread_shard`], the per-thread shard index that the
+//! sharded counters of the crates above share. It is not a codec (see `epkv-protocol`)
+//! and holds no engine logic.
 //!
 //! Invariants: every type here is plain data (`Copy` where possible), with no I/O and no
 //! locks. It depends on no other workspace crate and must never do so.
@@ -20,11 +22,13 @@
 mod datatype;
 mod ids;
 mod ops;
+mod thread_shard;
 mod vbucket_state;
 
 pub use datatype::Datatype;
 pub use ids::{Cas, Seqno, Vbid};
 pub use ops::{ArithmeticOp, StoreOp};
+pub use thread_shard::thread_shard;
 pub use vbucket_state::{DurabilityLevel, VBucketState};
 
 /// Number of vBuckets in a bucket, as in KV-Engine's on-premises profile (`max_vbuckets`).
