@@ -2,8 +2,8 @@
 //!
 //! `cargo bench -p epkv-bench --bench executor -- [--quick] [--threads 1,2]
 //!  [--timeouts 1000,4096,30000] [--waiter-spin-us 2,50] [--epkv-idle SPIN,YIELD]
-//!  [--impls epkv,tokio,...]
-//!  [OneShot|Timeout]`
+//!  [--burst 64] [--impls epkv,tokio,...]
+//!  [OneShotScheduleRun|OneShotBurst|Timeout]`
 //!
 //! - **OneShotScheduleRun**: N requesting threads each create a one-shot task, schedule it
 //!   on a pool of N worker threads, and wait for the task to signal back. items/s =
@@ -12,6 +12,9 @@
 //!   workers) and a naive `Mutex<BinaryHeap>` + `Condvar` pool with N workers. All three
 //!   signal back through the same spin-then-park baton. `floor` (not a peer) is a bare
 //!   lock-free queue with always-polling workers and no task machinery: the ceiling.
+//! - **OneShotBurst** (`--burst 64`): the same peers, but each requester schedules a burst
+//!   of one-shot tasks back to back and waits for the last; items/s = tasks run. The
+//!   queue holds work, so the per-task cost on the workers counts, not only the hand-off.
 //! - **TimeoutAddCancel**: K timeouts split over N threads, each armed 10-30 s ahead; every
 //!   operation re-arms the thread's next timeout to a new uniform 10-30 s deadline. items/s
 //!   = *completed* re-arms (the new deadline is in force when the call returns) per wall
@@ -31,7 +34,7 @@ use epkv_executor::{
 };
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// Every peer allocates per task (epkv's task cell, tokio's task, the naive pool's boxed
@@ -140,26 +143,85 @@ fn tokio_rt(workers: usize, time: bool) -> tokio::runtime::Runtime {
 
 // ---------------------------------------------------------------- OneShotScheduleRun
 
-/// The OneShotScheduleRun loop every peer shares: each of `threads` requesters hands
-/// `submit` its baton (the submitted work must post it), then waits on it.
-fn round_trips(threads: usize, d: Duration, submit: impl Fn(Arc<Baton>) + Sync) -> Measurement {
-    run_threads(threads, d, |_| {
-        let baton = Arc::new(Baton::new());
-        let submit = &submit;
-        move || {
-            submit(Arc::clone(&baton));
-            baton.wait();
-        }
-    })
+/// What a one-shot task signals when it has run, and what its requester waits on.
+trait Done: Default + Send + Sync + 'static {
+    /// Expects `n` signals before the next wait returns.
+    fn arm(&self, n: usize);
+    fn done(&self);
+    fn wait(&self);
 }
 
-fn one_shot_epkv(threads: usize, d: Duration) -> Measurement {
+/// OneShotScheduleRun: one task per wait, signalled straight through the baton.
+impl Done for Baton {
+    fn arm(&self, n: usize) {
+        debug_assert_eq!(n, 1, "a baton takes one signal per wait");
+    }
+
+    fn done(&self) {
+        self.post();
+    }
+
+    fn wait(&self) {
+        Baton::wait(self);
+    }
+}
+
+/// OneShotBurst: the last of a burst's tasks posts the baton.
+#[derive(Default)]
+struct Countdown {
+    left: AtomicUsize,
+    baton: Baton,
+}
+
+impl Done for Countdown {
+    fn arm(&self, n: usize) {
+        self.left.store(n, Relaxed);
+    }
+
+    fn done(&self) {
+        if self.left.fetch_sub(1, AcqRel) == 1 {
+            self.baton.post();
+        }
+    }
+
+    fn wait(&self) {
+        self.baton.wait();
+    }
+}
+
+/// The loop every one-shot peer shares: each of `threads` requesters schedules `burst`
+/// tasks through `submit` (each must signal the `Done` it is given once it has run), then
+/// waits for all of them. Counts tasks run.
+fn one_shots<D: Done>(
+    threads: usize,
+    d: Duration,
+    burst: usize,
+    submit: impl Fn(Arc<D>) + Sync,
+) -> Measurement {
+    let m = run_threads(threads, d, |_| {
+        let done = Arc::new(D::default());
+        let submit = &submit;
+        move || {
+            done.arm(burst);
+            for _ in 0..burst {
+                submit(Arc::clone(&done));
+            }
+            done.wait();
+        }
+    });
+    Measurement {
+        ops: m.ops * burst as u64,
+        ..m
+    }
+}
+
+fn one_shot_epkv<D: Done>(threads: usize, d: Duration, burst: usize) -> Measurement {
     let exec = executor(threads);
     let handle = exec.handle();
-    let m = round_trips(threads, d, |b| {
+    let m = one_shots(threads, d, burst, |b: Arc<D>| {
         let spec = TaskSpec::new("one-shot", Group::NonIo);
         let scheduled = handle.schedule(spec, move |_: &TaskContext<'_>| {
-            b.post();
+            b.done();
             Next::Done
         });
         if let Err(e) = scheduled {
@@ -172,20 +234,24 @@ fn one_shot_epkv(threads: usize, d: Duration) -> Measurement {
     m
 }
 
-fn one_shot_tokio(threads: usize, d: Duration) -> Measurement {
+fn one_shot_tokio<D: Done>(threads: usize, d: Duration, burst: usize) -> Measurement {
     let rt = tokio_rt(threads, false);
     let handle = rt.handle();
-    round_trips(threads, d, |b| drop(handle.spawn(async move { b.post() })))
+    one_shots(threads, d, burst, |b: Arc<D>| {
+        drop(handle.spawn(async move { b.done() }));
+    })
 }
 
-fn one_shot_naive(threads: usize, d: Duration) -> Measurement {
+fn one_shot_naive<D: Done>(threads: usize, d: Duration, burst: usize) -> Measurement {
     let pool = NaivePool::new(threads).unwrap_or_else(|e| die("naive pool", e));
-    round_trips(threads, d, |b| pool.schedule_now(move || b.post()))
+    one_shots(threads, d, burst, |b: Arc<D>| {
+        pool.schedule_now(move || b.done())
+    })
 }
 
-fn one_shot_floor(threads: usize, d: Duration) -> Measurement {
+fn one_shot_floor<D: Done>(threads: usize, d: Duration, burst: usize) -> Measurement {
     let pool = BarePool::new(threads).unwrap_or_else(|e| die("floor pool", e));
-    round_trips(threads, d, |b| pool.run(move || b.post()))
+    one_shots(threads, d, burst, |b: Arc<D>| pool.run(move || b.done()))
 }
 
 // ---------------------------------------------------------------- TimeoutAddCancel
@@ -364,10 +430,13 @@ fn main() {
             epkv_bench::baton::set_spin(Duration::from_micros(spin_us as u64));
             for &t in &args.threads {
                 let peers: Vec<Runner<'_>> = vec![
-                    ("epkv", Box::new(move || one_shot_epkv(t, d))),
-                    ("tokio", Box::new(move || one_shot_tokio(t, d))),
-                    ("naive-heap-pool", Box::new(move || one_shot_naive(t, d))),
-                    ("floor", Box::new(move || one_shot_floor(t, d))),
+                    ("epkv", Box::new(move || one_shot_epkv::<Baton>(t, d, 1))),
+                    ("tokio", Box::new(move || one_shot_tokio::<Baton>(t, d, 1))),
+                    (
+                        "naive-heap-pool",
+                        Box::new(move || one_shot_naive::<Baton>(t, d, 1)),
+                    ),
+                    ("floor", Box::new(move || one_shot_floor::<Baton>(t, d, 1))),
                 ];
                 compare(
                     &mut report,
@@ -387,6 +456,44 @@ fn main() {
              bare lock-free queue of boxed closures and workers that poll it without ever \
              sleeping (no task object, statistics or shutdown guarantees), the ceiling any \
              pool can approach here.",
+        );
+    }
+    if args.wants("OneShotBurst") {
+        epkv_bench::baton::set_spin(Duration::from_micros(2));
+        for burst in args.list("burst", &[64]) {
+            for &t in &args.threads {
+                let peers: Vec<Runner<'_>> = vec![
+                    (
+                        "epkv",
+                        Box::new(move || one_shot_epkv::<Countdown>(t, d, burst)),
+                    ),
+                    (
+                        "tokio",
+                        Box::new(move || one_shot_tokio::<Countdown>(t, d, burst)),
+                    ),
+                    (
+                        "naive-heap-pool",
+                        Box::new(move || one_shot_naive::<Countdown>(t, d, burst)),
+                    ),
+                    (
+                        "floor",
+                        Box::new(move || one_shot_floor::<Countdown>(t, d, burst)),
+                    ),
+                ];
+                compare(
+                    &mut report,
+                    &args,
+                    "OneShotBurst",
+                    &[("threads", t as u64), ("burst", burst as u64)],
+                    &peers,
+                );
+            }
+        }
+        report.note(
+            "OneShotBurst counts one-shot tasks run: each requester schedules `burst` tasks \
+             back to back, then waits (2 us baton) until the last has run, so the queue \
+             holds work and a task's cost on the worker (run, statistics, release) is \
+             measured, not only the hand-off latency.",
         );
     }
     if args.wants("TimeoutAddCancel") {
