@@ -57,6 +57,10 @@ pub(crate) struct FrontendOptions {
     /// Run epkv with persistence on (as shipped) instead of memory-only like memcached.
     #[arg(long)]
     pub(crate) epkv_persistence: bool,
+    /// One more argument for epkv-server, for A/B runs of a setting (repeat it:
+    /// `--epkv-arg=--pin-threads --epkv-arg=false`).
+    #[arg(long = "epkv-arg", allow_hyphen_values = true)]
+    pub(crate) epkv_args: Vec<String>,
 }
 
 /// A request mix, written as a memaslap configuration file.
@@ -160,6 +164,79 @@ pub(crate) fn summarise(runs: &[Row]) -> Vec<Row> {
     out
 }
 
+/// epkv against memcached for one case, from the runs of each round taken back to back:
+/// the medians of the per-round ratios, and in how many rounds epkv came out ahead. A
+/// burst of load from elsewhere on the machine moves both runs of a round alike, so these
+/// are steadier than the ratio of two medians.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Paired {
+    workload: &'static str,
+    connections: usize,
+    /// Rounds with both servers measured.
+    rounds: usize,
+    /// Median over rounds of epkv ops/s divided by memcached ops/s.
+    ops_ratio: f64,
+    /// Median over rounds of epkv CPU per op divided by memcached CPU per op.
+    cpu_ratio: f64,
+    /// Rounds in which epkv served more ops/s.
+    ops_ahead: usize,
+    /// Rounds in which epkv used less CPU per op.
+    cpu_ahead: usize,
+}
+
+/// Pairs the k-th epkv run of each case with the k-th memcached run of the same case
+/// (the two runs of round k), in first-seen case order.
+pub(crate) fn pair_rounds(runs: &[Row]) -> Vec<Paired> {
+    let mut out: Vec<Paired> = Vec::new();
+    for r in runs {
+        if out
+            .iter()
+            .any(|p| p.workload == r.workload && p.connections == r.connections)
+        {
+            continue;
+        }
+        let of = |implementation: &str| -> Vec<&Row> {
+            runs.iter()
+                .filter(|o| {
+                    o.workload == r.workload
+                        && o.connections == r.connections
+                        && o.implementation == implementation
+                })
+                .collect()
+        };
+        let pairs: Vec<(&Row, &Row)> = of("epkv").into_iter().zip(of("memcached")).collect();
+        if pairs.is_empty() {
+            continue;
+        }
+        out.push(Paired {
+            workload: r.workload,
+            connections: r.connections,
+            rounds: pairs.len(),
+            ops_ratio: median(
+                pairs
+                    .iter()
+                    .map(|(e, m)| e.items_per_sec / m.items_per_sec)
+                    .collect(),
+            ),
+            cpu_ratio: median(
+                pairs
+                    .iter()
+                    .map(|(e, m)| e.cpu_us_per_op / m.cpu_us_per_op)
+                    .collect(),
+            ),
+            ops_ahead: pairs
+                .iter()
+                .filter(|(e, m)| e.items_per_sec > m.items_per_sec)
+                .count(),
+            cpu_ahead: pairs
+                .iter()
+                .filter(|(e, m)| e.cpu_us_per_op < m.cpu_us_per_op)
+                .count(),
+        });
+    }
+    out
+}
+
 /// Writes a memaslap `-F` configuration file for `w`.
 fn memaslap_config(w: Workload) -> String {
     format!(
@@ -241,7 +318,7 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
                     let server = match implementation {
                         "epkv" => {
                             let data = data.insert(tempdir("bench-frontend")?).path();
-                            let args = vec![
+                            let mut args: Vec<String> = vec![
                                 "--persistence".into(),
                                 opts.epkv_persistence.to_string(),
                                 "--threads".into(),
@@ -253,6 +330,7 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
                                 "--data-dir".into(),
                                 data.display().to_string(),
                             ];
+                            args.extend(opts.epkv_args.iter().cloned());
                             ServerProcess::start_epkv(&bin, &args, logs)?
                         }
                         _ => ServerProcess::start_memcached(
@@ -294,18 +372,27 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
         }
     }
     let runs = rows.len();
+    let paired = pair_rounds(&rows);
     let rows = summarise(&rows);
     let json_rows: Vec<_> = rows
         .iter()
         .map(|r| {
             let mut j = r.to_json();
             j["params"]["epkv_persistence"] = opts.epkv_persistence.into();
+            if let Some(p) = paired.iter().find(|p| {
+                r.implementation == "epkv"
+                    && p.workload == r.workload
+                    && p.connections == r.connections
+            }) {
+                j["paired_ops_ratio"] = p.ops_ratio.into();
+                j["paired_cpu_ratio"] = p.cpu_ratio.into();
+            }
             j
         })
         .collect();
     let json_path = out_dir.join("frontend.json");
     std::fs::write(&json_path, serde_json::to_string_pretty(&json_rows)?)?;
-    let mut md = markdown(&rows, secs, rounds)?;
+    let mut md = markdown(&rows, &paired, secs, rounds)?;
     writeln!(
         md,
         "\nepkv {} (`--epkv-persistence` {}).",
@@ -431,7 +518,7 @@ fn hardware_line() -> String {
     )
 }
 
-fn markdown(rows: &[Row], secs: u64, rounds: usize) -> Result<String> {
+fn markdown(rows: &[Row], paired: &[Paired], secs: u64, rounds: usize) -> Result<String> {
     let mut md = String::new();
     writeln!(md, "### Front end: epkv vs memcached (memaslap --binary)")?;
     writeln!(md)?;
@@ -477,6 +564,34 @@ fn markdown(rows: &[Row], secs: u64, rounds: usize) -> Result<String> {
         "ops ratio = epkv/memcached (higher is better); cpu ratio = epkv/memcached (lower is \
          better)."
     )?;
+    if !paired.is_empty() {
+        writeln!(md)?;
+        writeln!(
+            md,
+            "Per round (the two servers run back to back): median of the round ratios, and \
+             the rounds in which epkv was ahead."
+        )?;
+        writeln!(md)?;
+        writeln!(
+            md,
+            "| workload | conns | ops ratio | cpu ratio | rounds ahead on ops/s | rounds ahead on cpu/op |"
+        )?;
+        writeln!(md, "|---|---:|---:|---:|---:|---:|")?;
+        for p in paired {
+            writeln!(
+                md,
+                "| {} | {} | {:.2} | {:.2} | {} of {} | {} of {} |",
+                p.workload,
+                p.connections,
+                p.ops_ratio,
+                p.cpu_ratio,
+                p.ops_ahead,
+                p.rounds,
+                p.cpu_ahead,
+                p.rounds
+            )?;
+        }
+    }
     Ok(md)
 }
 
@@ -516,17 +631,17 @@ mod tests {
 
     #[test]
     fn markdown_pairs_rows_and_computes_ratios() {
-        let md = markdown(
-            &[
-                run("epkv", 200_000.0, 2.0),
-                run("memcached", 100_000.0, 4.0),
-            ],
-            10,
-            1,
-        )
-        .unwrap();
+        let runs = [
+            run("epkv", 200_000.0, 2.0),
+            run("memcached", 100_000.0, 4.0),
+        ];
+        let md = markdown(&runs, &pair_rounds(&runs), 10, 1).unwrap();
         assert!(
             md.contains("| set_100 | 16 | 200000 | 100000 | 2.00 | 2.00 | 4.00 | 0.50 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| set_100 | 16 | 2.00 | 0.50 | 1 of 1 | 1 of 1 |"),
             "{md}"
         );
         let j = run("epkv", 100_000.0, 2.0).to_json();
@@ -534,6 +649,27 @@ mod tests {
         assert_eq!(j["items_per_sec"], 100_000.0);
         assert_eq!(j["ns_per_op"], 10_000.0);
         assert_eq!(j["cpu_us_per_op"], 2.0);
+    }
+
+    #[test]
+    fn rounds_pair_in_order_and_give_median_ratios() {
+        // Round 1: epkv 2x ahead; round 2: behind; round 3: 1.5x ahead. The medians of the
+        // ratios are 1.5 (ops) and 1/1.5 (cpu); epkv was ahead in two rounds of three.
+        let runs = [
+            run("epkv", 200.0, 1.0),
+            run("memcached", 100.0, 2.0),
+            run("memcached", 100.0, 1.0),
+            run("epkv", 50.0, 2.0),
+            run("epkv", 150.0, 2.0),
+            run("memcached", 100.0, 3.0),
+        ];
+        let p = pair_rounds(&runs);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].rounds, 3);
+        assert_eq!(p[0].ops_ratio, 1.5);
+        assert!((p[0].cpu_ratio - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!((p[0].ops_ahead, p[0].cpu_ahead), (2, 2));
+        assert!(pair_rounds(&runs[..1]).is_empty(), "no peer, no pair");
     }
 
     #[test]
