@@ -30,7 +30,8 @@ use crate::util::{self, Stopwatch};
 /// Options of `cargo xtask bench frontend`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct FrontendOptions {
-    /// About 1-2 minutes in all: 2 rounds of 5 s runs (default: 3 rounds of 10 s).
+    /// About 1-2 minutes in all: 2 rounds of 5 s runs (default: 5 rounds of 10 s, about 9
+    /// minutes).
     #[arg(long)]
     pub(crate) quick: bool,
     /// Seconds per run (overrides --quick).
@@ -278,7 +279,7 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
         }
     }
     let secs = opts.secs.unwrap_or(if opts.quick { 5 } else { 10 });
-    let rounds = opts.rounds.unwrap_or(if opts.quick { 2 } else { 3 }).max(1);
+    let rounds = opts.rounds.unwrap_or(if opts.quick { 2 } else { 5 }).max(1);
     let server_threads = opts.server_threads.unwrap_or_else(cores);
     let client_threads = opts.client_threads.unwrap_or_else(cores);
     let bin = match &opts.epkv_bin {
