@@ -59,7 +59,7 @@ pub(crate) struct FrontendOptions {
     #[arg(long)]
     pub(crate) epkv_persistence: bool,
     /// One more argument for epkv-server, for A/B runs of a setting (repeat it:
-    /// `--epkv-arg=--pin-threads --epkv-arg=false`).
+    /// `--epkv-arg=--output-buffer-limit --epkv-arg=4MiB`).
     #[arg(long = "epkv-arg", allow_hyphen_values = true)]
     pub(crate) epkv_args: Vec<String>,
 }
