@@ -169,7 +169,7 @@ pub(crate) fn summarise(runs: &[Row]) -> Vec<Row> {
 /// the medians of the per-round ratios, and in how many rounds epkv came out ahead. A
 /// burst of load from elsewhere on the machine moves both runs of a round alike, so these
 /// are steadier than the ratio of two medians.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub(crate) struct Paired {
     workload: &'static str,
     connections: usize,

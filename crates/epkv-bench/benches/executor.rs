@@ -392,10 +392,9 @@ fn compare(
     params: &[(&str, u64)],
     peers: &[Runner<'_>],
 ) {
-    let only = args.extra.get("impls");
     let peers: Vec<&Runner<'_>> = peers
         .iter()
-        .filter(|(name, _)| only.is_none_or(|o| o.split(',').any(|x| x == *name)))
+        .filter(|(name, _)| args.wants_impl(name))
         .collect();
     let mut results: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
     for _ in 0..args.rounds() {

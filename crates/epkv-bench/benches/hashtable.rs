@@ -916,14 +916,10 @@ fn main() {
         (Bench::Replace, 0),
         (Bench::Delete, 0),
     ];
-    let only = args.extra.get("impls").cloned();
     let impls: Vec<&str> = IMPLS
         .iter()
         .copied()
-        .filter(|n| {
-            only.as_deref()
-                .is_none_or(|o| o.split(',').any(|x| x == *n))
-        })
+        .filter(|n| args.wants_impl(n))
         .collect();
     let maps: Vec<Box<dyn Map>> = impls.iter().map(|n| make(n, stripes)).collect();
     let all_keys = items * args.threads.iter().copied().max().unwrap_or(1);

@@ -75,6 +75,15 @@ impl Args {
         self.filter.as_deref().is_none_or(|f| name.contains(f))
     }
 
+    /// True if the implementation called `name` should run: every one, or those named
+    /// exactly in `--impls a,b`.
+    #[must_use]
+    pub fn wants_impl(&self, name: &str) -> bool {
+        self.extra
+            .get("impls")
+            .is_none_or(|o| o.split(',').any(|x| x == name))
+    }
+
     /// Time per measurement: 0.5 s quick, 1.5 s otherwise.
     #[must_use]
     pub fn measure_time(&self) -> Duration {
@@ -372,6 +381,16 @@ pub fn target_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn impls_selects_exact_names_and_defaults_to_all() {
+        let all = Args::parse_from(["--quick"].map(String::from));
+        assert!(all.wants_impl("tokio"));
+        let some = Args::parse_from(["--impls", "epkv,floor"].map(String::from));
+        assert!(some.wants_impl("epkv") && some.wants_impl("floor"));
+        assert!(!some.wants_impl("tokio"));
+        assert!(!some.wants_impl("epk"), "names match whole");
+    }
 
     #[test]
     fn args_parse_lists_and_ignore_cargo_flags() {
