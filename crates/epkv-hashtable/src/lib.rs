@@ -83,13 +83,14 @@
 //! # Ok(())
 //! # }
 //! ```
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
 mod error;
 mod hash_table;
 mod memory;
 pub mod mfu;
+mod prefetch;
 mod stats;
 mod stored_value;
 mod visitor;

@@ -1,5 +1,6 @@
 //! [`StoredValue`], its document metadata [`ItemMeta`], and its [`CommittedState`].
 
+use crate::prefetch::ValueHint;
 use crate::{Error, Result};
 use bytes::Bytes;
 use epkv_types::{Cas, Datatype, Seqno};
@@ -417,6 +418,11 @@ impl StoredValue {
     #[must_use]
     pub fn value(&self) -> &[u8] {
         self.value.as_deref().unwrap_or_default()
+    }
+
+    /// Where the value is, for the table's slot to prefetch it.
+    pub(crate) fn value_hint(&self) -> ValueHint {
+        ValueHint::of(self.value.as_deref())
     }
 
     /// Returns the value as a shared [`Bytes`] (no copy); empty when there is none.
