@@ -12,8 +12,9 @@
 //! gain is within the noise of a side-by-side run (see "Prefetching the item and its
 //! value" in `docs/hashtable.md`).
 //!
-//! This is the crate's only unsafe code: the prefetch intrinsic. Written here because
-//! the standard library's safe prefetch hints are not stable.
+//! This is the crate's only unsafe code: the prefetch intrinsic, x86_64 only (elsewhere
+//! the hints cost their word and do nothing). Written here because the standard
+//! library's safe prefetch hints are not stable.
 
 /// How many cache lines of a value are prefetched at most (512 bytes): enough for the
 /// hardware's stream prefetcher to take over on longer values.
