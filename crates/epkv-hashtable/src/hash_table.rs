@@ -206,8 +206,8 @@ impl Inner {
             if n == 0 {
                 0
             } else {
-                // One slot (tag word, item pointer, value hint) and one control byte per bucket, plus a group of
-                // trailing control bytes.
+                // One slot (tag word, item pointer, value hint) and one control byte
+                // per bucket, plus a group of trailing control bytes.
                 n * (std::mem::size_of::<Slot>() + 1) + 16
             }
         }

@@ -27,8 +27,8 @@ const ADDR_BITS: usize = (1 << 56) - 1;
 
 /// Where an item's value starts and how many of its cache lines to prefetch, in one word.
 ///
-/// A hint only, never dereferenced: it may point at memory freed since (an ejected value),
-/// which prefetching cannot fault on.
+/// A hint only, never dereferenced. The table keeps it in step with the item's value; if
+/// it were ever stale, prefetching the freed memory it points at could not fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct ValueHint(usize);
 
