@@ -108,6 +108,11 @@ pub(crate) struct Row {
 }
 
 impl Row {
+    /// Whether this run is of the case (workload, connections).
+    fn is_case(&self, workload: &str, connections: usize) -> bool {
+        self.workload == workload && self.connections == connections
+    }
+
     fn to_json(&self) -> serde_json::Value {
         json!({
             "bench": format!("frontend/{}", self.workload),
@@ -144,11 +149,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 pub(crate) fn summarise(runs: &[Row]) -> Vec<Row> {
     let mut out: Vec<Row> = Vec::new();
     for r in runs {
-        let same = |o: &Row| {
-            o.workload == r.workload
-                && o.connections == r.connections
-                && o.implementation == r.implementation
-        };
+        let same =
+            |o: &Row| o.is_case(r.workload, r.connections) && o.implementation == r.implementation;
         if out.iter().any(same) {
             continue;
         }
@@ -190,18 +192,13 @@ pub(crate) struct Paired {
 pub(crate) fn pair_rounds(runs: &[Row]) -> Vec<Paired> {
     let mut out: Vec<Paired> = Vec::new();
     for r in runs {
-        if out
-            .iter()
-            .any(|p| p.workload == r.workload && p.connections == r.connections)
-        {
+        if out.iter().any(|p| r.is_case(p.workload, p.connections)) {
             continue;
         }
         let of = |implementation: &str| -> Vec<&Row> {
             runs.iter()
                 .filter(|o| {
-                    o.workload == r.workload
-                        && o.connections == r.connections
-                        && o.implementation == implementation
+                    o.is_case(r.workload, r.connections) && o.implementation == implementation
                 })
                 .collect()
         };
@@ -380,11 +377,10 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
         .map(|r| {
             let mut j = r.to_json();
             j["params"]["epkv_persistence"] = opts.epkv_persistence.into();
-            if let Some(p) = paired.iter().find(|p| {
-                r.implementation == "epkv"
-                    && p.workload == r.workload
-                    && p.connections == r.connections
-            }) {
+            if let Some(p) = paired
+                .iter()
+                .find(|p| r.implementation == "epkv" && r.is_case(p.workload, p.connections))
+            {
                 j["paired_ops_ratio"] = p.ops_ratio.into();
                 j["paired_cpu_ratio"] = p.cpu_ratio.into();
             }

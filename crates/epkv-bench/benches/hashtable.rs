@@ -2,11 +2,12 @@
 //! by side in one run.
 //!
 //! `cargo bench -p epkv-bench --bench hashtable -- [--quick] [--threads 1,2]
-//!  [--items 100000] [--stripes 64] [FindForRead|FindForWrite|Insert|Replace|Delete|Resize|Memory]`
+//!  [--items 100000] [--stripes 64] [FindForRead|FindForWrite|Insert|Replace|Delete|GetValue|Resize|Memory]`
 //!
 //! One shared table; each thread owns `--items` keys (`k<thread>:<i>`, under 20 bytes) with
-//! 8-byte values, and every timed pass visits exactly its item set once. items/s = all
-//! threads' operations / the threads' mean wall time of the pass (also printed per thread).
+//! 8-byte values (512-byte for GetValue), and every timed pass visits exactly its item set
+//! once. items/s = all threads' operations / the threads' mean wall time of the pass (also
+//! printed per thread).
 //!
 //! - **FindForRead** (0% and 50% of the keys present only as a prepared SyncWrite, which a
 //!   reader must not see): epkv `find_for_read` with an MFU bump; peers `get` and a check
@@ -20,6 +21,9 @@
 //! - **Replace**: overwrite existing keys (epkv `replace`; peers `get_mut` and assign, or
 //!   papaya's `insert`).
 //! - **Delete**: remove keys; the table is repopulated (untimed) before each pass.
+//! - **GetValue**: as a GET reply is built: look the key up (epkv `find_for_read` with an
+//!   MFU bump) and copy its 512-byte value into a reply buffer while the map still guards
+//!   it. The table holds 512-byte values for this one.
 //! - **Resize**: one thread fills an empty table with `threads x items` keys timing every
 //!   insert, then empties it timing every remove: the longest single call is the longest
 //!   pause a resize (grow or shrink) imposed on a caller.
@@ -197,6 +201,9 @@ trait Map: Send + Sync {
     fn find_write(&self, key: &[u8]) -> Option<u64>;
     /// A shared handle to the committed value, as a GET hands it out.
     fn read_value(&self, key: &[u8]) -> Option<Bytes>;
+    /// Appends the committed value to `out` while the map still guards it, as the server
+    /// writes a GET reply; false when the key is absent.
+    fn copy_value(&self, key: &[u8], out: &mut Vec<u8>) -> bool;
     fn replace(&self, key: &[u8], value: &[u8], cas: u64) -> bool;
     fn delete(&self, key: &[u8]) -> bool;
     fn clear(&self);
@@ -246,6 +253,13 @@ impl Map for Epkv {
                 sv.value_bytes()
             })
     }
+    fn copy_value(&self, key: &[u8], out: &mut Vec<u8>) -> bool {
+        self.0
+            .find_for_read(key, TrackReference::Yes, WantsDeleted::No, |sv| {
+                out.extend_from_slice(sv.value());
+            })
+            .is_some()
+    }
     fn replace(&self, key: &[u8], value: &[u8], cas: u64) -> bool {
         stored_value(key, value, cas, false).is_some_and(|sv| self.0.replace(sv).is_ok())
     }
@@ -280,6 +294,12 @@ impl Map for StdMutex {
     }
     fn read_value(&self, key: &[u8]) -> Option<Bytes> {
         self.0.lock().get(key).map(|v| v.value.clone())
+    }
+    fn copy_value(&self, key: &[u8], out: &mut Vec<u8>) -> bool {
+        let m = self.0.lock();
+        m.get(key)
+            .map(|v| out.extend_from_slice(&v.value))
+            .is_some()
     }
     fn replace(&self, key: &[u8], value: &[u8], cas: u64) -> bool {
         let item = peer_item(value, cas, false);
@@ -325,6 +345,12 @@ impl Map for Dash {
     fn read_value(&self, key: &[u8]) -> Option<Bytes> {
         self.0.get(key).map(|v| v.value.clone())
     }
+    fn copy_value(&self, key: &[u8], out: &mut Vec<u8>) -> bool {
+        self.0
+            .get(key)
+            .map(|v| out.extend_from_slice(&v.value))
+            .is_some()
+    }
     fn replace(&self, key: &[u8], value: &[u8], cas: u64) -> bool {
         let item = peer_item(value, cas, false);
         match self.0.get_mut(key) {
@@ -368,6 +394,12 @@ impl Map for Papaya {
     fn read_value(&self, key: &[u8]) -> Option<Bytes> {
         self.0.pin().get(key).map(|v| v.value.clone())
     }
+    fn copy_value(&self, key: &[u8], out: &mut Vec<u8>) -> bool {
+        let m = self.0.pin();
+        m.get(key)
+            .map(|v| out.extend_from_slice(&v.value))
+            .is_some()
+    }
     fn replace(&self, key: &[u8], value: &[u8], cas: u64) -> bool {
         let m = self.0.pin();
         if m.contains_key(key) {
@@ -394,6 +426,9 @@ impl Map for Papaya {
 macro_rules! lookups_only {
     ($what:literal) => {
         fn read_value(&self, _key: &[u8]) -> Option<Bytes> {
+            unreachable!(concat!($what, " only runs the lookups"))
+        }
+        fn copy_value(&self, _key: &[u8], _out: &mut Vec<u8>) -> bool {
             unreachable!(concat!($what, " only runs the lookups"))
         }
         fn replace(&self, _key: &[u8], _value: &[u8], _cas: u64) -> bool {
@@ -691,6 +726,7 @@ enum Bench {
     Insert,
     Replace,
     Delete,
+    GetValue,
 }
 
 impl Bench {
@@ -701,6 +737,7 @@ impl Bench {
             Self::Insert => "Insert",
             Self::Replace => "Replace",
             Self::Delete => "Delete",
+            Self::GetValue => "GetValue",
         }
     }
 }
@@ -712,6 +749,8 @@ fn keys_of(thread: usize, items: usize) -> Vec<Vec<u8>> {
 }
 
 const VALUE: &[u8] = b"value-08";
+/// The value `GetValue` stores and copies out: the front-end benchmark's size.
+const GET_VALUE: &[u8] = &[b'v'; 512];
 
 /// Runs `passes` timed passes of `bench` over every thread's keys; returns the best pass's
 /// operations per second of all threads (ops / mean thread time) and per thread.
@@ -731,9 +770,14 @@ fn run_bench(
     ]);
     let is_prepared = |i: usize| prepared_pct > 0 && i % 100 < prepared_pct;
     // Population for the benchmarks that need items up front.
+    let value = if bench == Bench::GetValue {
+        GET_VALUE
+    } else {
+        VALUE
+    };
     let populate = |mine: &[Vec<u8>]| {
         for (i, k) in mine.iter().enumerate() {
-            map.set(k, VALUE, i as u64, is_prepared(i));
+            map.set(k, value, i as u64, is_prepared(i));
         }
     };
     map.clear();
@@ -789,6 +833,14 @@ fn run_bench(
                         Bench::Delete => {
                             for k in mine {
                                 hits += usize::from(map.delete(k));
+                            }
+                        }
+                        Bench::GetValue => {
+                            let mut reply = Vec::with_capacity(GET_VALUE.len());
+                            for k in mine {
+                                reply.clear();
+                                hits += usize::from(map.copy_value(k, &mut reply));
+                                black_box(&reply);
                             }
                         }
                     }
@@ -900,14 +952,14 @@ fn main() {
     let passes = if args.quick { 2 } else { 4 };
     let mut report = Report::new("hashtable");
     report.note(&format!(
-        "{items} items per thread, keys under 20 bytes, 8-byte values, {stripes} epkv stripes \
+        "{items} items per thread, keys under 20 bytes, 8-byte values (512 for GetValue), {stripes} epkv stripes \
          and dashmap shards, foldhash for every map, mimalloc; items/s = ops / mean thread \
          time of a pass (rows with per_cpu_sec:1: ops / mean thread CPU time, which preemption \
          does not inflate); best of {} rounds of {passes} passes (the machine is shared: \
          noise only slows a pass), implementations interleaved round by round",
         args.rounds()
     ));
-    let benches: [(Bench, usize); 7] = [
+    let benches: [(Bench, usize); 8] = [
         (Bench::FindForRead, 0),
         (Bench::FindForRead, 50),
         (Bench::FindForWrite, 0),
@@ -915,6 +967,7 @@ fn main() {
         (Bench::Insert, 0),
         (Bench::Replace, 0),
         (Bench::Delete, 0),
+        (Bench::GetValue, 0),
     ];
     let impls: Vec<&str> = IMPLS
         .iter()

@@ -69,8 +69,8 @@ impl KeyHash {
 ///   Everything a read changes is then in this word, which is what a lock-free read
 ///   would need.
 /// - **The value hint** lets a lookup fetch the item and its value at the same time
-///   (see [`Slot::is`]). It costs 8 bytes per bucket and saves one cache miss per read
-///   (`crate::prefetch` has the numbers). It is refreshed whenever the table puts a new
+///   (see [`Slot::is`]). It costs 8 bytes per bucket and saves most of a cache miss
+///   per read (`crate::prefetch` has the numbers). It is refreshed whenever the table puts a new
 ///   version in the slot or ejects its value.
 pub(crate) struct Slot {
     word: u64,
