@@ -3,42 +3,47 @@
 //! atomically; the `find_for_*` lookups.
 //!
 //! The table is an array of stripes; each stripe is a `parking_lot::Mutex` over two
-//! `hashbrown::HashTable<Box<StoredValue>>` (open addressing, SwissTable): one for the
-//! committed versions, one for the prepared versions (empty, and unallocated, unless
-//! SyncWrites are in flight, so a lookup without prepares never probes it). A key's 64-bit
-//! foldhash picks the stripe from bits 20..52; hashbrown uses the low bits for the slot
-//! and the top 7 bits for its tag byte, so the three uses do not correlate.
+//! [`SlotTable`]s (linear probing over slots that hold the key's tag, the boxed item and
+//! a hint for its value): one for the committed versions, one for the prepared versions
+//! (empty, and unallocated, unless SyncWrites are in flight, so a lookup without prepares
+//! never probes it). A key's foldhash gives a 56-bit tag; the stripe is picked from tag
+//! bits 12..44 and the first bucket from the low bits, so the two do not correlate.
+//!
+//! Beside the stripes, a dense array holds where each stripe's committed slots are: a
+//! lookup prefetches the key's first bucket from it before it waits for the stripe's
+//! lock, so the lock's cache miss and the bucket's overlap.
 //!
 //! Each stripe grows (doubling) and shrinks (to twice its items once it is a quarter
 //! full) on its own, under its own lock: a resize stops only that stripe's keys, for as
 //! long as it takes to rehash that stripe.
 
 use crate::mfu;
-use crate::prefetch::{ValueHint, prefetch_line};
+use crate::prefetch::ValueHint;
+pub(crate) use crate::slot_table::Slot;
+use crate::slot_table::{SlotTable, prefetch_bucket};
 use crate::stats::{MfuHistogram, Props, StripeCounts, TableStats};
 use crate::{CommittedState, Error, ItemMeta, MemoryTracker, Result, StoredValue};
 use foldhash::fast::RandomState;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The low 56 bits of a [`Slot`]'s word: the key's tag.
-const TAG_BITS: u64 = (1 << 56) - 1;
+pub(crate) const TAG_BITS: u64 = (1 << 56) - 1;
 
 /// A key's hash as the table uses it: `tag`, 56 bits of the key's foldhash, stored in the
-/// key's slot and compared before the key; `probe`, the hash hashbrown is given (it takes
-/// the bucket from the low bits and its control byte from the top seven), recomputed from
-/// the tag alone when a stripe resizes.
+/// key's slot and compared before the key; `probe`, whose low bits pick the key's first
+/// bucket, recomputed from the tag alone when a stripe rehashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct KeyHash {
-    tag: u64,
-    probe: u64,
+    pub(crate) tag: u64,
+    pub(crate) probe: u64,
 }
 
 impl KeyHash {
     #[inline]
-    fn from_tag(tag: u64) -> Self {
+    pub(crate) fn from_tag(tag: u64) -> Self {
         // Multiplying by an odd constant maps the tag one to one onto the 64 bits: its low
         // bits follow the tag's low bits, its top bits mix all of them.
         Self {
@@ -55,104 +60,6 @@ impl KeyHash {
         (self.tag >> 12) & 0xffff_ffff
     }
 }
-
-/// One occupied bucket: the item's boxed [`StoredValue`], one word holding its key's
-/// tag (low 56 bits) and the item's MFU counter (top 8 bits), and a [`ValueHint`] saying
-/// where the item's value is.
-///
-/// - **The tag** lets a resize rehash without reading any item (it would read every boxed
-///   item, a cache miss each, to hash its key again) and a lookup compare 56 bits of hash
-///   before following the pointer to compare keys.
-/// - **The MFU counter** lives here, not in the item, so that a read's bump writes to the
-///   slot's cache line, which the lookup has just read, and a read never writes to the
-///   item (FindForRead +5% in interleaved runs; see "Lookup cost" in docs/hashtable.md).
-///   Everything a read changes is then in this word, which is what a lock-free read
-///   would need.
-/// - **The value hint** lets a lookup fetch the item and its value at the same time
-///   (see [`Slot::is`]). It costs 8 bytes per bucket and saves most of a cache miss
-///   per read (`crate::prefetch` has the numbers). It is refreshed whenever the table puts a new
-///   version in the slot or ejects its value.
-pub(crate) struct Slot {
-    word: u64,
-    sv: Box<StoredValue>,
-    value: ValueHint,
-}
-
-impl Slot {
-    fn new(hash: KeyHash, sv: StoredValue, mfu: u8) -> Self {
-        Self {
-            word: hash.tag | (u64::from(mfu) << 56),
-            value: sv.value_hint(),
-            sv: Box::new(sv),
-        }
-    }
-
-    /// Puts `sv` in the slot and returns the version it held.
-    fn replace(&mut self, sv: StoredValue) -> StoredValue {
-        self.value = sv.value_hint();
-        std::mem::replace(&mut *self.sv, sv)
-    }
-
-    /// The hash hashbrown placed the slot by (the table's hasher for resizes).
-    #[inline]
-    pub(crate) fn probe_hash(&self) -> u64 {
-        KeyHash::from_tag(self.word & TAG_BITS).probe
-    }
-
-    /// Whether this slot holds `key`, whose hash is `hash`.
-    ///
-    /// When the tag matches, the slot almost surely holds the key, and the caller reads
-    /// the item next: the item's second cache line and the value's first lines are
-    /// prefetched before the key comparison waits for the item's first line, so the
-    /// three misses overlap instead of following one another.
-    #[inline]
-    pub(crate) fn is(&self, hash: KeyHash, key: &[u8]) -> bool {
-        if self.word & TAG_BITS != hash.tag {
-            return false;
-        }
-        self.value.prefetch();
-        prefetch_line(std::ptr::from_ref::<StoredValue>(&self.sv) as usize + 64);
-        self.sv.key() == key
-    }
-
-    /// The item's 8-bit MFU (most frequently used) counter.
-    #[inline]
-    pub(crate) fn mfu(&self) -> u8 {
-        (self.word >> 56) as u8
-    }
-
-    #[inline]
-    pub(crate) fn set_mfu(&mut self, mfu: u8) {
-        self.word = (self.word & TAG_BITS) | (u64::from(mfu) << 56);
-    }
-
-    /// The item's properties for the statistics, its MFU counter included.
-    #[inline]
-    pub(crate) fn props(&self) -> Props {
-        Props::of(&self.sv, self.mfu())
-    }
-
-    fn into_inner(self) -> StoredValue {
-        *self.sv
-    }
-}
-
-impl std::ops::Deref for Slot {
-    type Target = StoredValue;
-
-    #[inline]
-    fn deref(&self) -> &StoredValue {
-        &self.sv
-    }
-}
-
-impl std::ops::DerefMut for Slot {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut StoredValue {
-        &mut self.sv
-    }
-}
-pub(crate) type RawTable = hashbrown::HashTable<Slot>;
 
 /// Stripes whose committed table has at most this many buckets are never shrunk.
 const MIN_SHRINK_BUCKETS: usize = 64;
@@ -187,31 +94,21 @@ pub enum WantsDeleted {
 /// `repr(C)` keeps what a lookup and an insert touch together at the front of the
 /// stripe (checked by a test): the lock's byte, then (8 bytes in) the prepared table's
 /// header, which every lookup reads to see whether there are prepares at all, then the
-/// committed table's header, whose first half (where hashbrown keeps the bucket mask and
-/// control pointer a probe needs) is still in the first cache line, then the inline low
-/// MFU counts, in the second line with the committed table's item count that an insert
-/// updates anyway: one 128-byte aligned pair of lines.
+/// committed table's header, whose first half (the bucket array's address and length, all
+/// a probe needs) is still in the first cache line, then the inline low MFU counts, in
+/// the second line with the committed table's item count that an insert updates anyway:
+/// one 128-byte aligned pair of lines.
 #[derive(Default)]
 #[repr(C)]
 pub(crate) struct Inner {
-    pub(crate) prepared: RawTable,
-    pub(crate) committed: RawTable,
+    pub(crate) prepared: SlotTable,
+    pub(crate) committed: SlotTable,
     pub(crate) mfu: MfuHistogram,
 }
 
 impl Inner {
     fn table_bytes(&self) -> usize {
-        fn one(t: &RawTable) -> usize {
-            let n = t.num_buckets();
-            if n == 0 {
-                0
-            } else {
-                // One slot (tag word, item pointer, value hint) and one control byte
-                // per bucket, plus a group of trailing control bytes.
-                n * (std::mem::size_of::<Slot>() + 1) + 16
-            }
-        }
-        one(&self.committed) + one(&self.prepared) + self.mfu.heap_bytes()
+        self.committed.heap_bytes() + self.prepared.heap_bytes() + self.mfu.heap_bytes()
     }
 }
 
@@ -264,6 +161,12 @@ impl Shared {
 /// the visitor ([`HashTable::visit`] and its wrappers), which locks one stripe at a time.
 pub struct HashTable {
     stripes: Box<[Stripe]>,
+    /// Per stripe, its committed table's [`SlotTable::address_hint`], written under the
+    /// stripe's lock whenever the array moves and read without it: a lookup prefetches
+    /// the key's bucket from it while it waits for the lock, so the two cache misses
+    /// overlap. Kept apart from the stripes (whose lock line the lookup has yet to load),
+    /// in one dense array that stays in cache.
+    bucket_hints: Box<[AtomicU64]>,
     shared: Shared,
 }
 
@@ -295,6 +198,7 @@ impl HashTable {
             .collect();
         Ok(Self {
             stripes,
+            bucket_hints: (0..num_stripes).map(|_| AtomicU64::new(0)).collect(),
             shared: Shared {
                 build: RandomState::default(),
                 tracker,
@@ -390,6 +294,27 @@ impl HashTable {
         ((hash.stripe_bits() * self.stripes.len() as u64) >> 32) as usize
     }
 
+    /// Prefetches `hash`'s first committed bucket, then locks its stripe; returns the
+    /// stripe, its index and its guard.
+    #[inline]
+    fn lock_stripe(&self, hash: KeyHash) -> (&Stripe, usize, MutexGuard<'_, Inner>) {
+        let index = self.stripe_index(hash);
+        prefetch_bucket(self.bucket_hints[index].load(Ordering::Relaxed), hash.probe);
+        let stripe = &self.stripes[index];
+        (stripe, index, stripe.inner.lock())
+    }
+
+    /// Publishes stripe `index`'s bucket hint if its committed array has moved. Call it,
+    /// with the stripe locked, after anything that may have rehashed the stripe.
+    #[inline]
+    pub(crate) fn refresh_bucket_hint(&self, index: usize, inner: &Inner) {
+        let now = inner.committed.address_hint();
+        let hint = &self.bucket_hints[index];
+        if hint.load(Ordering::Relaxed) != now {
+            hint.store(now, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn stripes(&self) -> &[Stripe] {
         &self.stripes
     }
@@ -404,18 +329,12 @@ impl HashTable {
     /// of the stripe. This is KV-Engine's `findForUpdate`.
     pub fn with_entry<R>(&self, key: &[u8], f: impl FnOnce(&mut Entry<'_>) -> R) -> R {
         let hash = self.shared.hash(key);
-        let stripe = &self.stripes[self.stripe_index(hash)];
-        let mut inner = stripe.inner.lock();
-        let buckets = inner.committed.num_buckets() + inner.prepared.num_buckets();
-        let committed = inner
-            .committed
-            .find_bucket_index(hash.probe, |sv| sv.is(hash, key));
+        let (stripe, index, mut inner) = self.lock_stripe(hash);
+        let committed = inner.committed.find(hash, key);
         let prepared = if inner.prepared.is_empty() {
             None
         } else {
-            inner
-                .prepared
-                .find_bucket_index(hash.probe, |sv| sv.is(hash, key))
+            inner.prepared.find(hash, key)
         };
         let mut entry = Entry {
             inner: &mut inner,
@@ -429,12 +348,10 @@ impl HashTable {
         };
         let r = f(&mut entry);
         let shrink = entry.shrink;
-        if shrink && !stripe.visit_paused.load(Ordering::Relaxed) {
-            shrink_if_sparse(&mut inner);
-        }
-        if inner.committed.num_buckets() + inner.prepared.num_buckets() != buckets {
+        if shrink && !stripe.visit_paused.load(Ordering::Relaxed) && shrink_if_sparse(&mut inner) {
             stripe.counts.count_resize();
         }
+        self.refresh_bucket_hint(index, &inner);
         r
     }
 
@@ -456,8 +373,7 @@ impl HashTable {
         f: impl FnOnce(&StoredValue) -> R,
     ) -> Option<R> {
         let hash = self.shared.hash(key);
-        let stripe = &self.stripes[self.stripe_index(hash)];
-        let mut guard = stripe.inner.lock();
+        let (stripe, _, mut guard) = self.lock_stripe(hash);
         let inner = &mut *guard;
         // Only a maybe-visible prepare changes what a reader sees; they are rare (warmup,
         // promotion), so without one the prepared table is not probed at all. The
@@ -469,14 +385,12 @@ impl HashTable {
                 .maybe_visible
                 .load(std::sync::atomic::Ordering::Relaxed)
                 != 0
-            && let Some(p) = inner.prepared.find(hash.probe, |sv| sv.is(hash, key))
+            && let Some(p) = inner.prepared.find_slot(hash, key)
             && p.committed_state() == CommittedState::PreparedMaybeVisible
         {
             return Some(f(p));
         }
-        let sv = inner
-            .committed
-            .find_mut(hash.probe, |sv| sv.is(hash, key))?;
+        let sv = inner.committed.find_slot_mut(hash, key)?;
         if sv.is_deleted() {
             return (wants_deleted == WantsDeleted::Yes).then(|| f(sv));
         }
@@ -491,18 +405,14 @@ impl HashTable {
     /// included). No MFU bump.
     pub fn find_for_write<R>(&self, key: &[u8], f: impl FnOnce(&StoredValue) -> R) -> Option<R> {
         let hash = self.shared.hash(key);
-        let stripe = &self.stripes[self.stripe_index(hash)];
-        let inner = stripe.inner.lock();
+        let (_, _, inner) = self.lock_stripe(hash);
         if !inner.prepared.is_empty()
-            && let Some(p) = inner.prepared.find(hash.probe, |sv| sv.is(hash, key))
+            && let Some(p) = inner.prepared.find_slot(hash, key)
             && p.committed_state().is_in_flight()
         {
             return Some(f(p));
         }
-        inner
-            .committed
-            .find(hash.probe, |sv| sv.is(hash, key))
-            .map(|sv| f(sv))
+        inner.committed.find_slot(hash, key).map(|sv| f(sv))
     }
 
     /// Returns a copy of the live committed item stored under `key` (cheap: the value is
@@ -544,8 +454,7 @@ impl HashTable {
     /// while `sv` is still borrowed, then `sv` moves into the table (no key copy).
     fn store(&self, sv: StoredValue, mode: Store) -> Result<Option<StoredValue>> {
         let hash = self.shared.hash(sv.key());
-        let stripe = &self.stripes[self.stripe_index(hash)];
-        let mut guard = stripe.inner.lock();
+        let (stripe, stripe_index, mut guard) = self.lock_stripe(hash);
         let inner = &mut *guard;
         let prepared = sv.is_prepared();
         let table = if prepared {
@@ -553,11 +462,10 @@ impl HashTable {
         } else {
             &mut inner.committed
         };
-        let buckets = table.num_buckets();
-        let mut index = table.find_bucket_index(hash.probe, |v| v.is(hash, sv.key()));
+        let mut index = table.find(hash, sv.key());
         if mode == Store::ReplaceLive
             && index
-                .and_then(|i| table.get_bucket(i))
+                .and_then(|i| table.get(i))
                 .is_none_or(|v| v.is_deleted())
         {
             return Err(Error::NotFound);
@@ -571,9 +479,7 @@ impl HashTable {
             hash,
             sv,
         );
-        if table.num_buckets() != buckets {
-            stripe.counts.count_resize();
-        }
+        self.refresh_bucket_hint(stripe_index, inner);
         r
     }
 
@@ -620,9 +526,10 @@ impl HashTable {
     /// committed items (live or tombstones) were removed.
     pub fn clear(&self) -> usize {
         let mut removed = 0;
-        for s in self.stripes.iter() {
+        for (index, s) in self.stripes.iter().enumerate() {
             let mut inner = s.inner.lock();
             let inner = &mut *inner;
+            let before = inner.committed.num_buckets() + inner.prepared.num_buckets();
             for sv in inner.committed.drain().chain(inner.prepared.drain()) {
                 let p = sv.props();
                 self.shared.tracker.release(p.footprint());
@@ -632,12 +539,11 @@ impl HashTable {
                     removed += 1;
                 }
             }
-            let before = inner.committed.num_buckets() + inner.prepared.num_buckets();
-            inner.committed.shrink_to(0, Slot::probe_hash);
-            inner.prepared.shrink_to(0, Slot::probe_hash);
+            // Draining released both arrays.
             if before != 0 {
                 s.counts.count_resize();
             }
+            self.refresh_bucket_hint(index, inner);
         }
         removed
     }
@@ -655,14 +561,17 @@ pub(crate) fn bump_mfu(sv: &mut Slot, hist: &mut MfuHistogram) {
     }
 }
 
-/// Shrinks a stripe's tables that are under a quarter full to about half full.
-pub(crate) fn shrink_if_sparse(inner: &mut Inner) {
+/// Shrinks a stripe's tables that are under a quarter full to about half full; returns
+/// whether either moved its items.
+pub(crate) fn shrink_if_sparse(inner: &mut Inner) -> bool {
+    let mut shrunk = false;
     for t in [&mut inner.committed, &mut inner.prepared] {
         let buckets = t.num_buckets();
         if buckets > MIN_SHRINK_BUCKETS && t.len() * 4 < buckets {
-            t.shrink_to(t.len() * 2, Slot::probe_hash);
+            shrunk |= t.shrink_to(t.len() * 2);
         }
     }
+    shrunk
 }
 
 /// The committed and prepared versions of one key inside a locked stripe, readable and
@@ -699,7 +608,7 @@ impl Entry<'_> {
     #[must_use]
     pub fn committed(&self) -> Option<&StoredValue> {
         self.committed
-            .and_then(|i| self.inner.committed.get_bucket(i))
+            .and_then(|i| self.inner.committed.get(i))
             .map(|b| &**b)
     }
 
@@ -707,7 +616,7 @@ impl Entry<'_> {
     #[must_use]
     pub fn prepared(&self) -> Option<&StoredValue> {
         self.prepared
-            .and_then(|i| self.inner.prepared.get_bucket(i))
+            .and_then(|i| self.inner.prepared.get(i))
             .map(|b| &**b)
     }
 
@@ -723,8 +632,7 @@ impl Entry<'_> {
     }
 
     fn committed_mut(&mut self) -> Option<&mut Slot> {
-        self.committed
-            .and_then(|i| self.inner.committed.get_bucket_mut(i))
+        self.committed.and_then(|i| self.inner.committed.get_mut(i))
     }
 
     /// Returns the committed version's MFU counter (tombstones included), if there is a
@@ -732,27 +640,27 @@ impl Entry<'_> {
     #[must_use]
     pub fn mfu(&self) -> Option<u8> {
         self.committed
-            .and_then(|i| self.inner.committed.get_bucket(i))
+            .and_then(|i| self.inner.committed.get(i))
             .map(Slot::mfu)
     }
 
     /// Returns the committed version's metadata for in-place change (tombstones
     /// included). Key, value and state cannot change this way.
     pub fn meta_mut(&mut self) -> Option<&mut ItemMeta> {
-        self.committed_mut().map(|slot| slot.sv.meta_mut())
+        self.committed_mut().map(|slot| slot.meta_mut())
     }
 
     /// Returns the prepared version's metadata for in-place change.
     pub fn prepared_meta_mut(&mut self) -> Option<&mut ItemMeta> {
         self.prepared
-            .and_then(|i| self.inner.prepared.get_bucket_mut(i))
+            .and_then(|i| self.inner.prepared.get_mut(i))
             .map(|b| b.meta_mut())
     }
 
     /// Counts a client reference to the live committed version (MFU bump).
     pub fn track_reference(&mut self) {
         let Some(i) = self.committed else { return };
-        if let Some(sv) = self.inner.committed.get_bucket_mut(i)
+        if let Some(sv) = self.inner.committed.get_mut(i)
             && !sv.is_deleted()
         {
             bump_mfu(sv, &mut self.inner.mfu);
@@ -816,7 +724,7 @@ impl Entry<'_> {
     /// Removes and returns the committed version (live or tombstone), if any.
     pub fn remove(&mut self) -> Option<StoredValue> {
         let index = self.committed.take()?;
-        let (sv, _) = self.inner.committed.get_bucket_entry(index).ok()?.remove();
+        let sv = self.inner.committed.remove(index)?;
         let p = sv.props();
         self.shared.tracker.release(p.footprint());
         self.counts.apply(Some(&p), None);
@@ -829,7 +737,7 @@ impl Entry<'_> {
     /// prepare), if any.
     pub fn remove_prepared(&mut self) -> Option<StoredValue> {
         let index = self.prepared.take()?;
-        let (sv, _) = self.inner.prepared.get_bucket_entry(index).ok()?.remove();
+        let sv = self.inner.prepared.remove(index)?;
         let p = sv.props();
         self.shared.tracker.release(p.footprint());
         self.counts.apply(Some(&p), None);
@@ -881,7 +789,7 @@ impl Entry<'_> {
             return false;
         };
         let inner = &mut *self.inner;
-        let Some(sv) = inner.committed.get_bucket_mut(i) else {
+        let Some(sv) = inner.committed.get_mut(i) else {
             return false;
         };
         evict(sv, counts, shared, &mut inner.mfu)
@@ -912,7 +820,7 @@ pub(crate) fn evict(
 
 /// Inserts or overwrites one version in `table` at `index`, keeping the accounting.
 fn insert_into(
-    table: &mut RawTable,
+    table: &mut SlotTable,
     hist: &mut MfuHistogram,
     index: &mut Option<usize>,
     counts: &StripeCounts,
@@ -920,7 +828,7 @@ fn insert_into(
     hash: KeyHash,
     sv: StoredValue,
 ) -> Result<Option<StoredValue>> {
-    if let Some(slot) = index.and_then(|i| table.get_bucket_mut(i)) {
+    if let Some(slot) = index.and_then(|i| table.get_mut(i)) {
         let mfu = mfu::next_on_access(slot.mfu());
         let before = slot.props();
         let after = Props::of(&sv, mfu);
@@ -934,9 +842,11 @@ fn insert_into(
     shared.tracker.try_charge(after.footprint())?;
     counts.apply(None, Some(&after));
     hist.apply(None, after.evictable_mfu);
-    let slot = Slot::new(hash, sv, mfu::INITIAL);
-    let occupied = table.insert_unique(hash.probe, slot, Slot::probe_hash);
-    *index = Some(occupied.bucket_index());
+    let (at, rehashed) = table.insert_new(Slot::new(hash, sv, mfu::INITIAL));
+    *index = Some(at);
+    if rehashed {
+        counts.count_resize();
+    }
     Ok(None)
 }
 
@@ -1001,18 +911,16 @@ mod mfu_tests {
     }
 
     #[test]
-    fn tags_spread_over_buckets_and_control_bytes() {
+    fn tags_spread_over_buckets_and_survive_the_mfu_byte() {
         // The probe hash is a one-to-one map of the tag: distinct tags never collide, and
-        // both the bucket bits and hashbrown's 7-bit control byte take every value.
+        // the bucket bits take nearly every value.
         let t = HashTable::unlimited(1).unwrap();
         let hashes: Vec<KeyHash> = (0..4096)
             .map(|i| t.shared().hash(format!("key{i}").as_bytes()))
             .collect();
         let buckets: std::collections::HashSet<u64> =
             hashes.iter().map(|h| h.probe & 1023).collect();
-        let tags: std::collections::HashSet<u64> = hashes.iter().map(|h| h.probe >> 57).collect();
         assert!(buckets.len() > 900, "{} of 1024 buckets", buckets.len());
-        assert_eq!(tags.len(), 128);
         // A resize places a slot by the probe hash it recomputes from its word: that must
         // be the probe the key was inserted with, whatever its MFU byte holds.
         for h in &hashes {
@@ -1033,7 +941,7 @@ mod layout_tests {
     fn hint_of(t: &HashTable, key: &[u8]) -> (ValueHint, ValueHint) {
         t.with_entry(key, |e| {
             let slot = e.committed_mut().expect("the key is there");
-            (slot.value, slot.sv.value_hint())
+            (slot.value, slot.value_hint())
         })
     }
 
@@ -1059,13 +967,55 @@ mod layout_tests {
         }
         assert_eq!(hint_of(&t, b"k").0, hint2);
         let evicted = t.with_entry(b"k", |e| {
-            e.committed_mut().expect("there").sv.set_dirty(false);
+            e.committed_mut().expect("there").set_dirty(false);
             e.evict_value()
         });
         assert!(evicted);
         assert_eq!(
             hint_of(&t, b"k"),
             (ValueHint::default(), ValueHint::default())
+        );
+    }
+
+    /// Whether every stripe's bucket hint says where its committed slots are now.
+    fn hints_are_current(t: &HashTable) -> bool {
+        t.stripes().iter().enumerate().all(|(i, s)| {
+            let inner = s.inner.lock();
+            t.bucket_hints[i].load(Ordering::Relaxed) == inner.committed.address_hint()
+        })
+    }
+
+    #[test]
+    fn the_bucket_hints_follow_every_rehash() {
+        let t = HashTable::unlimited(4).unwrap();
+        assert!(hints_are_current(&t), "all zero while unallocated");
+        let keys: Vec<[u8; 4]> = (0..5000u32).map(u32::to_be_bytes).collect();
+        let item = |k: &[u8]| StoredValue::new(k, b"x", ItemMeta::default()).unwrap();
+        // Growth through `insert` (store) and through an entry.
+        for k in &keys[..2500] {
+            t.insert(item(k)).unwrap();
+        }
+        for k in &keys[2500..] {
+            t.with_entry(k, |e| e.insert(item(k))).unwrap();
+        }
+        let grown = t.resizes();
+        assert!(grown > 4 && hints_are_current(&t));
+        // Shrinks after removals through an entry and through the visitor.
+        for k in &keys[..2000] {
+            assert!(t.remove(k).is_some());
+        }
+        let kept: std::collections::HashSet<&[u8]> = keys[4900..].iter().map(|k| &k[..]).collect();
+        assert_eq!(t.retain(|sv| kept.contains(sv.key())), 2900);
+        assert!(t.resizes() > grown && hints_are_current(&t));
+        for k in &keys[4900..] {
+            assert!(t.get(k).is_some());
+        }
+        t.clear();
+        assert!(hints_are_current(&t));
+        assert!(
+            t.bucket_hints
+                .iter()
+                .all(|h| h.load(Ordering::Relaxed) == 0)
         );
     }
 
@@ -1078,13 +1028,13 @@ mod layout_tests {
         let inner = stripe.inner.lock();
         let end_of = |p: usize, len: usize| p + len - base;
         let prepared = std::ptr::from_ref(&inner.prepared) as usize;
-        assert!(end_of(prepared, std::mem::size_of::<RawTable>()) <= 64);
+        assert!(end_of(prepared, std::mem::size_of::<SlotTable>()) <= 64);
         let committed = std::ptr::from_ref(&inner.committed) as usize;
         assert!(
             end_of(committed, 16) <= 64,
             "a probe's half of the committed header"
         );
-        assert!(end_of(committed, std::mem::size_of::<RawTable>()) <= 128);
+        assert!(end_of(committed, std::mem::size_of::<SlotTable>()) <= 128);
         let initial = std::ptr::from_ref(&inner.mfu.low[usize::from(mfu::INITIAL)]) as usize;
         assert!(
             end_of(initial, 4) <= 128,

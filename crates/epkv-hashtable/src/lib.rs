@@ -30,7 +30,7 @@
 //! # Locking
 //! - A table is an array of stripes; a key's hash picks its stripe. Every read or change
 //!   of an item, including an MFU bump, happens under its stripe's `parking_lot::Mutex`.
-//!   The stripe holds two hashbrown tables (committed, prepared) of pointers to boxed
+//!   The stripe holds two slot tables (committed, prepared) of pointers to boxed
 //!   items, its MFU histogram, and its counters (atomics written only under the lock,
 //!   read without it by [`HashTable::len`] and [`HashTable::stats`]).
 //! - No method holds more than one stripe lock at a time, so the table imposes no lock
@@ -55,7 +55,7 @@
 //! - A change refused by the tracker (or with a wrong key or state) changes nothing.
 //!
 //! # Dependencies
-//! Depends on `epkv-types` (for `Cas`, `Seqno`, `Datatype`) and on `bytes`, `hashbrown`,
+//! Depends on `epkv-types` (for `Cas`, `Seqno`, `Datatype`) and on `bytes`,
 //! `foldhash` and `parking_lot`. It must never depend on the engine, the engine API, the
 //! protocol or the front end.
 //!
@@ -91,6 +91,7 @@ mod hash_table;
 mod memory;
 pub mod mfu;
 mod prefetch;
+mod slot_table;
 mod stats;
 mod stored_value;
 mod visitor;

@@ -30,6 +30,9 @@ const ADDR_BITS: usize = (1 << 56) - 1;
 pub(crate) struct ValueHint(usize);
 
 impl ValueHint {
+    /// No value: nothing to prefetch.
+    pub(crate) const NONE: Self = Self(0);
+
     /// The hint for `value` (`None`: no value, nothing to prefetch).
     #[inline]
     pub(crate) fn of(value: Option<&[u8]>) -> Self {

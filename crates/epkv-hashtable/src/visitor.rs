@@ -62,7 +62,7 @@ impl VisitedItem<'_> {
         if self.removed {
             return None;
         }
-        self.inner.committed.get_bucket(self.bucket).map(|b| &**b)
+        self.inner.committed.get(self.bucket).map(|b| &**b)
     }
 
     /// The item's MFU counter, or `None` once [`Self::remove`] has removed it. The table
@@ -72,7 +72,7 @@ impl VisitedItem<'_> {
         if self.removed {
             return None;
         }
-        self.inner.committed.get_bucket(self.bucket).map(Slot::mfu)
+        self.inner.committed.get(self.bucket).map(Slot::mfu)
     }
 
     /// Removes the item from the table.
@@ -80,8 +80,7 @@ impl VisitedItem<'_> {
         if self.removed {
             return;
         }
-        if let Ok(entry) = self.inner.committed.get_bucket_entry(self.bucket) {
-            let (sv, _) = entry.remove();
+        if let Some(sv) = self.inner.committed.remove(self.bucket) {
             let p = sv.props();
             self.shared.tracker.release(p.footprint());
             self.counts.apply(Some(&p), None);
@@ -96,7 +95,7 @@ impl VisitedItem<'_> {
             return false;
         }
         let inner = &mut *self.inner;
-        match inner.committed.get_bucket_mut(self.bucket) {
+        match inner.committed.get_mut(self.bucket) {
             Some(sv) => evict(sv, self.counts, self.shared, &mut inner.mfu),
             None => false,
         }
@@ -108,7 +107,7 @@ impl VisitedItem<'_> {
             return;
         }
         let inner = &mut *self.inner;
-        if let Some(sv) = inner.committed.get_bucket_mut(self.bucket) {
+        if let Some(sv) = inner.committed.get_mut(self.bucket) {
             let before = sv.props().evictable_mfu;
             sv.set_mfu(mfu);
             inner.mfu.apply(before, sv.props().evictable_mfu);
@@ -121,7 +120,7 @@ impl VisitedItem<'_> {
             return;
         }
         let inner = &mut *self.inner;
-        if let Some(sv) = inner.committed.get_bucket_mut(self.bucket)
+        if let Some(sv) = inner.committed.get_mut(self.bucket)
             && !sv.is_deleted()
         {
             bump_mfu(sv, &mut inner.mfu);
@@ -160,7 +159,7 @@ impl HashTable {
             let mut any_removed = false;
             let buckets = guard.committed.num_buckets();
             for bucket in start_bucket..buckets {
-                if guard.committed.get_bucket(bucket).is_none() {
+                if guard.committed.get(bucket).is_none() {
                     continue;
                 }
                 let mut item = VisitedItem {
@@ -190,12 +189,9 @@ impl HashTable {
             stripe
                 .visit_paused
                 .store(false, std::sync::atomic::Ordering::Relaxed);
-            if any_removed {
-                let before = guard.committed.num_buckets() + guard.prepared.num_buckets();
-                crate::hash_table::shrink_if_sparse(&mut guard);
-                if guard.committed.num_buckets() + guard.prepared.num_buckets() != before {
-                    stripe.counts.count_resize();
-                }
+            if any_removed && crate::hash_table::shrink_if_sparse(&mut guard) {
+                stripe.counts.count_resize();
+                self.refresh_bucket_hint(stripe_idx, &guard);
             }
             drop(guard);
             stripe_idx += 1;
