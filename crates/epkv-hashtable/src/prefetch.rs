@@ -1,9 +1,11 @@
 //! Cache prefetch hints for the lookup path.
 //!
 //! A lookup follows a chain of pointers, and on a large table every link is a cache
-//! miss: stripe, control bytes, slot, item, value. The slot keeps a [`ValueHint`], the
-//! address and size of the item's value, so that when a slot's tag matches, the item and
-//! its value are fetched together instead of one after the other.
+//! miss: stripe, slot, item, value. The table keeps, beside the stripes, where each
+//! stripe's slots are, so the key's first slot is fetched while the stripe's lock is (see
+//! `crate::slot_table::prefetch_bucket`); and the slot keeps a [`ValueHint`], the address
+//! and size of the item's value, so that when a slot's tag matches, the item and its
+//! value are fetched together instead of one after the other.
 //!
 //! The hashtable benchmark's `GetValue` (look up, copy the 512-byte value out under the
 //! lock, peers side by side) measures it: 6.3-6.7 M/s without the hints, 7.2-8.0 M/s with
