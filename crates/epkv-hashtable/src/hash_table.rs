@@ -126,7 +126,9 @@ pub(crate) struct Stripe {
     pub(crate) visit_paused: AtomicBool,
 }
 
-/// State shared by every stripe of one table.
+/// State shared by every stripe of one table. `repr(C)`: the hasher, which every lookup
+/// uses, before the tracker, which only writes use (see [`HashTable::LOOKUP_BYTES`]).
+#[repr(C)]
 pub(crate) struct Shared {
     /// Random seed per table: a client cannot pick keys that collide on every server.
     build: RandomState,
@@ -159,6 +161,9 @@ impl Shared {
 /// All access to an item happens under its stripe's mutex: through the `find_for_*`
 /// lookups, through [`HashTable::with_entry`] (check-and-modify of one key), or through
 /// the visitor ([`HashTable::visit`] and its wrappers), which locks one stripe at a time.
+///
+/// `repr(C)`: what a lookup reads comes first ([`HashTable::LOOKUP_BYTES`]).
+#[repr(C)]
 pub struct HashTable {
     stripes: Box<[Stripe]>,
     /// Per stripe, its committed table's [`SlotTable::address_hint`], written under the
@@ -181,6 +186,13 @@ impl std::fmt::Debug for HashTable {
 }
 
 impl HashTable {
+    /// How many leading bytes of a `HashTable` a lookup reads: the stripes' and the bucket
+    /// hints' addresses and the hasher. Only writes read the rest (the memory tracker's
+    /// address). An owner that wants every lookup to touch one cache line of its own keeps
+    /// these bytes in it (the engine's `VBucket` does).
+    pub const LOOKUP_BYTES: usize =
+        std::mem::offset_of!(HashTable, shared) + std::mem::offset_of!(Shared, tracker);
+
     /// Creates an empty table with `num_stripes` locks, charging memory to `tracker`.
     ///
     /// # Errors
@@ -1016,6 +1028,15 @@ mod layout_tests {
             t.bucket_hints
                 .iter()
                 .all(|h| h.load(Ordering::Relaxed) == 0)
+        );
+    }
+
+    #[test]
+    fn a_lookup_reads_the_front_of_the_table_and_only_writes_read_the_tracker() {
+        assert_eq!(HashTable::LOOKUP_BYTES, 40);
+        assert_eq!(
+            std::mem::size_of::<HashTable>(),
+            HashTable::LOOKUP_BYTES + std::mem::size_of::<Arc<MemoryTracker>>()
         );
     }
 
