@@ -18,7 +18,6 @@
 //! long as it takes to rehash that stripe.
 
 use crate::mfu;
-use crate::prefetch::ValueHint;
 pub(crate) use crate::slot_table::Slot;
 use crate::slot_table::{SlotTable, prefetch_bucket};
 use crate::stats::{MfuHistogram, Props, StripeCounts, TableStats};
@@ -820,7 +819,6 @@ pub(crate) fn evict(
     }
     let before = sv.props();
     sv.eject_value();
-    sv.value = ValueHint::default();
     let after = sv.props();
     shared
         .tracker
@@ -949,11 +947,12 @@ mod mfu_tests {
 #[cfg(test)]
 mod layout_tests {
     use super::*;
+    use crate::prefetch::ValueHint;
 
     fn hint_of(t: &HashTable, key: &[u8]) -> (ValueHint, ValueHint) {
         t.with_entry(key, |e| {
             let slot = e.committed_mut().expect("the key is there");
-            (slot.value, slot.value_hint())
+            (slot.hint(), slot.value_hint())
         })
     }
 

@@ -11,8 +11,8 @@
 //! Linear probing over a power-of-two array of 24-byte slots, at most 13/16 full. At
 //! that load a lookup probes about 3 slots for a present key and 15 for a missing one
 //! (Knuth's estimates; after a doubling, at 13/32, 1.3 and 2). A limit of three quarters
-//! measured slower, not faster: it needs twice the array for some item counts. A removal leaves a tombstone unless it ends its run, so removing never moves
-//! another item: an [`crate::Entry`]'s and a paused visit's bucket indices stay valid,
+//! measured slower, not faster: it needs twice the array for some item counts. A removal
+//! leaves a tombstone unless it ends its run, so removing never moves another item: an [`crate::Entry`]'s and a paused visit's bucket indices stay valid,
 //! and only a rehash (growth, shrink, or clearing out tombstones at the same size) moves
 //! items, which the caller counts as a resize.
 //!
@@ -49,7 +49,7 @@ const MIN_BUCKETS: usize = 8;
 pub(crate) struct Slot {
     word: u64,
     sv: Option<Box<StoredValue>>,
-    pub(crate) value: ValueHint,
+    value: ValueHint,
 }
 
 impl Slot {
@@ -67,6 +67,18 @@ impl Slot {
             sv: None,
             value: ValueHint::NONE,
         }
+    }
+
+    /// Whether the bucket holds an item.
+    #[inline]
+    fn is_occupied(&self) -> bool {
+        self.sv.is_some()
+    }
+
+    /// Whether the bucket was never used since the last rehash: a probe stops here.
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.word == EMPTY && !self.is_occupied()
     }
 
     #[inline]
@@ -89,6 +101,18 @@ impl Slot {
     pub(crate) fn replace(&mut self, sv: StoredValue) -> StoredValue {
         self.value = sv.value_hint();
         std::mem::replace(self.item_mut(), sv)
+    }
+
+    /// Ejects the item's value (value eviction) and the hint that pointed at it.
+    pub(crate) fn eject_value(&mut self) {
+        self.item_mut().eject_value();
+        self.value = ValueHint::NONE;
+    }
+
+    /// The value hint the slot holds (for tests that check it follows the value).
+    #[cfg(test)]
+    pub(crate) fn hint(&self) -> ValueHint {
+        self.value
     }
 
     /// The hash a rehash places the slot by.
@@ -244,7 +268,7 @@ impl SlotTable {
             if b.is(hash, key) {
                 return Some(i);
             }
-            if b.word == EMPTY && b.sv.is_none() {
+            if b.is_empty() {
                 return None;
             }
             i = (i + 1) & mask;
@@ -267,24 +291,24 @@ impl SlotTable {
     /// The occupied bucket at `index`.
     #[inline]
     pub(crate) fn get(&self, index: usize) -> Option<&Slot> {
-        self.buckets.get(index).filter(|b| b.sv.is_some())
+        self.buckets.get(index).filter(|b| b.is_occupied())
     }
 
     /// The occupied bucket at `index`, for change.
     #[inline]
     pub(crate) fn get_mut(&mut self, index: usize) -> Option<&mut Slot> {
-        self.buckets.get_mut(index).filter(|b| b.sv.is_some())
+        self.buckets.get_mut(index).filter(|b| b.is_occupied())
     }
 
     /// Every occupied bucket, in bucket order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Slot> {
-        self.buckets.iter().filter(|b| b.sv.is_some())
+        self.buckets.iter().filter(|b| b.is_occupied())
     }
 
     /// Empties the table, releasing its array, and returns its slots.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = Slot> + use<> {
         let buckets = std::mem::take(self).buckets;
-        buckets.into_iter().filter(|b| b.sv.is_some())
+        buckets.into_iter().filter(Slot::is_occupied)
     }
 
     /// Removes the item at `index`. No other item moves: the bucket becomes a tombstone,
@@ -292,18 +316,15 @@ impl SlotTable {
     /// just before it, which no probe needs to pass any more).
     pub(crate) fn remove(&mut self, index: usize) -> Option<Slot> {
         let n = self.buckets.len();
-        let b = self.buckets.get_mut(index)?;
-        b.sv.as_ref()?;
+        let b = self.get_mut(index)?;
         let slot = std::mem::replace(b, Slot::vacant(TOMBSTONE));
         self.items -= 1;
         let mask = n - 1;
-        if self.buckets[(index + 1) & mask].word == EMPTY
-            && self.buckets[(index + 1) & mask].sv.is_none()
-        {
+        if self.buckets[(index + 1) & mask].is_empty() {
             let mut i = index;
             for _ in 0..n {
                 let b = &mut self.buckets[i];
-                if b.sv.is_some() || b.word != TOMBSTONE {
+                if b.is_occupied() || b.word != TOMBSTONE {
                     break;
                 }
                 b.word = EMPTY;
@@ -368,7 +389,7 @@ impl SlotTable {
         let mask = n.wrapping_sub(1);
         let mut i = probe as usize & mask;
         for _ in 0..n {
-            if self.buckets[i].sv.is_none() {
+            if !self.buckets[i].is_occupied() {
                 return Some(i);
             }
             i = (i + 1) & mask;
@@ -383,12 +404,10 @@ impl SlotTable {
             &mut self.buckets,
             (0..n).map(|_| Slot::vacant(EMPTY)).collect(),
         );
-        let mask = n - 1;
-        for slot in old.into_iter().filter(|b| b.sv.is_some()) {
-            let mut i = slot.probe_hash() as usize & mask;
-            while self.buckets[i].sv.is_some() {
-                i = (i + 1) & mask;
-            }
+        for slot in old.into_iter().filter(Slot::is_occupied) {
+            let i = self
+                .vacant_bucket(slot.probe_hash())
+                .unwrap_or_else(|| unreachable!("the new array holds every item"));
             self.buckets[i] = slot;
         }
         self.growth_left = max_load(n) - self.items;
@@ -412,7 +431,7 @@ mod tests {
     fn tombstones(t: &SlotTable) -> usize {
         t.buckets
             .iter()
-            .filter(|b| b.sv.is_none() && b.word == TOMBSTONE)
+            .filter(|b| !b.is_occupied() && b.word == TOMBSTONE)
             .count()
     }
 
