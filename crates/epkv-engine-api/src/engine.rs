@@ -15,9 +15,19 @@ pub type StatSink<'a> = &'a mut dyn FnMut(&str, &str);
 /// typically it completes a channel the waiting connection polls.
 pub type PersistedCallback = Box<dyn FnOnce(Seqno) + Send + 'static>;
 
-/// A bucket engine. All methods are synchronous and must not block for I/O: an engine that
-/// needs to wait will (in later versions) return a would-block status and resume the
-/// connection. Every method is callable concurrently from many front-end threads.
+/// Called by [`Engine::when_fetched`] once the background fetch of a key has finished:
+/// `Ok(())` means "execute the operation again" (the value is back in memory, or the item
+/// changed meanwhile and the new attempt sees the change); an error is the outcome to
+/// answer instead (the disk read failed, or memory is too full to hold the value). It runs
+/// on an engine thread (a Reader thread, or the caller's when nothing is in flight), so it
+/// must be quick and never block.
+pub type FetchedCallback = Box<dyn FnOnce(EngineResult<()>) + Send + 'static>;
+
+/// A bucket engine. All methods are synchronous and must not block for I/O: an operation
+/// that needs data from disk answers [`EngineStatus::WouldBlock`] after queueing a
+/// background fetch, and the caller waits for it with [`Engine::when_fetched`] (without
+/// blocking a thread) and executes the operation again. Every method is callable
+/// concurrently from many front-end threads.
 pub trait Engine: Send + Sync + 'static {
     /// Reads a live document (GET, GETK and their quiet variants).
     ///
@@ -163,5 +173,15 @@ pub trait Engine: Send + Sync + 'static {
     ) -> EngineResult<()> {
         let _ = (vbid, seqno, done);
         Err(EngineStatus::NotSupported)
+    }
+
+    /// Calls `done` once the background fetch of `key` in vBucket `vbid` that an
+    /// operation's [`EngineStatus::WouldBlock`] announced has finished (at once, with
+    /// `Ok(())`, if no fetch of the key is in flight any more). Nothing blocks. The default
+    /// calls `done(Ok(()))` at once: an engine that never answers `WouldBlock` has nothing
+    /// in flight.
+    fn when_fetched(&self, vbid: Vbid, key: &[u8], done: FetchedCallback) {
+        let _ = (vbid, key);
+        done(Ok(()));
     }
 }

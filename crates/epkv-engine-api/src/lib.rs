@@ -28,7 +28,7 @@ mod item;
 mod request;
 mod status;
 
-pub use engine::{Engine, PersistedCallback, StatSink};
+pub use engine::{Engine, FetchedCallback, PersistedCallback, StatSink};
 pub use item::{FailoverEntry, Item, ItemView, MutationInfo, VBucketSeqnos};
 pub use request::{
     ArithmeticOp, ArithmeticRequest, DurabilityRequirements, Expiry, RemoveRequest, StoreOp,

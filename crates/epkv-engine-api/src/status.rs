@@ -45,6 +45,12 @@ pub enum EngineStatus {
     UnknownStatGroup,
     /// A logic error inside the engine; logged by the engine with detail.
     Internal,
+    /// The operation needs data that is not in memory (an evicted value): the engine has
+    /// queued a background fetch of the key. The caller registers with
+    /// [`crate::Engine::when_fetched`] and runs the whole operation again once notified,
+    /// as KV-Engine's front end re-executes a command after `notifyIOComplete`. Never sent
+    /// to a client.
+    WouldBlock,
 }
 
 impl fmt::Display for EngineStatus {
@@ -58,6 +64,7 @@ impl fmt::Display for EngineStatus {
             Self::DeltaBadValue => "non-numeric value for arithmetic",
             Self::NotMyVbucket => "not my vbucket",
             Self::Locked => "key is locked",
+            Self::WouldBlock => "would block: background fetch queued",
             Self::NotLocked => "key is not locked",
             Self::TempFail => "temporary failure",
             Self::NoMemory => "out of memory",

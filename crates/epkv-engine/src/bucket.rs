@@ -29,7 +29,8 @@ pub struct Bucket {
     pub(crate) testing_clock: Option<Arc<OffsetClock>>,
     /// Indexed by vbid. The slice never changes; each vBucket synchronises itself.
     pub(crate) vbuckets: Box<[VBucket]>,
-    /// Item memory of every vBucket; its limit is the high watermark.
+    /// Item memory of every vBucket; its limit is the quota, and passing the high
+    /// watermark wakes the item pager.
     pub(crate) memory: Arc<MemoryTracker>,
     /// Event counters (sharded per thread).
     pub(crate) counters: Counters,
@@ -37,6 +38,10 @@ pub struct Bucket {
     pub(crate) pager: ExpiryPager,
     /// Shards, flushers and persisted seqnos; `None` for a memory-only bucket.
     pub(crate) persistence: Option<Persistence>,
+    /// The item pager's task and cycle state.
+    pub(crate) item_pager: crate::item_pager::ItemPager,
+    /// Background fetch wait and read times.
+    pub(crate) bg_times: crate::bg_fetcher::BgFetchTimes,
 }
 
 impl fmt::Debug for Bucket {
@@ -245,7 +250,10 @@ impl Bucket {
         executor: Option<epkv_executor::ExecutorHandle>,
     ) -> Result<Arc<Bucket>> {
         config.validate()?;
-        let memory = Arc::new(MemoryTracker::new(config.high_wat_bytes()));
+        let memory = Arc::new(MemoryTracker::new(config.quota_bytes()));
+        let item_pager = crate::item_pager::ItemPager::default();
+        let waker = Arc::clone(&item_pager.waker);
+        memory.set_high_watermark(config.high_wat_bytes(), move || waker.wake());
         let persistent = config.persistence.is_some();
         let vbuckets = (0..config.num_vbuckets)
             .map(|i| {
@@ -284,6 +292,8 @@ impl Bucket {
             counters: Counters::new(),
             pager: ExpiryPager::new(),
             persistence,
+            item_pager,
+            bg_times: crate::bg_fetcher::BgFetchTimes::default(),
         });
         Self::start_tasks(&bucket, executor)?;
         if !interval.is_zero() {
@@ -322,7 +332,7 @@ impl Bucket {
             shard,
             &self.vbuckets,
             &self.memory,
-            self.config.low_wat_bytes(),
+            (self.config.low_wat_bytes(), self.config.high_wat_bytes()),
         );
         // Loading may have dirtied the vBucket's state (a new failover branch after an
         // unclean shutdown). A write to a vBucket whose queue is already non-empty does
@@ -349,7 +359,22 @@ impl Bucket {
         executor: Option<epkv_executor::ExecutorHandle>,
     ) -> Result<()> {
         let Some(p) = &bucket.persistence else {
-            return Ok(());
+            let exec = match executor {
+                Some(h) => h,
+                None => {
+                    // Every group needs a thread; only NonIO has work here.
+                    let cfg = epkv_executor::ExecutorConfig::new()
+                        .with_threads(epkv_executor::Group::Reader, 1)
+                        .with_threads(epkv_executor::Group::Writer, 1)
+                        .with_threads(epkv_executor::Group::AuxIo, 1)
+                        .with_threads(epkv_executor::Group::NonIo, 1);
+                    let owned = epkv_executor::Executor::new(cfg)?;
+                    let h = owned.handle();
+                    *bucket.item_pager.executor.lock() = Some(owned);
+                    h
+                }
+            };
+            return Self::start_item_pager(bucket, &exec);
         };
         let exec = match executor {
             Some(h) => h,
@@ -383,6 +408,19 @@ impl Bucket {
             })?);
         }
         *p.warmers.lock() = warmers;
+        let mut fetchers = Vec::with_capacity(p.shards.len());
+        for shard in 0..p.shards.len() {
+            let spec = epkv_executor::TaskSpec::new(
+                format!("bgfetcher-{shard}"),
+                epkv_executor::Group::Reader,
+            )
+            .start(epkv_executor::Start::Sleep);
+            fetchers.push(schedule_weak(&exec, bucket, spec, move |b| {
+                b.bg_fetcher_run(shard)
+            })?);
+        }
+        *p.fetchers.lock() = fetchers;
+        Self::start_item_pager(bucket, &exec)?;
         if p.config.flusher == crate::persistence::FlusherMode::Manual {
             return Ok(());
         }
@@ -425,6 +463,29 @@ impl Bucket {
         // Warmup may have dirtied states before the handles were registered.
         for shard in 0..p.shards.len() {
             p.wake_shard(shard);
+        }
+        Ok(())
+    }
+
+    /// Schedules the item pager task on `exec`'s NonIO group: it first runs after
+    /// `item_pager_interval` (or when woken).
+    fn start_item_pager(
+        bucket: &Arc<Bucket>,
+        exec: &epkv_executor::ExecutorHandle,
+    ) -> Result<()> {
+        let every = bucket.config.item_pager_interval;
+        let start = if every.is_zero() {
+            epkv_executor::Start::Sleep
+        } else {
+            epkv_executor::Start::After(every)
+        };
+        let spec =
+            epkv_executor::TaskSpec::new("item-pager", epkv_executor::Group::NonIo).start(start);
+        let handle = schedule_weak(exec, bucket, spec, Bucket::item_pager_task_run)?;
+        bucket.item_pager.set_task(handle);
+        // Memory may have passed the high watermark before the task existed (warmup).
+        if bucket.memory.used() > bucket.config.high_wat_bytes() {
+            bucket.item_pager.waker.wake();
         }
         Ok(())
     }
@@ -566,11 +627,15 @@ impl Bucket {
     /// Stops the flushers, flushes everything queued and checkpoints every shard (data
     /// files synced, journals emptied). Called by `Engine::shutdown`.
     pub(crate) fn shutdown_persistence(&self) {
+        self.item_pager.stop();
         let Some(p) = &self.persistence else {
             return;
         };
-        for h in p.warmers.lock().drain(..) {
+        for h in p.warmers.lock().drain(..).chain(p.fetchers.lock().drain(..)) {
             h.cancel();
+        }
+        for q in &p.fetch_queues {
+            q.fail_all(EngineStatus::TempFail);
         }
         for h in p.flushers.lock().drain(..) {
             h.cancel();
@@ -723,55 +788,23 @@ impl Bucket {
         self.counters.incr(Counter::ExpiredAccess);
     }
 
-    /// Reads back from disk the value of the entry's item if it is not resident (warmup
-    /// loads only keys and metadata once item memory reaches the low watermark; nothing
-    /// else evicts values yet), so that the operation sees, returns and re-persists the
-    /// whole document. The read is synchronous, on the operation's thread, with the
-    /// key's stripe lock held (lock order: stripe → the store's locks, never the
-    /// reverse); a background fetch on the Reader group is not implemented. Errors:
-    /// TempFail when memory is too full for the value or the disk read is temporarily
-    /// impossible (no descriptor), Internal if the disk does not hold that version.
+    /// Makes sure the entry's item has its value in memory: if it is not resident (the
+    /// item pager evicted it, or warmup loaded only its key and metadata), queues a
+    /// background fetch of it and answers WouldBlock (see [`crate::bg_fetcher`]); the
+    /// operation runs again once the fetch is over.
     pub(crate) fn fetch_if_evicted(&self, vb: &VBucket, e: &mut Entry<'_>) -> EngineResult<()> {
-        let meta = match e.get() {
-            Some(sv) if !sv.is_resident() && !sv.is_deleted() => *sv.meta(),
-            _ => return Ok(()),
-        };
-        let key = e.key().to_vec();
-        let Some(shard) = self
-            .persistence
-            .as_ref()
-            .and_then(|p| p.shards.get(p.shard_of(vb.id)))
-        else {
-            return Err(EngineStatus::Internal);
-        };
-        let doc = match epkv_storage::KvStore::get(&shard.store, vb.id, &key) {
-            Ok(d) => d,
-            Err(err) if err.is_temporary() => return Err(EngineStatus::TempFail),
-            Err(err) => {
-                tracing::error!(vbid = %vb.id, error = %err, "cannot read a non-resident value back from disk");
-                return Err(EngineStatus::Internal);
+        match e.get() {
+            Some(sv) if !sv.is_resident() && !sv.is_deleted() => {
+                Err(self.queue_bg_fetch(vb, e.key()))
             }
-        };
-        match doc {
-            Some(d) if !d.deleted && d.seqno == meta.by_seqno.0 => {
-                let sv = StoredValue::new(&key, &d.value, meta).map_err(|err| {
-                    tracing::error!(vbid = %vb.id, error = %err, "value read back from disk refused");
-                    EngineStatus::Internal
-                })?;
-                self.insert_or_tempfail(e, sv)?;
-                e.mark_clean(meta.by_seqno);
-                self.counters.incr(Counter::BgFetched);
-                Ok(())
-            }
-            other => {
-                tracing::error!(vbid = %vb.id, seqno = meta.by_seqno.0, on_disk = ?other.map(|d| (d.seqno, d.deleted)), "a non-resident document's version is not on disk");
-                Err(EngineStatus::Internal)
-            }
+            _ => Ok(()),
         }
     }
 
-    /// Stores `sv` in the entry, refusing with TempFail when item memory would pass the
-    /// high watermark.
+    /// Stores `sv` in the entry, refusing when item memory would pass the quota: with
+    /// TempFail (and a wake of the item pager, which makes room) while the pager can free
+    /// memory, with NoMemory (ENOMEM) in a memory-only bucket whose full policy is
+    /// `fail_new_data`, as Couchbase's ephemeral buckets answer.
     pub(crate) fn insert_or_tempfail(
         &self,
         e: &mut Entry<'_>,
@@ -780,7 +813,15 @@ impl Bucket {
         match e.insert(sv) {
             Ok(_) => Ok(()),
             Err(epkv_hashtable::Error::QuotaExceeded { .. }) => {
+                if self.persistence.is_none()
+                    && self.config.ephemeral_full_policy
+                        == crate::config::EphemeralFullPolicy::FailNewData
+                {
+                    self.counters.incr(Counter::OomErrors);
+                    return Err(EngineStatus::NoMemory);
+                }
                 self.counters.incr(Counter::TmpOomErrors);
+                self.wake_pager();
                 Err(EngineStatus::TempFail)
             }
             Err(err) => {

@@ -18,6 +18,9 @@ pub const DEFAULT_MAX_ITEM_SIZE_BYTES: usize = 20 * 1024 * 1024;
 pub const DEFAULT_HT_LOCKS: usize = 8;
 /// Default expiry pager interval: 60 s.
 pub const DEFAULT_EXPIRY_PAGER_INTERVAL: Duration = Duration::from_secs(60);
+/// Default time between two item pager checks of memory: 5 s (KV-Engine
+/// `pager_sleep_time_ms`). Crossing the high watermark wakes the pager at once anyway.
+pub const DEFAULT_ITEM_PAGER_INTERVAL: Duration = Duration::from_secs(5);
 /// Default GET_LOCKED timeout: 15 s (KV-Engine `getl_default_timeout`).
 pub const DEFAULT_GETL_DEFAULT_TIMEOUT_SECS: u32 = 15;
 /// Default longest GET_LOCKED timeout: 30 s (KV-Engine `getl_max_timeout`).
@@ -36,12 +39,20 @@ pub struct BucketConfig {
     /// ([`DEFAULT_MEMORY_QUOTA_BYTES`]); at least 1 MiB. Reported as `ep_max_size`.
     pub memory_quota_bytes: u64,
     /// High watermark, percent of the quota (1..=100, above the low watermark). Default 85.
-    /// A write that would take item memory above it fails with TMPFAIL, so item memory
-    /// never exceeds the quota. Reported as `ep_mem_high_wat` (bytes).
+    /// When item memory passes it the item pager runs and frees memory down to the low
+    /// watermark. Item memory never exceeds the quota: a write that does not fit fails
+    /// with TMPFAIL (and wakes the pager). Reported as `ep_mem_high_wat` (bytes).
     pub mem_high_wat_percent: u8,
-    /// Low watermark, percent of the quota (0..high). Default 75. Reported only, as
-    /// `ep_mem_low_wat` (bytes), until the item pager exists.
+    /// Low watermark, percent of the quota (0..high). Default 75. Where the item pager
+    /// stops. Reported as `ep_mem_low_wat` (bytes).
     pub mem_low_wat_percent: u8,
+    /// Time between two item pager checks of memory (it is also woken when memory passes
+    /// the high watermark). Default 5 s ([`DEFAULT_ITEM_PAGER_INTERVAL`]);
+    /// `Duration::ZERO` leaves only the wake-ups.
+    pub item_pager_interval: Duration,
+    /// What a memory-only bucket does at its quota (a persistent bucket evicts values
+    /// instead). Default [`EphemeralFullPolicy::AutoDelete`].
+    pub ephemeral_full_policy: EphemeralFullPolicy,
     /// Whether FLUSH is allowed. Default false (as in Couchbase); when false FLUSH answers
     /// NotSupported.
     pub flush_enabled: bool,
@@ -78,6 +89,8 @@ impl Default for BucketConfig {
             memory_quota_bytes: DEFAULT_MEMORY_QUOTA_BYTES,
             mem_high_wat_percent: DEFAULT_MEM_HIGH_WAT_PERCENT,
             mem_low_wat_percent: DEFAULT_MEM_LOW_WAT_PERCENT,
+            item_pager_interval: DEFAULT_ITEM_PAGER_INTERVAL,
+            ephemeral_full_policy: EphemeralFullPolicy::AutoDelete,
             flush_enabled: false,
             max_item_size_bytes: DEFAULT_MAX_ITEM_SIZE_BYTES,
             num_vbuckets: epkv_types::NUM_VBUCKETS,
@@ -86,6 +99,30 @@ impl Default for BucketConfig {
             getl_default_timeout_secs: DEFAULT_GETL_DEFAULT_TIMEOUT_SECS,
             getl_max_timeout_secs: DEFAULT_GETL_MAX_TIMEOUT_SECS,
             persistence: None,
+        }
+    }
+}
+
+/// What a memory-only bucket does when its memory passes the high watermark (Couchbase's
+/// ephemeral bucket setting `ephemeral_full_policy`): nothing it holds can be read back
+/// from disk, so it either deletes or refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EphemeralFullPolicy {
+    /// The item pager deletes the least used documents (by MFU counter) down to the low
+    /// watermark, each deletion with its own seqno like any delete (`auto_delete`).
+    #[default]
+    AutoDelete,
+    /// Nothing is deleted: writes that do not fit answer ENOMEM (`fail_new_data`).
+    FailNewData,
+}
+
+impl EphemeralFullPolicy {
+    /// The name used in settings and stats (`auto_delete`, `fail_new_data`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AutoDelete => "auto_delete",
+            Self::FailNewData => "fail_new_data",
         }
     }
 }
@@ -168,7 +205,7 @@ impl BucketConfig {
         usize::try_from(self.memory_quota_bytes).unwrap_or(usize::MAX)
     }
 
-    /// Returns the high watermark in bytes: the most item memory the bucket will hold.
+    /// Returns the high watermark in bytes: where the item pager starts.
     #[must_use]
     pub fn high_wat_bytes(&self) -> usize {
         percent_of(self.quota_bytes(), self.mem_high_wat_percent)

@@ -52,6 +52,10 @@ impl Engine for Bucket {
         self.op_arithmetic(&req)
     }
 
+    fn when_fetched(&self, vbid: Vbid, key: &[u8], done: epkv_engine_api::FetchedCallback) {
+        self.bg_fetch_when_done(vbid, key, done);
+    }
+
     fn flush(&self) -> EngineResult<()> {
         self.op_flush()
     }

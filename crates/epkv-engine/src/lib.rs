@@ -159,6 +159,7 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod bg_fetcher;
 mod bucket;
 mod clock;
 mod config;
@@ -167,6 +168,7 @@ mod engine_impl;
 mod error;
 mod expiry_pager;
 mod hlc;
+mod item_pager;
 mod ops;
 mod persistence;
 mod stat_groups;
@@ -177,11 +179,13 @@ pub use bucket::Bucket;
 pub use clock::EngineClock;
 pub use config::{
     BucketConfig, DEFAULT_EXPIRY_PAGER_INTERVAL, DEFAULT_GETL_DEFAULT_TIMEOUT_SECS,
-    DEFAULT_GETL_MAX_TIMEOUT_SECS, DEFAULT_HT_LOCKS, DEFAULT_MAX_ITEM_SIZE_BYTES,
+    DEFAULT_GETL_MAX_TIMEOUT_SECS, DEFAULT_HT_LOCKS, DEFAULT_ITEM_PAGER_INTERVAL,
+    DEFAULT_MAX_ITEM_SIZE_BYTES, EphemeralFullPolicy,
     DEFAULT_MEM_HIGH_WAT_PERCENT, DEFAULT_MEM_LOW_WAT_PERCENT, DEFAULT_MEMORY_QUOTA_BYTES,
     MIN_MEMORY_QUOTA_BYTES,
 };
 pub use epkv_storage::JournalMode;
 pub use error::{Error, Result};
+pub use item_pager::PagerRun;
 pub use persistence::{FlusherMode, PersistedFuture, PersistenceConfig};
 pub use stats::{STATS, StatDefinition, StatGroup, StatUnit};

@@ -278,6 +278,11 @@ pub(crate) struct Persistence {
     pub(crate) warmup: WarmupProgress,
     /// One warmup task per shard on the Reader group (empty once shut down).
     pub(crate) warmers: Mutex<Vec<epkv_executor::TaskHandle>>,
+    /// Per shard, the queued and in-flight background fetches.
+    pub(crate) fetch_queues: Vec<crate::bg_fetcher::BgFetchQueue>,
+    /// One background fetcher task per shard on the Reader group (empty until started,
+    /// and once shut down).
+    pub(crate) fetchers: Mutex<Vec<epkv_executor::TaskHandle>>,
 }
 
 impl std::fmt::Debug for Persistence {
@@ -326,7 +331,10 @@ impl Persistence {
             });
         }
         let warmup = WarmupProgress::new(shards.len());
+        let fetch_queues = (0..shards.len()).map(|_| Default::default()).collect();
         Ok(Self {
+            fetch_queues,
+            fetchers: Mutex::new(Vec::new()),
             config,
             shards,
             fds,
@@ -361,6 +369,13 @@ impl Persistence {
     /// them without the empty-to-non-empty transition that wakes it on a write).
     pub(crate) fn wake_shard(&self, shard: usize) {
         if let Some(h) = self.flushers.lock().get(shard) {
+            h.wake();
+        }
+    }
+
+    /// Wakes a shard's background fetcher.
+    pub(crate) fn wake_fetcher(&self, shard: usize) {
+        if let Some(h) = self.fetchers.lock().get(shard) {
             h.wake();
         }
     }
@@ -596,7 +611,7 @@ impl Persistence {
         shard: usize,
         vbuckets: &[VBucket],
         mem: &MemoryTracker,
-        low_wat: usize,
+        (low_wat, high_wat): (usize, usize),
     ) -> bool {
         let Some(vbid) = self
             .warmup
@@ -613,7 +628,7 @@ impl Persistence {
         else {
             return true;
         };
-        match self.load_vbucket(sh, vb, mem, low_wat) {
+        match self.load_vbucket(sh, vb, mem, (low_wat, high_wat)) {
             Ok(()) => {
                 vb.set_warmup_phase(WarmupPhase::Ready);
                 self.warmup.vbuckets_done.fetch_add(1, Relaxed);
@@ -644,7 +659,7 @@ impl Persistence {
 
     /// Loads one vBucket: state, failover log, seqnos, and its live documents, with their
     /// values while item memory is under the low watermark `low_wat` and as non-resident
-    /// items (key and metadata) past it (`ep_warmup_key_only_count`; values are read back
+    /// items (key and metadata) past it, up to the high watermark `high_wat` (`ep_warmup_key_only_count`; values are read back
     /// by [`crate::Bucket`]'s `fetch_if_evicted` on access). A document whose metadata
     /// does not fit under the high watermark is not loaded (`ep_warmup_oom`) and not
     /// served until written again. After an unclean shutdown (no marker from the
@@ -654,7 +669,7 @@ impl Persistence {
         shard: &Shard,
         vb: &VBucket,
         mem: &MemoryTracker,
-        low_wat: usize,
+        (low_wat, high_wat): (usize, usize),
     ) -> Result<(), epkv_storage::Error> {
         let vbid = vb.id;
         let Some(state) = shard.store.vbucket_state(vbid)? else {
@@ -680,7 +695,14 @@ impl Persistence {
             };
             // Under the low watermark: the whole document. Past it: key and metadata
             // only (a non-resident item whose value is read back on access).
-            let with_value = mem.used() < low_wat;
+            let used = mem.used();
+            let with_value = used < low_wat;
+            if used >= high_wat {
+                // Keys and metadata past the high watermark would leave writes no room
+                // that the pager could make (nothing non-resident can be evicted).
+                skipped += 1;
+                return ScanControl::Continue;
+            }
             let value: &[u8] = if with_value { &d.value } else { &[] };
             let Ok(sv) = epkv_hashtable::StoredValue::new(&d.key, value, meta) else {
                 return ScanControl::Continue;

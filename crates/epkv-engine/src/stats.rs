@@ -91,9 +91,14 @@ counters! {
     ExpiredAccess => "ep_expired_access", "expired documents removed when accessed";
     ExpiredPager => "ep_expired_pager", "expired documents removed by the expiry pager";
     ExpiryPagerRuns => "ep_num_expiry_pager_runs", "completed expiry pager passes";
-    TmpOomErrors => "ep_tmp_oom_errors", "writes refused with TMPFAIL for lack of memory";
+    TmpOomErrors => "ep_tmp_oom_errors", "writes refused with TMPFAIL for lack of memory (the item pager was woken to make room)";
+    OomErrors => "ep_oom_errors", "writes refused with ENOMEM: a memory-only bucket at its quota with ephemeral_full_policy fail_new_data";
     TooBig => "ep_item_too_big", "writes refused because the value was too large";
-    BgFetched => "ep_bg_fetched", "values of non-resident documents read back from disk (synchronously, by the operation that needed them)";
+    BgFetched => "ep_bg_fetched", "values of non-resident documents read back from disk by background fetches";
+    ValueEjects => "ep_num_value_ejects", "values ejected from memory by the item pager (the document stays, its value is read back from disk when needed)";
+    PagerRuns => "ep_num_pager_runs", "item pager cycles started (memory above the high watermark, or a wake)";
+    PagerVisited => "ep_pager_items_visited", "items the item pager has visited";
+    PagerDeletes => "ep_pager_auto_deletes", "documents deleted by the item pager of a memory-only bucket (ephemeral_full_policy auto_delete)";
 }
 
 /// Every stat of the default and `memory` groups, counters first. The `vbucket` and

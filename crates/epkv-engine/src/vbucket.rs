@@ -114,6 +114,9 @@ pub(crate) struct VBucket {
     /// Persistence state: the dirty queue (filled at the ordering point, with `order`
     /// held), the persisted seqno and its waiters. Unused by an ephemeral bucket.
     pub(crate) persist: VbPersist,
+    /// The state as its `u8`, written with `state` held exclusively and read without any
+    /// lock by the item pager's ordering (a hint: it may be one change behind).
+    state_hint: AtomicU8,
 }
 
 fn new_failover_uuid() -> u64 {
@@ -144,6 +147,7 @@ impl VBucket {
             persist: VbPersist::default(),
             persistent: false,
             warmup: AtomicU8::new(0),
+            state_hint: AtomicU8::new(state as u8),
         })
     }
 
@@ -175,6 +179,7 @@ impl VBucket {
             *self.failover.lock() = failover;
         }
         *st = state;
+        self.state_hint.store(state as u8, Ordering::Relaxed);
         self.persist.set_persisted(high_seqno);
     }
 
@@ -217,6 +222,12 @@ impl VBucket {
             self.uuid.store(uuid, Ordering::Relaxed);
         }
         *state = new_state;
+        self.state_hint.store(new_state as u8, Ordering::Relaxed);
+    }
+
+    /// The state without taking the state lock (possibly one change behind).
+    pub(crate) fn state_hint(&self) -> VBucketState {
+        VBucketState::from_u8(self.state_hint.load(Ordering::Relaxed)).unwrap_or(VBucketState::Dead)
     }
 
     /// Starts a new failover branch at the current high seqno (after an unclean shutdown,

@@ -3,7 +3,9 @@
 
 mod support;
 
-use epkv_engine::{Bucket, BucketConfig, EngineClock, Error, STATS, StatGroup};
+use epkv_engine::{
+    Bucket, BucketConfig, EngineClock, EphemeralFullPolicy, Error, PagerRun, STATS, StatGroup,
+};
 use epkv_engine_api::{Engine, EngineStatus, Expiry, StoreOp};
 use epkv_executor::{Clock, ManualClock, OffsetClock, SystemClock};
 use epkv_types::{Cas, NUM_VBUCKETS, VBucketState, Vbid};
@@ -275,13 +277,13 @@ fn unknown_stat_group_and_bad_vbucket_details() {
 // ---------------------------------------------------------------- memory quota
 
 #[test]
-fn writes_beyond_the_high_watermark_get_tempfail_and_never_exceed_the_quota() {
+fn a_memory_only_bucket_that_fails_new_data_refuses_with_enomem_at_its_quota() {
     let quota: usize = 1024 * 1024;
     let f = Fixture::with_config(BucketConfig {
         memory_quota_bytes: quota as u64,
+        ephemeral_full_policy: EphemeralFullPolicy::FailNewData,
         ..test_config()
     });
-    let high_wat = quota / 100 * 85;
     let value = "x".repeat(100 * 1024);
     let mut stored = Vec::new();
     let mut refused = None;
@@ -294,19 +296,63 @@ fn writes_beyond_the_high_watermark_get_tempfail_and_never_exceed_the_quota() {
                 break;
             }
         }
-        assert!(f.bucket.mem_used() <= high_wat);
+        assert!(f.bucket.mem_used() <= quota);
     }
     let (k, e) = refused.expect("the quota must run out within 2 MiB of writes");
-    assert_eq!(e, EngineStatus::TempFail);
-    assert_eq!(stored.len(), 8, "8 × 100 KiB fit under 85% of 1 MiB");
-    assert!(f.bucket.mem_used() <= high_wat);
+    assert_eq!(e, EngineStatus::NoMemory);
+    assert_eq!(stored.len(), 10, "10 × 100 KiB fit in 1 MiB, 11 do not");
+    assert!(f.bucket.mem_used() <= quota);
     assert_eq!(get(&f.bucket, &k), Err(EngineStatus::KeyNotFound));
-    assert_eq!(f.stat("memory", "ep_tmp_oom_errors"), "1");
+    assert_eq!(f.stat("", "ep_oom_errors"), "1");
+    // The pager deletes nothing under this policy.
+    assert_eq!(f.bucket.run_item_pager(), PagerRun::default());
+    assert_eq!(f.bucket.item_count(), 10);
     // Overwriting with a value of the same size needs no extra memory.
     must_set(&f.bucket, &stored[0], &value);
     // Deleting frees memory for a new write.
     f.bucket.remove(remove_req(&stored[1], Cas::ANY)).unwrap();
     must_set(&f.bucket, &k, &value);
+}
+
+#[test]
+fn a_memory_only_bucket_with_auto_delete_keeps_taking_writes_past_its_quota() {
+    let quota: usize = 1024 * 1024;
+    let f = Fixture::with_config(BucketConfig {
+        memory_quota_bytes: quota as u64,
+        ..test_config()
+    });
+    assert_eq!(f.stat("", "ep_pager_auto_deletes"), "0");
+    let value = "y".repeat(50 * 1024);
+    // 5 MiB of writes into 1 MiB: each one that does not fit is refused with TempFail,
+    // the pager deletes the least used documents, and the retry fits.
+    for i in 0..100 {
+        let k = format!("doc{i}");
+        let mut stored = false;
+        for _ in 0..10 {
+            match f.bucket.store(store_req(StoreOp::Set, &k, &value)) {
+                Ok(_) => {
+                    stored = true;
+                    break;
+                }
+                Err(EngineStatus::TempFail) => while f.bucket.run_item_pager().more {},
+                Err(e) => panic!("{k}: {e}"),
+            }
+        }
+        assert!(stored, "{k} never fitted");
+        assert!(f.bucket.mem_used() <= quota);
+    }
+    let deleted: usize = f.stat("", "ep_pager_auto_deletes").parse().unwrap();
+    assert!(deleted > 0);
+    assert_eq!(f.bucket.item_count() + deleted, 100);
+    let live = (0..100)
+        .filter(|i| get(&f.bucket, &format!("doc{i}")).is_ok())
+        .count();
+    assert_eq!(live, f.bucket.item_count(), "deleted documents read as missing");
+    // Each deletion took a seqno, as a DELETE does.
+    let high: u64 = (0..NUM_VBUCKETS)
+        .map(|v| f.bucket.high_seqno(Vbid(v)).unwrap())
+        .sum();
+    assert_eq!(high, 100 + deleted as u64);
 }
 
 // ---------------------------------------------------------------- clocks

@@ -14,6 +14,12 @@
 //! replies stay in request order. The worker thread serves its other connections
 //! meanwhile.
 //!
+//! A request whose data is not in memory (an evicted value) is not answered when the engine
+//! says WouldBlock: the loop leaves it in the input buffer, waits for the engine's
+//! background fetch ([`epkv_engine_api::Engine::when_fetched`]) without reading or
+//! executing anything else, then executes it again, so replies stay in request order and
+//! the worker thread serves its other connections meanwhile.
+//!
 //! Closing rules: a header that cannot be trusted (unknown magic, a packet over the size
 //! limit, section lengths over the body length) closes the connection after the replies
 //! already queued are written; a request that is well framed but invalid is answered
@@ -32,7 +38,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use epkv_engine_api::EngineStatus;
+use tokio::sync::{oneshot, watch};
 
 /// Bytes the input buffer is topped up to before each read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -64,6 +71,17 @@ async fn persisted_in_time(waiting: &mut Option<Waiting>) -> bool {
             tokio::time::timeout_at(w.deadline, &mut w.pending.persisted).await,
             Ok(Ok(_))
         ),
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves with the outcome of the background fetch being waited for; never resolves
+/// without one. A fetch the engine dropped (shutdown) reads as TempFail.
+async fn fetch_outcome(
+    fetching: &mut Option<oneshot::Receiver<Result<(), EngineStatus>>>,
+) -> Result<(), EngineStatus> {
+    match fetching {
+        Some(rx) => rx.await.unwrap_or(Err(EngineStatus::TempFail)),
         None => std::future::pending().await,
     }
 }
@@ -141,6 +159,7 @@ impl Connection {
         let mut out = BytesMut::with_capacity(READ_CHUNK);
         let mut closing: Option<Closing> = None;
         let mut waiting: Option<Waiting> = None;
+        let mut fetching: Option<oneshot::Receiver<Result<(), EngineStatus>>> = None;
         let mut eof = false;
         let mut last_activity = tokio::time::Instant::now();
         let idle_sleep = tokio::time::sleep(idle.unwrap_or(std::time::Duration::MAX / 4));
@@ -152,7 +171,7 @@ impl Connection {
             // Whether execution stopped at the output limit with requests possibly left in
             // the input buffer.
             let mut backlog = false;
-            if closing.is_none() && waiting.is_none() {
+            if closing.is_none() && waiting.is_none() && fetching.is_none() {
                 if let Some(c) = process(
                     shared,
                     &timings,
@@ -167,6 +186,18 @@ impl Connection {
                 waiting = session.take_pending().map(|pending| Waiting {
                     deadline: tokio::time::Instant::now() + pending.timeout,
                     pending,
+                });
+                fetching = session.take_blocked().map(|b| {
+                    let (tx, rx) = oneshot::channel();
+                    b.engine.when_fetched(
+                        b.vbid,
+                        &b.key,
+                        Box::new(move |outcome| {
+                            // The connection may have gone; then nobody waits.
+                            let _ = tx.send(outcome);
+                        }),
+                    );
+                    rx
                 });
                 backlog = out.len() >= out_limit;
                 if let Some(nodelay) = session.nodelay_change.take()
@@ -199,7 +230,9 @@ impl Connection {
                     Some(Closing::BadHeader) => break "untrusted packet header",
                     Some(Closing::Shutdown) => break "server shutdown",
                     Some(Closing::NoXerror) => break "status not understood without XERROR",
-                    None if eof && !backlog && waiting.is_none() => break "client closed",
+                    None if eof && !backlog && waiting.is_none() && fetching.is_none() => {
+                        break "client closed";
+                    }
                     None => {}
                 }
             }
@@ -209,7 +242,11 @@ impl Connection {
                 tokio::task::yield_now().await;
                 continue;
             }
-            let want_read = closing.is_none() && waiting.is_none() && !eof && out.len() < out_limit;
+            let want_read = closing.is_none()
+                && waiting.is_none()
+                && fetching.is_none()
+                && !eof
+                && out.len() < out_limit;
             if want_read {
                 if inbuf.is_empty() && inbuf.capacity() > SHRINK_ABOVE {
                     inbuf = BytesMut::with_capacity(READ_CHUNK);
@@ -252,6 +289,12 @@ impl Connection {
                     {
                         closing = Some(Closing::NoXerror);
                     }
+                },
+                outcome = fetch_outcome(&mut fetching), if fetching.is_some() => {
+                    fetching = None;
+                    // The blocked request is still first in the input buffer: the next
+                    // pass executes it again, or answers the fetch's error.
+                    session.fetch_done(outcome);
                 },
                 () = &mut idle_sleep, if idle.is_some() => {
                     let Some(idle) = idle else { continue };
@@ -387,6 +430,11 @@ fn process(
                 return Some(Closing::BadHeader);
             }
         };
+        if session.is_blocked() {
+            // Not answered: it stays in the buffer and runs again after its fetch (its
+            // time is recorded then; the fetch's wait is in the engine's `ep_bg_wait`).
+            return None;
+        }
         let t1 = clock.now();
         timings.record(opcode, t1.saturating_duration_since(t0));
         started = Some(t1);

@@ -83,6 +83,20 @@ fn persist_timeout(d: Option<DurabilityRequirement>) -> Option<Duration> {
     }
 }
 
+/// How many times in a row one request may be sent back for a background fetch before it
+/// is answered TMPFAIL instead: each fetch restores the value, so a request that blocks
+/// again found it evicted again at once (memory far over its quota), and the client is
+/// better served by a retry later than by a loop.
+const MAX_REFETCHES: u8 = 4;
+
+/// A request that needs a background fetch: the connection waits for the engine to fetch
+/// `key` ([`Engine::when_fetched`]), then executes the same request again.
+pub(crate) struct BlockedOn {
+    pub(crate) engine: Arc<dyn Engine>,
+    pub(crate) vbid: Vbid,
+    pub(crate) key: Vec<u8>,
+}
+
 /// The bucket a connection uses.
 #[derive(Clone)]
 pub(crate) struct SelectedBucket {
@@ -120,6 +134,17 @@ pub(crate) struct Session {
     disconnect: Cell<bool>,
     /// A durable write waiting for persistence; the connection takes it after the request.
     pending: Cell<Option<PendingDurable>>,
+    /// Set by [`Self::fail`] when the engine answered WouldBlock: the request is not
+    /// answered, and [`Self::execute_data`] turns this into `blocked_on`.
+    would_block: Cell<bool>,
+    /// The last request waits for a background fetch and must be executed again; the
+    /// connection takes it after the request.
+    blocked_on: Cell<Option<BlockedOn>>,
+    /// Consecutive WouldBlock answers to the request being executed.
+    refetches: Cell<u8>,
+    /// The outcome a failed background fetch left for the request executed next (the one
+    /// that waited for it), answered instead of executing it again.
+    fail_next: Cell<Option<EngineStatus>>,
 }
 
 fn durability(d: Option<DurabilityRequirement>) -> Option<DurabilityRequirements> {
@@ -156,7 +181,31 @@ impl Session {
             sasl: None,
             disconnect: Cell::new(false),
             pending: Cell::new(None),
+            would_block: Cell::new(false),
+            blocked_on: Cell::new(None),
+            refetches: Cell::new(0),
+            fail_next: Cell::new(None),
         }
+    }
+
+    /// Takes the background fetch the last request is waiting for, if any: that request
+    /// was not answered and must be executed again once the fetch is over.
+    pub(crate) fn take_blocked(&self) -> Option<BlockedOn> {
+        self.blocked_on.take()
+    }
+
+    /// Whether the last request is waiting for a background fetch.
+    pub(crate) fn is_blocked(&self) -> bool {
+        let b = self.blocked_on.take();
+        let blocked = b.is_some();
+        self.blocked_on.set(b);
+        blocked
+    }
+
+    /// Records how the background fetch a request waited for ended: on an error, the
+    /// request is answered with it when it is executed again, instead of running.
+    pub(crate) fn fetch_done(&self, outcome: Result<(), EngineStatus>) {
+        self.fail_next.set(outcome.err());
     }
 
     /// Takes the durable write the last request left waiting for persistence, if any.
@@ -471,8 +520,13 @@ impl Session {
         );
     }
 
-    /// Answers an engine outcome other than success.
+    /// Answers an engine outcome other than success. WouldBlock is not answered: the
+    /// request waits for its background fetch and runs again (see [`BlockedOn`]).
     fn fail(&self, shared: &Shared, out: &mut BytesMut, to: ReplyTo, e: EngineStatus, key: &[u8]) {
+        if e == EngineStatus::WouldBlock {
+            self.would_block.set(true);
+            return;
+        }
         let wire = engine_status_to_wire(e);
         if wire == Status::NotMyVbucket
             && let Some(b) = &self.bucket
@@ -518,10 +572,49 @@ impl Session {
         out: &mut BytesMut,
         to: ReplyTo,
     ) {
-        let vbid = match cmd.document_key() {
+        let doc_key = cmd.document_key();
+        let vbid = match doc_key {
             Some(key) if !self.vbucket_aware => vbucket_for_key(key, NUM_VBUCKETS),
             _ => req.header.vbucket,
         };
+        if let Some(e) = self.fail_next.take() {
+            // The background fetch this request waited for failed.
+            self.refetches.set(0);
+            self.fail(shared, out, to, e, &[]);
+            return;
+        }
+        self.execute_engine(shared, bucket, req, cmd, vbid, out, to);
+        if !self.would_block.take() {
+            self.refetches.set(0);
+            return;
+        }
+        let n = self.refetches.get() + 1;
+        if n > MAX_REFETCHES {
+            self.refetches.set(0);
+            self.fail(shared, out, to, EngineStatus::TempFail, &[]);
+            return;
+        }
+        self.refetches.set(n);
+        self.blocked_on.set(Some(BlockedOn {
+            engine: Arc::clone(&bucket.engine),
+            vbid,
+            key: doc_key.unwrap_or_default().to_vec(),
+        }));
+    }
+
+    /// Runs a data request against the engine and answers it (unless the engine answers
+    /// WouldBlock).
+    #[expect(clippy::too_many_arguments, reason = "the parts of one request")]
+    fn execute_engine(
+        &self,
+        shared: &Shared,
+        bucket: &SelectedBucket,
+        req: &Request<'_>,
+        cmd: Command<'_>,
+        vbid: Vbid,
+        out: &mut BytesMut,
+        to: ReplyTo,
+    ) {
         let engine = &*bucket.engine;
         match cmd {
             Command::Get {

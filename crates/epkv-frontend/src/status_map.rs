@@ -33,6 +33,9 @@ pub fn engine_status_to_wire(status: EngineStatus) -> Status {
         EngineStatus::SyncWriteAmbiguous => Status::SyncWriteAmbiguous,
         EngineStatus::UnknownStatGroup => Status::KeyEnoent,
         EngineStatus::Internal => Status::Einternal,
+        // The session waits for the fetch and re-executes instead of answering; should an
+        // outcome ever reach a client, "retry" is what it means.
+        EngineStatus::WouldBlock => Status::Etmpfail,
     }
 }
 

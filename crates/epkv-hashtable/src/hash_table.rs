@@ -299,6 +299,22 @@ impl HashTable {
         }
     }
 
+    /// Adds this table's histogram of evictable items by MFU counter (live, resident,
+    /// committed; what [`TableStats::mfu_histogram`] holds) to `hist`, locking each stripe
+    /// briefly. Cheaper than [`Self::stats`] when only the histogram is wanted (the item
+    /// pager sums it over every vBucket).
+    pub fn add_mfu_histogram(&self, hist: &mut [u64; 256]) {
+        for s in &self.stripes {
+            s.inner.lock().mfu.add_to(hist);
+        }
+    }
+
+    /// Returns the number of live committed items whose value is not resident.
+    #[must_use]
+    pub fn num_non_resident(&self) -> usize {
+        self.sum(|c| &c.non_resident)
+    }
+
     #[inline]
     fn stripe_index(&self, hash: KeyHash) -> usize {
         // Multiply-shift range reduction of 32 bits: `bits * n >> 32 < n`.

@@ -44,13 +44,34 @@ struct Shard {
 /// - **[`Self::used`]** is `reserved` minus the shards' reserves: exact once concurrent
 ///   calls have returned, and never above the limit.
 /// - Releases always succeed.
-#[derive(Debug)]
+///
+/// # The high watermark
+/// An owner that frees memory in the background (the engine's item pager) sets a high
+/// watermark and a hook ([`Self::set_high_watermark`]): whenever `reserved` grows past the
+/// watermark the hook runs, on the thread that charged. It is checked only when a shard
+/// takes from `reserved` (once per 64 KiB of growth per thread), so it costs the charges
+/// that fit in a shard's reserve nothing, and it may fire up to the shards' reserves
+/// (at most 4 MiB) later than exact accounting would.
 pub struct MemoryTracker {
     /// Bytes taken from the limit: charged by items, or held in a shard's reserve.
     reserved: AtomicUsize,
     /// Bytes that may be reserved at most; `usize::MAX` means unlimited.
     limit: AtomicUsize,
     shards: Box<[Shard]>,
+    /// `reserved` above this runs `on_high`; `usize::MAX` (the default) never does.
+    high_wat: AtomicUsize,
+    /// Set once by [`Self::set_high_watermark`].
+    on_high: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for MemoryTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryTracker")
+            .field("used", &self.used())
+            .field("limit", &self.limit())
+            .field("high_wat", &self.high_wat.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
 impl MemoryTracker {
@@ -65,7 +86,23 @@ impl MemoryTracker {
                     free: AtomicUsize::new(0),
                 })
                 .collect(),
+            high_wat: AtomicUsize::new(usize::MAX),
+            on_high: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets the high watermark in bytes and, the first time, the hook run whenever
+    /// growth takes the reserved bytes past it (see the type's docs). Later calls change
+    /// only the watermark.
+    pub fn set_high_watermark(&self, bytes: usize, on_high: impl Fn() + Send + Sync + 'static) {
+        self.high_wat.store(bytes, Ordering::Relaxed);
+        let _ = self.on_high.set(Box::new(on_high));
+    }
+
+    /// Returns the high watermark in bytes (`usize::MAX` when none is set).
+    #[must_use]
+    pub fn high_watermark(&self) -> usize {
+        self.high_wat.load(Ordering::Relaxed)
     }
 
     /// Creates a tracker without a limit.
@@ -166,11 +203,21 @@ impl MemoryTracker {
     /// Adds `bytes` to `reserved` if that keeps it within the limit.
     fn reserve(&self, bytes: usize) -> bool {
         let limit = self.limit();
-        self.reserved
+        match self
+            .reserved
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
                 r.checked_add(bytes).filter(|&total| total <= limit)
-            })
-            .is_ok()
+            }) {
+            Ok(before) => {
+                if before + bytes > self.high_wat.load(Ordering::Relaxed)
+                    && let Some(f) = self.on_high.get()
+                {
+                    f();
+                }
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     fn unreserve(&self, bytes: usize) {

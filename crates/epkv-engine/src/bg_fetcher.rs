@@ -1,0 +1,353 @@
+//! Background fetches: reading evicted values back from disk on the Reader group, as
+//! KV-Engine's `BgFetcher` / `MultiBGFetcherTask` do.
+//!
+//! An operation that finds the value it needs evicted queues the key on its shard's
+//! [`BgFetchQueue`] (coalesced: one fetch per key however many operations wait for it) and
+//! answers [`EngineStatus::WouldBlock`]; the caller registers a callback with
+//! [`epkv_engine_api::Engine::when_fetched`] and runs the operation again once called. The
+//! shard's fetcher task takes every queued key, reads them vBucket by vBucket (no lock of
+//! the engine held during the read), then restores each value under the key's stripe lock
+//! **only if the item is still the non-resident version that was read**: a write that
+//! raced the fetch wins, and the waiting operation, run again, sees the write.
+
+use crate::bucket::Bucket;
+use crate::stats::Counter;
+use crate::vbucket::VBucket;
+use epkv_engine_api::{EngineResult, EngineStatus, FetchedCallback};
+use epkv_hashtable::StoredValue;
+use epkv_types::Vbid;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry as MapEntry;
+use std::time::{Duration, Instant};
+
+/// One key's fetch: when it was queued, whether the fetcher has taken it, and who waits.
+struct Pending {
+    queued_at: Instant,
+    in_flight: bool,
+    waiters: Vec<FetchedCallback>,
+}
+
+/// Fetches by vBucket and key.
+type PendingMap = HashMap<(Vbid, Box<[u8]>), Pending>;
+
+/// A shard's queued and in-flight background fetches, by vBucket and key. Its mutex is a
+/// leaf: callbacks run after it is released.
+#[derive(Default)]
+pub(crate) struct BgFetchQueue {
+    pending: Mutex<PendingMap>,
+}
+
+impl std::fmt::Debug for BgFetchQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BgFetchQueue")
+            .field("pending", &self.pending.lock().len())
+            .finish()
+    }
+}
+
+impl BgFetchQueue {
+    /// Queues a fetch of `key` unless one is queued or in flight; returns true when the
+    /// fetcher must be woken (nothing else was queued).
+    pub(crate) fn queue(&self, vbid: Vbid, key: &[u8], now: Instant) -> bool {
+        let mut q = self.pending.lock();
+        let idle = q.values().all(|p| p.in_flight);
+        match q.entry((vbid, key.into())) {
+            MapEntry::Occupied(_) => false,
+            MapEntry::Vacant(v) => {
+                v.insert(Pending {
+                    queued_at: now,
+                    in_flight: false,
+                    waiters: Vec::new(),
+                });
+                idle
+            }
+        }
+    }
+
+    /// Runs `done` once the fetch of `key` is over, or at once (with `Ok`) if none is
+    /// queued or in flight.
+    pub(crate) fn when_fetched(&self, vbid: Vbid, key: &[u8], done: FetchedCallback) {
+        let mut q = self.pending.lock();
+        // A borrowed lookup of a (Vbid, Box<[u8]>) key needs the owned form.
+        if let Some(p) = q.get_mut(&(vbid, key.into())) {
+            p.waiters.push(done);
+            return;
+        }
+        drop(q);
+        done(Ok(()));
+    }
+
+    /// Marks every queued fetch in flight and returns them (vbid, key, time queued),
+    /// sorted by vBucket so that each vBucket's keys are read together.
+    fn take(&self) -> Vec<(Vbid, Box<[u8]>, Instant)> {
+        let mut q = self.pending.lock();
+        let mut batch: Vec<_> = q
+            .iter_mut()
+            .filter(|(_, p)| !p.in_flight)
+            .map(|((vbid, key), p)| {
+                p.in_flight = true;
+                (*vbid, key.clone(), p.queued_at)
+            })
+            .collect();
+        drop(q);
+        batch.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        batch
+    }
+
+    /// Ends the fetch of `key`: removes it and calls its waiters with `outcome`.
+    fn complete(&self, vbid: Vbid, key: Box<[u8]>, outcome: EngineResult<()>) {
+        let waiters = self
+            .pending
+            .lock()
+            .remove(&(vbid, key))
+            .map(|p| p.waiters)
+            .unwrap_or_default();
+        for w in waiters {
+            w(outcome);
+        }
+    }
+
+    /// True when nothing is queued that the fetcher has not taken.
+    fn is_idle(&self) -> bool {
+        self.pending.lock().values().all(|p| p.in_flight)
+    }
+
+    /// Fails every queued and in-flight fetch (shutdown): the waiters get `status`.
+    pub(crate) fn fail_all(&self, status: EngineStatus) {
+        let all: Vec<_> = self.pending.lock().drain().collect();
+        for (_, p) in all {
+            for w in p.waiters {
+                w(Err(status));
+            }
+        }
+    }
+}
+
+/// Wait and read times of background fetches (KV-Engine's `ep_bg_wait` and `ep_bg_load`),
+/// in microseconds.
+#[derive(Debug)]
+pub(crate) struct BgFetchTimes {
+    /// From queueing to the start of the read. `None` only if the histogram could not
+    /// be built (its bounds are constants, so never).
+    pub(crate) wait: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+    /// The read itself, restore included.
+    pub(crate) load: Mutex<Option<hdrhistogram::Histogram<u64>>>,
+}
+
+fn micros_histogram() -> Option<hdrhistogram::Histogram<u64>> {
+    // 1 us .. 1 hour at 2 significant digits; longer values saturate.
+    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).ok()
+}
+
+/// Records `d` in microseconds, saturating at the histogram's top.
+fn record(h: &Mutex<Option<hdrhistogram::Histogram<u64>>>, d: Duration) {
+    if let Some(h) = h.lock().as_mut() {
+        h.saturating_record(micros(d));
+    }
+}
+
+impl Default for BgFetchTimes {
+    fn default() -> Self {
+        Self {
+            wait: Mutex::new(micros_histogram()),
+            load: Mutex::new(micros_histogram()),
+        }
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Bucket {
+    /// Queues a background fetch of the entry's key in `vb` and answers WouldBlock: the
+    /// caller waits with [`epkv_engine_api::Engine::when_fetched`] and runs the operation
+    /// again. Internal for a bucket that cannot fetch (memory-only: nothing is ever
+    /// evicted there).
+    pub(crate) fn queue_bg_fetch(&self, vb: &VBucket, key: &[u8]) -> EngineStatus {
+        let Some(p) = &self.persistence else {
+            tracing::error!(vbid = %vb.id, "a memory-only bucket has a non-resident item");
+            return EngineStatus::Internal;
+        };
+        let shard = p.shard_of(vb.id);
+        let Some(q) = p.fetch_queues.get(shard) else {
+            return EngineStatus::Internal;
+        };
+        if q.queue(vb.id, key, self.clock.now()) {
+            p.wake_fetcher(shard);
+        }
+        EngineStatus::WouldBlock
+    }
+
+    /// Registers `done` for the end of the background fetch of `key` in `vbid` (at once
+    /// when none is in flight).
+    pub(crate) fn bg_fetch_when_done(&self, vbid: Vbid, key: &[u8], done: FetchedCallback) {
+        let Some(p) = &self.persistence else {
+            done(Ok(()));
+            return;
+        };
+        match p.fetch_queues.get(p.shard_of(vbid)) {
+            Some(q) => q.when_fetched(vbid, key, done),
+            None => done(Ok(())),
+        }
+    }
+
+    /// Blocks the calling thread until the background fetch of `key` in `vbid` is over
+    /// (at once if none is in flight), at most `timeout`: for callers outside the front
+    /// end (tests, tools) that got WouldBlock and want to run the operation again.
+    ///
+    /// # Errors
+    /// The fetch's error (TempFail, Internal), or TempFail if `timeout` passed first.
+    pub fn wait_fetched(&self, vbid: Vbid, key: &[u8], timeout: Duration) -> EngineResult<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.bg_fetch_when_done(
+            vbid,
+            key,
+            Box::new(move |outcome| {
+                let _ = tx.send(outcome);
+            }),
+        );
+        rx.recv_timeout(timeout)
+            .unwrap_or(Err(EngineStatus::TempFail))
+    }
+
+    /// Runs a shard's queued background fetches now (the fetcher task's run; tests with
+    /// a manual executor call it through the task). Returns how many keys it fetched.
+    pub fn run_bg_fetches(&self, shard: usize) -> usize {
+        let Some(p) = &self.persistence else {
+            return 0;
+        };
+        let Some(q) = p.fetch_queues.get(shard) else {
+            return 0;
+        };
+        let batch = q.take();
+        let n = batch.len();
+        for (vbid, key, queued_at) in batch {
+            let start = self.clock.now();
+            let outcome = match self.vbuckets.get(usize::from(vbid.0)) {
+                Some(vb) => self.fetch_and_restore(vb, &key),
+                None => Err(EngineStatus::NotMyVbucket),
+            };
+            let end = self.clock.now();
+            record(
+                &self.bg_times.wait,
+                start.saturating_duration_since(queued_at),
+            );
+            record(&self.bg_times.load, end.saturating_duration_since(start));
+            q.complete(vbid, key, outcome);
+        }
+        n
+    }
+
+    /// One run of a shard's fetcher task.
+    pub(crate) fn bg_fetcher_run(&self, shard: usize) -> epkv_executor::Next {
+        self.run_bg_fetches(shard);
+        let idle = self
+            .persistence
+            .as_ref()
+            .and_then(|p| p.fetch_queues.get(shard))
+            .is_none_or(BgFetchQueue::is_idle);
+        if idle {
+            epkv_executor::Next::Sleep
+        } else {
+            epkv_executor::Next::After(Duration::ZERO)
+        }
+    }
+
+    /// Reads `key`'s newest version from disk (no engine lock held), then, under the key's
+    /// stripe lock, puts its value back if the item in memory is still that version and
+    /// still non-resident. Anything else means the item changed while the read ran; the
+    /// operation waiting runs again and sees the change.
+    fn fetch_and_restore(&self, vb: &VBucket, key: &[u8]) -> EngineResult<()> {
+        let Some(shard) = self
+            .persistence
+            .as_ref()
+            .and_then(|p| p.shards.get(p.shard_of(vb.id)))
+        else {
+            return Err(EngineStatus::Internal);
+        };
+        let doc = match epkv_storage::KvStore::get(&shard.store, vb.id, key) {
+            Ok(d) => d,
+            Err(err) if err.is_temporary() => return Err(EngineStatus::TempFail),
+            Err(err) => {
+                tracing::error!(vbid = %vb.id, error = %err, "background fetch: cannot read a non-resident value from disk");
+                return Err(EngineStatus::Internal);
+            }
+        };
+        vb.table.with_entry(key, |e| {
+            let meta = match e.get() {
+                Some(sv) if !sv.is_resident() => *sv.meta(),
+                // Resident again (a write raced the fetch) or gone: nothing to restore.
+                _ => return Ok(()),
+            };
+            match doc {
+                Some(d) if !d.deleted && d.seqno == meta.by_seqno.0 => {
+                    let sv = StoredValue::new(key, &d.value, meta).map_err(|err| {
+                        tracing::error!(vbid = %vb.id, error = %err, "background fetch: value refused");
+                        EngineStatus::Internal
+                    })?;
+                    self.insert_or_tempfail(e, sv)?;
+                    e.mark_clean(meta.by_seqno);
+                    self.counters.incr(Counter::BgFetched);
+                    Ok(())
+                }
+                // Read before a newer version was written, flushed and evicted: the
+                // operation runs again and fetches that one.
+                Some(d) if d.seqno < meta.by_seqno.0 => Ok(()),
+                other => {
+                    tracing::error!(vbid = %vb.id, seqno = meta.by_seqno.0, on_disk = ?other.map(|d| (d.seqno, d.deleted)), "background fetch: a non-resident document's version is not on disk");
+                    Err(EngineStatus::Internal)
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn fetches_are_coalesced_per_key_and_waiters_run_once_with_the_outcome() {
+        let q = BgFetchQueue::default();
+        let now = Instant::now();
+        assert!(q.queue(Vbid(1), b"a", now), "first fetch wakes the fetcher");
+        assert!(!q.queue(Vbid(1), b"a", now), "same key: coalesced");
+        assert!(!q.queue(Vbid(1), b"b", now), "fetcher already woken");
+        let calls = Arc::new(AtomicUsize::new(0));
+        for _ in 0..3 {
+            let c = Arc::clone(&calls);
+            q.when_fetched(
+                Vbid(1),
+                b"a",
+                Box::new(move |r| {
+                    assert_eq!(r, Err(EngineStatus::TempFail));
+                    c.fetch_add(1, Ordering::Relaxed);
+                }),
+            );
+        }
+        let batch = q.take();
+        assert_eq!(batch.len(), 2);
+        assert!(q.is_idle());
+        // A key queued while its fetch is in flight joins it.
+        assert!(!q.queue(Vbid(1), b"a", now));
+        assert!(q.take().is_empty());
+        assert_eq!(calls.load(Ordering::Relaxed), 0);
+        q.complete(Vbid(1), b"a"[..].into(), Err(EngineStatus::TempFail));
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+        // Nothing in flight for `a` any more: a waiter runs at once.
+        let c = Arc::clone(&calls);
+        q.when_fetched(
+            Vbid(1),
+            b"a",
+            Box::new(move |r| {
+                assert_eq!(r, Ok(()));
+                c.fetch_add(1, Ordering::Relaxed);
+            }),
+        );
+        assert_eq!(calls.load(Ordering::Relaxed), 4);
+    }
+}

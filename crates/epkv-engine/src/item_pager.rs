@@ -1,0 +1,359 @@
+//! The item pager: frees memory when the bucket passes its high watermark, down to the low
+//! watermark, as KV-Engine's `StrictQuotaItemPager` with its `ItemPagingVisitor` and the
+//! default `upfront_mfu_only` eviction strategy.
+//!
+//! - **When.** A task on the NonIO group, run every `item_pager_interval` and woken at once
+//!   when item memory passes the high watermark (the memory tracker's hook, on the write
+//!   that crossed it) or a write is refused for lack of memory.
+//! - **Order.** A cycle visits the vBuckets in KV-Engine's order: replicas first, then by
+//!   pageable memory, largest first ([`Bucket::pager_vbucket_order`]; seed 004 is this
+//!   ordering built from a vector indexed by vbid instead of an ordered map).
+//! - **Choice.** At the start of a cycle the evictable items' MFU histograms of every
+//!   vBucket are summed, and the MFU value at the percentile "bytes to free / bytes used"
+//!   becomes the threshold: an item whose counter is at or below it is evicted, every
+//!   other evictable item has its counter decayed by one (so items not read since the
+//!   last cycle drift down). If a whole pass leaves memory above the low watermark, a
+//!   second pass evicts every evictable item it meets until memory is low enough.
+//! - **What.** Persistent buckets eject the values of clean (persisted), live, committed
+//!   items; key and metadata stay and a later read fetches the value back
+//!   ([`crate::bg_fetcher`]). Prepares are never visited, dirty items never evicted.
+//!   Memory-only buckets cannot fetch anything back: with
+//!   [`crate::EphemeralFullPolicy::AutoDelete`] the chosen items are deleted (each
+//!   deletion takes a seqno, as any delete); with `FailNewData` the pager does nothing.
+//! - **Yielding.** A run visits at most [`ITEMS_PER_RUN`] items, then yields the thread
+//!   (it is scheduled again at once) and resumes from the paused position of the
+//!   pausable visitor, so front-end threads never wait on a long pager run and the stripe
+//!   locks are each held for one stripe at most.
+
+use crate::bucket::{Bucket, LazyNow};
+use crate::config::EphemeralFullPolicy;
+use crate::stats::Counter;
+use crate::vbucket::{VBucket, WarmupPhase};
+use epkv_hashtable::{Position, Visit, VisitedItem};
+use epkv_types::{VBucketState, Vbid};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Items one pager run visits before it yields its thread (about 1-2 ms of work).
+pub(crate) const ITEMS_PER_RUN: usize = 10_000;
+
+/// How often (in items visited) a visit re-reads memory use to see whether it is done.
+const MEMORY_CHECK_EVERY: usize = 64;
+
+/// One eviction cycle in progress.
+#[derive(Debug)]
+struct Cycle {
+    /// vBuckets to visit, in order.
+    order: Vec<Vbid>,
+    /// Index in `order` of the vBucket being visited.
+    next: usize,
+    /// Where the visit of `order[next]` paused.
+    pos: Position,
+    /// Items with an MFU counter at or below this are evicted.
+    threshold: u8,
+    /// The second pass (threshold 255) is running.
+    last_pass: bool,
+}
+
+/// What one pager run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PagerRun {
+    /// Items visited.
+    pub visited: usize,
+    /// Values ejected (persistent buckets).
+    pub ejected: usize,
+    /// Items deleted (memory-only buckets with auto-delete).
+    pub deleted: usize,
+    /// A cycle is still in progress: run again.
+    pub more: bool,
+}
+
+/// Wakes the pager task; shared with the memory tracker's high-watermark hook.
+#[derive(Debug, Default)]
+pub(crate) struct PagerWaker {
+    /// The pager task, once scheduled.
+    task: OnceLock<epkv_executor::TaskHandle>,
+    /// Set by a wake, cleared by the pager when it looks at memory: a cycle starts even
+    /// if memory is back under the high watermark by then (but above the low one).
+    woken: AtomicBool,
+}
+
+impl PagerWaker {
+    /// Wakes the pager unless a wake is already pending.
+    pub(crate) fn wake(&self) {
+        if !self.woken.swap(true, Ordering::AcqRel)
+            && let Some(t) = self.task.get()
+        {
+            t.wake();
+        }
+    }
+}
+
+/// The pager's state, owned by the bucket.
+#[derive(Debug, Default)]
+pub(crate) struct ItemPager {
+    pub(crate) waker: Arc<PagerWaker>,
+    /// The cycle in progress; locked only by the pager's runs.
+    cycle: Mutex<Option<Cycle>>,
+    /// An executor of the bucket's own for the pager, when the bucket has no other
+    /// (memory-only, no executor given).
+    pub(crate) executor: Mutex<Option<epkv_executor::Executor>>,
+}
+
+impl ItemPager {
+    /// Registers the pager task, so wakes reach it.
+    pub(crate) fn set_task(&self, task: epkv_executor::TaskHandle) {
+        let _ = self.waker.task.set(task);
+    }
+
+    /// Cancels the task and stops the pager's own executor, if any.
+    pub(crate) fn stop(&self) {
+        if let Some(t) = self.waker.task.get() {
+            t.cancel();
+        }
+        if let Some(exec) = self.executor.lock().take()
+            && let Err(e) = exec.shutdown(std::time::Duration::from_secs(10))
+        {
+            tracing::error!(error = %e, "item pager executor did not stop");
+        }
+    }
+}
+
+impl Bucket {
+    /// The order in which the item pager visits vBuckets (KV-Engine's `VBCBAdaptor` with
+    /// the paging visitor's comparator): replicas first, then by pageable memory, largest
+    /// first. Dead vBuckets and vBuckets not warmed up are left out.
+    #[must_use]
+    pub fn pager_vbucket_order(&self) -> Vec<Vbid> {
+        let mut keyed: Vec<(bool, usize, Vbid)> = Vec::with_capacity(self.vbuckets.len());
+        for vb in self.vbuckets.iter() {
+            if vb.warmup_phase() != WarmupPhase::Ready {
+                continue;
+            }
+            let state = vb.state_hint();
+            if state == VBucketState::Dead {
+                continue;
+            }
+            keyed.push((
+                state == VBucketState::Replica,
+                vb.table.mem_used(),
+                vb.id,
+            ));
+        }
+        keyed.sort_unstable_by_key(|&(replica, mem, _)| std::cmp::Reverse((replica, mem)));
+        keyed.into_iter().map(|(_, _, id)| id).collect()
+    }
+
+    /// True when the pager has something it may do: a persistent bucket evicts values,
+    /// a memory-only bucket deletes only with auto-delete.
+    fn pager_may_free(&self) -> bool {
+        self.persistence.is_some()
+            || self.config.ephemeral_full_policy == EphemeralFullPolicy::AutoDelete
+    }
+
+    /// Starts a cycle: the vBucket order and the MFU threshold for freeing `used - low`
+    /// of `used` bytes.
+    fn new_cycle(&self, used: usize, low: usize) -> Cycle {
+        let order = self.pager_vbucket_order();
+        let mut hist = [0u64; 256];
+        for &vbid in &order {
+            if let Some(vb) = self.vbuckets.get(usize::from(vbid.0)) {
+                vb.table.add_mfu_histogram(&mut hist);
+            }
+        }
+        #[expect(clippy::cast_precision_loss, reason = "a ratio")]
+        let ratio = (used.saturating_sub(low) as f64 / used.max(1) as f64).clamp(0.0, 1.0);
+        let total: u64 = hist.iter().sum();
+        #[expect(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a rank within u64"
+        )]
+        let rank = ((ratio * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        let mut threshold = u8::MAX;
+        for (mfu, n) in hist.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                threshold = u8::try_from(mfu).unwrap_or(u8::MAX);
+                break;
+            }
+        }
+        self.counters.incr(Counter::PagerRuns);
+        Cycle {
+            order,
+            next: 0,
+            pos: Position::START,
+            threshold,
+            last_pass: false,
+        }
+    }
+
+    /// Runs the item pager for at most [`ITEMS_PER_RUN`] items: starts a cycle if memory
+    /// is above the high watermark (or above the low one after a wake), continues the
+    /// cycle in progress, and ends it once memory is at the low watermark or nothing more
+    /// can be freed. The pager task calls this; tests call it directly.
+    pub fn run_item_pager(&self) -> PagerRun {
+        let mut run = PagerRun::default();
+        if !self.pager_may_free() {
+            self.item_pager.waker.woken.store(false, Ordering::Release);
+            return run;
+        }
+        let low = self.config.low_wat_bytes();
+        let mut guard = self.item_pager.cycle.lock();
+        if guard.is_none() {
+            let woken = self.item_pager.waker.woken.swap(false, Ordering::AcqRel);
+            let used = self.memory.used();
+            let start = used > self.config.high_wat_bytes() || (woken && used > low);
+            if !start {
+                return run;
+            }
+            *guard = Some(self.new_cycle(used, low));
+        }
+        let Some(cycle) = guard.as_mut() else {
+            return run;
+        };
+        loop {
+            if self.memory.used() <= low {
+                *guard = None;
+                return run;
+            }
+            let Some(vb) = cycle
+                .order
+                .get(cycle.next)
+                .and_then(|id| self.vbuckets.get(usize::from(id.0)))
+            else {
+                if cycle.last_pass {
+                    // Everything evictable has been evicted.
+                    *guard = None;
+                    return run;
+                }
+                cycle.last_pass = true;
+                cycle.threshold = u8::MAX;
+                cycle.next = 0;
+                cycle.pos = Position::START;
+                continue;
+            };
+            let budget = ITEMS_PER_RUN - run.visited;
+            match self.page_vbucket(vb, cycle, budget, low, &mut run) {
+                Some(pos) => cycle.pos = pos,
+                None => {
+                    cycle.next += 1;
+                    cycle.pos = Position::START;
+                }
+            }
+            if run.visited >= ITEMS_PER_RUN {
+                run.more = true;
+                return run;
+            }
+        }
+    }
+
+    /// Visits `vb` from the cycle's position for at most `budget` items; returns where it
+    /// paused, or `None` when it reached the end of the vBucket.
+    fn page_vbucket(
+        &self,
+        vb: &VBucket,
+        cycle: &Cycle,
+        budget: usize,
+        low: usize,
+        run: &mut PagerRun,
+    ) -> Option<Position> {
+        // Held shared, as client operations hold it: a memory-only bucket's deletes take
+        // seqnos, which needs the vBucket to stay in its state meanwhile.
+        let state = vb.state();
+        let delete = self.persistence.is_none();
+        if delete && *state != VBucketState::Active {
+            return None;
+        }
+        let now = LazyNow::new(&*self.clock);
+        let mut visited = 0;
+        let pos = vb.table.visit(cycle.pos, |item| {
+            visited += 1;
+            match self.page_item(vb, item, cycle.threshold, delete, &now) {
+                Paged::Ejected => run.ejected += 1,
+                Paged::Deleted => run.deleted += 1,
+                Paged::Kept => {}
+            }
+            if visited >= budget
+                || (visited % MEMORY_CHECK_EVERY == 0 && self.memory.used() <= low)
+            {
+                Visit::Pause
+            } else {
+                Visit::Continue
+            }
+        });
+        drop(state);
+        run.visited += visited;
+        self.counters.add(Counter::PagerVisited, visited as u64);
+        pos
+    }
+
+    /// Evicts (or, memory-only, deletes) one visited item if it is evictable and its MFU
+    /// counter is at or below `threshold`; decays the counter of an evictable item it
+    /// keeps.
+    fn page_item(
+        &self,
+        vb: &VBucket,
+        item: &mut VisitedItem<'_>,
+        threshold: u8,
+        delete: bool,
+        now: &LazyNow<'_>,
+    ) -> Paged {
+        let (Some(sv), Some(mfu)) = (item.item(), item.mfu()) else {
+            return Paged::Kept;
+        };
+        // The visitor shows committed items only; a memory-only bucket never marks
+        // anything clean, and has nothing to lose by deleting.
+        let evictable =
+            !sv.is_deleted() && sv.is_resident() && (delete || !sv.is_dirty());
+        if !evictable {
+            return Paged::Kept;
+        }
+        if mfu > threshold {
+            item.set_mfu(mfu - 1);
+            return Paged::Kept;
+        }
+        if delete {
+            let (rev, key) = (sv.meta().rev_seqno, sv.key_bytes());
+            let (_, woke) = vb.assign_deletion_queued(now.nanos(), rev + 1, &key);
+            item.remove();
+            self.queued(vb, woke);
+            self.counters.incr(Counter::PagerDeletes);
+            Paged::Deleted
+        } else if item.evict_value() {
+            self.counters.incr(Counter::ValueEjects);
+            Paged::Ejected
+        } else {
+            Paged::Kept
+        }
+    }
+
+    /// One run of the pager task.
+    pub(crate) fn item_pager_task_run(&self) -> epkv_executor::Next {
+        let run = self.run_item_pager();
+        if run.more {
+            return epkv_executor::Next::After(std::time::Duration::ZERO);
+        }
+        let every = self.config.item_pager_interval;
+        if every.is_zero() {
+            epkv_executor::Next::Sleep
+        } else {
+            epkv_executor::Next::After(every)
+        }
+    }
+
+    /// Wakes the item pager (a write was refused for lack of memory).
+    pub(crate) fn wake_pager(&self) {
+        self.item_pager.waker.wake();
+    }
+}
+
+/// What the pager did to one item.
+enum Paged {
+    Kept,
+    Ejected,
+    Deleted,
+}
