@@ -135,6 +135,28 @@ pub(crate) struct BgFetchTimes {
     pub(crate) load: Mutex<Option<hdrhistogram::Histogram<u64>>>,
 }
 
+impl BgFetchTimes {
+    /// `f` of the wait histogram, as a stat value ("0" when nothing was recorded).
+    pub(crate) fn wait_summary(&self, f: impl Fn(&hdrhistogram::Histogram<u64>) -> u64) -> String {
+        summary(&self.wait, f)
+    }
+
+    /// `f` of the load histogram, as a stat value ("0" when nothing was recorded).
+    pub(crate) fn load_summary(&self, f: impl Fn(&hdrhistogram::Histogram<u64>) -> u64) -> String {
+        summary(&self.load, f)
+    }
+}
+
+fn summary(
+    h: &Mutex<Option<hdrhistogram::Histogram<u64>>>,
+    f: impl Fn(&hdrhistogram::Histogram<u64>) -> u64,
+) -> String {
+    match h.lock().as_ref() {
+        Some(h) if !h.is_empty() => f(h).to_string(),
+        _ => "0".to_owned(),
+    }
+}
+
 fn micros_histogram() -> Option<hdrhistogram::Histogram<u64>> {
     // 1 us .. 1 hour at 2 significant digits; longer values saturate.
     hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).ok()
@@ -313,7 +335,7 @@ mod tests {
     #[test]
     fn fetches_are_coalesced_per_key_and_waiters_run_once_with_the_outcome() {
         let q = BgFetchQueue::default();
-        let now = Instant::now();
+        let now = epkv_executor::Clock::now(&epkv_executor::SystemClock);
         assert!(q.queue(Vbid(1), b"a", now), "first fetch wakes the fetcher");
         assert!(!q.queue(Vbid(1), b"a", now), "same key: coalesced");
         assert!(!q.queue(Vbid(1), b"b", now), "fetcher already woken");

@@ -469,10 +469,7 @@ impl Bucket {
 
     /// Schedules the item pager task on `exec`'s NonIO group: it first runs after
     /// `item_pager_interval` (or when woken).
-    fn start_item_pager(
-        bucket: &Arc<Bucket>,
-        exec: &epkv_executor::ExecutorHandle,
-    ) -> Result<()> {
+    fn start_item_pager(bucket: &Arc<Bucket>, exec: &epkv_executor::ExecutorHandle) -> Result<()> {
         let every = bucket.config.item_pager_interval;
         let start = if every.is_zero() {
             epkv_executor::Start::Sleep
@@ -631,7 +628,12 @@ impl Bucket {
         let Some(p) = &self.persistence else {
             return;
         };
-        for h in p.warmers.lock().drain(..).chain(p.fetchers.lock().drain(..)) {
+        for h in p
+            .warmers
+            .lock()
+            .drain(..)
+            .chain(p.fetchers.lock().drain(..))
+        {
             h.cancel();
         }
         for q in &p.fetch_queues {

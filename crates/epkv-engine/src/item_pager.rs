@@ -74,9 +74,14 @@ pub struct PagerRun {
 pub(crate) struct PagerWaker {
     /// The pager task, once scheduled.
     task: OnceLock<epkv_executor::TaskHandle>,
-    /// Set by a wake, cleared by the pager when it looks at memory: a cycle starts even
-    /// if memory is back under the high watermark by then (but above the low one).
+    /// Set by a wake, cleared by the pager when it looks at memory (so a burst of
+    /// wakes wakes the task once).
     woken: AtomicBool,
+    /// Set when a write was refused for lack of memory: the next run starts a cycle
+    /// even below the high watermark (if above the low one). The high-watermark hook does
+    /// not set it: it fires on reserved bytes, which run ahead of the bytes items hold by
+    /// up to the tracker's per-thread reserves, so the pager checks the exact figure.
+    urgent: AtomicBool,
 }
 
 impl PagerWaker {
@@ -87,6 +92,12 @@ impl PagerWaker {
         {
             t.wake();
         }
+    }
+
+    /// Wakes the pager for a refused write (see `urgent`).
+    fn wake_urgent(&self) {
+        self.urgent.store(true, Ordering::Release);
+        self.wake();
     }
 }
 
@@ -135,11 +146,7 @@ impl Bucket {
             if state == VBucketState::Dead {
                 continue;
             }
-            keyed.push((
-                state == VBucketState::Replica,
-                vb.table.mem_used(),
-                vb.id,
-            ));
+            keyed.push((state == VBucketState::Replica, vb.table.mem_used(), vb.id));
         }
         keyed.sort_unstable_by_key(|&(replica, mem, _)| std::cmp::Reverse((replica, mem)));
         keyed.into_iter().map(|(_, _, id)| id).collect()
@@ -197,16 +204,19 @@ impl Bucket {
     /// can be freed. The pager task calls this; tests call it directly.
     pub fn run_item_pager(&self) -> PagerRun {
         let mut run = PagerRun::default();
+        let waker = &self.item_pager.waker;
         if !self.pager_may_free() {
-            self.item_pager.waker.woken.store(false, Ordering::Release);
+            waker.woken.store(false, Ordering::Release);
+            waker.urgent.store(false, Ordering::Release);
             return run;
         }
         let low = self.config.low_wat_bytes();
         let mut guard = self.item_pager.cycle.lock();
         if guard.is_none() {
-            let woken = self.item_pager.waker.woken.swap(false, Ordering::AcqRel);
+            waker.woken.store(false, Ordering::Release);
+            let urgent = waker.urgent.swap(false, Ordering::AcqRel);
             let used = self.memory.used();
-            let start = used > self.config.high_wat_bytes() || (woken && used > low);
+            let start = used > self.config.high_wat_bytes() || (urgent && used > low);
             if !start {
                 return run;
             }
@@ -277,8 +287,7 @@ impl Bucket {
                 Paged::Deleted => run.deleted += 1,
                 Paged::Kept => {}
             }
-            if visited >= budget
-                || (visited % MEMORY_CHECK_EVERY == 0 && self.memory.used() <= low)
+            if visited >= budget || (visited % MEMORY_CHECK_EVERY == 0 && self.memory.used() <= low)
             {
                 Visit::Pause
             } else {
@@ -307,8 +316,7 @@ impl Bucket {
         };
         // The visitor shows committed items only; a memory-only bucket never marks
         // anything clean, and has nothing to lose by deleting.
-        let evictable =
-            !sv.is_deleted() && sv.is_resident() && (delete || !sv.is_dirty());
+        let evictable = !sv.is_deleted() && sv.is_resident() && (delete || !sv.is_dirty());
         if !evictable {
             return Paged::Kept;
         }
@@ -347,7 +355,7 @@ impl Bucket {
 
     /// Wakes the item pager (a write was refused for lack of memory).
     pub(crate) fn wake_pager(&self) {
-        self.item_pager.waker.wake();
+        self.item_pager.waker.wake_urgent();
     }
 }
 

@@ -13,6 +13,7 @@ use epkv_types::VBucketState;
 struct Totals {
     vbs: [usize; 4],
     items: [usize; 4],
+    non_resident: [usize; 4],
 }
 
 fn state_index(s: VBucketState) -> usize {
@@ -31,6 +32,7 @@ impl Bucket {
             let i = state_index(*vb.state());
             t.vbs[i] += 1;
             t.items[i] += vb.table.len();
+            t.non_resident[i] += vb.table.num_non_resident();
         }
         t
     }
@@ -72,6 +74,23 @@ impl Bucket {
             "ep_max_item_size" => c.max_item_size_bytes.to_string(),
             "ep_flushall_enabled" => c.flush_enabled.to_string(),
             "ep_exp_pager_stime" => c.expiry_pager_interval.as_secs().to_string(),
+            "ep_num_non_resident" => t.non_resident.iter().sum::<usize>().to_string(),
+            "vb_active_perc_mem_resident" => {
+                let (items, nr) = (t.items[0], t.non_resident[0]);
+                ((items - nr.min(items)) * 100)
+                    .checked_div(items)
+                    .unwrap_or(100)
+                    .to_string()
+            }
+            "ep_item_pager_interval" => c.item_pager_interval.as_secs().to_string(),
+            "ep_ephemeral_full_policy" => c.ephemeral_full_policy.as_str().to_owned(),
+            "ep_bg_num_samples" => self.bg_times.wait_summary(|h| h.len()),
+            "ep_bg_wait_avg" => self.bg_times.wait_summary(|h| h.mean() as u64),
+            "ep_bg_wait_p99" => self.bg_times.wait_summary(|h| h.value_at_quantile(0.99)),
+            "ep_bg_max_wait" => self.bg_times.wait_summary(|h| h.max()),
+            "ep_bg_load_avg" => self.bg_times.load_summary(|h| h.mean() as u64),
+            "ep_bg_load_p99" => self.bg_times.load_summary(|h| h.value_at_quantile(0.99)),
+            "ep_bg_max_load" => self.bg_times.load_summary(|h| h.max()),
             _ => return None,
         };
         Some(v)

@@ -27,6 +27,10 @@ pub enum StatUnit {
     Bytes,
     /// Seconds.
     Seconds,
+    /// Microseconds.
+    Micros,
+    /// A percentage (0-100).
+    Percent,
     /// Text.
     Text,
 }
@@ -210,13 +214,79 @@ const GAUGE_DEFS: &[StatDefinition] = &[
         "ep_mem_high_wat",
         StatGroup::Default,
         StatUnit::Bytes,
-        "high watermark: writes beyond it get TMPFAIL",
+        "high watermark: past it the item pager frees memory",
     ),
     gauge(
         "ep_mem_low_wat",
         StatGroup::Default,
         StatUnit::Bytes,
-        "low watermark",
+        "low watermark: where the item pager stops",
+    ),
+    gauge(
+        "ep_num_non_resident",
+        StatGroup::Default,
+        StatUnit::Items,
+        "live documents whose value is not in memory (ejected, or loaded by warmup as key and metadata only)",
+    ),
+    gauge(
+        "vb_active_perc_mem_resident",
+        StatGroup::Default,
+        StatUnit::Percent,
+        "percentage of active vBuckets' live documents whose value is in memory (100 when empty)",
+    ),
+    gauge(
+        "ep_item_pager_interval",
+        StatGroup::Default,
+        StatUnit::Seconds,
+        "seconds between item pager checks of memory (it is also woken at the high watermark)",
+    ),
+    gauge(
+        "ep_ephemeral_full_policy",
+        StatGroup::Default,
+        StatUnit::Text,
+        "what a memory-only bucket does at its quota: auto_delete or fail_new_data",
+    ),
+    gauge(
+        "ep_bg_num_samples",
+        StatGroup::Default,
+        StatUnit::Count,
+        "background fetches timed (ep_bg_wait_* and ep_bg_load_* summarise them)",
+    ),
+    gauge(
+        "ep_bg_wait_avg",
+        StatGroup::Default,
+        StatUnit::Micros,
+        "background fetches: mean time from queueing to the start of the disk read",
+    ),
+    gauge(
+        "ep_bg_wait_p99",
+        StatGroup::Default,
+        StatUnit::Micros,
+        "background fetches: 99th percentile of the wait before the disk read",
+    ),
+    gauge(
+        "ep_bg_max_wait",
+        StatGroup::Default,
+        StatUnit::Micros,
+        "background fetches: longest wait before the disk read",
+    ),
+    gauge(
+        "ep_bg_load_avg",
+        StatGroup::Default,
+        StatUnit::Micros,
+        "background fetches: mean time of the disk read and restore",
+    ),
+    gauge(
+        "ep_bg_load_p99",
+        StatGroup::Default,
+        StatUnit::Micros,
+        "background fetches: 99th percentile of the disk read and restore",
+    ),
+    gauge(
+        "ep_bg_max_load",
+        StatGroup::Default,
+        StatUnit::Micros,
+        "background fetches: longest disk read and restore",
     ),
     gauge(
         "ep_max_item_size",

@@ -317,10 +317,20 @@ fn a_memory_only_bucket_that_fails_new_data_refuses_with_enomem_at_its_quota() {
 #[test]
 fn a_memory_only_bucket_with_auto_delete_keeps_taking_writes_past_its_quota() {
     let quota: usize = 1024 * 1024;
-    let f = Fixture::with_config(BucketConfig {
-        memory_quota_bytes: quota as u64,
-        ..test_config()
-    });
+    // A manual executor: the pager task runs only when the test says (it is woken by
+    // the writes, but the test runs the pager itself, so the counts below are stable).
+    let clock = Arc::new(ManualClock::new(Duration::from_secs(START_UNIX_SECS)));
+    let exec = epkv_executor::ManualExecutor::new(Arc::clone(&clock));
+    let bucket = Bucket::new_on_executor(
+        BucketConfig {
+            memory_quota_bytes: quota as u64,
+            ..test_config()
+        },
+        EngineClock::Custom(clock.clone()),
+        exec.handle(),
+    )
+    .unwrap();
+    let f = Fixture { bucket, clock };
     assert_eq!(f.stat("", "ep_pager_auto_deletes"), "0");
     let value = "y".repeat(50 * 1024);
     // 5 MiB of writes into 1 MiB: each one that does not fit is refused with TempFail,
@@ -347,7 +357,11 @@ fn a_memory_only_bucket_with_auto_delete_keeps_taking_writes_past_its_quota() {
     let live = (0..100)
         .filter(|i| get(&f.bucket, &format!("doc{i}")).is_ok())
         .count();
-    assert_eq!(live, f.bucket.item_count(), "deleted documents read as missing");
+    assert_eq!(
+        live,
+        f.bucket.item_count(),
+        "deleted documents read as missing"
+    );
     // Each deletion took a seqno, as a DELETE does.
     let high: u64 = (0..NUM_VBUCKETS)
         .map(|v| f.bucket.high_seqno(Vbid(v)).unwrap())

@@ -203,7 +203,9 @@ fn retry<T>(
 }
 
 fn must_get(b: &Bucket, key: &str) -> Result<Vec<u8>, EngineStatus> {
-    retry(b, key, || b.get(vb(key), key.as_bytes()).map(|i| i.value.to_vec()))
+    retry(b, key, || {
+        b.get(vb(key), key.as_bytes()).map(|i| i.value.to_vec())
+    })
 }
 
 #[test]
@@ -238,7 +240,7 @@ fn past_the_low_watermark_warmup_loads_keys_only_and_values_are_read_back_on_acc
     let ht: u64 = (0..NUM_VBUCKETS)
         .map(|v| b.hash_table_stats(Vbid(v)).unwrap().non_resident as u64)
         .sum();
-    assert_eq!(ht, keys_only as u64);
+    assert_eq!(ht, keys_only as u64, "{:?}", stats(&b, ""));
     // Warmup loads vBucket by vBucket: the documents of the last vBuckets loaded are
     // non-resident. Pick four such documents.
     let cold: Vec<usize> = (0..n)

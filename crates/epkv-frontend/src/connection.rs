@@ -30,6 +30,7 @@ use crate::session::{Flow, PendingDurable, Session};
 use crate::timings::WorkerTimings;
 use crate::worker::{Accepted, ConnectionSlot};
 use bytes::{Buf, BytesMut};
+use epkv_engine_api::EngineStatus;
 use epkv_protocol::{Magic, Request, frame_hint, frame_len};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -38,7 +39,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use epkv_engine_api::EngineStatus;
 use tokio::sync::{oneshot, watch};
 
 /// Bytes the input buffer is topped up to before each read.

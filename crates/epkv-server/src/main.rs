@@ -270,6 +270,9 @@ fn build_buckets(s: &Settings, clock: &EngineClock, manual_flush: bool) -> Resul
         let config = BucketConfig {
             name: spec.name.clone(),
             memory_quota_bytes: quota.bytes(),
+            mem_high_wat_percent: s.mem_high_wat,
+            mem_low_wat_percent: s.mem_low_wat,
+            ephemeral_full_policy: s.ephemeral_full_policy.0,
             flush_enabled: s.flush_enabled,
             persistence: s.persistence.then(|| epkv_engine::PersistenceConfig {
                 flusher: if manual_flush {

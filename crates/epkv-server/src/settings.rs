@@ -47,6 +47,31 @@ impl<'de> serde::Deserialize<'de> for LogFormat {
     }
 }
 
+/// What a memory-only bucket does at its quota (Couchbase's `ephemeral_full_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EphemeralPolicy(pub(crate) epkv_engine::EphemeralFullPolicy);
+
+impl FromStr for EphemeralPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().replace('_', "-").as_str() {
+            "auto-delete" => Ok(Self(epkv_engine::EphemeralFullPolicy::AutoDelete)),
+            "fail-new-data" => Ok(Self(epkv_engine::EphemeralFullPolicy::FailNewData)),
+            other => Err(format!(
+                "unknown ephemeral full policy {other:?}: use auto-delete or fail-new-data"
+            )),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for EphemeralPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// One row of the settings table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SettingInfo {
@@ -194,6 +219,12 @@ settings! {
         help = "Buckets to create besides `default` (which always exists): NAME or NAME=QUOTA, comma separated, e.g. travel,beer=256MiB. Each is its own engine with its own quota (memory-quota unless given) and directory DATA_DIR/NAME";
     memory_quota: ByteSize = "1GiB", unit = "bytes",
         help = "Memory quota of each bucket that does not set its own; accepts suffixes such as 512MiB or 2GiB";
+    mem_high_wat: u8 = "85", unit = "percent",
+        help = "High watermark, percent of each bucket's quota: past it the item pager frees memory (persistent buckets eject the values of persisted documents, read back from disk when needed) down to the low watermark";
+    mem_low_wat: u8 = "75", unit = "percent",
+        help = "Low watermark, percent of each bucket's quota: where the item pager stops (below mem-high-wat)";
+    ephemeral_full_policy: EphemeralPolicy = "auto-delete", unit = "policy",
+        help = "With `--persistence false`, what a bucket does past its high watermark: auto-delete (the item pager deletes the least used documents) or fail-new-data (writes that do not fit answer ENOMEM)";
     data_dir: PathBuf = "./epkv-data", unit = "path",
         help = "Directory for the buckets' data, one subdirectory per bucket (created if missing)";
     users_file: PathBuf = "", unit = "path",
