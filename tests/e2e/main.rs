@@ -14,6 +14,7 @@ mod harness;
 mod commands;
 mod couchbase;
 mod durability;
+mod eviction;
 mod expiry;
 mod malformed;
 mod persistence;

@@ -311,6 +311,7 @@ impl Bucket {
                     })?;
                     self.insert_or_tempfail(e, sv)?;
                     e.mark_clean(meta.by_seqno);
+                    e.raise_mfu(epkv_hashtable::mfu::INITIAL);
                     self.counters.incr(Counter::BgFetched);
                     Ok(())
                 }

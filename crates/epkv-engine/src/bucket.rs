@@ -332,7 +332,7 @@ impl Bucket {
             shard,
             &self.vbuckets,
             &self.memory,
-            (self.config.low_wat_bytes(), self.config.high_wat_bytes()),
+            self.config.low_wat_bytes(),
         );
         // Loading may have dirtied the vBucket's state (a new failover branch after an
         // unclean shutdown). A write to a vBucket whose queue is already non-empty does

@@ -12,8 +12,10 @@
 //!   vBucket are summed, and the MFU value at the percentile "bytes to free / bytes used"
 //!   becomes the threshold: an item whose counter is at or below it is evicted, every
 //!   other evictable item has its counter decayed by one (so items not read since the
-//!   last cycle drift down). If a whole pass leaves memory above the low watermark, a
-//!   second pass evicts every evictable item it meets until memory is low enough.
+//!   last cycle drift down). If a whole pass leaves memory above the low watermark, the
+//!   next pass aims at twice the fraction (the estimate counts items, not bytes), up to
+//!   every evictable item. A value just read back from disk counts as freshly used
+//!   (its counter is raised to the initial value), so it is not the first to go again.
 //! - **What.** Persistent buckets eject the values of clean (persisted), live, committed
 //!   items; key and metadata stay and a later read fetches the value back
 //!   ([`crate::bg_fetcher`]). Prepares are never visited, dirty items never evicted.
@@ -52,8 +54,9 @@ struct Cycle {
     pos: Position,
     /// Items with an MFU counter at or below this are evicted.
     threshold: u8,
-    /// The second pass (threshold 255) is running.
-    last_pass: bool,
+    /// The fraction of evictable items this pass aims at (doubled after each pass that
+    /// left memory above the low watermark).
+    fraction: f64,
 }
 
 /// What one pager run did.
@@ -163,14 +166,30 @@ impl Bucket {
     /// of `used` bytes.
     fn new_cycle(&self, used: usize, low: usize) -> Cycle {
         let order = self.pager_vbucket_order();
+        #[expect(clippy::cast_precision_loss, reason = "a ratio")]
+        let fraction = (used.saturating_sub(low) as f64 / used.max(1) as f64).clamp(0.0, 1.0);
+        self.counters.incr(Counter::PagerRuns);
+        Cycle {
+            threshold: self.mfu_threshold(&order, fraction),
+            order,
+            next: 0,
+            pos: Position::START,
+            fraction,
+        }
+    }
+
+    /// The MFU counter value at `fraction` of the evictable items of the vBuckets in
+    /// `order` (255 for a fraction of 1: every evictable item).
+    fn mfu_threshold(&self, order: &[Vbid], fraction: f64) -> u8 {
+        if fraction >= 1.0 {
+            return u8::MAX;
+        }
         let mut hist = [0u64; 256];
-        for &vbid in &order {
+        for &vbid in order {
             if let Some(vb) = self.vbuckets.get(usize::from(vbid.0)) {
                 vb.table.add_mfu_histogram(&mut hist);
             }
         }
-        #[expect(clippy::cast_precision_loss, reason = "a ratio")]
-        let ratio = (used.saturating_sub(low) as f64 / used.max(1) as f64).clamp(0.0, 1.0);
         let total: u64 = hist.iter().sum();
         #[expect(
             clippy::cast_precision_loss,
@@ -178,24 +197,15 @@ impl Bucket {
             clippy::cast_sign_loss,
             reason = "a rank within u64"
         )]
-        let rank = ((ratio * total as f64).ceil() as u64).max(1);
+        let rank = ((fraction * total as f64).ceil() as u64).max(1);
         let mut seen = 0;
-        let mut threshold = u8::MAX;
         for (mfu, n) in hist.iter().enumerate() {
             seen += n;
             if seen >= rank {
-                threshold = u8::try_from(mfu).unwrap_or(u8::MAX);
-                break;
+                return u8::try_from(mfu).unwrap_or(u8::MAX);
             }
         }
-        self.counters.incr(Counter::PagerRuns);
-        Cycle {
-            order,
-            next: 0,
-            pos: Position::START,
-            threshold,
-            last_pass: false,
-        }
+        u8::MAX
     }
 
     /// Runs the item pager for at most [`ITEMS_PER_RUN`] items: starts a cycle if memory
@@ -205,15 +215,16 @@ impl Bucket {
     pub fn run_item_pager(&self) -> PagerRun {
         let mut run = PagerRun::default();
         let waker = &self.item_pager.waker;
+        // Cleared at the start of every run, so that a wake during the run wakes the task
+        // again (a cycle may just be ending while memory passes the watermark anew).
+        waker.woken.store(false, Ordering::Release);
         if !self.pager_may_free() {
-            waker.woken.store(false, Ordering::Release);
             waker.urgent.store(false, Ordering::Release);
             return run;
         }
         let low = self.config.low_wat_bytes();
         let mut guard = self.item_pager.cycle.lock();
         if guard.is_none() {
-            waker.woken.store(false, Ordering::Release);
             let urgent = waker.urgent.swap(false, Ordering::AcqRel);
             let used = self.memory.used();
             let start = used > self.config.high_wat_bytes() || (urgent && used > low);
@@ -235,13 +246,15 @@ impl Bucket {
                 .get(cycle.next)
                 .and_then(|id| self.vbuckets.get(usize::from(id.0)))
             else {
-                if cycle.last_pass {
+                if cycle.threshold == u8::MAX {
                     // Everything evictable has been evicted.
                     *guard = None;
                     return run;
                 }
-                cycle.last_pass = true;
-                cycle.threshold = u8::MAX;
+                // Memory is still above the low watermark: another pass, aiming at
+                // twice the fraction (the first estimate counts items, not bytes).
+                cycle.fraction = (cycle.fraction * 2.0).min(1.0);
+                cycle.threshold = self.mfu_threshold(&cycle.order, cycle.fraction);
                 cycle.next = 0;
                 cycle.pos = Position::START;
                 continue;

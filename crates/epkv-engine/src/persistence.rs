@@ -27,7 +27,7 @@
 //!   item memory is below the low watermark; past it documents are loaded as keys and
 //!   metadata (non-resident), and an operation that needs such a value reads it back
 //!   from disk synchronously (no Reader-group background fetch yet). Documents whose
-//!   metadata does not fit under the high watermark are counted (`ep_warmup_oom`) and
+//!   metadata does not fit under the quota are counted (`ep_warmup_oom`) and
 //!   not served until written again. A clean
 //!   shutdown leaves a marker file; without it, every vBucket starts a new failover branch
 //!   at its persisted seqno.
@@ -611,7 +611,7 @@ impl Persistence {
         shard: usize,
         vbuckets: &[VBucket],
         mem: &MemoryTracker,
-        (low_wat, high_wat): (usize, usize),
+        low_wat: usize,
     ) -> bool {
         let Some(vbid) = self
             .warmup
@@ -628,7 +628,7 @@ impl Persistence {
         else {
             return true;
         };
-        match self.load_vbucket(sh, vb, mem, (low_wat, high_wat)) {
+        match self.load_vbucket(sh, vb, mem, low_wat) {
             Ok(()) => {
                 vb.set_warmup_phase(WarmupPhase::Ready);
                 self.warmup.vbuckets_done.fetch_add(1, Relaxed);
@@ -659,9 +659,10 @@ impl Persistence {
 
     /// Loads one vBucket: state, failover log, seqnos, and its live documents, with their
     /// values while item memory is under the low watermark `low_wat` and as non-resident
-    /// items (key and metadata) past it, up to the high watermark `high_wat` (`ep_warmup_key_only_count`; values are read back
+    /// items (key and metadata) past it, up to the quota (the item pager, woken at the
+    /// high watermark, ejects values loaded earlier meanwhile) (`ep_warmup_key_only_count`; values are read back
     /// by [`crate::Bucket`]'s `fetch_if_evicted` on access). A document whose metadata
-    /// does not fit under the high watermark is not loaded (`ep_warmup_oom`) and not
+    /// does not fit under the quota is not loaded (`ep_warmup_oom`) and not
     /// served until written again. After an unclean shutdown (no marker from the
     /// previous run) the vBucket starts a new failover branch at its persisted seqno.
     fn load_vbucket(
@@ -669,7 +670,7 @@ impl Persistence {
         shard: &Shard,
         vb: &VBucket,
         mem: &MemoryTracker,
-        (low_wat, high_wat): (usize, usize),
+        low_wat: usize,
     ) -> Result<(), epkv_storage::Error> {
         let vbid = vb.id;
         let Some(state) = shard.store.vbucket_state(vbid)? else {
@@ -695,14 +696,11 @@ impl Persistence {
             };
             // Under the low watermark: the whole document. Past it: key and metadata
             // only (a non-resident item whose value is read back on access).
-            let used = mem.used();
-            let with_value = used < low_wat;
-            if used >= high_wat {
-                // Keys and metadata past the high watermark would leave writes no room
-                // that the pager could make (nothing non-resident can be evicted).
-                skipped += 1;
-                return ScanControl::Continue;
-            }
+            // Value eviction keeps every document's key and metadata in memory, so past
+            // the low watermark warmup goes on loading them, up to the quota; the item
+            // pager then ejects values loaded earlier (all clean) to get back under the
+            // high watermark.
+            let with_value = mem.used() < low_wat;
             let value: &[u8] = if with_value { &d.value } else { &[] };
             let Ok(sv) = epkv_hashtable::StoredValue::new(&d.key, value, meta) else {
                 return ScanControl::Continue;
@@ -729,7 +727,7 @@ impl Persistence {
             tracing::info!(%vbid, keys_only, "warmup reached the memory low watermark: later documents are loaded without their values (read back from disk on access)");
         }
         if skipped > 0 {
-            tracing::warn!(%vbid, skipped, "warmup reached the memory high watermark: documents not loaded at all are not served until written again");
+            tracing::warn!(%vbid, skipped, "warmup reached the memory quota: documents not loaded at all are not served until written again");
         }
         let failover = state
             .failover_log
@@ -771,7 +769,7 @@ pub(crate) struct WarmupProgress {
     pub(crate) vbuckets_done: AtomicU64,
     /// Documents loaded as keys and metadata only (memory at the low watermark).
     pub(crate) keys_only: AtomicU64,
-    /// Documents not loaded at all (memory at the high watermark even for the key).
+    /// Documents not loaded at all (memory at the quota even for the key).
     pub(crate) oom: AtomicU64,
     /// vBuckets that could not be loaded, with the error.
     pub(crate) failed: Mutex<Vec<(Vbid, String)>>,

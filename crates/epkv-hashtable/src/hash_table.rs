@@ -684,6 +684,21 @@ impl Entry<'_> {
             .map(|b| b.meta_mut())
     }
 
+    /// Raises the committed version's MFU counter to at least `mfu` (a value read back
+    /// from disk for a client counts as freshly used, not as the coldest item, which
+    /// the pager would evict again before the client reads it).
+    pub fn raise_mfu(&mut self, mfu: u8) {
+        let Some(i) = self.committed else { return };
+        let inner = &mut *self.inner;
+        if let Some(sv) = inner.committed.get_mut(i)
+            && sv.mfu() < mfu
+        {
+            let before = sv.props().evictable_mfu;
+            sv.set_mfu(mfu);
+            inner.mfu.apply(before, sv.props().evictable_mfu);
+        }
+    }
+
     /// Counts a client reference to the live committed version (MFU bump).
     pub fn track_reference(&mut self) {
         let Some(i) = self.committed else { return };
