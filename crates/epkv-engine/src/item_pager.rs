@@ -352,6 +352,37 @@ impl Bucket {
         }
     }
 
+    /// Ejects one document's value now, as KV-Engine's EVICT_KEY (0x94): `Ok(true)` when
+    /// it ejected it, `Ok(false)` when it was not resident already.
+    ///
+    /// # Errors
+    /// `KeyNotFound` for a missing document; `KeyExists` for one not yet persisted
+    /// (KV-Engine answers "Can't eject: Dirty object." with the same status);
+    /// `NotSupported` for a memory-only bucket, which cannot read a value back;
+    /// `NotMyVbucket` / `TempFail` as for any operation on the key.
+    pub fn evict_key(&self, vbid: Vbid, key: &[u8]) -> epkv_engine_api::EngineResult<bool> {
+        use epkv_engine_api::EngineStatus;
+        if self.persistence.is_none() {
+            return Err(EngineStatus::NotSupported);
+        }
+        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        vb.table.with_entry(key, |e| {
+            let sv = e.get().ok_or(EngineStatus::KeyNotFound)?;
+            if !sv.is_resident() {
+                return Ok(false);
+            }
+            if sv.is_dirty() {
+                return Err(EngineStatus::KeyExists);
+            }
+            if e.evict_value() {
+                self.counters.incr(Counter::ValueEjects);
+                Ok(true)
+            } else {
+                Ok(false)
+            }
+        })
+    }
+
     /// One run of the pager task.
     pub(crate) fn item_pager_task_run(&self) -> epkv_executor::Next {
         let run = self.run_item_pager();
