@@ -62,6 +62,7 @@ async fn writer(
     cycle: u32,
     w: u32,
     limit: u32,
+    pad: usize,
     acked: Arc<Mutex<Vec<Acked>>>,
     count: watch::Sender<usize>,
 ) {
@@ -71,7 +72,10 @@ async fn writer(
     };
     for i in 0..limit {
         let key = format!("crash-{cycle}-{w}-{i}").into_bytes();
-        let value = format!("value of {cycle}/{w}/{i} {}", "x".repeat((i % 64) as usize));
+        let value = format!(
+            "value of {cycle}/{w}/{i} {}",
+            "x".repeat((i % 64) as usize + pad)
+        );
         let durable = i % 3 == 0;
         let opts = if durable {
             StoreOptions::new().durability(persist)
@@ -135,7 +139,18 @@ async fn sigkill_under_write_load_loses_no_write_acknowledged_as_persisted() {
     if skip_if_external("crash") {
         return;
     }
-    crash_cycles(3, |_| None).await;
+    crash_cycles(3, |_| None, &[]).await;
+}
+
+/// The crash test with eviction on: a 1 MiB quota and values of about 2 KiB, so the
+/// writers' documents pass the high watermark within each cycle, the item pager ejects persisted values, and the
+/// checks after each restart read most documents back through background fetches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_with_values_being_ejected_loses_no_persisted_write() {
+    if skip_if_external("crash_eviction") {
+        return;
+    }
+    crash_cycles(3, |_| None, &["--memory-quota", "1MiB"]).await;
 }
 
 /// The crash test with the journal off (`--journal false`: a sync per vBucket data file
@@ -147,13 +162,20 @@ async fn sigkill_with_the_journal_switched_off_and_on_loses_no_persisted_write()
     if skip_if_external("crash_journal_off") {
         return;
     }
-    crash_cycles(2, |cycle| Some(cycle % 2 == 1)).await;
+    crash_cycles(2, |cycle| Some(cycle % 2 == 1), &[]).await;
 }
 
 /// Runs `EPKV_E2E_CRASH_CYCLES` (default `default_cycles`) crash cycles on one data
 /// directory; `journal(cycle)` says whether that cycle's server runs with the journal on
 /// (`Some(true)`), off (`Some(false)`) or with the default (`None`).
-async fn crash_cycles(default_cycles: u32, journal: fn(u32) -> Option<bool>) {
+/// `extra` flags go to every cycle's server; with `--memory-quota` among them the values
+/// are padded to about 2 KiB, so that they fill it.
+async fn crash_cycles(default_cycles: u32, journal: fn(u32) -> Option<bool>, extra: &[&str]) {
+    let pad = if extra.contains(&"--memory-quota") {
+        2048
+    } else {
+        0
+    };
     let cycles: u32 = std::env::var("EPKV_E2E_CRASH_CYCLES")
         .ok()
         .map_or(default_cycles, |v| {
@@ -172,10 +194,11 @@ async fn crash_cycles(default_cycles: u32, journal: fn(u32) -> Option<bool>) {
 
     for cycle in 0..cycles {
         let mode = journal(cycle);
-        let args: Vec<&str> = match mode {
+        let mut args: Vec<&str> = match mode {
             Some(on) => vec!["--journal", if on { "true" } else { "false" }],
             None => Vec::new(),
         };
+        args.extend_from_slice(extra);
         let server = Server::spawn_in(dir.path(), &args);
         server.wait_warmed_up().await;
         let mut admin = server.client().await;
@@ -195,6 +218,13 @@ async fn crash_cycles(default_cycles: u32, journal: fn(u32) -> Option<bool>) {
             );
         }
         check_known(&server, &known, cycle).await;
+        let s = stats(&mut admin, "").await;
+        eprintln!(
+            "crash cycle {cycle}: {} known writes read back; ep_bg_fetched {}, ep_num_value_ejects {}",
+            known.len(),
+            s["ep_bg_fetched"],
+            s["ep_num_value_ejects"]
+        );
 
         // Load, and SIGKILL once `target` writes are acknowledged.
         let target = rng.gen_range(50..=1500usize);
@@ -211,6 +241,7 @@ async fn crash_cycles(default_cycles: u32, journal: fn(u32) -> Option<bool>) {
                 cycle,
                 w,
                 PER_WRITER,
+                pad,
                 Arc::clone(&acked),
                 count_tx.clone(),
             )));
