@@ -417,3 +417,34 @@ def test_the_sdk_reconnects_after_a_server_restart(tmp_path_factory, users_file,
     finally:
         c.close()
         _stop_server(server, log)
+
+
+def test_writes_past_the_quota_are_all_read_back(tmp_path_factory):
+    """A bucket of 4 MiB takes 16 MiB of 512-byte values through the SDK (which retries
+    the TMPFAIL a write may get while the item pager makes room) and serves every value
+    back, most of them read from disk by background fetches."""
+    server, log = _start_server_with(
+        tmp_path_factory,
+        ["--admin-user", ADMIN[0], "--admin-password", ADMIN[1], "--memory-quota", "4MiB"],
+    )
+    try:
+        c = _connect(server.addr, *ADMIN)
+        try:
+            coll = c.bucket("default").default_collection()
+            raw = RawBinaryTranscoder()
+            n = 4 * (4 << 20) // 512
+            docs = {f"evict-{i:06d}": os.urandom(512) for i in range(n)}
+            keys = list(docs)
+            for start in range(0, n, 2000):
+                chunk = {k: docs[k] for k in keys[start:start + 2000]}
+                res = coll.upsert_multi(chunk, transcoder=raw)
+                assert res.all_ok, list(res.exceptions.items())[:3]
+            for start in range(0, n, 2000):
+                got = coll.get_multi(keys[start:start + 2000], transcoder=raw)
+                assert got.all_ok, list(got.exceptions.items())[:3]
+                for k, r in got.results.items():
+                    assert r.value == docs[k], k
+        finally:
+            c.close()
+    finally:
+        _stop_server(server, log)
