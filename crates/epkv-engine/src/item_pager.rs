@@ -208,7 +208,7 @@ impl Bucket {
         u8::MAX
     }
 
-    /// Runs the item pager for at most [`ITEMS_PER_RUN`] items: starts a cycle if memory
+    /// Runs the item pager for at most 10,000 items: starts a cycle if memory
     /// is above the high watermark (or above the low one after a wake), continues the
     /// cycle in progress, and ends it once memory is at the low watermark or nothing more
     /// can be freed. The pager task calls this; tests call it directly.

@@ -12,11 +12,15 @@
 //! thread, a persisted seqno per vBucket with non-blocking waiters
 //! ([`Bucket::when_persisted`], [`Bucket::wait_persisted`]), warmup on Reader tasks
 //! after creation ([`Bucket::wait_warmup`]; a vBucket still loading answers TempFail), a
-//! compactor on AuxIO, and a final flush at shutdown (see `persistence.rs`). Past the
-//! memory low watermark warmup loads keys and metadata only; an operation needing such a
-//! value reads it back from disk synchronously. It has no replication or SyncWrite
-//! tracking, no item pager (so nothing evicts values after warmup) and no background
-//! fetch on the Reader group, and never sees the wire format.
+//! compactor on AuxIO, and a final flush at shutdown (see `persistence.rs`). An item
+//! pager on the NonIO group keeps item memory between the watermarks: it ejects the
+//! values of persisted documents (value eviction), or, in a memory-only bucket, deletes
+//! the least used documents or leaves writes to fail with ENOMEM
+//! ([`EphemeralFullPolicy`]); an operation needing an ejected value answers
+//! `WouldBlock` after queueing a background fetch on the Reader group, and runs again
+//! once [`epkv_engine_api::Engine::when_fetched`] says the fetch is over (see
+//! `docs/memory.md`). It has no replication or SyncWrite tracking, no full eviction, and
+//! never sees the wire format.
 //!
 //! # Key types
 //! - [`Bucket`]: the engine; build it with [`Bucket::new`] from a [`BucketConfig`] and an
@@ -32,9 +36,13 @@
 //! - Per vBucket, seqnos strictly increase and CAS values strictly increase in seqno
 //!   order: both are handed out together at one ordering point (the vBucket's `order`
 //!   mutex), taken while the written key's stripe lock is held.
-//! - Item memory (key + value + fixed per-item overhead) never exceeds the high watermark
-//!   (85% of the quota by default), hence never the quota: a write that would pass it
-//!   fails with TempFail and changes nothing.
+//! - Item memory (key + value + fixed per-item overhead) never exceeds the quota: a write
+//!   that would pass it fails with TempFail (or NoMemory in a memory-only bucket that fails
+//!   new data) and changes nothing. Past the high watermark (85% by default) the item
+//!   pager frees memory down to the low watermark (75%).
+//! - The item pager never ejects a value that is not persisted (dirty), nor a prepare;
+//!   a background fetch restores a value only into the unchanged non-resident version it
+//!   read, so a write that raced it wins.
 //! - An expired document is never returned: every access checks expiry under the stripe
 //!   lock and removes the document (with a new seqno) if its time has come.
 //! - Client operations only run on active vBuckets whose vbid the key maps to, and only
@@ -62,10 +70,14 @@
 //!    by the flusher. The persisted-seqno waiters' mutex is a leaf; callbacks run after it
 //!    is released.
 //!
-//! 6. The store's locks (`epkv-storage`): taken inside a stripe lock only by the synchronous
-//!    read-back of a non-resident value (`Bucket::fetch_if_evicted`); the storage layer
-//!    never calls back into the engine, and the flusher and warmup take stripe locks only
-//!    with no store lock held.
+//! 6. The store's locks (`epkv-storage`): never taken inside a stripe lock. The
+//!    background fetcher reads with no engine lock held, then takes the key's stripe lock
+//!    to restore the value; the flusher and warmup take stripe locks only with no store
+//!    lock held; the storage layer never calls back into the engine.
+//!
+//! The item pager holds `state` shared and one stripe at a time, like the expiry pass; its
+//! cycle mutex is taken only by its own runs. The background fetch queues' mutexes are
+//! leaves (waiters are called after they are released).
 //!
 //! The flusher holds its shard's flush mutex while it takes queues and commits; it takes
 //! `state` shared (briefly, to read the state it commits), never a stripe lock while
@@ -116,7 +128,9 @@
 //!   `ep_warmup_key_only_count` (loaded as key and metadata: memory at the low watermark),
 //!   `ep_warmup_oom` (not loaded at all: memory at the high watermark),
 //!   `ep_warmup_unclean_shutdown`, and `vb_N:warmup_error` for each vBucket that could not
-//!   be loaded. The default group's `ep_bg_fetched` counts values read back from disk.
+//!   be loaded. The default group's `ep_bg_fetched` counts values read back from disk,
+//!   and `ep_num_value_ejects`, `ep_num_non_resident`, `vb_active_perc_mem_resident`,
+//!   `ep_num_pager_runs` and the `ep_bg_*` timings describe eviction (`docs/memory.md`).
 //!
 //! Counters are kept per thread (sharded, cache-line aligned) and summed when read, so
 //! counting never makes two cores write one cache line.
