@@ -114,6 +114,10 @@ async fn check_known(server: &Server, known: &[Acked], cycle: u32) {
     let mut c = server.client().await;
     let keys: Vec<&[u8]> = known.iter().map(|a| a.key.as_slice()).collect();
     let got = read_all(&mut c, &keys).await;
+    if got.iter().any(|g| g.0 != Some(Status::Success)) {
+        let s = stats(&mut c, "").await;
+        eprintln!("cycle {cycle}: a read failed; stats {s:?}");
+    }
     for (a, (status, value, _, _)) in known.iter().zip(got) {
         assert_eq!(
             status,

@@ -25,8 +25,19 @@ use std::time::{Duration, Instant};
 struct Pending {
     queued_at: Instant,
     in_flight: bool,
+    /// Times the value was read but did not fit in memory (the item pager was woken to
+    /// make room, and the fetch is retried).
+    no_room: u32,
     waiters: Vec<FetchedCallback>,
 }
+
+/// Reads of one key that may find memory full before its waiters are told TMPFAIL: each
+/// retry comes [`NO_ROOM_RETRY_AFTER`] later, after the item pager (woken by the refusal)
+/// has had its turn, so about 100 ms in all.
+const MAX_NO_ROOM_RETRIES: u32 = 50;
+
+/// Pause before a fetch whose value did not fit is retried.
+const NO_ROOM_RETRY_AFTER: Duration = Duration::from_millis(2);
 
 /// Fetches by vBucket and key.
 type PendingMap = HashMap<(Vbid, Box<[u8]>), Pending>;
@@ -58,6 +69,7 @@ impl BgFetchQueue {
                 v.insert(Pending {
                     queued_at: now,
                     in_flight: false,
+                    no_room: 0,
                     waiters: Vec::new(),
                 });
                 idle
@@ -105,6 +117,20 @@ impl BgFetchQueue {
             .unwrap_or_default();
         for w in waiters {
             w(outcome);
+        }
+    }
+
+    /// Puts a fetch whose value did not fit back in the queue, unless it has been
+    /// retried [`MAX_NO_ROOM_RETRIES`] times; returns false (and leaves it in flight) then.
+    fn retry_later(&self, vbid: Vbid, key: &[u8]) -> bool {
+        let mut q = self.pending.lock();
+        match q.get_mut(&(vbid, key.into())) {
+            Some(p) if p.no_room < MAX_NO_ROOM_RETRIES => {
+                p.no_room += 1;
+                p.in_flight = false;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -178,6 +204,15 @@ impl Default for BgFetchTimes {
     }
 }
 
+/// Why a fetch did not restore its value.
+enum FetchError {
+    /// The value did not fit under the quota (the item pager was woken).
+    NoRoom,
+    /// Any other outcome, told to the waiters as it is.
+    Failed(EngineStatus),
+}
+use FetchError::{Failed, NoRoom};
+
 fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }
@@ -249,7 +284,7 @@ impl Bucket {
             let start = self.clock.now();
             let outcome = match self.vbuckets.get(usize::from(vbid.0)) {
                 Some(vb) => self.fetch_and_restore(vb, &key),
-                None => Err(EngineStatus::NotMyVbucket),
+                None => Err(Failed(EngineStatus::NotMyVbucket)),
             };
             let end = self.clock.now();
             record(
@@ -257,14 +292,21 @@ impl Bucket {
                 start.saturating_duration_since(queued_at),
             );
             record(&self.bg_times.load, end.saturating_duration_since(start));
-            q.complete(vbid, key, outcome);
+            match outcome {
+                // Memory is full until the pager (woken by the refusal) ejects something:
+                // try again shortly rather than fail the reader.
+                Err(NoRoom) if q.retry_later(vbid, &key) => {}
+                Err(NoRoom) => q.complete(vbid, key, Err(EngineStatus::TempFail)),
+                Ok(()) => q.complete(vbid, key, Ok(())),
+                Err(Failed(e)) => q.complete(vbid, key, Err(e)),
+            }
         }
         n
     }
 
     /// One run of a shard's fetcher task.
     pub(crate) fn bg_fetcher_run(&self, shard: usize) -> epkv_executor::Next {
-        self.run_bg_fetches(shard);
+        let fetched = self.run_bg_fetches(shard);
         let idle = self
             .persistence
             .as_ref()
@@ -272,6 +314,9 @@ impl Bucket {
             .is_none_or(BgFetchQueue::is_idle);
         if idle {
             epkv_executor::Next::Sleep
+        } else if fetched > 0 && self.memory.used() >= self.config.quota_bytes() / 100 * 99 {
+            // What is left are retries of values that did not fit: give the pager time.
+            epkv_executor::Next::After(NO_ROOM_RETRY_AFTER)
         } else {
             epkv_executor::Next::After(Duration::ZERO)
         }
@@ -281,20 +326,20 @@ impl Bucket {
     /// stripe lock, puts its value back if the item in memory is still that version and
     /// still non-resident. Anything else means the item changed while the read ran; the
     /// operation waiting runs again and sees the change.
-    fn fetch_and_restore(&self, vb: &VBucket, key: &[u8]) -> EngineResult<()> {
+    fn fetch_and_restore(&self, vb: &VBucket, key: &[u8]) -> Result<(), FetchError> {
         let Some(shard) = self
             .persistence
             .as_ref()
             .and_then(|p| p.shards.get(p.shard_of(vb.id)))
         else {
-            return Err(EngineStatus::Internal);
+            return Err(Failed(EngineStatus::Internal));
         };
         let doc = match epkv_storage::KvStore::get(&shard.store, vb.id, key) {
             Ok(d) => d,
-            Err(err) if err.is_temporary() => return Err(EngineStatus::TempFail),
+            Err(err) if err.is_temporary() => return Err(Failed(EngineStatus::TempFail)),
             Err(err) => {
                 tracing::error!(vbid = %vb.id, error = %err, "background fetch: cannot read a non-resident value from disk");
-                return Err(EngineStatus::Internal);
+                return Err(Failed(EngineStatus::Internal));
             }
         };
         vb.table.with_entry(key, |e| {
@@ -307,9 +352,13 @@ impl Bucket {
                 Some(d) if !d.deleted && d.seqno == meta.by_seqno.0 => {
                     let sv = StoredValue::new(key, &d.value, meta).map_err(|err| {
                         tracing::error!(vbid = %vb.id, error = %err, "background fetch: value refused");
-                        EngineStatus::Internal
+                        Failed(EngineStatus::Internal)
                     })?;
-                    self.insert_or_tempfail(e, sv)?;
+                    match self.insert_or_tempfail(e, sv) {
+                        Ok(()) => {}
+                        Err(EngineStatus::TempFail) => return Err(NoRoom),
+                        Err(s) => return Err(Failed(s)),
+                    }
                     e.mark_clean(meta.by_seqno);
                     e.raise_mfu(epkv_hashtable::mfu::INITIAL);
                     self.counters.incr(Counter::BgFetched);
@@ -320,7 +369,7 @@ impl Bucket {
                 Some(d) if d.seqno < meta.by_seqno.0 => Ok(()),
                 other => {
                     tracing::error!(vbid = %vb.id, seqno = meta.by_seqno.0, on_disk = ?other.map(|d| (d.seqno, d.deleted)), "background fetch: a non-resident document's version is not on disk");
-                    Err(EngineStatus::Internal)
+                    Err(Failed(EngineStatus::Internal))
                 }
             }
         })
