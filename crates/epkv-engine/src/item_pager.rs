@@ -121,6 +121,11 @@ impl ItemPager {
         let _ = self.waker.task.set(task);
     }
 
+    /// The pager task, once scheduled.
+    pub(crate) fn waker_task(&self) -> Option<&epkv_executor::TaskHandle> {
+        self.waker.task.get()
+    }
+
     /// Cancels the task and stops the pager's own executor, if any.
     pub(crate) fn stop(&self) {
         if let Some(t) = self.waker.task.get() {
