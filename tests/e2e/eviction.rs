@@ -141,6 +141,10 @@ async fn write_past_the_quota_and_read_back(extra: &[&str]) {
     read_all_back(&mut c, "after the load").await;
     let s = stats(&mut c, "").await;
     let fetched: u64 = s["ep_bg_fetched"].parse().unwrap();
+    eprintln!(
+        "read back: resident {resident}% before, {fetched} bg fetches, wait avg/p99 {}/{} us, load avg/p99 {}/{} us",
+        s["ep_bg_wait_avg"], s["ep_bg_wait_p99"], s["ep_bg_load_avg"], s["ep_bg_load_p99"]
+    );
     assert!(fetched > (ITEMS / 2) as u64, "bg fetches {fetched}");
     assert!(s["ep_bg_num_samples"].parse::<u64>().unwrap() >= fetched);
     drop(c);
