@@ -368,7 +368,7 @@ impl Bucket {
         }
     }
 
-    /// Ejects one document's value now, as KV-Engine's EVICT_KEY (0x94): `Ok(true)` when
+    /// Ejects one document's value now, as KV-Engine's EVICT_KEY (0x93): `Ok(true)` when
     /// it ejected it, `Ok(false)` when it was not resident already.
     ///
     /// # Errors
