@@ -169,11 +169,9 @@ fn adaptor_bucket(n: usize) -> Arc<Bucket> {
     bucket
 }
 
-/// KV-Engine before seed 004, over the public API: per-vBucket (replica, memory) in an
-/// ordered map, looked up by the sort's comparator.
-fn naive_order(bucket: &Bucket) -> Vec<Vbid> {
-    let mut info: BTreeMap<u16, (bool, usize)> = BTreeMap::new();
-    let mut vbids = Vec::new();
+/// Calls `f(vbid, is_replica, memory)` for each vBucket that is not dead, through the
+/// public API both naive peers use (the state lock, a full statistics snapshot).
+fn each_live_vbucket(bucket: &Bucket, mut f: impl FnMut(Vbid, bool, usize)) {
     for v in 0..bucket.config().num_vbuckets {
         let vbid = Vbid(v);
         let Some(state) = bucket.vbucket_state(vbid) else {
@@ -183,9 +181,19 @@ fn naive_order(bucket: &Bucket) -> Vec<Vbid> {
             continue;
         }
         let mem = bucket.hash_table_stats(vbid).map_or(0, |s| s.mem_bytes);
-        info.insert(v, (state == VBucketState::Replica, mem));
-        vbids.push(vbid);
+        f(vbid, state == VBucketState::Replica, mem);
     }
+}
+
+/// KV-Engine before seed 004, over the public API: per-vBucket (replica, memory) in an
+/// ordered map, looked up by the sort's comparator.
+fn naive_order(bucket: &Bucket) -> Vec<Vbid> {
+    let mut info: BTreeMap<u16, (bool, usize)> = BTreeMap::new();
+    let mut vbids = Vec::new();
+    each_live_vbucket(bucket, |vbid, replica, mem| {
+        info.insert(vbid.0, (replica, mem));
+        vbids.push(vbid);
+    });
     vbids.sort_by(|a, b| {
         let ka = info.get(&a.0).copied().unwrap_or_default();
         let kb = info.get(&b.0).copied().unwrap_or_default();
@@ -196,23 +204,14 @@ fn naive_order(bucket: &Bucket) -> Vec<Vbid> {
 
 /// Seed 004's fix over the same public API: a vector indexed by vbid instead of the map.
 fn naive_vec_order(bucket: &Bucket) -> Vec<Vbid> {
-    let n = bucket.config().num_vbuckets;
-    let mut info = vec![(false, 0usize); usize::from(n)];
+    let mut info = vec![(false, 0usize); usize::from(bucket.config().num_vbuckets)];
     let mut vbids = Vec::new();
-    for v in 0..n {
-        let vbid = Vbid(v);
-        let Some(state) = bucket.vbucket_state(vbid) else {
-            continue;
-        };
-        if state == VBucketState::Dead {
-            continue;
-        }
-        let mem = bucket.hash_table_stats(vbid).map_or(0, |s| s.mem_bytes);
-        if let Some(slot) = info.get_mut(usize::from(v)) {
-            *slot = (state == VBucketState::Replica, mem);
+    each_live_vbucket(bucket, |vbid, replica, mem| {
+        if let Some(slot) = info.get_mut(usize::from(vbid.0)) {
+            *slot = (replica, mem);
         }
         vbids.push(vbid);
-    }
+    });
     vbids.sort_by(|a, b| {
         let ka = info.get(usize::from(a.0)).copied().unwrap_or_default();
         let kb = info.get(usize::from(b.0)).copied().unwrap_or_default();

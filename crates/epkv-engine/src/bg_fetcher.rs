@@ -39,20 +39,26 @@ const MAX_NO_ROOM_RETRIES: u32 = 50;
 /// Pause before a fetch whose value did not fit is retried.
 const NO_ROOM_RETRY_AFTER: Duration = Duration::from_millis(2);
 
-/// Fetches by vBucket and key.
-type PendingMap = HashMap<(Vbid, Box<[u8]>), Pending>;
+/// A shard's fetches by vBucket and key, with how many of them wait for the fetcher.
+#[derive(Default)]
+struct Fetches {
+    by_key: HashMap<(Vbid, Box<[u8]>), Pending>,
+    /// Entries of `by_key` that are not in flight (so `queue` and `is_idle` need not
+    /// scan the map).
+    queued: usize,
+}
 
 /// A shard's queued and in-flight background fetches, by vBucket and key. Its mutex is a
 /// leaf: callbacks run after it is released.
 #[derive(Default)]
 pub(crate) struct BgFetchQueue {
-    pending: Mutex<PendingMap>,
+    pending: Mutex<Fetches>,
 }
 
 impl std::fmt::Debug for BgFetchQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BgFetchQueue")
-            .field("pending", &self.pending.lock().len())
+            .field("pending", &self.pending.lock().by_key.len())
             .finish()
     }
 }
@@ -62,8 +68,8 @@ impl BgFetchQueue {
     /// fetcher must be woken (nothing else was queued).
     pub(crate) fn queue(&self, vbid: Vbid, key: &[u8], now: Instant) -> bool {
         let mut q = self.pending.lock();
-        let idle = q.values().all(|p| p.in_flight);
-        match q.entry((vbid, key.into())) {
+        let idle = q.queued == 0;
+        match q.by_key.entry((vbid, key.into())) {
             MapEntry::Occupied(_) => false,
             MapEntry::Vacant(v) => {
                 v.insert(Pending {
@@ -72,6 +78,7 @@ impl BgFetchQueue {
                     no_room: 0,
                     waiters: Vec::new(),
                 });
+                q.queued += 1;
                 idle
             }
         }
@@ -82,7 +89,7 @@ impl BgFetchQueue {
     pub(crate) fn when_fetched(&self, vbid: Vbid, key: &[u8], done: FetchedCallback) {
         let mut q = self.pending.lock();
         // A borrowed lookup of a (Vbid, Box<[u8]>) key needs the owned form.
-        if let Some(p) = q.get_mut(&(vbid, key.into())) {
+        if let Some(p) = q.by_key.get_mut(&(vbid, key.into())) {
             p.waiters.push(done);
             return;
         }
@@ -94,7 +101,9 @@ impl BgFetchQueue {
     /// sorted by vBucket so that each vBucket's keys are read together.
     fn take(&self) -> Vec<(Vbid, Box<[u8]>, Instant)> {
         let mut q = self.pending.lock();
+        q.queued = 0;
         let mut batch: Vec<_> = q
+            .by_key
             .iter_mut()
             .filter(|(_, p)| !p.in_flight)
             .map(|((vbid, key), p)| {
@@ -112,6 +121,7 @@ impl BgFetchQueue {
         let waiters = self
             .pending
             .lock()
+            .by_key
             .remove(&(vbid, key))
             .map(|p| p.waiters)
             .unwrap_or_default();
@@ -124,10 +134,11 @@ impl BgFetchQueue {
     /// retried [`MAX_NO_ROOM_RETRIES`] times; returns false (and leaves it in flight) then.
     fn retry_later(&self, vbid: Vbid, key: &[u8]) -> bool {
         let mut q = self.pending.lock();
-        match q.get_mut(&(vbid, key.into())) {
+        match q.by_key.get_mut(&(vbid, key.into())) {
             Some(p) if p.no_room < MAX_NO_ROOM_RETRIES => {
                 p.no_room += 1;
                 p.in_flight = false;
+                q.queued += 1;
                 true
             }
             _ => false,
@@ -136,12 +147,16 @@ impl BgFetchQueue {
 
     /// True when nothing is queued that the fetcher has not taken.
     fn is_idle(&self) -> bool {
-        self.pending.lock().values().all(|p| p.in_flight)
+        self.pending.lock().queued == 0
     }
 
     /// Fails every queued and in-flight fetch (shutdown): the waiters get `status`.
     pub(crate) fn fail_all(&self, status: EngineStatus) {
-        let all: Vec<_> = self.pending.lock().drain().collect();
+        let all: Vec<_> = {
+            let mut q = self.pending.lock();
+            q.queued = 0;
+            q.by_key.drain().collect()
+        };
         for (_, p) in all {
             for w in p.waiters {
                 w(Err(status));
@@ -270,16 +285,18 @@ impl Bucket {
     }
 
     /// Runs a shard's queued background fetches now (the fetcher task's run; tests with
-    /// a manual executor call it through the task). Returns how many keys it fetched.
-    pub fn run_bg_fetches(&self, shard: usize) -> usize {
+    /// a manual executor call it through the task). Returns how many keys it read and how
+    /// many of those it queued again because their values did not fit in memory.
+    pub fn run_bg_fetches(&self, shard: usize) -> (usize, usize) {
         let Some(p) = &self.persistence else {
-            return 0;
+            return (0, 0);
         };
         let Some(q) = p.fetch_queues.get(shard) else {
-            return 0;
+            return (0, 0);
         };
         let batch = q.take();
         let n = batch.len();
+        let mut retried = 0;
         for (vbid, key, queued_at) in batch {
             let start = self.clock.now();
             let outcome = match self.vbuckets.get(usize::from(vbid.0)) {
@@ -295,18 +312,18 @@ impl Bucket {
             match outcome {
                 // Memory is full until the pager (woken by the refusal) ejects something:
                 // try again shortly rather than fail the reader.
-                Err(NoRoom) if q.retry_later(vbid, &key) => {}
+                Err(NoRoom) if q.retry_later(vbid, &key) => retried += 1,
                 Err(NoRoom) => q.complete(vbid, key, Err(EngineStatus::TempFail)),
                 Ok(()) => q.complete(vbid, key, Ok(())),
                 Err(Failed(e)) => q.complete(vbid, key, Err(e)),
             }
         }
-        n
+        (n, retried)
     }
 
     /// One run of a shard's fetcher task.
     pub(crate) fn bg_fetcher_run(&self, shard: usize) -> epkv_executor::Next {
-        let fetched = self.run_bg_fetches(shard);
+        let (_, retried) = self.run_bg_fetches(shard);
         let idle = self
             .persistence
             .as_ref()
@@ -314,8 +331,9 @@ impl Bucket {
             .is_none_or(BgFetchQueue::is_idle);
         if idle {
             epkv_executor::Next::Sleep
-        } else if fetched > 0 && self.memory.used() >= self.config.quota_bytes() / 100 * 99 {
-            // What is left are retries of values that did not fit: give the pager time.
+        } else if retried > 0 {
+            // Values that did not fit are queued again: give the woken pager time. (Keys
+            // queued meanwhile wait as long, at most 2 ms.)
             epkv_executor::Next::After(NO_ROOM_RETRY_AFTER)
         } else {
             epkv_executor::Next::After(Duration::ZERO)

@@ -870,14 +870,7 @@ impl Drop for Bucket {
         // Never joins here: the last reference may be dropped on the pager thread itself.
         self.pager.signal_stop();
         // Nor on the item pager's own executor thread (a memory-only bucket's).
-        if let Some(t) = self.item_pager.waker_task() {
-            t.cancel();
-        }
-        if let Some(exec) = self.item_pager.executor.lock().take()
-            && let Err(e) = epkv_executor::spawn_named("epkv-pager-stop", move || drop(exec))
-        {
-            tracing::error!(error = %e, "cannot stop the item pager executor");
-        }
+        self.item_pager.stop_detached();
         // Nor on a flusher thread: stop the executor from a thread of its own. (A clean
         // shutdown has already flushed and stopped it; this only handles a bucket dropped
         // without one, whose unflushed writes were never reported persisted.)

@@ -121,21 +121,33 @@ impl ItemPager {
         let _ = self.waker.task.set(task);
     }
 
-    /// The pager task, once scheduled.
-    pub(crate) fn waker_task(&self) -> Option<&epkv_executor::TaskHandle> {
-        self.waker.task.get()
-    }
-
-    /// Cancels the task and stops the pager's own executor, if any.
+    /// Cancels the task and stops the pager's own executor, if any, waiting for it
+    /// (shutdown).
     pub(crate) fn stop(&self) {
-        if let Some(t) = self.waker.task.get() {
-            t.cancel();
-        }
-        if let Some(exec) = self.executor.lock().take()
+        if let Some(exec) = self.cancel()
             && let Err(e) = exec.shutdown(std::time::Duration::from_secs(10))
         {
             tracing::error!(error = %e, "item pager executor did not stop");
         }
+    }
+
+    /// As [`Self::stop`], but stops the executor from a thread of its own: a bucket
+    /// dropped without shutdown may be dropped on the pager's thread, which cannot join
+    /// itself.
+    pub(crate) fn stop_detached(&self) {
+        if let Some(exec) = self.cancel()
+            && let Err(e) = epkv_executor::spawn_named("epkv-pager-stop", move || drop(exec))
+        {
+            tracing::error!(error = %e, "cannot stop the item pager executor");
+        }
+    }
+
+    /// Cancels the task; returns the pager's own executor, if it has one.
+    fn cancel(&self) -> Option<epkv_executor::Executor> {
+        if let Some(t) = self.waker.task.get() {
+            t.cancel();
+        }
+        self.executor.lock().take()
     }
 }
 
@@ -147,7 +159,7 @@ impl Bucket {
     pub fn pager_vbucket_order(&self) -> Vec<Vbid> {
         // One u64 per vBucket, sorted descending: the replica bit on top, then the
         // pageable bytes (saturated at 2^47), then the vbid, so the sort compares plain
-        // integers (half the time of sorting tuples, measured in the `pager` bench).
+        // integers (6.0 us instead of 8.6 for 1024 tuples in the `pager` bench).
         const MEM_BITS: u32 = 47;
         let mut keyed: Vec<u64> = Vec::with_capacity(self.vbuckets.len());
         for vb in self.vbuckets.iter() {
@@ -206,22 +218,8 @@ impl Bucket {
                 vb.table.add_mfu_histogram(&mut hist);
             }
         }
-        let total: u64 = hist.iter().sum();
-        #[expect(
-            clippy::cast_precision_loss,
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "a rank within u64"
-        )]
-        let rank = ((fraction * total as f64).ceil() as u64).max(1);
-        let mut seen = 0;
-        for (mfu, n) in hist.iter().enumerate() {
-            seen += n;
-            if seen >= rank {
-                return u8::try_from(mfu).unwrap_or(u8::MAX);
-            }
-        }
-        u8::MAX
+        // Nothing evictable: any threshold evicts nothing.
+        epkv_hashtable::mfu_percentile(&hist, fraction * 100.0).unwrap_or(u8::MAX)
     }
 
     /// Runs the item pager for at most 10,000 items: starts a cycle if memory

@@ -286,10 +286,5 @@ proptest! {
             }
             prop_assert!(f.bucket.mem_used() <= 1 << 20);
         }
-        if std::env::var_os("EPKV_PAGER_PROP_DEBUG").is_some() {
-            let mut ejects = String::new();
-            f.bucket.stats("", &mut |k, v| if k == "ep_num_value_ejects" { ejects = v.to_owned() }).unwrap();
-            eprintln!("ejects {ejects}");
-        }
     }
 }

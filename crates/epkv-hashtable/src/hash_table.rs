@@ -579,6 +579,13 @@ impl HashTable {
 /// Bumps a live resident item's MFU counter probabilistically, moving it in the
 /// histogram.
 #[inline]
+/// Sets an item's MFU counter, moving it between the histogram's bins if it is evictable.
+pub(crate) fn set_mfu(sv: &mut Slot, hist: &mut MfuHistogram, mfu: u8) {
+    let before = sv.props().evictable_mfu;
+    sv.set_mfu(mfu);
+    hist.apply(before, sv.props().evictable_mfu);
+}
+
 pub(crate) fn bump_mfu(sv: &mut Slot, hist: &mut MfuHistogram) {
     let c = sv.mfu();
     let n = mfu::next_on_access(c);
@@ -693,9 +700,7 @@ impl Entry<'_> {
         if let Some(sv) = inner.committed.get_mut(i)
             && sv.mfu() < mfu
         {
-            let before = sv.props().evictable_mfu;
-            sv.set_mfu(mfu);
-            inner.mfu.apply(before, sv.props().evictable_mfu);
+            set_mfu(sv, &mut inner.mfu, mfu);
         }
     }
 

@@ -99,6 +99,6 @@ mod visitor;
 pub use error::{Error, Result};
 pub use hash_table::{Entry, HashTable, TrackReference, WantsDeleted};
 pub use memory::MemoryTracker;
-pub use stats::TableStats;
+pub use stats::{TableStats, mfu_percentile};
 pub use stored_value::{CommittedState, ItemMeta, StoredValue};
 pub use visitor::{Position, Visit, VisitedItem};

@@ -99,12 +99,6 @@ impl MemoryTracker {
         let _ = self.on_high.set(Box::new(on_high));
     }
 
-    /// Returns the high watermark in bytes (`usize::MAX` when none is set).
-    #[must_use]
-    pub fn high_watermark(&self) -> usize {
-        self.high_wat.load(Ordering::Relaxed)
-    }
-
     /// Creates a tracker without a limit.
     #[must_use]
     pub fn unlimited() -> Self {
@@ -244,6 +238,27 @@ impl Default for MemoryTracker {
 #[cfg(all(test, not(epkv_loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_high_watermark_hook_runs_only_once_reserved_bytes_pass_it() {
+        let t = MemoryTracker::new(1 << 20);
+        let fired = std::sync::Arc::new(AtomicUsize::new(0));
+        let f = std::sync::Arc::clone(&fired);
+        t.set_high_watermark(512 * 1024, move || {
+            f.fetch_add(1, Ordering::Relaxed);
+        });
+        // Below the watermark (a shard's first chunk and then some): no call.
+        for _ in 0..4 {
+            t.try_charge(64 * 1024).unwrap();
+        }
+        assert_eq!(fired.load(Ordering::Relaxed), 0);
+        // Past it: each growth of the reserved bytes calls the hook.
+        for _ in 0..6 {
+            t.try_charge(64 * 1024).unwrap();
+        }
+        assert!(fired.load(Ordering::Relaxed) > 0);
+        assert!(t.used() <= t.limit());
+    }
 
     #[test]
     fn charge_within_limit_succeeds_and_beyond_fails() {

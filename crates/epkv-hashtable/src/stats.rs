@@ -229,25 +229,33 @@ impl TableStats {
     /// The MFU value at `percentile` (0-100) of the histogram, or `None` when it is empty.
     #[must_use]
     pub fn mfu_percentile(&self, percentile: f64) -> Option<u8> {
-        let total: u64 = self.mfu_histogram.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        #[expect(
-            clippy::cast_precision_loss,
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "a rank within u64"
-        )]
-        let rank = ((percentile.clamp(0.0, 100.0) / 100.0) * total as f64).ceil() as u64;
-        let rank = rank.max(1);
-        let mut seen = 0;
-        for (i, n) in self.mfu_histogram.iter().enumerate() {
-            seen += n;
-            if seen >= rank {
-                return u8::try_from(i).ok();
-            }
-        }
-        Some(u8::MAX)
+        mfu_percentile(&self.mfu_histogram, percentile)
     }
+}
+
+/// The MFU value at `percentile` (0-100) of an MFU histogram (items by counter value), or
+/// `None` when it is empty. The item pager uses it on the histograms of many tables
+/// summed ([`crate::HashTable::add_mfu_histogram`]).
+#[must_use]
+pub fn mfu_percentile(hist: &[u64; 256], percentile: f64) -> Option<u8> {
+    let total: u64 = hist.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    #[expect(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a rank within u64"
+    )]
+    let rank = ((percentile.clamp(0.0, 100.0) / 100.0) * total as f64).ceil() as u64;
+    let rank = rank.max(1);
+    let mut seen = 0;
+    for (i, n) in hist.iter().enumerate() {
+        seen += n;
+        if seen >= rank {
+            return u8::try_from(i).ok();
+        }
+    }
+    Some(u8::MAX)
 }

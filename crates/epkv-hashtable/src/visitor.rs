@@ -3,7 +3,7 @@
 //! in between (what the item pager and expiry pager need).
 
 use crate::StoredValue;
-use crate::hash_table::{HashTable, Inner, Shared, Slot, bump_mfu, evict};
+use crate::hash_table::{HashTable, Inner, Shared, Slot, bump_mfu, evict, set_mfu};
 use crate::stats::StripeCounts;
 
 /// Where a paused visit resumes: a stripe, a bucket inside it, and the stripe's resize
@@ -108,9 +108,7 @@ impl VisitedItem<'_> {
         }
         let inner = &mut *self.inner;
         if let Some(sv) = inner.committed.get_mut(self.bucket) {
-            let before = sv.props().evictable_mfu;
-            sv.set_mfu(mfu);
-            inner.mfu.apply(before, sv.props().evictable_mfu);
+            set_mfu(sv, &mut inner.mfu, mfu);
         }
     }
 
