@@ -29,6 +29,9 @@ pub enum Error {
     /// A key longer than [`crate::StoredValue::MAX_KEY_LEN`] bytes cannot be stored.
     #[error("key of {0} bytes is longer than the 255 an item can have")]
     KeyTooLong(usize),
+    /// A value longer than [`crate::StoredValue::MAX_VALUE_LEN`] bytes cannot be stored.
+    #[error("value of {0} bytes is longer than an item can have")]
+    ValueTooLong(usize),
 }
 
 /// Result alias for this crate.

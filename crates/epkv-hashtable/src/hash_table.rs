@@ -3,10 +3,10 @@
 //! atomically; the `find_for_*` lookups.
 //!
 //! The table is an array of stripes; each stripe is a `parking_lot::Mutex` over two
-//! [`SlotTable`]s (linear probing over slots that hold the key's tag, the boxed item and
-//! a hint for its value): one for the committed versions, one for the prepared versions
+//! [`SlotTable`]s (linear probing over 16-byte slots that hold the key's tag, the item's
+//! pointer, its size in cache lines and its MFU counter): one for the committed versions, one for the prepared versions
 //! (empty, and unallocated, unless SyncWrites are in flight, so a lookup without prepares
-//! never probes it). A key's foldhash gives a 56-bit tag; the stripe is picked from tag
+//! never probes it). A key's foldhash gives a 53-bit tag; the stripe is picked from tag
 //! bits 12..44 and the first bucket from the low bits, so the two do not correlate.
 //!
 //! Beside the stripes, a dense array holds where each stripe's committed slots are: a
@@ -28,10 +28,10 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// The low 56 bits of a [`Slot`]'s word: the key's tag.
-pub(crate) const TAG_BITS: u64 = (1 << 56) - 1;
+/// The low 53 bits of a [`Slot`]'s word: the key's tag.
+pub(crate) const TAG_BITS: u64 = (1 << 53) - 1;
 
-/// A key's hash as the table uses it: `tag`, 56 bits of the key's foldhash, stored in the
+/// A key's hash as the table uses it: `tag`, 53 bits of the key's foldhash, stored in the
 /// key's slot and compared before the key; `probe`, whose low bits pick the key's first
 /// bucket, recomputed from the tag alone when a stripe rehashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +138,7 @@ pub(crate) struct Shared {
 impl Shared {
     #[inline]
     pub(crate) fn hash(&self, key: &[u8]) -> KeyHash {
-        KeyHash::from_tag(self.build.hash_one(key) >> 8)
+        KeyHash::from_tag(self.build.hash_one(key) >> 11)
     }
 
     /// Charges or releases the difference between two footprints.
@@ -970,7 +970,7 @@ mod mfu_tests {
         // A resize places a slot by the probe hash it recomputes from its word: that must
         // be the probe the key was inserted with, whatever its MFU byte holds.
         for h in &hashes {
-            assert_eq!(h.tag >> 56, 0);
+            assert_eq!(h.tag >> 53, 0);
             let mut slot = Slot::new(*h, item(b"k"), mfu::INITIAL);
             for counter in [0, 1, mfu::INITIAL, 200, u8::MAX] {
                 slot.set_mfu(counter);
@@ -983,45 +983,43 @@ mod mfu_tests {
 #[cfg(test)]
 mod layout_tests {
     use super::*;
-    use crate::prefetch::ValueHint;
 
-    fn hint_of(t: &HashTable, key: &[u8]) -> (ValueHint, ValueHint) {
+    fn lines_of(t: &HashTable, key: &[u8]) -> (usize, usize) {
         t.with_entry(key, |e| {
             let slot = e.committed_mut().expect("the key is there");
-            (slot.hint(), slot.value_hint())
+            (slot.prefetch_lines(), slot.footprint())
         })
     }
 
     #[test]
-    fn the_slots_value_hint_follows_every_new_version_and_eviction() {
+    fn the_slots_line_count_follows_every_new_version_and_eviction() {
         let t = HashTable::unlimited(1).unwrap();
         let v1 = StoredValue::new(b"k", &[1; 100], ItemMeta::default()).unwrap();
         t.insert(v1).unwrap();
-        let (hint, actual) = hint_of(&t, b"k");
-        assert_eq!(hint, actual);
-        assert_ne!(hint, ValueHint::default());
-        // Overwrites replace the item in place; the hint must move with the value.
+        assert_eq!(lines_of(&t, b"k"), (3, 149));
+        // Overwrites replace the item in place; the count must follow its size.
         let v2 = StoredValue::new(b"k", &[2; 700], ItemMeta::default()).unwrap();
         t.insert(v2).unwrap();
-        let (hint2, actual) = hint_of(&t, b"k");
-        assert_eq!(hint2, actual);
-        assert_ne!(hint2, hint);
-        // Resizes move slots, hints included.
+        assert_eq!(lines_of(&t, b"k").0, crate::slot_table::MAX_ITEM_LINES);
+        // Resizes move slots, words included.
         for i in 0..1000u32 {
             let k = i.to_be_bytes();
             t.insert(StoredValue::new(&k, b"x", ItemMeta::default()).unwrap())
                 .unwrap();
         }
-        assert_eq!(hint_of(&t, b"k").0, hint2);
+        assert_eq!(lines_of(&t, b"k").0, crate::slot_table::MAX_ITEM_LINES);
         let evicted = t.with_entry(b"k", |e| {
             e.committed_mut().expect("there").set_dirty(false);
             e.evict_value()
         });
         assert!(evicted);
-        assert_eq!(
-            hint_of(&t, b"k"),
-            (ValueHint::default(), ValueHint::default())
-        );
+        assert_eq!(lines_of(&t, b"k"), (1, 49));
+        // The MFU byte and the line count share the word without disturbing each other.
+        t.with_entry(b"k", |e| {
+            let slot = e.committed_mut().expect("there");
+            slot.set_mfu(u8::MAX);
+            assert_eq!((slot.prefetch_lines(), slot.mfu()), (1, u8::MAX));
+        });
     }
 
     /// Whether every stripe's bucket hint says where its committed slots are now.

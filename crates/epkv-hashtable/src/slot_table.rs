@@ -20,7 +20,7 @@
 
 use crate::StoredValue;
 use crate::hash_table::{KeyHash, TAG_BITS};
-use crate::prefetch::{ValueHint, prefetch_line};
+use crate::prefetch::{ADDR_BITS, prefetch_line};
 
 /// The word of a never-used bucket (and no item).
 const EMPTY: u64 = 0;
@@ -29,44 +29,55 @@ const TOMBSTONE: u64 = 1;
 /// The fewest buckets an allocated table has.
 const MIN_BUCKETS: usize = 8;
 
-/// One bucket: the item's boxed [`StoredValue`], one word holding its key's tag (low 56
-/// bits) and the item's MFU counter (top 8 bits), and a [`ValueHint`] saying where the
-/// item's value is. A bucket without an item is empty or a tombstone, by its word.
+/// One bucket: the item (a one-word pointer to its single allocation, see
+/// [`StoredValue`]) and one word holding its key's tag (low 53 bits), how many more cache
+/// lines of the item a lookup prefetches (3 bits) and the item's MFU counter (top 8
+/// bits). 16 bytes. A bucket without an item is empty or a tombstone, by its word.
 ///
-/// - **The tag** lets a lookup compare 56 bits of hash before following the pointer to
+/// - **The tag** lets a lookup compare 53 bits of hash before following the pointer to
 ///   compare keys, and a rehash place the slot without reading its item (which would be
 ///   a cache miss per item).
 /// - **The MFU counter** lives here, not in the item, so that a read's bump writes to the
 ///   slot's cache line, which the lookup has just read, and a read never writes to the
 ///   item (FindForRead +5% in interleaved runs; see "Lookup cost" in docs/hashtable.md).
-/// - **The value hint** lets a lookup fetch the item and its value at the same time
-///   (see [`Slot::is`]). It costs 8 bytes per bucket and saves most of a cache miss
-///   per read (`crate::prefetch` has the numbers). It is refreshed whenever the table
-///   puts a new version in the slot or ejects its value.
+/// - **The line count** lets a lookup fetch all of the item (its value included, up to
+///   [`MAX_ITEM_LINES`] lines) at once instead of line after line (see [`Slot::is`]).
+///   It is refreshed whenever the table puts a new version in the slot or ejects its
+///   value.
 ///
 /// A `&Slot` or `&mut Slot` outside this module always has an item: [`SlotTable`] hands
 /// out only occupied buckets.
 pub(crate) struct Slot {
     word: u64,
-    sv: Option<Box<StoredValue>>,
-    value: ValueHint,
+    sv: Option<StoredValue>,
+}
+
+/// The most cache lines of an item a lookup prefetches (512 bytes): enough for the
+/// hardware's stream prefetcher to take over on longer values.
+pub(crate) const MAX_ITEM_LINES: usize = 8;
+
+/// Where the line count sits in a slot's word.
+const LINES_SHIFT: u32 = 53;
+const LINES_BITS: u64 = 0b111 << LINES_SHIFT;
+
+/// The word's line-count bits for `sv`: its cache lines after the first, at most
+/// [`MAX_ITEM_LINES`] in all.
+#[inline]
+fn lines_of(sv: &StoredValue) -> u64 {
+    let lines = sv.footprint().div_ceil(64).clamp(1, MAX_ITEM_LINES);
+    (lines as u64 - 1) << LINES_SHIFT
 }
 
 impl Slot {
     pub(crate) fn new(hash: KeyHash, sv: StoredValue, mfu: u8) -> Self {
         Self {
-            word: hash.tag | (u64::from(mfu) << 56),
-            value: sv.value_hint(),
-            sv: Some(Box::new(sv)),
+            word: hash.tag | lines_of(&sv) | (u64::from(mfu) << 56),
+            sv: Some(sv),
         }
     }
 
     const fn vacant(word: u64) -> Self {
-        Self {
-            word,
-            sv: None,
-            value: ValueHint::NONE,
-        }
+        Self { word, sv: None }
     }
 
     /// Whether the bucket holds an item.
@@ -97,22 +108,31 @@ impl Slot {
         }
     }
 
+    /// Keeps the word's line count in step with the item's size.
+    #[inline]
+    fn refresh_lines(&mut self) {
+        let lines = lines_of(self.item());
+        self.word = (self.word & !LINES_BITS) | lines;
+    }
+
     /// Puts `sv` in the slot and returns the version it held.
     pub(crate) fn replace(&mut self, sv: StoredValue) -> StoredValue {
-        self.value = sv.value_hint();
-        std::mem::replace(self.item_mut(), sv)
+        let old = std::mem::replace(self.item_mut(), sv);
+        self.refresh_lines();
+        old
     }
 
-    /// Ejects the item's value (value eviction) and the hint that pointed at it.
+    /// Ejects the item's value (value eviction).
     pub(crate) fn eject_value(&mut self) {
         self.item_mut().eject_value();
-        self.value = ValueHint::NONE;
+        self.refresh_lines();
     }
 
-    /// The value hint the slot holds (for tests that check it follows the value).
+    /// How many cache lines of the item a lookup prefetches (for tests that check it
+    /// follows the item).
     #[cfg(test)]
-    pub(crate) fn hint(&self) -> ValueHint {
-        self.value
+    pub(crate) fn prefetch_lines(&self) -> usize {
+        ((self.word & LINES_BITS) >> LINES_SHIFT) as usize + 1
     }
 
     /// The hash a rehash places the slot by.
@@ -124,17 +144,20 @@ impl Slot {
     /// Whether this slot holds `key`, whose hash is `hash` (false for a vacant bucket).
     ///
     /// When the tag matches, the slot almost surely holds the key, and the caller reads
-    /// the item next: the item's second cache line and the value's first lines are
-    /// prefetched before the key comparison waits for the item's first line, so the
-    /// three misses overlap instead of following one another.
+    /// the item next: the item's lines after the first (its value's, mostly) are
+    /// prefetched before the key comparison waits for the first, so the misses overlap
+    /// instead of following one another.
     #[inline]
     pub(crate) fn is(&self, hash: KeyHash, key: &[u8]) -> bool {
         if self.word & TAG_BITS != hash.tag {
             return false;
         }
         let Some(sv) = &self.sv else { return false };
-        self.value.prefetch();
-        prefetch_line(std::ptr::from_ref::<StoredValue>(sv) as usize + 64);
+        let addr = sv.addr();
+        let lines = ((self.word & LINES_BITS) >> LINES_SHIFT) as usize;
+        for i in 1..=lines {
+            prefetch_line(addr + i * 64);
+        }
         sv.key() == key
     }
 
@@ -146,7 +169,7 @@ impl Slot {
 
     #[inline]
     pub(crate) fn set_mfu(&mut self, mfu: u8) {
-        self.word = (self.word & TAG_BITS) | (u64::from(mfu) << 56);
+        self.word = (self.word & !(0xff << 56)) | (u64::from(mfu) << 56);
     }
 
     /// The item's properties for the statistics, its MFU counter included.
@@ -157,7 +180,7 @@ impl Slot {
 
     pub(crate) fn into_inner(self) -> StoredValue {
         match self.sv {
-            Some(sv) => *sv,
+            Some(sv) => sv,
             None => unreachable!("the slot table hands out occupied slots only"),
         }
     }
@@ -200,8 +223,9 @@ pub(crate) fn prefetch_bucket(hint: u64, probe: u64) {
         return;
     }
     let mask = (1u64 << (hint >> 56)) - 1;
-    let addr = (hint & TAG_BITS) + (probe & mask) * std::mem::size_of::<Slot>() as u64;
-    // A 24-byte slot may straddle two lines.
+    let addr = (hint & ADDR_BITS) + (probe & mask) * std::mem::size_of::<Slot>() as u64;
+    // A 16-byte slot sits in one line when the array is 16-aligned, as allocators give
+    // it; the second prefetch covers an array that is not.
     prefetch_line(addr as usize);
     prefetch_line(addr as usize + std::mem::size_of::<Slot>() - 1);
 }
@@ -252,7 +276,7 @@ impl SlotTable {
         if n == 0 {
             return 0;
         }
-        (self.buckets.as_ptr() as u64 & TAG_BITS) | (u64::from(n.trailing_zeros()) << 56)
+        (self.buckets.as_ptr() as u64 & ADDR_BITS) | (u64::from(n.trailing_zeros()) << 56)
     }
 
     /// The bucket index of `key`, whose hash is `hash`.
@@ -436,8 +460,8 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_is_as_small_as_its_three_words() {
-        assert_eq!(std::mem::size_of::<Slot>(), 24);
+    fn a_slot_is_as_small_as_its_two_words() {
+        assert_eq!(std::mem::size_of::<Slot>(), 16);
         assert_eq!(std::mem::size_of::<SlotTable>(), 32);
     }
 

@@ -1,6 +1,5 @@
 //! [`StoredValue`], its document metadata [`ItemMeta`], and its [`CommittedState`].
 
-use crate::prefetch::ValueHint;
 use crate::{Error, Result};
 use bytes::Bytes;
 use epkv_types::{Cas, Datatype, Seqno};
@@ -114,179 +113,86 @@ impl CommittedState {
     }
 }
 
-/// Keys up to this length live inside the [`StoredValue`]; longer ones get their own
-/// allocation of exactly their length.
-pub(crate) const INLINE_KEY_LEN: usize = 20;
-
-/// The length of an inline key. Its unused values (21..=255) are the niche in which the
-/// compiler stores which [`Key`] variant is in use, so `Key` needs no separate tag byte.
-#[derive(Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum InlineLen {
-    L0 = 0,
-    L1 = 1,
-    L2 = 2,
-    L3 = 3,
-    L4 = 4,
-    L5 = 5,
-    L6 = 6,
-    L7 = 7,
-    L8 = 8,
-    L9 = 9,
-    L10 = 10,
-    L11 = 11,
-    L12 = 12,
-    L13 = 13,
-    L14 = 14,
-    L15 = 15,
-    L16 = 16,
-    L17 = 17,
-    L18 = 18,
-    L19 = 19,
-    L20 = 20,
-}
-
-const INLINE_LENS: [InlineLen; INLINE_KEY_LEN + 1] = [
-    InlineLen::L0,
-    InlineLen::L1,
-    InlineLen::L2,
-    InlineLen::L3,
-    InlineLen::L4,
-    InlineLen::L5,
-    InlineLen::L6,
-    InlineLen::L7,
-    InlineLen::L8,
-    InlineLen::L9,
-    InlineLen::L10,
-    InlineLen::L11,
-    InlineLen::L12,
-    InlineLen::L13,
-    InlineLen::L14,
-    InlineLen::L15,
-    InlineLen::L16,
-    InlineLen::L17,
-    InlineLen::L18,
-    InlineLen::L19,
-    InlineLen::L20,
-];
-
-/// The table-managed bytes of an item: life-cycle state and flag bits.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct TableBytes {
-    /// A [`CommittedState`] as its `u8` (a plain byte, so that the compiler uses the
-    /// inline length, not this, as the niche of [`Key`]).
-    state: u8,
-    bits: u8,
-}
-
-/// A key, inline when short (no allocation), boxed when long, together with the table's
-/// two bytes of per-item state (kept here, in space the key enum would otherwise pad,
-/// so that the whole `StoredValue` is 96 bytes). 24 bytes.
-#[derive(Clone)]
-enum Key {
-    Inline {
-        len: InlineLen,
-        t: TableBytes,
-        buf: [u8; INLINE_KEY_LEN],
-    },
-    /// A thin pointer (to the key's fat box): with a fat `Box<[u8]>` here the compiler
-    /// cannot fit this variant around the niche and `Key` grows to 32 bytes.
-    Heap { t: TableBytes, key: Box<Box<[u8]>> },
-}
-
-impl Key {
-    fn new(key: &[u8], t: TableBytes) -> Self {
-        match INLINE_LENS.get(key.len()) {
-            Some(&len) => {
-                let mut buf = [0u8; INLINE_KEY_LEN];
-                buf[..key.len()].copy_from_slice(key);
-                Self::Inline { len, t, buf }
-            }
-            None => Self::Heap {
-                t,
-                key: Box::new(key.into()),
-            },
-        }
-    }
-
-    #[inline]
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, buf, .. } => &buf[..*len as usize],
-            Self::Heap { key, .. } => key,
-        }
-    }
-
-    #[inline]
-    fn t(&self) -> &TableBytes {
-        match self {
-            Self::Inline { t, .. } | Self::Heap { t, .. } => t,
-        }
-    }
-
-    #[inline]
-    fn t_mut(&mut self) -> &mut TableBytes {
-        match self {
-            Self::Inline { t, .. } | Self::Heap { t, .. } => t,
-        }
-    }
-
-    fn heap_bytes(&self) -> usize {
-        match self {
-            Self::Inline { .. } => 0,
-            Self::Heap { key, .. } => std::mem::size_of::<Box<[u8]>>() + key.len(),
-        }
-    }
-}
-
-/// Bits of [`TableBytes::bits`].
+/// Bits of [`Header::bits`].
 const DELETED: u8 = 1;
 const DIRTY: u8 = 2;
 const RESIDENT: u8 = 4;
 
+/// The fixed part of an item's allocation; the key's bytes follow it, then the value's.
+/// 48 bytes (47 used).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Header {
+    meta: ItemMeta,
+    /// Bytes of the value that follow the key (0 when evicted or empty).
+    value_len: u32,
+    /// A [`CommittedState`] as its `u8`.
+    state: u8,
+    /// [`DELETED`], [`DIRTY`] and [`RESIDENT`].
+    bits: u8,
+    key_len: u8,
+}
+
+/// Bytes of [`Header`]: where the key starts in an item's allocation.
+const HEADER: usize = std::mem::size_of::<Header>();
+const _: () = assert!(HEADER == 48 && std::mem::align_of::<Header>() == 8);
+
+/// The allocation of an item of `len` bytes in all (header included).
+fn layout(len: usize) -> std::alloc::Layout {
+    match std::alloc::Layout::from_size_align(len, std::mem::align_of::<Header>()) {
+        Ok(l) => l,
+        // Unreachable: `len` is at most 48 + 255 + u32::MAX, far below isize::MAX.
+        Err(_) => unreachable!("an item's size always makes a valid layout"),
+    }
+}
+
 /// One version of a document in the table: key, value (absent once evicted), metadata,
-/// life-cycle state and deleted/dirty/resident bits. Its MFU frequency counter is not
-/// here: the table keeps it in the item's slot (see [`crate::Entry::mfu`]), so that a
-/// read which bumps it never writes to the item.
+/// life-cycle state and deleted/dirty/resident bits, all in **one allocation**. Its MFU
+/// frequency counter is not here: the table keeps it in the item's slot (see
+/// [`crate::Entry::mfu`]), so that a read which bumps it never writes to the item.
 ///
 /// # Memory layout (what [`Self::footprint`] counts)
-/// - the `StoredValue` itself, 96 bytes, in its own allocation (the table's slot holds a
-///   pointer to it);
-/// - keys longer than 20 bytes: two more allocations, the key's exact length and a
-///   16-byte box pointing to it (shorter keys live inside the `StoredValue`);
-/// - a non-empty resident value: one allocation of exactly its length, plus the 24-byte
-///   header [`Bytes`] allocates the first time the value is shared (the first read that
-///   hands it out). The header is charged from the start: forcing it at write time cost
-///   about 90 ns per write (an allocation, a free and three atomic operations), so a
-///   value that has never been read is charged 24 bytes more than it holds; from its first
-///   read on, the charge is exact.
+/// One allocation of exactly `48 + key length + value length` bytes: a 48-byte header
+/// (the [`ItemMeta`], the value's length, the state and flag bytes, the key's length),
+/// then the key, then the value. The `StoredValue` itself is one pointer, which the
+/// table's slot holds. An item with a 15-byte key and a 32-byte value takes 95 bytes (96
+/// with the allocator's size class); before this layout it took a 96-byte struct plus a
+/// separate value allocation plus a value pointer in the slot (see "Item layout" in
+/// `docs/hashtable.md`).
 ///
-/// These are the sizes requested from the allocator (verified with a counting allocator
-/// in `tests/footprint_exact.rs`); its size-class rounding comes on top and is not
-/// counted (see `docs/hashtable.md`). The table's slot arrays are counted separately
-/// ([`crate::TableStats::table_bytes`]).
+/// Written by hand (with the crate's only other unsafe code, [`crate::prefetch`]) because
+/// the item's size is the core of the product: no safe type holds a variable-length
+/// record behind a one-word pointer, and a fat `Box<[u8]>` costs 8 bytes more in every
+/// slot. The unsafe code is this module's and is checked by Miri (`docs/testing.md`).
+///
+/// The requested size is what is charged; the allocator's size-class rounding comes on
+/// top and is not counted (see `docs/hashtable.md`). The table's slot arrays are counted
+/// separately ([`crate::TableStats::table_bytes`]).
 ///
 /// The key is immutable; the value is replaced only through the table
-/// ([`crate::Entry::insert`], eviction) so the accounting stays exact.
-///
-/// The fields are laid out in a fixed order (`repr(C)`): what every lookup touches (the
-/// key and the table's state and flag bytes, which share one 24-byte field) comes first,
-/// so a lookup's key comparison and state check read one cache line.
-#[derive(Clone)]
-#[repr(C)]
+/// ([`crate::Entry::insert`], eviction) so the accounting stays exact. A read that hands
+/// the value out as [`Bytes`] ([`Self::value_bytes`]) copies it; the front end's GET path
+/// borrows it instead ([`Self::value`]) and copies it once, into the reply.
 pub struct StoredValue {
-    key: Key,
-    meta: ItemMeta,
-    /// `None` when evicted (non-resident) or when the item has no value.
-    value: Option<Bytes>,
+    /// The item's allocation, of [`Self::alloc_len`] bytes, owned (as a `Box` would be).
+    ptr: std::ptr::NonNull<Header>,
 }
+
+// SAFETY: a `StoredValue` owns its allocation exclusively, as a `Box<[u8]>` would: no
+// other pointer to it exists, it has no interior mutability, and `&self` methods only
+// read. So it may move to and be shared between threads as freely as a `Box`.
+#[allow(unsafe_code)]
+unsafe impl Send for StoredValue {}
+// SAFETY: see `Send`.
+#[allow(unsafe_code)]
+unsafe impl Sync for StoredValue {}
 
 impl std::fmt::Debug for StoredValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoredValue")
             .field("key", &String::from_utf8_lossy(self.key()))
             .field("value_len", &self.value_len())
-            .field("meta", &self.meta)
+            .field("meta", self.meta())
             .field("state", &self.committed_state())
             .field("deleted", &self.is_deleted())
             .field("dirty", &self.is_dirty())
@@ -297,43 +203,131 @@ impl std::fmt::Debug for StoredValue {
 
 impl PartialEq for StoredValue {
     fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (self.header(), other.header());
         self.key() == other.key()
-            && self.value.as_deref() == other.value.as_deref()
-            && self.meta == other.meta
-            && self.key.t() == other.key.t()
+            && self.value() == other.value()
+            && a.meta == b.meta
+            && (a.state, a.bits) == (b.state, b.bits)
     }
 }
 
 impl Eq for StoredValue {}
 
-/// Bytes of the shared header [`Bytes`] allocates to share an owned buffer: a buffer
-/// pointer, a capacity and a reference count.
-pub(crate) const BYTES_SHARED_HEADER: usize = 3 * std::mem::size_of::<usize>();
+#[allow(unsafe_code)]
+impl StoredValue {
+    /// Allocates an item: `header` (whose `key_len` and `value_len` must be `key`'s and
+    /// the parts' total), then `key`, then the concatenation of `parts`.
+    fn allocate(header: Header, key: &[u8], parts: &[&[u8]]) -> Self {
+        debug_assert_eq!(usize::from(header.key_len), key.len());
+        let len = HEADER + key.len() + header.value_len as usize;
+        let layout = layout(len);
+        // SAFETY: `layout` has a non-zero size (at least the header's 48 bytes).
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let Some(ptr) = std::ptr::NonNull::new(raw.cast::<Header>()) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        // SAFETY: the allocation is `len` bytes, aligned for `Header`: the header goes at
+        // its start, and the key and the parts (whose lengths sum to `len - HEADER`, as
+        // the caller built `header`) fill the rest exactly, without overlapping the
+        // sources, which the caller borrows from elsewhere.
+        unsafe {
+            ptr.as_ptr().write(header);
+            let mut at = raw.add(HEADER);
+            for part in std::iter::once(key).chain(parts.iter().copied()) {
+                std::ptr::copy_nonoverlapping(part.as_ptr(), at, part.len());
+                at = at.add(part.len());
+            }
+            debug_assert_eq!(at, raw.add(len));
+        }
+        Self { ptr }
+    }
 
-/// Builds a value buffer of exactly `len` bytes (`Bytes` adds its shared header when the
-/// value is first shared; see [`StoredValue::footprint`]).
-fn value_buffer(parts: &[&[u8]], len: usize) -> Option<Bytes> {
-    if len == 0 {
-        return None;
+    #[inline]
+    fn header(&self) -> &Header {
+        // SAFETY: `ptr` points at an initialised header this value owns; the borrow of
+        // `self` keeps it alive and unchanged.
+        unsafe { self.ptr.as_ref() }
     }
-    let mut buf = Vec::with_capacity(len);
-    for p in parts {
-        buf.extend_from_slice(p);
+
+    #[inline]
+    fn header_mut(&mut self) -> &mut Header {
+        // SAFETY: as `header`, and `&mut self` makes the access exclusive.
+        unsafe { self.ptr.as_mut() }
     }
-    Some(Bytes::from(buf))
+
+    /// Bytes of the allocation: header, key and value.
+    #[inline]
+    fn alloc_len(&self) -> usize {
+        let h = self.header();
+        HEADER + usize::from(h.key_len) + h.value_len as usize
+    }
+
+    /// The key's bytes followed by the value's.
+    #[inline]
+    fn data(&self) -> &[u8] {
+        let h = self.header();
+        let len = usize::from(h.key_len) + h.value_len as usize;
+        // SAFETY: the allocation holds `len` initialised bytes after the header
+        // (`allocate` wrote them; `eject_value` shrinks `value_len` with the allocation).
+        // The pointer is derived from `ptr`, which covers the whole allocation.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().cast::<u8>().add(HEADER), len) }
+    }
+
+    /// Drops the value and marks the item non-resident, shrinking the allocation to the
+    /// header and key.
+    pub(crate) fn eject_value(&mut self) {
+        let old = self.alloc_len();
+        let h = self.header_mut();
+        h.bits &= !RESIDENT;
+        if h.value_len == 0 {
+            return;
+        }
+        let new = HEADER + usize::from(h.key_len);
+        // SAFETY: `ptr` was allocated with `layout(old)` (by `allocate`, `clone` or an
+        // earlier `realloc`, all with the header's alignment), `new` is non-zero and
+        // smaller, and the bytes kept (header and key) are the first `new`.
+        let raw = unsafe { std::alloc::realloc(self.ptr.as_ptr().cast::<u8>(), layout(old), new) };
+        let Some(ptr) = std::ptr::NonNull::new(raw.cast::<Header>()) else {
+            // The old allocation is still valid and still ours: keep it consistent.
+            std::alloc::handle_alloc_error(layout(new))
+        };
+        self.ptr = ptr;
+        self.header_mut().value_len = 0;
+    }
+}
+
+#[allow(unsafe_code)]
+impl Drop for StoredValue {
+    fn drop(&mut self) {
+        let layout = layout(self.alloc_len());
+        // SAFETY: `ptr` was allocated with this layout (its length is kept in the header)
+        // and is not used again.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr().cast::<u8>(), layout) }
+    }
+}
+
+impl Clone for StoredValue {
+    fn clone(&self) -> Self {
+        let (key, value) = self.data().split_at(usize::from(self.header().key_len));
+        Self::allocate(*self.header(), key, &[value])
+    }
 }
 
 impl StoredValue {
     /// The longest key an item can have (the protocol's limit is 250).
     pub const MAX_KEY_LEN: usize = u8::MAX as usize;
 
-    /// Size of the `StoredValue` allocation every item has.
-    pub const FIXED_BYTES: usize = std::mem::size_of::<StoredValue>();
+    /// The longest value an item can have (the protocol's limit is far lower).
+    pub const MAX_VALUE_LEN: usize = u32::MAX as usize;
+
+    /// Bytes every item's allocation has besides its key and value.
+    pub const FIXED_BYTES: usize = HEADER;
 
     /// Creates a committed, dirty, resident item, copying key and value.
     ///
     /// # Errors
-    /// [`Error::KeyTooLong`] for a key longer than [`Self::MAX_KEY_LEN`].
+    /// [`Error::KeyTooLong`] for a key longer than [`Self::MAX_KEY_LEN`],
+    /// [`Error::ValueTooLong`] for a value longer than [`Self::MAX_VALUE_LEN`].
     pub fn new(key: &[u8], value: &[u8], meta: ItemMeta) -> Result<Self> {
         Self::with_value_parts(key, &[value], meta)
     }
@@ -342,26 +336,22 @@ impl StoredValue {
     /// theirs this way, with no intermediate buffer).
     ///
     /// # Errors
-    /// [`Error::KeyTooLong`] for a key longer than [`Self::MAX_KEY_LEN`].
+    /// As [`Self::new`].
     pub fn with_value_parts(key: &[u8], parts: &[&[u8]], meta: ItemMeta) -> Result<Self> {
-        if key.len() > Self::MAX_KEY_LEN {
-            return Err(Error::KeyTooLong(key.len()));
-        }
+        let key_len = u8::try_from(key.len()).map_err(|_| Error::KeyTooLong(key.len()))?;
         let len = parts
             .iter()
             .map(|p| p.len())
             .fold(0usize, usize::saturating_add);
-        Ok(Self {
-            value: value_buffer(parts, len),
+        let value_len = u32::try_from(len).map_err(|_| Error::ValueTooLong(len))?;
+        let header = Header {
             meta,
-            key: Key::new(
-                key,
-                TableBytes {
-                    state: CommittedState::CommittedViaMutation as u8,
-                    bits: DIRTY | RESIDENT,
-                },
-            ),
-        })
+            value_len,
+            state: CommittedState::CommittedViaMutation as u8,
+            bits: DIRTY | RESIDENT,
+            key_len,
+        };
+        Ok(Self::allocate(header, key, parts))
     }
 
     /// Creates a committed tombstone (a deleted document) with no value.
@@ -370,7 +360,7 @@ impl StoredValue {
     /// [`Error::KeyTooLong`] for a key longer than [`Self::MAX_KEY_LEN`].
     pub fn new_deleted(key: &[u8], meta: ItemMeta) -> Result<Self> {
         let mut sv = Self::new(key, &[], meta)?;
-        sv.key.t_mut().bits |= DELETED;
+        sv.header_mut().bits |= DELETED;
         Ok(sv)
     }
 
@@ -378,14 +368,14 @@ impl StoredValue {
     /// [`CommittedState::Pending`] to build a prepare).
     #[must_use]
     pub fn with_state(mut self, state: CommittedState) -> Self {
-        self.key.t_mut().state = state as u8;
+        self.header_mut().state = state as u8;
         self
     }
 
     /// Returns the same key and value with other metadata.
     #[must_use]
     pub fn with_meta(mut self, meta: ItemMeta) -> Self {
-        self.meta = meta;
+        self.header_mut().meta = meta;
         self
     }
 
@@ -393,10 +383,11 @@ impl StoredValue {
     /// has (KV-Engine keeps system xattrs this way).
     #[must_use]
     pub fn with_deleted(mut self, deleted: bool) -> Self {
+        let h = self.header_mut();
         if deleted {
-            self.key.t_mut().bits |= DELETED;
+            h.bits |= DELETED;
         } else {
-            self.key.t_mut().bits &= !DELETED;
+            h.bits &= !DELETED;
         }
         self
     }
@@ -405,7 +396,7 @@ impl StoredValue {
     #[inline]
     #[must_use]
     pub fn key(&self) -> &[u8] {
-        self.key.as_slice()
+        &self.data()[..usize::from(self.header().key_len)]
     }
 
     /// Returns a copy of the key as [`Bytes`].
@@ -415,38 +406,37 @@ impl StoredValue {
     }
 
     /// Returns the value; empty when the item has none or it was evicted.
+    #[inline]
     #[must_use]
     pub fn value(&self) -> &[u8] {
-        self.value.as_deref().unwrap_or_default()
+        &self.data()[usize::from(self.header().key_len)..]
     }
 
-    /// Where the value is, for the table's slot to prefetch it.
-    pub(crate) fn value_hint(&self) -> ValueHint {
-        ValueHint::of(self.value.as_deref())
-    }
-
-    /// Returns the value as a shared [`Bytes`] (no copy); empty when there is none.
+    /// Returns a copy of the value as [`Bytes`]; empty when there is none.
     #[must_use]
     pub fn value_bytes(&self) -> Bytes {
-        self.value.clone().unwrap_or_default()
+        Bytes::copy_from_slice(self.value())
     }
 
     /// Returns the value's length in bytes (0 when evicted).
+    #[inline]
     #[must_use]
     pub fn value_len(&self) -> usize {
-        self.value.as_ref().map_or(0, Bytes::len)
+        self.header().value_len as usize
     }
 
     /// Returns the metadata.
+    #[inline]
     #[must_use]
     pub fn meta(&self) -> &ItemMeta {
-        &self.meta
+        &self.header().meta
     }
 
     /// Returns the life-cycle state.
+    #[inline]
     #[must_use]
     pub fn committed_state(&self) -> CommittedState {
-        CommittedState::from_u8(self.key.t().state)
+        CommittedState::from_u8(self.header().state)
     }
 
     /// True for a committed version (not a prepare).
@@ -464,65 +454,53 @@ impl StoredValue {
     /// True for a tombstone.
     #[must_use]
     pub fn is_deleted(&self) -> bool {
-        self.key.t().bits & DELETED != 0
+        self.header().bits & DELETED != 0
     }
 
     /// True until the item is marked clean (persisted).
     #[must_use]
     pub fn is_dirty(&self) -> bool {
-        self.key.t().bits & DIRTY != 0
+        self.header().bits & DIRTY != 0
     }
 
     /// False once the value has been evicted from memory.
     #[must_use]
     pub fn is_resident(&self) -> bool {
-        self.key.t().bits & RESIDENT != 0
+        self.header().bits & RESIDENT != 0
     }
 
-    /// Returns the bytes this item is charged for (see the type's docs).
+    /// Returns the bytes this item is charged for: its allocation (see the type's docs).
+    #[inline]
     #[must_use]
     pub fn footprint(&self) -> usize {
-        let value = match &self.value {
-            Some(v) if !v.is_empty() => v.len() + BYTES_SHARED_HEADER,
-            _ => 0,
-        };
-        Self::FIXED_BYTES + self.key.heap_bytes() + value
+        self.alloc_len()
     }
 
     /// Returns the footprint a resident item with these key and value lengths would have.
     #[must_use]
     pub fn footprint_for(key_len: usize, value_len: usize) -> usize {
-        let key = if key_len > INLINE_KEY_LEN {
-            key_len.saturating_add(std::mem::size_of::<Box<[u8]>>())
-        } else {
-            0
-        };
-        let value = if value_len == 0 {
-            0
-        } else {
-            value_len.saturating_add(BYTES_SHARED_HEADER)
-        };
-        Self::FIXED_BYTES.saturating_add(key).saturating_add(value)
+        HEADER.saturating_add(key_len).saturating_add(value_len)
+    }
+
+    /// The address of the item's allocation, for the table's slot to prefetch it.
+    #[inline]
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
     }
 
     // ---- crate-internal mutators (the table keeps its statistics around these) ----
 
     pub(crate) fn meta_mut(&mut self) -> &mut ItemMeta {
-        &mut self.meta
+        &mut self.header_mut().meta
     }
 
     pub(crate) fn set_dirty(&mut self, dirty: bool) {
+        let h = self.header_mut();
         if dirty {
-            self.key.t_mut().bits |= DIRTY;
+            h.bits |= DIRTY;
         } else {
-            self.key.t_mut().bits &= !DIRTY;
+            h.bits &= !DIRTY;
         }
-    }
-
-    /// Drops the value and marks the item non-resident.
-    pub(crate) fn eject_value(&mut self) {
-        self.value = None;
-        self.key.t_mut().bits &= !RESIDENT;
     }
 }
 
@@ -564,11 +542,11 @@ mod tests {
     #[test]
     fn footprint_counts_fixed_key_and_value() {
         let sv = StoredValue::new(b"key", b"value", ItemMeta::default()).unwrap();
-        assert_eq!(sv.footprint(), 96 + 5 + 24);
+        assert_eq!(sv.footprint(), 48 + 3 + 5);
         assert_eq!(sv.footprint(), StoredValue::footprint_for(3, 5));
         let long = vec![b'k'; 30];
         let sv = StoredValue::new(&long, b"", ItemMeta::default()).unwrap();
-        assert_eq!(sv.footprint(), 96 + 16 + 30);
+        assert_eq!(sv.footprint(), 48 + 30);
         assert_eq!(sv.footprint(), StoredValue::footprint_for(30, 0));
     }
 
@@ -600,7 +578,8 @@ mod tests {
         let mut e = sv.clone();
         e.eject_value();
         assert!(!e.is_resident() && e.value().is_empty());
-        assert_eq!(e.footprint(), StoredValue::FIXED_BYTES);
+        assert_eq!(e.footprint(), StoredValue::FIXED_BYTES + 1);
+        assert_eq!(e.key(), b"k");
     }
 
     #[test]
@@ -618,7 +597,41 @@ mod tests {
     #[test]
     fn layout_sizes() {
         assert_eq!(std::mem::size_of::<ItemMeta>(), 40);
-        assert_eq!(std::mem::size_of::<Key>(), 24);
-        assert_eq!(std::mem::size_of::<StoredValue>(), 96);
+        assert_eq!(std::mem::size_of::<StoredValue>(), 8);
+        assert_eq!(std::mem::size_of::<Option<StoredValue>>(), 8);
+        assert_eq!(StoredValue::FIXED_BYTES, 48);
+    }
+
+    #[test]
+    fn clone_eject_and_drop_keep_every_part() {
+        let meta = ItemMeta {
+            cas: Cas(9),
+            flags: 3,
+            ..ItemMeta::default()
+        };
+        for (klen, vlen) in [(0, 0), (1, 0), (0, 1), (15, 32), (255, 1000)] {
+            let key = vec![b'k'; klen];
+            let value: Vec<u8> = (0..vlen).map(|i| i as u8).collect();
+            let sv = StoredValue::new(&key, &value, meta)
+                .unwrap()
+                .with_state(CommittedState::Pending);
+            let mut c = sv.clone();
+            assert_eq!(c, sv);
+            assert_eq!(
+                (c.key(), c.value(), c.meta()),
+                (&key[..], &value[..], &meta)
+            );
+            c.meta_mut().flags = 4;
+            assert_ne!(c, sv);
+            c.eject_value();
+            assert!(!c.is_resident() && c.value().is_empty());
+            assert_eq!(c.key(), &key[..]);
+            assert_eq!(c.meta().flags, 4);
+            assert_eq!(c.committed_state(), CommittedState::Pending);
+            assert_eq!(c.footprint(), 48 + klen);
+            c.eject_value();
+            assert_eq!(c.footprint(), 48 + klen);
+            assert_eq!(sv.value(), &value[..], "the original is untouched");
+        }
     }
 }

@@ -1,6 +1,6 @@
-//! `StoredValue::footprint` counts exactly the bytes the item asks the allocator for once
-//! its value has been shared (read) once, and 24 bytes more before: measured with a
-//! counting global allocator.
+//! `StoredValue::footprint` counts exactly the bytes the item asks the allocator for, from
+//! its insertion through reads and eviction to its removal: measured with a counting
+//! global allocator.
 
 use epkv_hashtable::{HashTable, ItemMeta, StoredValue};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -71,32 +71,35 @@ fn footprint_is_what_the_allocator_is_asked_for() {
         let expected = StoredValue::footprint_for(key_len, value_len);
         assert_eq!(after_stats.mem_bytes - before_stats.mem_bytes, expected);
         drop(after_stats);
-        // Before its first read a value lacks only the shared header it is charged for.
-        let header = if value_len == 0 { 0 } else { 24 };
         assert_eq!(
             (stored - before) as usize,
-            expected - header,
+            expected,
             "key {key_len} value {value_len}"
         );
-        // The first read shares the value: the header appears and the charge is exact.
-        let v = table.find_for_read(
-            &key,
-            epkv_hashtable::TrackReference::Yes,
-            epkv_hashtable::WantsDeleted::No,
-            StoredValue::value_bytes,
-        );
-        assert_eq!(v.unwrap().len(), value_len);
-        assert_eq!((live() - before) as usize, expected);
-        // Later reads allocate nothing.
+        // Reads that borrow the value allocate nothing.
         let before_read = live();
         let v = table.find_for_read(
             &key,
             epkv_hashtable::TrackReference::Yes,
             epkv_hashtable::WantsDeleted::No,
-            StoredValue::value_bytes,
+            |sv| sv.value().len(),
         );
-        drop(v);
+        assert_eq!(v, Some(value_len));
         assert_eq!(live(), before_read);
+        // Ejecting the value gives back exactly its bytes, and the charge follows.
+        let before_evict = live();
+        let evicted = table.with_entry(&key, |e| {
+            let seqno = e.get().expect("there").meta().by_seqno;
+            assert!(e.mark_clean(seqno));
+            e.evict_value()
+        });
+        assert!(evicted);
+        assert_eq!((before_evict - live()) as usize, value_len);
+        assert_eq!(
+            table.stats().mem_bytes - before_stats.mem_bytes,
+            StoredValue::footprint_for(key_len, 0)
+        );
+        let expected = StoredValue::footprint_for(key_len, 0);
         // Removing gives it all back.
         let before = live();
         drop(table.remove(&key));
