@@ -120,7 +120,7 @@ pub(crate) struct Stripe {
     pub(crate) counts: StripeCounts,
     /// Set (under the lock) when a visit pauses inside this stripe, cleared when a visit
     /// walks the stripe to its end: while set, the stripe does not shrink, so a paused
-    /// visit is restarted only by growth, which doubles the stripe each time and so
+    /// visit is restarted only by growth, which then doubles the stripe each time and so
     /// cannot go on for ever.
     pub(crate) visit_paused: AtomicBool,
 }
@@ -372,6 +372,7 @@ impl HashTable {
             committed,
             prepared,
             shrink: false,
+            visit_paused: stripe.visit_paused.load(Ordering::Relaxed),
         };
         let r = f(&mut entry);
         let shrink = entry.shrink;
@@ -505,6 +506,7 @@ impl HashTable {
             &self.shared,
             hash,
             sv,
+            stripe.visit_paused.load(Ordering::Relaxed),
         );
         self.refresh_bucket_hint(stripe_index, inner);
         r
@@ -623,6 +625,9 @@ pub struct Entry<'a> {
     committed: Option<usize>,
     prepared: Option<usize>,
     shrink: bool,
+    /// Whether a paused visit is inside the stripe (read under its lock): growth then
+    /// doubles the stripe (see [`SlotTable::insert_new`]).
+    visit_paused: bool,
 }
 
 impl Entry<'_> {
@@ -740,6 +745,7 @@ impl Entry<'_> {
             shared,
             self.hash,
             sv,
+            self.visit_paused,
         )
     }
 
@@ -765,6 +771,7 @@ impl Entry<'_> {
             shared,
             self.hash,
             sv,
+            self.visit_paused,
         )
     }
 
@@ -873,6 +880,7 @@ fn insert_into(
     shared: &Shared,
     hash: KeyHash,
     sv: StoredValue,
+    visit_paused: bool,
 ) -> Result<Option<StoredValue>> {
     if let Some(slot) = index.and_then(|i| table.get_mut(i)) {
         let mfu = mfu::next_on_access(slot.mfu());
@@ -888,7 +896,7 @@ fn insert_into(
     shared.tracker.try_charge(after.footprint())?;
     counts.apply(None, Some(&after));
     hist.apply(None, after.evictable_mfu);
-    let (at, rehashed) = table.insert_new(Slot::new(hash, sv, mfu::INITIAL));
+    let (at, rehashed) = table.insert_new(Slot::new(hash, sv, mfu::INITIAL), visit_paused);
     *index = Some(at);
     if rehashed {
         counts.count_resize();
