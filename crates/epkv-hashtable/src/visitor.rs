@@ -13,7 +13,7 @@ use crate::stats::StripeCounts;
 /// that stripe from its first bucket: every item present for the whole visit is seen at
 /// least once, and an item of a stripe resized during a pause may be seen twice. A stripe
 /// with a paused visit inside does not shrink (until a visit walks it to its end) and,
-/// when full, doubles (instead of growing by a quarter or clearing out tombstones at the
+/// when full, doubles (instead of growing by half or a third, or clearing out tombstones at the
 /// same size), so only growth that doubles the stripe can restart a visit, and the visit
 /// ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
