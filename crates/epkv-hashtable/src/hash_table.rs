@@ -502,11 +502,13 @@ impl HashTable {
             table,
             &mut inner.mfu,
             &mut index,
-            &stripe.counts,
-            &self.shared,
+            Around {
+                counts: &stripe.counts,
+                shared: &self.shared,
+                visit_paused: stripe.visit_paused.load(Ordering::Relaxed),
+            },
             hash,
             sv,
-            stripe.visit_paused.load(Ordering::Relaxed),
         );
         self.refresh_bucket_hint(stripe_index, inner);
         r
@@ -741,11 +743,13 @@ impl Entry<'_> {
             &mut inner.committed,
             &mut inner.mfu,
             &mut self.committed,
-            counts,
-            shared,
+            Around {
+                counts,
+                shared,
+                visit_paused: self.visit_paused,
+            },
             self.hash,
             sv,
-            self.visit_paused,
         )
     }
 
@@ -767,11 +771,13 @@ impl Entry<'_> {
             &mut inner.prepared,
             &mut inner.mfu,
             &mut self.prepared,
-            counts,
-            shared,
+            Around {
+                counts,
+                shared,
+                visit_paused: self.visit_paused,
+            },
             self.hash,
             sv,
-            self.visit_paused,
         )
     }
 
@@ -871,17 +877,28 @@ pub(crate) fn evict(
     true
 }
 
+/// What [`insert_into`] needs of the stripe besides its tables.
+struct Around<'a> {
+    counts: &'a StripeCounts,
+    shared: &'a Shared,
+    /// Whether a paused visit is inside the stripe (see [`SlotTable::insert_new`]).
+    visit_paused: bool,
+}
+
 /// Inserts or overwrites one version in `table` at `index`, keeping the accounting.
 fn insert_into(
     table: &mut SlotTable,
     hist: &mut MfuHistogram,
     index: &mut Option<usize>,
-    counts: &StripeCounts,
-    shared: &Shared,
+    around: Around<'_>,
     hash: KeyHash,
     sv: StoredValue,
-    visit_paused: bool,
 ) -> Result<Option<StoredValue>> {
+    let Around {
+        counts,
+        shared,
+        visit_paused,
+    } = around;
     if let Some(slot) = index.and_then(|i| table.get_mut(i)) {
         let mfu = mfu::next_on_access(slot.mfu());
         let before = slot.props();
