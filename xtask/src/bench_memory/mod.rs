@@ -3,6 +3,8 @@
 //!
 //! - `per-item`: RSS growth per item of epkv-server (memory-only), memcached 1.6 and
 //!   Redis 7 for the same small items ([`per_item`]).
+//! - `quota`: SET throughput of a persistent bucket whose data set is 4x its quota, against
+//!   one whose quota holds everything ([`quota`]).
 //!
 //! Servers run on 127.0.0.1, each fresh with its own temporary data directory under
 //! target/xtask/tmp (removed afterwards), one at a time. Results go to
@@ -10,8 +12,10 @@
 //! `target/bench/memory.md`; server logs to `target/bench/memory-*.log`.
 
 mod per_item;
+mod quota;
 mod wire;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -22,12 +26,13 @@ use crate::process;
 use crate::util::{self, Stopwatch};
 
 /// The benches, in the order they run.
-const BENCHES: [&str; 1] = ["per-item"];
+const BENCHES: [&str; 2] = ["per-item", "quota"];
 
 /// Options of `cargo xtask bench memory`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct MemoryOptions {
-    /// Smaller runs, for routine use: 200,000 items per server.
+    /// Smaller runs, for routine use (about a minute): 200,000 items per server in
+    /// `per-item`, 100,000 keys and 8 s in `quota`.
     #[arg(long)]
     pub(crate) quick: bool,
     /// Benches to run, comma separated (default: all, in this order).
@@ -40,6 +45,12 @@ pub(crate) struct MemoryOptions {
     /// enough that nothing is evicted.
     #[arg(long, default_value_t = 1024)]
     pub(crate) memory_mib: u64,
+    /// Keys written by `quota` (default 400,000; 100,000 with --quick); 512-byte values.
+    #[arg(long)]
+    pub(crate) write_keys: Option<u64>,
+    /// Seconds of random writes in `quota` (default 20; 8 with --quick).
+    #[arg(long)]
+    pub(crate) secs: Option<u64>,
     /// Use this epkv-server binary instead of building target/release/epkv-server.
     #[arg(long)]
     pub(crate) epkv_bin: Option<PathBuf>,
@@ -94,6 +105,14 @@ pub(crate) fn bench_memory(opts: &MemoryOptions) -> Result<()> {
                     .max(1);
                 per_item::run(&bin, items, opts.memory_mib, &out_dir)?
             }
+            "quota" => {
+                let keys = opts
+                    .write_keys
+                    .unwrap_or(if opts.quick { 100_000 } else { 400_000 })
+                    .max(1);
+                let secs = opts.secs.unwrap_or(if opts.quick { 8 } else { 20 }).max(1);
+                quota::run(&bin, keys, secs, &out_dir)?
+            }
             other => bail!("unknown bench {other}"),
         };
         println!("\n{}", section.md);
@@ -121,6 +140,54 @@ pub(crate) fn bench_memory(opts: &MemoryOptions) -> Result<()> {
         md_path.display()
     );
     Ok(())
+}
+
+/// Stops a server; a slow or unclean stop is reported, not fatal (the figures are taken).
+pub(crate) fn stop(server: process::ServerProcess) {
+    let name = server.name;
+    if let Err(e) = server.stop() {
+        eprintln!("warning: {name}: {e:#}");
+    }
+}
+
+/// A stat as a number.
+pub(crate) fn stat_f64(stats: &BTreeMap<String, String>, name: &str) -> Result<f64> {
+    stats
+        .get(name)
+        .with_context(|| format!("no stat {name}"))?
+        .parse()
+        .with_context(|| format!("stat {name} is not a number"))
+}
+
+/// A xorshift64* generator: keys and offsets only need to be cheap, spread out and
+/// reproducible.
+#[derive(Debug, Clone)]
+pub(crate) struct XorShift(u64);
+
+impl XorShift {
+    pub(crate) fn new(seed: u64) -> Self {
+        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub(crate) fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `0..n` (0 when `n` is 0).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+}
+
+/// `len` pseudo-random bytes that values are sliced from.
+pub(crate) fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = XorShift::new(seed);
+    (0..len).map(|_| (rng.next() >> 56) as u8).collect()
 }
 
 /// The number of cores.

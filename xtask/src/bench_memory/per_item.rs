@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use super::wire::{BinClient, Reply, RespClient, opcode};
-use super::{Section, rss_bytes, settle_rss};
+use super::{Section, rss_bytes, settle_rss, stop};
 use crate::memcapable::tempdir;
 use crate::process::ServerProcess;
 use crate::util::Stopwatch;
@@ -233,14 +233,6 @@ fn measure_redis(items: u64, logs: &Path) -> Result<Measured> {
     };
     stop(server);
     Ok(m)
-}
-
-/// Stops a server; a slow or unclean stop is reported, not fatal (the figures are taken).
-fn stop(server: ServerProcess) {
-    let name = server.name;
-    if let Err(e) = server.stop() {
-        eprintln!("warning: {name}: {e:#}");
-    }
 }
 
 /// Runs the three servers one after the other and reports.

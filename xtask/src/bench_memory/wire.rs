@@ -18,6 +18,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Binary protocol opcodes used here.
 pub(crate) mod opcode {
+    /// SET.
+    pub(crate) const SET: u8 = 0x01;
     /// NOOP (answered after everything sent before it).
     pub(crate) const NOOP: u8 = 0x0a;
     /// STAT.
@@ -30,6 +32,8 @@ pub(crate) mod opcode {
 pub(crate) mod status {
     /// Success.
     pub(crate) const SUCCESS: u16 = 0x00;
+    /// Temporary failure: retry later (epkv, no room under the quota yet).
+    pub(crate) const TMPFAIL: u16 = 0x86;
 }
 
 /// Couchbase's vBucket count, as `epkv_types::NUM_VBUCKETS`.
@@ -345,7 +349,10 @@ mod tests {
         h[15] = 5; // opaque
         let body = [9u8, b'k', b'y', b'v', b'a', b'l'];
         let r = decode_response(&h, &mut &body[..]).unwrap();
-        assert_eq!((r.opcode, r.status, r.opaque), (opcode::STAT, 0x86, 5));
+        assert_eq!(
+            (r.opcode, r.status, r.opaque),
+            (opcode::STAT, status::TMPFAIL, 5)
+        );
         assert_eq!(
             (r.key.as_slice(), r.value.as_slice()),
             (&b"ky"[..], &b"val"[..])
