@@ -5,12 +5,15 @@
 //!   Redis 7 for the same small items ([`per_item`]).
 //! - `quota`: SET throughput of a persistent bucket whose data set is 4x its quota, against
 //!   one whose quota holds everything ([`quota`]).
+//! - `bgfetch`: GETs that need a background fetch from a cold page cache, against raw
+//!   `pread`s and `fio` on the same disk ([`bgfetch`]).
 //!
 //! Servers run on 127.0.0.1, each fresh with its own temporary data directory under
 //! target/xtask/tmp (removed afterwards), one at a time. Results go to
 //! `target/bench/memory.json` (rows as in benchmarks.md "Machine-readable results") and
 //! `target/bench/memory.md`; server logs to `target/bench/memory-*.log`.
 
+mod bgfetch;
 mod per_item;
 mod quota;
 mod wire;
@@ -26,13 +29,13 @@ use crate::process;
 use crate::util::{self, Stopwatch};
 
 /// The benches, in the order they run.
-const BENCHES: [&str; 2] = ["per-item", "quota"];
+const BENCHES: [&str; 3] = ["per-item", "quota", "bgfetch"];
 
 /// Options of `cargo xtask bench memory`.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct MemoryOptions {
     /// Smaller runs, for routine use (about a minute): 200,000 items per server in
-    /// `per-item`, 100,000 keys and 8 s in `quota`.
+    /// `per-item`, 100,000 keys and 8 s in `quota` and `bgfetch`, 300 single reads.
     #[arg(long)]
     pub(crate) quick: bool,
     /// Benches to run, comma separated (default: all, in this order).
@@ -48,9 +51,19 @@ pub(crate) struct MemoryOptions {
     /// Keys written by `quota` (default 400,000; 100,000 with --quick); 512-byte values.
     #[arg(long)]
     pub(crate) write_keys: Option<u64>,
-    /// Seconds of random writes in `quota` (default 20; 8 with --quick).
+    /// Seconds of random writes in `quota`, and of concurrent reads by epkv and by fio in
+    /// `bgfetch` (default 20; 8 with --quick).
     #[arg(long)]
     pub(crate) secs: Option<u64>,
+    /// Items loaded by `bgfetch` (default 400,000; 100,000 with --quick); 512-byte values.
+    #[arg(long)]
+    pub(crate) fetch_items: Option<u64>,
+    /// Reads timed one at a time by `bgfetch`, of each kind (default 1000; 300 with --quick).
+    #[arg(long)]
+    pub(crate) samples: Option<usize>,
+    /// Reads in flight in `bgfetch`'s concurrent run (epkv connections, fio jobs).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) concurrency: usize,
     /// Use this epkv-server binary instead of building target/release/epkv-server.
     #[arg(long)]
     pub(crate) epkv_bin: Option<PathBuf>,
@@ -75,6 +88,9 @@ pub(crate) fn bench_memory(opts: &MemoryOptions) -> Result<()> {
     let mut tools = vec![];
     if wanted.contains(&"per-item") {
         tools.extend(["memcached", "redis-server"]);
+    }
+    if wanted.contains(&"bgfetch") {
+        tools.push("fio");
     }
     for tool in tools {
         if !util::on_path(tool) {
@@ -113,6 +129,21 @@ pub(crate) fn bench_memory(opts: &MemoryOptions) -> Result<()> {
                 let secs = opts.secs.unwrap_or(if opts.quick { 8 } else { 20 }).max(1);
                 quota::run(&bin, keys, secs, &out_dir)?
             }
+            "bgfetch" => {
+                let settings = bgfetch::Settings {
+                    items: opts
+                        .fetch_items
+                        .unwrap_or(if opts.quick { 100_000 } else { 400_000 })
+                        .max(1),
+                    samples: opts
+                        .samples
+                        .unwrap_or(if opts.quick { 300 } else { 1000 })
+                        .max(1),
+                    concurrency: opts.concurrency.max(1),
+                    secs: opts.secs.unwrap_or(if opts.quick { 8 } else { 20 }).max(1),
+                };
+                bgfetch::run(&bin, settings, &out_dir)?
+            }
             other => bail!("unknown bench {other}"),
         };
         println!("\n{}", section.md);
@@ -148,6 +179,36 @@ pub(crate) fn stop(server: process::ServerProcess) {
     if let Err(e) = server.stop() {
         eprintln!("warning: {name}: {e:#}");
     }
+}
+
+/// Writes back dirty pages and drops the page cache (`sync; echo 3 >
+/// /proc/sys/vm/drop_caches`, which needs root). Returns false, with a warning, if it
+/// could not.
+pub(crate) fn drop_caches() -> bool {
+    let synced = Command::new("sync").status().is_ok_and(|s| s.success());
+    match std::fs::write("/proc/sys/vm/drop_caches", "3") {
+        Ok(()) if synced => true,
+        Ok(()) => {
+            eprintln!("warning: sync failed; the page cache may still hold dirty pages");
+            false
+        }
+        Err(e) => {
+            eprintln!(
+                "warning: cannot drop the page cache ({e}; needs root): reads may be served \
+                 from memory, and the rows say cold: false"
+            );
+            false
+        }
+    }
+}
+
+/// The `q` quantile (0..=1) of `sorted` by the nearest-rank method; NaN when empty.
+pub(crate) fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (sorted.len() as f64 * q).ceil() as usize;
+    sorted[rank.saturating_sub(1).min(sorted.len() - 1)]
 }
 
 /// A stat as a number.

@@ -207,6 +207,26 @@ fn phase(
     Ok((p, all_done))
 }
 
+/// Writes keys `0..keys` once (the `load` phase) to the server at `addr`, retrying
+/// TMPFAIL; fails unless every key was acknowledged within the time limit.
+pub(crate) fn load(addr: &str, keys: u64, pool: &[u8]) -> Result<Phase> {
+    let step = CONNECTIONS as u64;
+    let (p, done) = phase(addr, pool, LOAD_LIMIT, |c| Keys::Strided {
+        next: c as u64,
+        step,
+        end: keys,
+    })?;
+    if !done {
+        bail!(
+            "the load of {keys} keys did not finish within {LOAD_LIMIT:?} ({} acknowledged, \
+             {} TMPFAIL)",
+            p.ops,
+            p.tmpfails
+        );
+    }
+    Ok(p)
+}
+
 /// Runs one case on a fresh persistent server with `quota` bytes.
 fn run_case(
     bin: &Path,
@@ -227,21 +247,7 @@ fn run_case(
     let log = logs.join(format!("memory-quota-{implementation}.log"));
     let mut server = ServerProcess::start_epkv(bin, &args, log)?;
     let addr = server.addr();
-    let step = CONNECTIONS as u64;
-    let (load, done) = phase(&addr, pool, LOAD_LIMIT, |c| Keys::Strided {
-        next: c as u64,
-        step,
-        end: keys,
-    })?;
-    if !done {
-        stop(server);
-        bail!(
-            "{implementation}: the load of {keys} keys did not finish within {LOAD_LIMIT:?} \
-             ({} acknowledged, {} TMPFAIL)",
-            load.ops,
-            load.tmpfails
-        );
-    }
+    let load = load(&addr, keys, pool)?;
     eprintln!(
         "{implementation}: loaded {keys} keys in {:.1} s ({:.0}/s, {} TMPFAIL)",
         load.secs,

@@ -18,6 +18,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Binary protocol opcodes used here.
 pub(crate) mod opcode {
+    /// GET.
+    pub(crate) const GET: u8 = 0x00;
     /// SET.
     pub(crate) const SET: u8 = 0x01;
     /// NOOP (answered after everything sent before it).
@@ -132,6 +134,13 @@ impl BinClient {
             }
             replies.push(r);
         }
+    }
+
+    /// One GET, waiting for its reply.
+    pub(crate) fn get(&mut self, key: &[u8]) -> Result<Response> {
+        self.queue(opcode::GET, key, b"", b"", 0);
+        self.flush()?;
+        self.recv()
     }
 
     /// The STAT group `group` ("" for the default group) as name → value.
