@@ -55,6 +55,10 @@ pub(crate) struct MemoryOptions {
     /// `bgfetch` (default 20; 8 with --quick).
     #[arg(long)]
     pub(crate) secs: Option<u64>,
+    /// Rounds of `quota`, alternating which case goes first; figures are medians (default
+    /// 3; 1 with --quick).
+    #[arg(long)]
+    pub(crate) rounds: Option<usize>,
     /// Items loaded by `bgfetch` (default 400,000; 100,000 with --quick); 512-byte values.
     #[arg(long)]
     pub(crate) fetch_items: Option<u64>,
@@ -127,7 +131,8 @@ pub(crate) fn bench_memory(opts: &MemoryOptions) -> Result<()> {
                     .unwrap_or(if opts.quick { 100_000 } else { 400_000 })
                     .max(1);
                 let secs = opts.secs.unwrap_or(if opts.quick { 8 } else { 20 }).max(1);
-                quota::run(&bin, keys, secs, &out_dir)?
+                let rounds = opts.rounds.unwrap_or(if opts.quick { 1 } else { 3 }).max(1);
+                quota::run(&bin, keys, secs, rounds, &out_dir)?
             }
             "bgfetch" => {
                 let settings = bgfetch::Settings {
