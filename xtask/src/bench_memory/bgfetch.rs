@@ -210,13 +210,15 @@ fn single_preads(files: &[(PathBuf, u64)], samples: usize) -> Result<Latency> {
     let mut us = Vec::with_capacity(samples);
     for _ in 0..samples {
         let mut at = rng.below(total);
-        let Some((path, len)) = files.iter().find(|(_, len)| {
-            let here = at < *len;
-            if !here {
-                at -= len;
+        let mut chosen = None;
+        for (path, len) in files {
+            if at < *len {
+                chosen = Some((path, *len));
+                break;
             }
-            here
-        }) else {
+            at -= len;
+        }
+        let Some((path, len)) = chosen else {
             bail!("offset past the data files");
         };
         let off = (at & !4095).min(len.saturating_sub(DOC_BYTES as u64) & !4095);
