@@ -4,9 +4,10 @@
 //!
 //! It is not part of the server: nothing depends on it, and it may depend on anything.
 //! Commands: `ci`, `deps`, `check-layers`, `memcapable`, `pytest`, `fuzz-smoke`,
-//! `bench frontend`. See CONTRIBUTING.md and docs/testing.md.
+//! `bench frontend|persistence|memory|<micro>`. See CONTRIBUTING.md and docs/testing.md.
 
 mod bench_frontend;
+mod bench_memory;
 mod bench_micro;
 mod bench_persistence;
 mod ci;
@@ -68,8 +69,8 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         secs: u64,
     },
-    /// Benchmarks that compare epkv with its peers: `frontend`, or any bench in
-    /// crates/epkv-bench/benches (`cargo xtask bench executor --quick`).
+    /// Benchmarks that compare epkv with its peers: `frontend`, `persistence`, `memory`, or
+    /// any bench in crates/epkv-bench/benches (`cargo xtask bench executor --quick`).
     Bench {
         #[command(subcommand)]
         which: BenchCmd,
@@ -82,6 +83,9 @@ enum BenchCmd {
     Frontend(bench_frontend::FrontendOptions),
     /// PersistToMajority SET latency under 1..2000 connections (epkv-fight), with the disk floor.
     Persistence(bench_persistence::PersistenceOptions),
+    /// Memory (issue 18): RSS per item vs memcached and Redis, writes past the quota,
+    /// cold background fetches vs raw reads of the disk.
+    Memory(bench_memory::MemoryOptions),
     /// Any other name runs the epkv-bench bench of that name:
     /// `cargo xtask bench executor --quick` is
     /// `cargo bench -p epkv-bench --bench executor -- --quick`.
@@ -111,6 +115,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Persistence(opts),
         } => bench_persistence::bench_persistence(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Memory(opts),
+        } => bench_memory::bench_memory(&opts),
         Cmd::Bench {
             which: BenchCmd::Micro(args),
         } => bench_micro::bench_micro(&args),

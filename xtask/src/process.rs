@@ -1,6 +1,7 @@
 //! Starting and stopping the servers that third-party clients are run against: our
-//! `epkv-server` (on port 0, the port read back from its stdout) and Debian's `memcached`
-//! (on a port picked here), plus reading a process's CPU time from `/proc/<pid>/stat`.
+//! `epkv-server` (on port 0, the port read back from its stdout), and Debian's `memcached`
+//! and `redis-server` (on a port picked here), plus reading a process's CPU time from
+//! `/proc/<pid>/stat`.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
@@ -27,7 +28,7 @@ pub(crate) struct ServerProcess {
     child: Option<Child>,
     /// The port the server listens on, on 127.0.0.1.
     pub(crate) port: u16,
-    /// `epkv` or `memcached`, for messages.
+    /// `epkv`, `memcached` or `redis`, for messages.
     pub(crate) name: &'static str,
     /// Where the server's stderr (and for memcached, stdout) goes.
     pub(crate) log: PathBuf,
@@ -165,6 +166,36 @@ impl ServerProcess {
             child: Some(child),
             port,
             name: "memcached",
+            log,
+        };
+        server.wait_accepting(&line)?;
+        eprintln!("started `{line}` (pid {})", server.pid());
+        Ok(server)
+    }
+
+    /// Starts `redis-server --bind 127.0.0.1 --port PORT --save '' --appendonly no` (no
+    /// snapshots, no append-only file: memory only, like memcached) in `dir`, with `args`
+    /// after, and waits until it accepts.
+    pub(crate) fn start_redis(args: &[String], dir: &Path, log: PathBuf) -> Result<Self> {
+        let port = free_port()?;
+        let out = File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        let line = util::describe(&cmd);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start `{line}`"))?;
+        let mut server = ServerProcess {
+            child: Some(child),
+            port,
+            name: "redis",
             log,
         };
         server.wait_accepting(&line)?;
