@@ -160,10 +160,11 @@ fn layout(len: usize) -> std::alloc::Layout {
 /// separate value allocation plus a value pointer in the slot (see "Item layout" in
 /// `docs/hashtable.md`).
 ///
-/// Written by hand (with the crate's only other unsafe code, the prefetch intrinsic in `prefetch.rs`) because
-/// the item's size is the core of the product: no safe type holds a variable-length
-/// record behind a one-word pointer, and a fat `Box<[u8]>` costs 8 bytes more in every
-/// slot. The unsafe code is this module's and is checked by Miri (`docs/testing.md`).
+/// Written by hand (the crate's only other unsafe code is the prefetch intrinsic in
+/// `prefetch.rs`) because the item's size is the core of the product: no safe type holds
+/// a variable-length record behind a one-word pointer, and a fat `Box<[u8]>` costs 8
+/// bytes more in every slot. The unsafe code is this module's and is checked by Miri (the
+/// `miri` step of `cargo xtask ci`, `docs/testing.md`).
 ///
 /// The requested size is what is charged; the allocator's size-class rounding comes on
 /// top and is not counted (see `docs/hashtable.md`). The table's slot arrays are counted
