@@ -135,15 +135,6 @@ impl Row {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// Folds the runs of each (workload, connections, implementation) into one row holding
 /// the medians, in first-seen order.
 pub(crate) fn summarise(runs: &[Row]) -> Vec<Row> {
@@ -158,8 +149,8 @@ pub(crate) fn summarise(runs: &[Row]) -> Vec<Row> {
         out.push(Row {
             ops: group.iter().map(|g| g.ops).sum(),
             secs: group.iter().map(|g| g.secs).sum(),
-            items_per_sec: median(group.iter().map(|g| g.items_per_sec).collect()),
-            cpu_us_per_op: median(group.iter().map(|g| g.cpu_us_per_op).collect()),
+            items_per_sec: util::median(group.iter().map(|g| g.items_per_sec).collect()),
+            cpu_us_per_op: util::median(group.iter().map(|g| g.cpu_us_per_op).collect()),
             rounds: group.iter().map(|g| g.rounds).sum(),
             ..r.clone()
         });
@@ -210,13 +201,13 @@ pub(crate) fn pair_rounds(runs: &[Row]) -> Vec<Paired> {
             workload: r.workload,
             connections: r.connections,
             rounds: pairs.len(),
-            ops_ratio: median(
+            ops_ratio: util::median(
                 pairs
                     .iter()
                     .map(|(e, m)| e.items_per_sec / m.items_per_sec)
                     .collect(),
             ),
-            cpu_ratio: median(
+            cpu_ratio: util::median(
                 pairs
                     .iter()
                     .map(|(e, m)| e.cpu_us_per_op / m.cpu_us_per_op)
@@ -264,10 +255,6 @@ pub(crate) fn parse_memaslap(text: &str) -> Option<(u64, f64)> {
     Some((ops?, secs?))
 }
 
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
-}
-
 /// Runs the whole comparison and writes the report files.
 pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
     for tool in ["memcaslap", "memcached"] {
@@ -277,8 +264,8 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
     }
     let secs = opts.secs.unwrap_or(if opts.quick { 5 } else { 10 });
     let rounds = opts.rounds.unwrap_or(if opts.quick { 2 } else { 5 }).max(1);
-    let server_threads = opts.server_threads.unwrap_or_else(cores);
-    let client_threads = opts.client_threads.unwrap_or_else(cores);
+    let server_threads = opts.server_threads.unwrap_or_else(util::cores);
+    let client_threads = opts.client_threads.unwrap_or_else(util::cores);
     let bin = match &opts.epkv_bin {
         Some(bin) => bin.clone(),
         None => {
@@ -508,7 +495,7 @@ fn hardware_line() -> String {
         .unwrap_or_default();
     format!(
         "{cpu}, {} cores, Linux {}; {}; epkv {}",
-        cores(),
+        util::cores(),
         kernel.trim(),
         memcached.trim(),
         sha.trim()
@@ -690,6 +677,6 @@ mod tests {
         assert_eq!(rows[0].ops, 6_000);
         assert_eq!(rows[1].implementation, "memcached");
         assert_eq!(rows[2].connections, 64);
-        assert_eq!(median(vec![4.0, 1.0]), 2.5);
+        assert_eq!(util::median(vec![4.0, 1.0]), 2.5);
     }
 }

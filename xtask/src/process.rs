@@ -147,7 +147,6 @@ impl ServerProcess {
     /// Starts `memcached -l 127.0.0.1 -p PORT -U 0 <args>` and waits until it accepts.
     pub(crate) fn start_memcached(args: &[String], log: PathBuf) -> Result<Self> {
         let port = free_port()?;
-        let out = File::create(&log).with_context(|| format!("create {}", log.display()))?;
         let mut cmd = Command::new("memcached");
         cmd.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
             .args(args);
@@ -155,6 +154,27 @@ impl ServerProcess {
             // memcached refuses to run as root without being told which user to be.
             cmd.args(["-u", "root"]);
         }
+        Self::spawn_peer(cmd, port, "memcached", log)
+    }
+
+    /// Starts `redis-server --bind 127.0.0.1 --port PORT --save '' --appendonly no` (no
+    /// snapshots, no append-only file: memory only, like memcached) in `dir`, with `args`
+    /// after, and waits until it accepts.
+    pub(crate) fn start_redis(args: &[String], dir: &Path, log: PathBuf) -> Result<Self> {
+        let port = free_port()?;
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .args(args);
+        Self::spawn_peer(cmd, port, "redis", log)
+    }
+
+    /// Starts a peer server told to listen on `port`, its stdout and stderr to `log`, and
+    /// waits until it accepts.
+    fn spawn_peer(mut cmd: Command, port: u16, name: &'static str, log: PathBuf) -> Result<Self> {
+        let out = File::create(&log).with_context(|| format!("create {}", log.display()))?;
         cmd.stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
@@ -165,37 +185,7 @@ impl ServerProcess {
         let mut server = ServerProcess {
             child: Some(child),
             port,
-            name: "memcached",
-            log,
-        };
-        server.wait_accepting(&line)?;
-        eprintln!("started `{line}` (pid {})", server.pid());
-        Ok(server)
-    }
-
-    /// Starts `redis-server --bind 127.0.0.1 --port PORT --save '' --appendonly no` (no
-    /// snapshots, no append-only file: memory only, like memcached) in `dir`, with `args`
-    /// after, and waits until it accepts.
-    pub(crate) fn start_redis(args: &[String], dir: &Path, log: PathBuf) -> Result<Self> {
-        let port = free_port()?;
-        let out = File::create(&log).with_context(|| format!("create {}", log.display()))?;
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(dir)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
-        let line = util::describe(&cmd);
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("cannot start `{line}`"))?;
-        let mut server = ServerProcess {
-            child: Some(child),
-            port,
-            name: "redis",
+            name,
             log,
         };
         server.wait_accepting(&line)?;

@@ -33,11 +33,12 @@ use serde_json::{Value, json};
 
 use super::per_item::{KEY_BYTES, key_of};
 use super::quota::{self, VALUE_BYTES};
-use super::wire::{BinClient, status};
-use super::{Section, XorShift, drop_caches, percentile, stat_f64, stop};
+use super::wire::BinClient;
+use super::{Section, drop_caches, percentile, stat, stop};
 use crate::memcapable::tempdir;
 use crate::process::{self, ServerProcess};
 use crate::util::{self, Stopwatch};
+use epkv_protocol::Status;
 
 /// Quota per item: 96 bytes of metadata each, plus room for about a tenth of the values
 /// between the watermarks.
@@ -126,7 +127,7 @@ fn wait_persisted(c: &mut BinClient) -> Result<()> {
     let watch = Stopwatch::start();
     loop {
         let p = c.stats("persistence")?;
-        if stat_f64(&p, "ep_queue_size")? == 0.0 {
+        if stat::<f64>(&p, "ep_queue_size")? == 0.0 {
             return Ok(());
         }
         if watch.elapsed() > PERSIST_LIMIT {
@@ -162,17 +163,17 @@ fn data_files(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
 /// (a), epkv: `samples` GETs of distinct random keys, one at a time. Returns the latencies
 /// of those that needed a background fetch and of those that did not.
 fn single_gets(c: &mut BinClient, items: u64, samples: usize) -> Result<(Latency, Latency)> {
-    let mut rng = XorShift::new(0xc01d);
+    let mut rng = super::rng(0xc01d);
     let mut seen = HashSet::new();
     let mut fetched_us = Vec::with_capacity(samples);
     let mut resident_us = Vec::new();
-    let mut fetches = stat_f64(&c.stats("")?, "ep_bg_fetched")?;
+    let mut fetches = stat::<f64>(&c.stats("")?, "ep_bg_fetched")?;
     // Distinct keys: at most `items` of them, and a bounded number of draws.
     for _ in 0..samples.saturating_mul(20) {
         if fetched_us.len() + resident_us.len() >= samples.min(items as usize) {
             break;
         }
-        let k = rng.below(items);
+        let k = super::below(&mut rng, items);
         if !seen.insert(k) {
             continue;
         }
@@ -180,14 +181,14 @@ fn single_gets(c: &mut BinClient, items: u64, samples: usize) -> Result<(Latency
         let watch = Stopwatch::start();
         let r = c.get(&key)?;
         let us = watch.elapsed().as_secs_f64() * 1e6;
-        if r.status != status::SUCCESS || r.value.len() != VALUE_BYTES {
+        if r.status != Status::Success.as_u16() || r.value.len() != VALUE_BYTES {
             bail!(
                 "GET key {k} answered status {:#x} with {} bytes",
                 r.status,
                 r.value.len()
             );
         }
-        let now = stat_f64(&c.stats("")?, "ep_bg_fetched")?;
+        let now = stat::<f64>(&c.stats("")?, "ep_bg_fetched")?;
         if now > fetches {
             fetched_us.push(us);
         } else {
@@ -205,11 +206,11 @@ fn single_preads(files: &[(PathBuf, u64)], samples: usize) -> Result<Latency> {
     if total == 0 {
         bail!("no data files to read");
     }
-    let mut rng = XorShift::new(0xd15c);
+    let mut rng = super::rng(0xd15c);
     let mut buf = vec![0u8; DOC_BYTES];
     let mut us = Vec::with_capacity(samples);
     for _ in 0..samples {
-        let mut at = rng.below(total);
+        let mut at = super::below(&mut rng, total);
         let mut chosen = None;
         for (path, len) in files {
             if at < *len {
@@ -243,14 +244,14 @@ fn concurrent_gets(addr: &str, items: u64, concurrency: usize, secs: u64) -> Res
             .map(|n| {
                 s.spawn(move || -> Result<Vec<f64>> {
                     let mut c = BinClient::connect(addr, true)?;
-                    let mut rng = XorShift::new(0xbee5 + n as u64);
+                    let mut rng = super::rng(0xbee5 + n as u64);
                     let mut us = Vec::new();
                     while start.elapsed() < limit {
-                        let k = rng.below(items);
+                        let k = super::below(&mut rng, items);
                         let watch = Stopwatch::start();
                         let r = c.get(&key_of(k))?;
                         us.push(watch.elapsed().as_secs_f64() * 1e6);
-                        if r.status != status::SUCCESS {
+                        if r.status != Status::Success.as_u16() {
                             bail!("GET key {k} answered status {:#x}", r.status);
                         }
                     }
@@ -373,7 +374,7 @@ pub(crate) fn run(bin: &Path, s: Settings, logs: &Path) -> Result<Section> {
         bail!("warmup could not load every key under the quota: {warmup:?}");
     }
     let stats = c.stats("")?;
-    let resident_pct = stat_f64(&stats, "vb_active_perc_mem_resident")?;
+    let resident_pct = stat::<f64>(&stats, "vb_active_perc_mem_resident")?;
     eprintln!(
         "bgfetch: loaded {} items in {:.1} s ({} TMPFAIL), persisted, restarted; \
          {resident_pct:.0}% resident, {} non-resident",
@@ -402,14 +403,14 @@ pub(crate) fn run(bin: &Path, s: Settings, logs: &Path) -> Result<Section> {
     );
 
     let stats = c.stats("")?;
-    let bg_wait_avg_us = stat_f64(&stats, "ep_bg_wait_avg")?;
-    let bg_load_avg_us = stat_f64(&stats, "ep_bg_load_avg")?;
-    let before = stat_f64(&stats, "ep_bg_fetched")?;
+    let bg_wait_avg_us = stat::<f64>(&stats, "ep_bg_wait_avg")?;
+    let bg_load_avg_us = stat::<f64>(&stats, "ep_bg_load_avg")?;
+    let before = stat::<f64>(&stats, "ep_bg_fetched")?;
     let ticks_before = process::cpu_ticks(server.pid())?;
     cold &= drop_caches();
     let gets = concurrent_gets(&addr, s.items, s.concurrency, s.secs)?;
     let ticks = process::cpu_ticks(server.pid())?.saturating_sub(ticks_before);
-    let after = stat_f64(&c.stats("")?, "ep_bg_fetched")?;
+    let after = stat::<f64>(&c.stats("")?, "ep_bg_fetched")?;
     drop(c);
     stop(server);
     let (fio, fio_cold) = fio(data.path(), file_bytes, s.concurrency, s.secs)?;

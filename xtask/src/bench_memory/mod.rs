@@ -217,7 +217,11 @@ pub(crate) fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// A stat as a number.
-pub(crate) fn stat_f64(stats: &BTreeMap<String, String>, name: &str) -> Result<f64> {
+pub(crate) fn stat<T>(stats: &BTreeMap<String, String>, name: &str) -> Result<T>
+where
+    T: std::str::FromStr,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
     stats
         .get(name)
         .with_context(|| format!("no stat {name}"))?
@@ -225,40 +229,28 @@ pub(crate) fn stat_f64(stats: &BTreeMap<String, String>, name: &str) -> Result<f
         .with_context(|| format!("stat {name} is not a number"))
 }
 
-/// A xorshift64* generator: keys and offsets only need to be cheap, spread out and
-/// reproducible.
-#[derive(Debug, Clone)]
-pub(crate) struct XorShift(u64);
+/// The benches' random numbers: keys and offsets, reproducible from a seed.
+pub(crate) type Rng = rand::rngs::StdRng;
 
-impl XorShift {
-    pub(crate) fn new(seed: u64) -> Self {
-        XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
+/// A generator seeded with `seed`.
+pub(crate) fn rng(seed: u64) -> Rng {
+    rand::SeedableRng::seed_from_u64(seed)
+}
 
-    pub(crate) fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in `0..n` (0 when `n` is 0).
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
+/// Uniform in `0..n` (0 when `n` is 0).
+pub(crate) fn below(rng: &mut Rng, n: u64) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        rand::Rng::gen_range(rng, 0..n)
     }
 }
 
 /// `len` pseudo-random bytes that values are sliced from.
 pub(crate) fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut rng = XorShift::new(seed);
-    (0..len).map(|_| (rng.next() >> 56) as u8).collect()
-}
-
-/// The number of cores.
-pub(crate) fn cores() -> usize {
-    std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
+    let mut out = vec![0u8; len];
+    rand::RngCore::fill_bytes(&mut rng(seed), &mut out);
+    out
 }
 
 /// The machine, the peers' versions and the commit, for the report.
@@ -278,7 +270,7 @@ fn setup_line() -> String {
     };
     format!(
         "{cpu}, {} cores, Linux {}; {}; {}; epkv {}.",
-        cores(),
+        util::cores(),
         version(&["uname", "-r"]),
         version(&["memcached", "-V"]),
         version(&["redis-server", "--version"]),

@@ -8,17 +8,19 @@
 //! before and after too (epkv `mem_used`, memcached `bytes`, Redis `used_memory`), which
 //! separates the items from the rest of the process (hash table arrays, allocator slack).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::json;
 
-use super::wire::{BinClient, Reply, RespClient, opcode};
-use super::{Section, rss_bytes, settle_rss, stop};
+use super::wire::{BinClient, Reply, RespClient};
+use super::{Section, rss_bytes, settle_rss, stat, stop};
 use crate::memcapable::tempdir;
 use crate::process::ServerProcess;
 use crate::util::Stopwatch;
+use epkv_protocol::Opcode;
 
 /// Key length: `key:` and 11 digits.
 pub(crate) const KEY_BYTES: usize = 15;
@@ -73,21 +75,13 @@ impl Measured {
     }
 }
 
-fn stat_u64(stats: &std::collections::BTreeMap<String, String>, name: &str) -> Result<u64> {
-    stats
-        .get(name)
-        .with_context(|| format!("no stat {name}"))?
-        .parse()
-        .with_context(|| format!("stat {name} is not a number"))
-}
-
 /// Loads items `0..items` over `c` with SETQ batches fenced by a NOOP.
 fn load_binary(c: &mut BinClient, items: u64) -> Result<()> {
     let mut i = 0;
     while i < items {
         let end = (i + BATCH).min(items);
         for j in i..end {
-            c.queue_set(opcode::SETQ, &key_of(j), &value_of(j), 0);
+            c.queue_set(Opcode::SetQ, &key_of(j), &value_of(j), 0)?;
         }
         let failed = c.fence()?;
         if let Some(r) = failed.first() {
@@ -135,28 +129,7 @@ fn measure_epkv(bin: &Path, items: u64, memory_mib: u64, logs: &Path) -> Result<
     ]
     .map(String::from);
     let server = ServerProcess::start_epkv(bin, &args, logs.join("memory-per-item-epkv.log"))?;
-    let mut c = BinClient::connect(&server.addr(), true)?;
-    c.fence()?;
-    let before = c.stats("")?;
-    let rss_before = rss_bytes(server.pid())?;
-    let watch = Stopwatch::start();
-    load_binary(&mut c, items)?;
-    let load_secs = watch.elapsed().as_secs_f64();
-    let rss_after = settle_rss(server.pid())?;
-    let after = c.stats("")?;
-    drop(c);
-    let m = Measured {
-        implementation: "epkv",
-        items,
-        rss_before,
-        rss_after,
-        load_secs,
-        self_stat: "mem_used",
-        self_before: stat_u64(&before, "mem_used")?,
-        self_after: stat_u64(&after, "mem_used")?,
-        held: stat_u64(&after, "curr_items")?,
-    };
-    stop(server);
+    let (m, _) = measure_binary(server, "epkv", "mem_used", items)?;
     Ok(m)
 }
 
@@ -166,10 +139,27 @@ fn measure_memcached(items: u64, memory_mib: u64, logs: &Path) -> Result<Measure
         "-m".to_owned(),
         memory_mib.to_string(),
         "-t".to_owned(),
-        super::cores().to_string(),
+        crate::util::cores().to_string(),
     ];
     let server = ServerProcess::start_memcached(&args, logs.join("memory-per-item-memcached.log"))?;
-    let mut c = BinClient::connect(&server.addr(), false)?;
+    let (m, after) = measure_binary(server, "memcached", "bytes", items)?;
+    let evictions = stat::<u64>(&after, "evictions")?;
+    if evictions > 0 {
+        bail!("memcached evicted {evictions} items; raise --memory-mib");
+    }
+    Ok(m)
+}
+
+/// Loads `items` into a binary protocol server (epkv, whose requests carry vBuckets, or
+/// memcached), measures it, stops it, and returns the figures with its stats after the
+/// load. `self_stat` is the server's own item-memory stat.
+fn measure_binary(
+    server: ServerProcess,
+    implementation: &'static str,
+    self_stat: &'static str,
+    items: u64,
+) -> Result<(Measured, BTreeMap<String, String>)> {
+    let mut c = BinClient::connect(&server.addr(), implementation == "epkv")?;
     c.fence()?;
     let before = c.stats("")?;
     let rss_before = rss_bytes(server.pid())?;
@@ -179,23 +169,19 @@ fn measure_memcached(items: u64, memory_mib: u64, logs: &Path) -> Result<Measure
     let rss_after = settle_rss(server.pid())?;
     let after = c.stats("")?;
     drop(c);
-    let evictions = stat_u64(&after, "evictions")?;
-    if evictions > 0 {
-        bail!("memcached evicted {evictions} items; raise --memory-mib");
-    }
     let m = Measured {
-        implementation: "memcached",
+        implementation,
         items,
         rss_before,
         rss_after,
         load_secs,
-        self_stat: "bytes",
-        self_before: stat_u64(&before, "bytes")?,
-        self_after: stat_u64(&after, "bytes")?,
-        held: stat_u64(&after, "curr_items")?,
+        self_stat,
+        self_before: stat::<u64>(&before, self_stat)?,
+        self_after: stat::<u64>(&after, self_stat)?,
+        held: stat::<u64>(&after, "curr_items")?,
     };
     stop(server);
-    Ok(m)
+    Ok((m, after))
 }
 
 /// Starts a fresh redis-server (no persistence) and measures it.
@@ -227,8 +213,8 @@ fn measure_redis(items: u64, logs: &Path) -> Result<Measured> {
         rss_after,
         load_secs,
         self_stat: "used_memory",
-        self_before: stat_u64(&before, "used_memory")?,
-        self_after: stat_u64(&after, "used_memory")?,
+        self_before: stat::<u64>(&before, "used_memory")?,
+        self_after: stat::<u64>(&after, "used_memory")?,
         held,
     };
     stop(server);

@@ -26,11 +26,12 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use super::per_item::key_of;
-use super::wire::{BinClient, opcode, status};
-use super::{Section, XorShift, stat_f64, stop};
+use super::wire::BinClient;
+use super::{Section, stat, stop};
 use crate::memcapable::tempdir;
 use crate::process::ServerProcess;
 use crate::util::Stopwatch;
+use epkv_protocol::{Opcode, Status};
 
 /// Value length.
 pub(crate) const VALUE_BYTES: usize = 512;
@@ -91,7 +92,7 @@ enum Keys {
     /// `next`, `next + step`, ... below `end`.
     Strided { next: u64, step: u64, end: u64 },
     /// Uniformly random below `keys`.
-    Random { rng: XorShift, keys: u64 },
+    Random { rng: Box<super::Rng>, keys: u64 },
 }
 
 impl Iterator for Keys {
@@ -104,7 +105,7 @@ impl Iterator for Keys {
                 *next += *step;
                 (k < *end).then_some(k)
             }
-            Keys::Random { rng, keys } => Some(rng.below(*keys)),
+            Keys::Random { rng, keys } => Some(super::below(rng, *keys)),
         }
     }
 }
@@ -140,11 +141,11 @@ fn writer(
         for (n, &k) in batch.iter().enumerate() {
             let off = usize::try_from((k.wrapping_mul(7919) + round) % span).unwrap_or(0);
             c.queue_set(
-                opcode::SET,
+                Opcode::Set,
                 &key_of(k),
                 &pool[off..off + VALUE_BYTES],
                 n as u32,
-            );
+            )?;
         }
         c.flush()?;
         let mut refused = false;
@@ -153,14 +154,14 @@ fn writer(
             if r.opaque != n as u32 {
                 bail!("reply out of order: opaque {} for request {n}", r.opaque);
             }
-            match r.status {
-                status::SUCCESS => ops += 1,
-                status::TMPFAIL => {
+            match Status::from_u16(r.status) {
+                Some(Status::Success) => ops += 1,
+                Some(Status::Etmpfail) => {
                     tmpfails += 1;
                     retry.push(k);
                     refused = true;
                 }
-                s => bail!("SET of key {k} answered status {s:#x}"),
+                _ => bail!("SET of key {k} answered status {:#x}", r.status),
             }
         }
         if refused {
@@ -259,7 +260,7 @@ fn run_case(
         load.tmpfails
     );
     let (random, _) = phase(&addr, pool, Duration::from_secs(secs), |c| Keys::Random {
-        rng: XorShift::new(0x5e7 + c as u64),
+        rng: Box::new(super::rng(0x5e7 + c as u64)),
         keys,
     })?;
     if !server.is_running() {
@@ -275,9 +276,9 @@ fn run_case(
         quota,
         load,
         random,
-        resident_pct: stat_f64(&stats, "vb_active_perc_mem_resident")?,
-        tmp_oom_errors: stat_f64(&stats, "ep_tmp_oom_errors")?,
-        mem_used: stat_f64(&stats, "mem_used")?,
+        resident_pct: stat::<f64>(&stats, "vb_active_perc_mem_resident")?,
+        tmp_oom_errors: stat::<f64>(&stats, "ep_tmp_oom_errors")?,
+        mem_used: stat::<f64>(&stats, "mem_used")?,
     };
     eprintln!(
         "{implementation}: {:.0} random SETs/s, {} TMPFAIL, {:.0}% resident",
@@ -360,15 +361,6 @@ pub(crate) fn run(bin: &Path, keys: u64, secs: u64, rounds: usize, logs: &Path) 
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// The JSON rows: per case, one for each phase; epkv's carry the ratio to epkv-fits (of
 /// the medians, and the median of the per-round ratios).
 pub(crate) fn rows(cases: &[Case], ratios: &[(f64, f64)], secs: u64) -> Vec<serde_json::Value> {
@@ -380,13 +372,13 @@ pub(crate) fn rows(cases: &[Case], ratios: &[(f64, f64)], secs: u64) -> Vec<serd
                 "load",
                 c.load,
                 fits.map(|f| f.load),
-                median(ratios.iter().map(|r| r.0).collect()),
+                crate::util::median(ratios.iter().map(|r| r.0).collect()),
             ),
             (
                 "random",
                 c.random,
                 fits.map(|f| f.random),
-                median(ratios.iter().map(|r| r.1).collect()),
+                crate::util::median(ratios.iter().map(|r| r.1).collect()),
             ),
         ] {
             let mut row = json!({
@@ -475,9 +467,9 @@ pub(crate) fn markdown(cases: &[Case], ratios: &[(f64, f64)], secs: u64) -> Resu
         md,
         "Per round, epkv / epkv-fits: load {} (median {:.2}); random {} (median {:.2}).",
         list(|r| r.0),
-        median(ratios.iter().map(|r| r.0).collect()),
+        crate::util::median(ratios.iter().map(|r| r.0).collect()),
         list(|r| r.1),
-        median(ratios.iter().map(|r| r.1).collect()),
+        crate::util::median(ratios.iter().map(|r| r.1).collect()),
     )?;
     writeln!(md)?;
     writeln!(
@@ -504,7 +496,7 @@ mod tests {
         all.sort_unstable();
         assert_eq!(all, (0..10).collect::<Vec<_>>());
         let mut r = Keys::Random {
-            rng: XorShift::new(1),
+            rng: Box::new(crate::bench_memory::rng(1)),
             keys: 5,
         };
         assert!((0..100).all(|_| r.next().is_some_and(|k| k < 5)));
