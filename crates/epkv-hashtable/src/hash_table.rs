@@ -506,6 +506,7 @@ impl HashTable {
                 counts: &stripe.counts,
                 shared: &self.shared,
                 visit_paused: stripe.visit_paused.load(Ordering::Relaxed),
+                charged: 0,
             },
             hash,
             sv,
@@ -736,6 +737,12 @@ impl Entry<'_> {
         if !sv.is_committed() {
             return Err(Error::WrongState);
         }
+        self.insert_charged(sv, 0)
+    }
+
+    /// [`Self::insert`] of a version of whose footprint `charged` bytes are already
+    /// charged to the tracker.
+    fn insert_charged(&mut self, sv: StoredValue, charged: usize) -> Result<Option<StoredValue>> {
         let shared = self.shared;
         let counts = self.counts;
         let inner = &mut *self.inner;
@@ -747,6 +754,7 @@ impl Entry<'_> {
                 counts,
                 shared,
                 visit_paused: self.visit_paused,
+                charged,
             },
             self.hash,
             sv,
@@ -775,6 +783,7 @@ impl Entry<'_> {
                 counts,
                 shared,
                 visit_paused: self.visit_paused,
+                charged: 0,
             },
             self.hash,
             sv,
@@ -810,19 +819,42 @@ impl Entry<'_> {
     /// caller assigned to the commit), replacing any committed version, and the prepare
     /// is gone. Returns the committed version it replaced.
     ///
+    /// The prepare's allocation becomes the committed version (no copy of the value) and
+    /// its charge goes with it. The commit is refused, as an insert of a copy would be,
+    /// when the tracker has no room for the committed version beside the prepare.
+    ///
     /// # Errors
     /// [`Error::NotFound`] when there is no prepare; [`Error::QuotaExceeded`] as for
     /// [`Self::insert`] (nothing changes).
     pub fn commit_prepared(&mut self, meta: ItemMeta) -> Result<Option<StoredValue>> {
-        let committed = self
-            .prepared()
+        let index = self.prepared.ok_or(Error::NotFound)?;
+        let p_bytes = self
+            .inner
+            .prepared
+            .get(index)
             .ok_or(Error::NotFound)?
-            .clone()
+            .footprint();
+        let old_bytes = self
+            .committed
+            .and_then(|i| self.inner.committed.get(i))
+            .map_or(0, |slot| slot.footprint());
+        // What inserting a copy charged before the prepare was freed.
+        let extra = p_bytes.saturating_sub(old_bytes);
+        self.shared.tracker.try_charge(extra)?;
+        let Some(slot) = self.inner.prepared.remove(index) else {
+            unreachable!("the prepare was just found at this index")
+        };
+        self.prepared = None;
+        let p = slot.props();
+        self.counts.apply(Some(&p), None);
+        self.shrink = true;
+        let committed = slot
+            .into_inner()
             .with_state(CommittedState::CommittedViaPrepare)
             .with_meta(meta);
-        let old = self.insert(committed)?;
-        self.remove_prepared();
-        Ok(old)
+        // Charged: the prepare's bytes (the committed version's footprint) plus `extra`;
+        // the insert releases `extra` and the version it replaces, and cannot fail.
+        self.insert_charged(committed, p_bytes + extra)
     }
 
     /// Marks the committed version clean if it is still the version with `by_seqno`
@@ -883,6 +915,9 @@ struct Around<'a> {
     shared: &'a Shared,
     /// Whether a paused visit is inside the stripe (see [`SlotTable::insert_new`]).
     visit_paused: bool,
+    /// Bytes of the new version already charged to the tracker (a prepare's allocation
+    /// that a commit hands over), so only the difference is charged or released.
+    charged: usize,
 }
 
 /// Inserts or overwrites one version in `table` at `index`, keeping the accounting.
@@ -898,19 +933,20 @@ fn insert_into(
         counts,
         shared,
         visit_paused,
+        charged,
     } = around;
     if let Some(slot) = index.and_then(|i| table.get_mut(i)) {
         let mfu = mfu::next_on_access(slot.mfu());
         let before = slot.props();
         let after = Props::of(&sv, mfu);
-        shared.recharge(before.footprint(), after.footprint())?;
+        shared.recharge(before.footprint() + charged, after.footprint())?;
         counts.apply(Some(&before), Some(&after));
         hist.apply(before.evictable_mfu, after.evictable_mfu);
         slot.set_mfu(mfu);
         return Ok(Some(slot.replace(sv)));
     }
     let after = Props::of(&sv, mfu::INITIAL);
-    shared.tracker.try_charge(after.footprint())?;
+    shared.recharge(charged, after.footprint())?;
     counts.apply(None, Some(&after));
     hist.apply(None, after.evictable_mfu);
     let (at, rehashed) = table.insert_new(Slot::new(hash, sv, mfu::INITIAL), visit_paused);
