@@ -14,7 +14,7 @@ use crate::bucket::Bucket;
 use crate::stats::Counter;
 use crate::vbucket::VBucket;
 use epkv_engine_api::{EngineResult, EngineStatus, FetchedCallback};
-use epkv_hashtable::StoredValue;
+use epkv_hashtable::{ItemMeta, StoredValue};
 use epkv_types::Vbid;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 struct Pending {
     queued_at: Instant,
     in_flight: bool,
+    /// Whether a waiter needs the value, not only the metadata (full eviction's
+    /// metadata fetches restore a non-resident item).
+    value: bool,
     /// Times the value was read but did not fit in memory (the item pager was woken to
     /// make room, and the fetch is retried).
     no_room: u32,
@@ -66,15 +69,22 @@ impl std::fmt::Debug for BgFetchQueue {
 impl BgFetchQueue {
     /// Queues a fetch of `key` unless one is queued or in flight; returns true when the
     /// fetcher must be woken (nothing else was queued).
-    pub(crate) fn queue(&self, vbid: Vbid, key: &[u8], now: Instant) -> bool {
+    /// `value`: the operation needs the value, not only the metadata.
+    pub(crate) fn queue(&self, vbid: Vbid, key: &[u8], now: Instant, value: bool) -> bool {
         let mut q = self.pending.lock();
         let idle = q.queued == 0;
         match q.by_key.entry((vbid, key.into())) {
-            MapEntry::Occupied(_) => false,
+            MapEntry::Occupied(mut o) => {
+                // A metadata fetch in flight restores no value: the operation that wants
+                // it runs again after and queues a value fetch then.
+                o.get_mut().value |= value;
+                false
+            }
             MapEntry::Vacant(v) => {
                 v.insert(Pending {
                     queued_at: now,
                     in_flight: false,
+                    value,
                     no_room: 0,
                     waiters: Vec::new(),
                 });
@@ -97,9 +107,10 @@ impl BgFetchQueue {
         done(Ok(()));
     }
 
-    /// Marks every queued fetch in flight and returns them (vbid, key, time queued),
-    /// sorted by vBucket so that each vBucket's keys are read together.
-    fn take(&self) -> Vec<(Vbid, Box<[u8]>, Instant)> {
+    /// Marks every queued fetch in flight and returns them (vbid, key, time queued,
+    /// whether the value is wanted), sorted by vBucket so that each vBucket's keys are
+    /// read together.
+    fn take(&self) -> Vec<(Vbid, Box<[u8]>, Instant, bool)> {
         let mut q = self.pending.lock();
         q.queued = 0;
         let mut batch: Vec<_> = q
@@ -108,7 +119,7 @@ impl BgFetchQueue {
             .filter(|(_, p)| !p.in_flight)
             .map(|((vbid, key), p)| {
                 p.in_flight = true;
-                (*vbid, key.clone(), p.queued_at)
+                (*vbid, key.clone(), p.queued_at, p.value)
             })
             .collect();
         drop(q);
@@ -237,7 +248,8 @@ impl Bucket {
     /// caller waits with [`epkv_engine_api::Engine::when_fetched`] and runs the operation
     /// again. Internal for a bucket that cannot fetch (memory-only: nothing is ever
     /// evicted there).
-    pub(crate) fn queue_bg_fetch(&self, vb: &VBucket, key: &[u8]) -> EngineStatus {
+    /// `value`: whether the operation needs the value or only the metadata.
+    pub(crate) fn queue_bg_fetch(&self, vb: &VBucket, key: &[u8], value: bool) -> EngineStatus {
         let Some(p) = &self.persistence else {
             tracing::error!(vbid = %vb.id, "a memory-only bucket has a non-resident item");
             return EngineStatus::Internal;
@@ -246,7 +258,7 @@ impl Bucket {
         let Some(q) = p.fetch_queues.get(shard) else {
             return EngineStatus::Internal;
         };
-        if q.queue(vb.id, key, self.clock.now()) {
+        if q.queue(vb.id, key, self.clock.now(), value) {
             p.wake_fetcher(shard);
         }
         EngineStatus::WouldBlock
@@ -297,10 +309,11 @@ impl Bucket {
         let batch = q.take();
         let n = batch.len();
         let mut retried = 0;
-        for (vbid, key, queued_at) in batch {
+        for (vbid, key, queued_at, value) in batch {
             let start = self.clock.now();
-            let outcome = match self.vbuckets.get(usize::from(vbid.0)) {
-                Some(vb) => self.fetch_and_restore(vb, &key),
+            let vb = self.vbuckets.get(usize::from(vbid.0));
+            let outcome = match vb {
+                Some(vb) => self.fetch_and_restore(vb, &key, value),
                 None => Err(Failed(EngineStatus::NotMyVbucket)),
             };
             let end = self.clock.now();
@@ -313,9 +326,23 @@ impl Bucket {
                 // Memory is full until the pager (woken by the refusal) ejects something:
                 // try again shortly rather than fail the reader.
                 Err(NoRoom) if q.retry_later(vbid, &key) => retried += 1,
-                Err(NoRoom) => q.complete(vbid, key, Err(EngineStatus::TempFail)),
                 Ok(()) => q.complete(vbid, key, Ok(())),
-                Err(Failed(e)) => q.complete(vbid, key, Err(e)),
+                Err(err) => {
+                    // A placeholder left behind would only make the next operation queue
+                    // the same fetch again; remove it so that memory holds nothing stale.
+                    if let Some(vb) = vb {
+                        vb.table.with_entry(&key, |e| {
+                            if e.committed().is_some_and(StoredValue::is_placeholder) {
+                                e.remove();
+                            }
+                        });
+                    }
+                    let status = match err {
+                        NoRoom => EngineStatus::TempFail,
+                        Failed(status) => status,
+                    };
+                    q.complete(vbid, key, Err(status));
+                }
             }
         }
         (n, retried)
@@ -344,13 +371,24 @@ impl Bucket {
     /// stripe lock, puts its value back if the item in memory is still that version and
     /// still non-resident. Anything else means the item changed while the read ran; the
     /// operation waiting runs again and sees the change.
-    fn fetch_and_restore(&self, vb: &VBucket, key: &[u8]) -> Result<(), FetchError> {
+    fn fetch_and_restore(&self, vb: &VBucket, key: &[u8], value: bool) -> Result<(), FetchError> {
         let Some(shard) = self
             .persistence
             .as_ref()
             .and_then(|p| p.shards.get(p.shard_of(vb.id)))
         else {
             return Err(Failed(EngineStatus::Internal));
+        };
+        // Full eviction: the placeholder the read is for. Restoring over another one (the
+        // key was written, persisted and evicted again while the read ran, and a new
+        // lookup began) would put back what the read found before that write.
+        let placeholder = match &vb.full {
+            Some(_) => vb.table.with_entry(key, |e| {
+                e.committed()
+                    .filter(|sv| sv.is_placeholder())
+                    .map(|sv| sv.meta().cas)
+            }),
+            None => None,
         };
         let doc = match epkv_storage::KvStore::get(&shard.store, vb.id, key) {
             Ok(d) => d,
@@ -361,8 +399,15 @@ impl Bucket {
             }
         };
         vb.table.with_entry(key, |e| {
-            let meta = match e.get() {
-                Some(sv) if !sv.is_resident() => *sv.meta(),
+            let meta = match e.committed() {
+                Some(sv) if sv.is_placeholder() => {
+                    return if placeholder == Some(sv.meta().cas) {
+                        self.restore_looked_up(vb, e, doc, value)
+                    } else {
+                        Ok(())
+                    };
+                }
+                Some(sv) if !sv.is_deleted() && !sv.is_resident() => *sv.meta(),
                 // Resident again (a write raced the fetch) or gone: nothing to restore.
                 _ => return Ok(()),
             };
@@ -394,6 +439,66 @@ impl Bucket {
     }
 }
 
+impl Bucket {
+    /// Full eviction: replaces a placeholder with what the disk has for its key: the
+    /// document (with its value if `value`, else metadata only), or a clean tombstone
+    /// that reads as absent when the disk has no live version.
+    fn restore_looked_up(
+        &self,
+        vb: &VBucket,
+        e: &mut epkv_hashtable::Entry<'_>,
+        doc: Option<epkv_storage::Document>,
+        value: bool,
+    ) -> Result<(), FetchError> {
+        let key = e.key();
+        let meta_of = |d: &epkv_storage::Document| ItemMeta {
+            cas: epkv_types::Cas(d.cas),
+            rev_seqno: d.rev_seqno,
+            by_seqno: epkv_types::Seqno(d.seqno),
+            flags: d.flags,
+            expiry: d.expiry,
+            datatype: epkv_types::Datatype(d.datatype),
+            ..ItemMeta::default()
+        };
+        let (sv, seqno, live) = match &doc {
+            Some(d) if !d.deleted => (StoredValue::new(key, &d.value, meta_of(d)), d.seqno, true),
+            other => {
+                self.counters.incr(Counter::BloomFalsePositives);
+                let meta = other.as_ref().map_or_else(ItemMeta::default, |d| ItemMeta {
+                    expiry: 0,
+                    flags: 0,
+                    ..meta_of(d)
+                });
+                (StoredValue::new_deleted(key, meta), meta.by_seqno.0, false)
+            }
+        };
+        let sv = sv.map_err(|err| {
+            tracing::error!(vbid = %vb.id, error = %err, "background fetch: document refused");
+            Failed(EngineStatus::Internal)
+        })?;
+        match self.insert_or_tempfail(e, sv) {
+            Ok(()) => {}
+            Err(EngineStatus::TempFail) => return Err(NoRoom),
+            Err(s) => return Err(Failed(s)),
+        }
+        e.mark_clean(epkv_types::Seqno(seqno));
+        if !live {
+            return Ok(());
+        }
+        if let Some(full) = &vb.full {
+            full.sub_evicted();
+        }
+        e.raise_mfu(epkv_hashtable::mfu::INITIAL);
+        if value {
+            self.counters.incr(Counter::BgFetched);
+        } else {
+            e.evict_value();
+            self.counters.incr(Counter::BgMetaFetched);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,9 +509,12 @@ mod tests {
     fn fetches_are_coalesced_per_key_and_waiters_run_once_with_the_outcome() {
         let q = BgFetchQueue::default();
         let now = epkv_executor::Clock::now(&epkv_executor::SystemClock);
-        assert!(q.queue(Vbid(1), b"a", now), "first fetch wakes the fetcher");
-        assert!(!q.queue(Vbid(1), b"a", now), "same key: coalesced");
-        assert!(!q.queue(Vbid(1), b"b", now), "fetcher already woken");
+        assert!(
+            q.queue(Vbid(1), b"a", now, true),
+            "first fetch wakes the fetcher"
+        );
+        assert!(!q.queue(Vbid(1), b"a", now, false), "same key: coalesced");
+        assert!(!q.queue(Vbid(1), b"b", now, false), "fetcher already woken");
         let calls = Arc::new(AtomicUsize::new(0));
         for _ in 0..3 {
             let c = Arc::clone(&calls);
@@ -423,7 +531,7 @@ mod tests {
         assert_eq!(batch.len(), 2);
         assert!(q.is_idle());
         // A key queued while its fetch is in flight joins it.
-        assert!(!q.queue(Vbid(1), b"a", now));
+        assert!(!q.queue(Vbid(1), b"a", now, true));
         assert!(q.take().is_empty());
         assert_eq!(calls.load(Ordering::Relaxed), 0);
         q.complete(Vbid(1), b"a"[..].into(), Err(EngineStatus::TempFail));

@@ -263,11 +263,11 @@ impl Bucket {
                     config.ht_locks,
                     Arc::clone(&memory),
                 )
-                .map(|vb| {
-                    if persistent {
-                        vb.with_persistence()
-                    } else {
-                        vb
+                .map(|vb| match (persistent, config.eviction_policy) {
+                    (false, _) => vb,
+                    (true, crate::EvictionPolicy::Value) => vb.with_persistence(),
+                    (true, crate::EvictionPolicy::Full) => {
+                        vb.with_persistence().with_full_eviction()
                     }
                 })
             })
@@ -503,6 +503,13 @@ impl Bucket {
         };
         let now = u32::try_from(self.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
         let out = p.compact_all(&self.vbuckets, now)?;
+        // Full eviction: each key filter is rebuilt at its vBucket's size, without the
+        // keys deleted since it was last built.
+        for vb in self.vbuckets.iter().filter(|vb| vb.full.is_some()) {
+            if vb.warmup_phase() == WarmupPhase::Ready {
+                self.rebuild_key_filter(vb)?;
+            }
+        }
         tracing::info!(bucket = %self.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, caught_up = out.caught_up, "compaction done");
         Ok(out)
     }
@@ -687,7 +694,7 @@ impl Bucket {
     /// Returns the number of documents in all vBuckets (the `curr_items_tot` stat).
     #[must_use]
     pub fn item_count(&self) -> usize {
-        self.vbuckets.iter().map(|vb| vb.table.len()).sum()
+        self.vbuckets.iter().map(Self::vb_items).sum()
     }
 
     /// Returns a vBucket's high seqno (the seqno of its latest mutation; 0 if none), or
@@ -734,6 +741,37 @@ impl Bucket {
                 continue;
             }
             let now = LazyNow::new(&*self.clock);
+            if vb.full.is_some() {
+                // A deletion leaves a tombstone in its place (see `remove_deleted`),
+                // which `retain` cannot: find the expired keys, then expire each one.
+                // Persisted tombstones (and keys found absent on disk) go, as
+                // KV-Engine's expiry pager removes temporary items.
+                let mut keys = Vec::new();
+                let mut clean_tombstones = Vec::new();
+                vb.table.for_each(|sv| {
+                    if !sv.is_deleted() && expired(sv.meta(), &now) {
+                        keys.push(sv.key_bytes());
+                    } else if sv.is_deleted() && !sv.is_dirty() && !sv.is_placeholder() {
+                        clean_tombstones.push(sv.key_bytes());
+                    }
+                });
+                for key in keys {
+                    removed += usize::from(
+                        vb.table
+                            .with_entry(&key, |e| self.expire_entry(vb, e, &now)),
+                    );
+                }
+                for key in clean_tombstones {
+                    vb.table.with_entry(&key, |e| {
+                        if e.committed().is_some_and(|sv| {
+                            sv.is_deleted() && !sv.is_dirty() && !sv.is_placeholder()
+                        }) {
+                            e.remove();
+                        }
+                    });
+                }
+                continue;
+            }
             removed += vb.table.retain(|sv| {
                 if expired(sv.meta(), &now) {
                     let (_, woke) =
@@ -780,27 +818,42 @@ impl Bucket {
     /// does when a client touches an expired document. Afterwards the entry is either
     /// live or empty.
     pub(crate) fn expire_on_access(&self, vb: &VBucket, e: &mut Entry<'_>, now: &LazyNow<'_>) {
-        let rev = match e.get() {
-            Some(sv) if expired(sv.meta(), now) => sv.meta().rev_seqno,
-            _ => return,
-        };
-        let (_, woke) = vb.assign_deletion_queued(now.nanos(), rev + 1, e.key());
-        e.remove();
-        self.queued(vb, woke);
-        self.counters.incr(Counter::ExpiredAccess);
+        if self.expire_entry(vb, e, now) {
+            self.counters.incr(Counter::ExpiredAccess);
+        }
     }
 
-    /// Makes sure the entry's item has its value in memory: if it is not resident (the
-    /// item pager evicted it, or warmup loaded only its key and metadata), queues a
-    /// background fetch of it and answers WouldBlock (see [`crate::bg_fetcher`]); the
-    /// operation runs again once the fetch is over.
+    /// Removes the entry's item if it has expired (a deletion with a seqno); returns
+    /// whether it did.
+    fn expire_entry(&self, vb: &VBucket, e: &mut Entry<'_>, now: &LazyNow<'_>) -> bool {
+        let rev = match e.get() {
+            Some(sv) if expired(sv.meta(), now) => sv.meta().rev_seqno,
+            _ => return false,
+        };
+        let (a, woke) = vb.assign_deletion_queued(now.nanos(), rev + 1, e.key());
+        Self::remove_deleted(vb, e, &a, rev + 1);
+        self.queued(vb, woke);
+        true
+    }
+
+    /// Makes sure the entry's item has its value in memory (see [`Self::fetch_for`]):
+    /// if it is not resident (the item pager evicted it, or warmup loaded only its key
+    /// and metadata), or, under full eviction, not in memory at all, queues a background
+    /// fetch and answers WouldBlock (see [`crate::bg_fetcher`]); the operation runs again
+    /// once the fetch is over.
     pub(crate) fn fetch_if_evicted(&self, vb: &VBucket, e: &mut Entry<'_>) -> EngineResult<()> {
-        match e.get() {
-            Some(sv) if !sv.is_resident() && !sv.is_deleted() => {
-                Err(self.queue_bg_fetch(vb, e.key()))
-            }
-            _ => Ok(()),
-        }
+        self.fetch_for(vb, e, true)
+    }
+
+    /// As [`Self::fetch_if_evicted`] for an operation that needs only to know whether
+    /// the document exists, with its metadata (ADD, REPLACE, DELETE, CAS-conditioned
+    /// writes, UNLOCK): only full eviction ever fetches for it.
+    pub(crate) fn fetch_meta_if_evicted(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+    ) -> EngineResult<()> {
+        self.fetch_for(vb, e, false)
     }
 
     /// Stores `sv` in the entry, refusing when item memory would pass the quota: with
@@ -843,6 +896,7 @@ impl Bucket {
         now: &LazyNow<'_>,
         old_rev: Option<u64>,
     ) -> Assigned {
+        Self::note_written(vb, e.key());
         let (a, woke) = vb.assign_mutation_queued(now.nanos(), |a| {
             document_of(e, a, old_rev.map_or(a.new_key_rev, |r| r + 1), None)
         });

@@ -53,6 +53,9 @@ pub struct BucketConfig {
     /// What a memory-only bucket does at its quota (a persistent bucket evicts values
     /// instead). Default [`EphemeralFullPolicy::AutoDelete`].
     pub ephemeral_full_policy: EphemeralFullPolicy,
+    /// What the item pager of a persistent bucket takes out of memory. Default
+    /// [`EvictionPolicy::Value`]; [`EvictionPolicy::Full`] needs `persistence`.
+    pub eviction_policy: EvictionPolicy,
     /// Whether FLUSH is allowed. Default false (as in Couchbase); when false FLUSH answers
     /// NotSupported.
     pub flush_enabled: bool,
@@ -91,6 +94,7 @@ impl Default for BucketConfig {
             mem_low_wat_percent: DEFAULT_MEM_LOW_WAT_PERCENT,
             item_pager_interval: DEFAULT_ITEM_PAGER_INTERVAL,
             ephemeral_full_policy: EphemeralFullPolicy::AutoDelete,
+            eviction_policy: EvictionPolicy::Value,
             flush_enabled: false,
             max_item_size_bytes: DEFAULT_MAX_ITEM_SIZE_BYTES,
             num_vbuckets: epkv_types::NUM_VBUCKETS,
@@ -123,6 +127,32 @@ impl EphemeralFullPolicy {
         match self {
             Self::AutoDelete => "auto_delete",
             Self::FailNewData => "fail_new_data",
+        }
+    }
+}
+
+/// What the item pager of a persistent bucket evicts (Couchbase's `eviction_policy`,
+/// KV-Engine's `item_eviction_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EvictionPolicy {
+    /// Values only: every document's key and metadata stay in memory, so a missing key
+    /// is known absent without a disk read (`value_only`).
+    #[default]
+    Value,
+    /// Whole documents: memory holds only what was used recently, and a key that is not
+    /// in memory is looked up on disk unless the vBucket's bloom filter says it is
+    /// certainly absent (`full_eviction`).
+    Full,
+}
+
+impl EvictionPolicy {
+    /// The name used in stats (`value_only`, `full_eviction`, as KV-Engine's
+    /// `ep_item_eviction_policy`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Value => "value_only",
+            Self::Full => "full_eviction",
         }
     }
 }
@@ -175,6 +205,12 @@ impl BucketConfig {
         }
         if !(1..=1024).contains(&self.ht_locks) {
             return Err(invalid("ht_locks", "must be 1..=1024"));
+        }
+        if self.eviction_policy == EvictionPolicy::Full && self.persistence.is_none() {
+            return Err(invalid(
+                "eviction_policy",
+                "full eviction needs persistence (a memory-only bucket cannot read documents back)",
+            ));
         }
         if let Some(p) = &self.persistence {
             if !(1..=64).contains(&p.shards) {

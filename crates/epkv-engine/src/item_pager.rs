@@ -27,7 +27,7 @@
 //!   pausable visitor, so front-end threads never wait on a long pager run and the stripe
 //!   locks are each held for one stripe at most.
 
-use crate::bucket::{Bucket, LazyNow};
+use crate::bucket::{Bucket, LazyNow, locked};
 use crate::config::EphemeralFullPolicy;
 use crate::stats::Counter;
 use crate::vbucket::{VBucket, WarmupPhase};
@@ -236,6 +236,7 @@ impl Bucket {
             waker.urgent.store(false, Ordering::Release);
             return run;
         }
+        self.rebuild_overfull_filters();
         let low = self.config.low_wat_bytes();
         let mut guard = self.item_pager.cycle.lock();
         if guard.is_none() {
@@ -312,7 +313,7 @@ impl Bucket {
             match self.page_item(vb, item, cycle.threshold, delete, &now) {
                 Paged::Ejected => run.ejected += 1,
                 Paged::Deleted => run.deleted += 1,
-                Paged::Kept => {}
+                Paged::Kept | Paged::Dropped => {}
             }
             if visited >= budget || (visited % MEMORY_CHECK_EVERY == 0 && self.memory.used() <= low)
             {
@@ -341,9 +342,26 @@ impl Bucket {
         let (Some(sv), Some(mfu)) = (item.item(), item.mfu()) else {
             return Paged::Kept;
         };
+        let full = vb.full.as_ref();
+        if sv.is_deleted() {
+            // Full eviction: persisted tombstones and keys found absent on disk go (a
+            // lookup of the key finds the same on disk); a placeholder stays, its fetch
+            // is on its way.
+            if full.is_some() && !sv.is_placeholder() && !sv.is_dirty() {
+                item.remove();
+                return Paged::Dropped;
+            }
+            return Paged::Kept;
+        }
         // The visitor shows committed items only; a memory-only bucket never marks
-        // anything clean, and has nothing to lose by deleting.
-        let evictable = !sv.is_deleted() && sv.is_resident() && (delete || !sv.is_dirty());
+        // anything clean, and has nothing to lose by deleting. Full eviction takes whole
+        // documents (metadata-only ones too), but not a locked one: the lock lives in
+        // memory only.
+        let evictable = if full.is_some() {
+            !sv.is_dirty() && !locked(sv.meta(), now)
+        } else {
+            sv.is_resident() && (delete || !sv.is_dirty())
+        };
         if !evictable {
             return Paged::Kept;
         }
@@ -358,6 +376,11 @@ impl Bucket {
             self.queued(vb, woke);
             self.counters.incr(Counter::PagerDeletes);
             Paged::Deleted
+        } else if let Some(full) = full {
+            item.remove();
+            full.add_evicted(1);
+            self.counters.incr(Counter::ValueEjects);
+            Paged::Ejected
         } else if item.evict_value() {
             self.counters.incr(Counter::ValueEjects);
             Paged::Ejected
@@ -381,12 +404,26 @@ impl Bucket {
         }
         let (vb, _state) = self.client_vbucket(vbid, key)?;
         vb.table.with_entry(key, |e| {
-            let sv = e.get().ok_or(EngineStatus::KeyNotFound)?;
-            if !sv.is_resident() {
-                return Ok(false);
-            }
+            let Some(sv) = e.get() else {
+                // Full eviction: a key not in memory is "already ejected", as KV-Engine
+                // answers.
+                return if vb.full.is_some() {
+                    Ok(false)
+                } else {
+                    Err(EngineStatus::KeyNotFound)
+                };
+            };
             if sv.is_dirty() {
                 return Err(EngineStatus::KeyExists);
+            }
+            if let Some(full) = &vb.full {
+                e.remove();
+                full.add_evicted(1);
+                self.counters.incr(Counter::ValueEjects);
+                return Ok(true);
+            }
+            if !sv.is_resident() {
+                return Ok(false);
             }
             if e.evict_value() {
                 self.counters.incr(Counter::ValueEjects);
@@ -420,6 +457,10 @@ impl Bucket {
 /// What the pager did to one item.
 enum Paged {
     Kept,
+    /// Value ejected, or (full eviction) the whole document.
     Ejected,
+    /// Deleted (memory-only auto-delete).
     Deleted,
+    /// A clean tombstone removed (full eviction).
+    Dropped,
 }

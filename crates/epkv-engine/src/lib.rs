@@ -181,6 +181,7 @@ mod counter_value;
 mod engine_impl;
 mod error;
 mod expiry_pager;
+mod full_eviction;
 mod hlc;
 mod item_pager;
 mod ops;
@@ -195,7 +196,7 @@ pub use config::{
     BucketConfig, DEFAULT_EXPIRY_PAGER_INTERVAL, DEFAULT_GETL_DEFAULT_TIMEOUT_SECS,
     DEFAULT_GETL_MAX_TIMEOUT_SECS, DEFAULT_HT_LOCKS, DEFAULT_ITEM_PAGER_INTERVAL,
     DEFAULT_MAX_ITEM_SIZE_BYTES, DEFAULT_MEM_HIGH_WAT_PERCENT, DEFAULT_MEM_LOW_WAT_PERCENT,
-    DEFAULT_MEMORY_QUOTA_BYTES, EphemeralFullPolicy, MIN_MEMORY_QUOTA_BYTES,
+    DEFAULT_MEMORY_QUOTA_BYTES, EphemeralFullPolicy, EvictionPolicy, MIN_MEMORY_QUOTA_BYTES,
 };
 pub use epkv_storage::JournalMode;
 pub use error::{Error, Result};

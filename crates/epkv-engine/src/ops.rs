@@ -165,6 +165,7 @@ impl Bucket {
             };
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
+            self.fetch_meta_if_evicted(vb, e)?;
             self.expire_on_access(vb, e, &now);
             let meta = *e.get().ok_or(EngineStatus::KeyNotFound)?.meta();
             if locked(&meta, &now) {
@@ -194,7 +195,11 @@ impl Bucket {
         let (vb, _state) = self.client_vbucket(vbid, key)?;
         let now = LazyNow::new(&*self.clock);
         vb.table.with_entry(key, |e| {
+            self.fetch_meta_if_evicted(vb, e)?;
             self.expire_on_access(vb, e, &now);
+            if e.get().is_none() {
+                return Err(EngineStatus::KeyNotFound);
+            }
             let meta = e.meta_mut().ok_or(EngineStatus::KeyNotFound)?;
             if !(meta.lock_expiry != 0 && meta.is_locked(now.secs())) {
                 meta.clear_lock();
@@ -254,9 +259,15 @@ impl Bucket {
         now: &LazyNow<'_>,
     ) -> EngineResult<MutationInfo> {
         self.expire_on_access(vb, e, now);
-        if matches!(req.op, StoreOp::Append | StoreOp::Prepend) {
+        let mut existence_unknown = false;
+        match req.op {
             // The only writes that keep the old value.
-            self.fetch_if_evicted(vb, e)?;
+            StoreOp::Append | StoreOp::Prepend => self.fetch_if_evicted(vb, e)?,
+            // Replaces whatever is there: no disk read to find out what that is.
+            StoreOp::Set if req.cas.is_any() => {
+                existence_unknown = Self::existence_unknown(vb, e);
+            }
+            _ => self.fetch_meta_if_evicted(vb, e)?,
         }
         let existing = match e.get() {
             Some(sv) => {
@@ -324,6 +335,9 @@ impl Bucket {
             }
         };
         self.insert_or_tempfail(e, sv)?;
+        if existence_unknown {
+            vb.persist.mark_unknown(req.key);
+        }
         let a = self.commit_version(vb, e, now, old_rev);
         Ok(Self::mutation_info(vb, a))
     }
@@ -335,11 +349,12 @@ impl Bucket {
         check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(req.key, |e| {
+            self.fetch_meta_if_evicted(vb, e)?;
             self.expire_on_access(vb, e, &now);
             let meta = *e.get().ok_or(EngineStatus::KeyNotFound)?.meta();
             check_lock_and_cas(&meta, req.cas, &now)?;
             let (a, woke) = vb.assign_deletion_queued(now.nanos(), meta.rev_seqno + 1, req.key);
-            e.remove();
+            Self::remove_deleted(vb, e, &a, meta.rev_seqno + 1);
             self.queued(vb, woke);
             Ok(Self::mutation_info(vb, a))
         });
@@ -445,7 +460,16 @@ impl Bucket {
             // Warmup would load documents back while the files are being deleted.
             return Err(EngineStatus::TempFail);
         }
-        let removed: usize = self.vbuckets.iter().map(|vb| vb.table.clear()).sum();
+        let removed: usize = self
+            .vbuckets
+            .iter()
+            .map(|vb| {
+                if let Some(full) = &vb.full {
+                    full.reset();
+                }
+                vb.table.clear()
+            })
+            .sum();
         if let Some(p) = &self.persistence
             && let Err(e) = p.wipe(&self.vbuckets)
         {

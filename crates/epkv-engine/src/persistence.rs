@@ -155,6 +155,9 @@ impl std::fmt::Debug for VbPersist {
 #[derive(Debug, Default)]
 struct DirtyQueue {
     items: HashMap<Vec<u8>, Document>,
+    /// Keys written (full eviction) without knowing whether they existed on disk (see
+    /// [`VbPersist::mark_unknown`]).
+    unknown: std::collections::HashSet<Vec<u8>>,
     /// The vBucket state changed and must be committed even with no documents.
     state_dirty: bool,
 }
@@ -168,26 +171,45 @@ impl VbPersist {
         was_empty
     }
 
+    /// Notes that `key` was written, under full eviction, without knowing whether its
+    /// newest version on disk is live: the flusher looks that up before it persists the
+    /// key's next document, and if so the item was counted twice (in memory and as
+    /// evicted) and the evicted count goes down by one.
+    pub(crate) fn mark_unknown(&self, key: &[u8]) {
+        self.dirty.lock().unknown.insert(key.to_vec());
+    }
+
     /// Notes that the vBucket's state must be committed.
     pub(crate) fn mark_state_dirty(&self) {
         self.dirty.lock().state_dirty = true;
     }
 
-    /// Takes the queue: the documents in seqno order and whether the state was dirty.
-    fn take(&self) -> (Vec<Document>, bool) {
+    /// Takes the queue: the documents in seqno order, whether the state was dirty, and
+    /// the keys of those documents marked [`Self::mark_unknown`].
+    fn take(&self) -> (Vec<Document>, bool, Vec<Vec<u8>>) {
         let mut q = self.dirty.lock();
         let state_dirty = std::mem::take(&mut q.state_dirty);
         let mut docs: Vec<Document> = q.items.drain().map(|(_, d)| d).collect();
+        let mut unknown = Vec::new();
+        if !q.unknown.is_empty() {
+            // A mark whose document is not queued yet (the writer marks first) stays.
+            for d in &docs {
+                if let Some(k) = q.unknown.take(&d.key) {
+                    unknown.push(k);
+                }
+            }
+        }
         drop(q);
         docs.sort_unstable_by_key(|d| d.seqno);
-        (docs, state_dirty)
+        (docs, state_dirty, unknown)
     }
 
     /// Puts back documents a failed commit did not persist; a newer version queued since
     /// wins.
-    fn put_back(&self, docs: Vec<Document>) {
+    fn put_back(&self, docs: Vec<Document>, unknown: Vec<Vec<u8>>) {
         let mut q = self.dirty.lock();
         q.state_dirty = true;
+        q.unknown.extend(unknown);
         for d in docs {
             q.items.entry(d.key.clone()).or_insert(d);
         }
@@ -197,6 +219,7 @@ impl VbPersist {
     pub(crate) fn clear(&self) {
         let mut q = self.dirty.lock();
         q.items.clear();
+        q.unknown.clear();
         q.state_dirty = false;
     }
 
@@ -412,14 +435,16 @@ impl Persistence {
         let n = self.shards.len();
         let mut commits: Vec<VbCommit> = Vec::new();
         let mut highs: Vec<(usize, u64)> = Vec::new();
+        let mut unknowns: Vec<Vec<Vec<u8>>> = Vec::new();
         for (i, vb) in vbuckets.iter().enumerate() {
             if i % n != shard {
                 continue;
             }
-            let (docs, state_dirty) = vb.persist.take();
+            let (docs, state_dirty, unknown) = vb.persist.take();
             if docs.is_empty() && !state_dirty {
                 continue;
             }
+            unknowns.push(unknown);
             let high = docs
                 .last()
                 .map_or_else(|| vb.persist.persisted(), |d| d.seqno)
@@ -435,17 +460,40 @@ impl Persistence {
         if commits.is_empty() {
             return Ok(FlushOutcome::default());
         }
+        // Full eviction: which keys written without a lookup were live on disk before
+        // this batch (their evicted count is corrected once the batch is durable).
+        let mut live_before = vec![0u64; commits.len()];
+        for ((c, keys), live) in commits.iter().zip(&unknowns).zip(&mut live_before) {
+            for k in keys {
+                match sh.store.key_meta(c.vbid, k) {
+                    Ok(Some(m)) if !m.deleted => *live += 1,
+                    Ok(_) => {}
+                    Err(e) => {
+                        // The count stays one too high for this key; the data is fine.
+                        tracing::warn!(vbid = %c.vbid, error = %e, "cannot look up a key to settle the item count");
+                    }
+                }
+            }
+        }
         match sh.store.commit(&commits) {
             Ok(()) => {
                 self.disk_full.store(false, Relaxed);
                 self.flushes.fetch_add(1, Relaxed);
                 let mut out = FlushOutcome::default();
-                for (c, (i, high)) in commits.iter().zip(&highs) {
+                for ((c, (i, high)), live) in commits.iter().zip(&highs).zip(live_before) {
                     let vb = &vbuckets[*i];
-                    for d in c.docs.iter().filter(|d| !d.deleted) {
+                    // Full eviction keeps tombstones in memory until they are persisted;
+                    // once clean, the item pager removes them.
+                    let tombstones_in_memory = vb.full.is_some();
+                    for d in c.docs.iter().filter(|d| !d.deleted || tombstones_in_memory) {
                         vb.table.with_entry(&d.key, |e| {
                             e.mark_clean(epkv_types::Seqno(d.seqno));
                         });
+                    }
+                    if let Some(full) = &vb.full {
+                        for _ in 0..live {
+                            full.sub_evicted();
+                        }
                     }
                     out.items += c.docs.len();
                     out.vbuckets += 1;
@@ -458,8 +506,8 @@ impl Persistence {
                 if matches!(e, epkv_storage::Error::NoSpace { .. }) {
                     self.disk_full.store(true, Relaxed);
                 }
-                for (c, (i, _)) in commits.into_iter().zip(highs) {
-                    vbuckets[i].persist.put_back(c.docs);
+                for ((c, (i, _)), unknown) in commits.into_iter().zip(highs).zip(unknowns) {
+                    vbuckets[i].persist.put_back(c.docs, unknown);
                 }
                 Err(e)
             }
@@ -509,11 +557,14 @@ impl Persistence {
                 }
                 let mark = self.purge_marks.lock().get(&vbid.0).copied().unwrap_or(0);
                 let persisted = vb.persist.persisted();
+                // Under full eviction expired documents on disk only are expired when
+                // read (with a tombstone and a seqno, so the item count stays exact),
+                // never silently dropped here.
                 let out = sh.store.compact(
                     vbid,
                     &epkv_storage::PurgeRule {
                         purge_before_seqno: mark,
-                        now_secs: Some(now_secs),
+                        now_secs: vb.full.is_none().then_some(now_secs),
                     },
                 )?;
                 self.purge_marks.lock().insert(vbid.0, persisted);
@@ -680,10 +731,30 @@ impl Persistence {
         let mut loaded = 0u64;
         let mut keys_only = 0u64;
         let mut skipped = 0u64;
+        let mut not_loaded = 0u64;
+        if let Some(full) = &vb.full {
+            // Size the key filter for the live keys (an index-only pass).
+            let mut live = 0usize;
+            shard.store.scan_keys(vbid, &mut |m| {
+                live += usize::from(!m.deleted);
+                ScanControl::Continue
+            })?;
+            full.filter.reset_for(live.saturating_add(live / 4));
+        }
         shard.store.scan_by_seqno(vbid, 0, u64::MAX, &mut |d| {
             if d.deleted {
                 max_deleted_rev = max_deleted_rev.max(d.rev_seqno);
                 return ScanControl::Continue;
+            }
+            if let Some(full) = &vb.full {
+                // Full eviction: documents past the low watermark stay on disk, known
+                // only to the key filter.
+                full.filter.add(&d.key);
+                if mem.used() >= low_wat {
+                    full.add_evicted(1);
+                    not_loaded += 1;
+                    return ScanControl::Continue;
+                }
             }
             let meta = epkv_hashtable::ItemMeta {
                 cas: epkv_types::Cas(d.cas),
@@ -706,6 +777,12 @@ impl Persistence {
                 return ScanControl::Continue;
             };
             vb.table.with_entry(&d.key, |e| match e.insert(sv) {
+                Err(_) if vb.full.is_some() => {
+                    if let Some(full) = &vb.full {
+                        full.add_evicted(1);
+                    }
+                    not_loaded += 1;
+                }
                 Ok(_) => {
                     e.mark_clean(epkv_types::Seqno(d.seqno));
                     if with_value {
@@ -723,6 +800,9 @@ impl Persistence {
             });
             ScanControl::Continue
         })?;
+        if not_loaded > 0 {
+            tracing::info!(%vbid, not_loaded, "warmup reached the memory low watermark: later documents stay on disk (full eviction: read back on access)");
+        }
         if keys_only > 0 {
             tracing::info!(%vbid, keys_only, "warmup reached the memory low watermark: later documents are loaded without their values (read back from disk on access)");
         }

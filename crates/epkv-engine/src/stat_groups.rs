@@ -31,8 +31,9 @@ impl Bucket {
         for vb in self.vbuckets.iter() {
             let i = state_index(*vb.state());
             t.vbs[i] += 1;
-            t.items[i] += vb.table.len();
-            t.non_resident[i] += vb.table.num_non_resident();
+            t.items[i] += Self::vb_items(vb);
+            // Under full eviction a document out of memory is non-resident too.
+            t.non_resident[i] += Self::vb_items(vb) - vb.table.len() + vb.table.num_non_resident();
         }
         t
     }
@@ -84,6 +85,7 @@ impl Bucket {
             }
             "ep_item_pager_interval" => c.item_pager_interval.as_secs().to_string(),
             "ep_ephemeral_full_policy" => c.ephemeral_full_policy.as_str().to_owned(),
+            "ep_item_eviction_policy" => c.eviction_policy.as_str().to_owned(),
             "ep_bg_num_samples" => self.bg_times.wait_summary(|h| h.len()),
             "ep_bg_wait_avg" => self.bg_times.wait_summary(|h| h.mean() as u64),
             "ep_bg_wait_p99" => self.bg_times.wait_summary(|h| h.value_at_quantile(0.99)),
@@ -132,7 +134,15 @@ impl Bucket {
             let (high_seqno, max_cas, max_deleted_rev) = vb.ordering_snapshot();
             let p = format!("vb_{}", vb.id.0);
             sink(&p, state.as_str());
-            sink(&format!("{p}:num_items"), &vb.table.len().to_string());
+            sink(&format!("{p}:num_items"), &Self::vb_items(vb).to_string());
+            if let Some(full) = &vb.full {
+                let (bits, sized_for) = full.filter.size();
+                sink(&format!("{p}:bloom_filter_size"), &bits.to_string());
+                sink(
+                    &format!("{p}:bloom_filter_key_count"),
+                    &sized_for.to_string(),
+                );
+            }
             sink(&format!("{p}:mem_used"), &vb.table.mem_used().to_string());
             sink(&format!("{p}:high_seqno"), &high_seqno.to_string());
             sink(&format!("{p}:max_cas"), &max_cas.to_string());

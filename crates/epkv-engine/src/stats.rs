@@ -99,7 +99,11 @@ counters! {
     OomErrors => "ep_oom_errors", "writes refused with ENOMEM: a memory-only bucket at its quota with ephemeral_full_policy fail_new_data";
     TooBig => "ep_item_too_big", "writes refused because the value was too large";
     BgFetched => "ep_bg_fetched", "values of non-resident documents read back from disk by background fetches";
-    ValueEjects => "ep_num_value_ejects", "values ejected from memory by the item pager (the document stays, its value is read back from disk when needed)";
+    BgMetaFetched => "ep_bg_meta_fetched", "documents whose metadata only was read back from disk (full eviction: an operation needed to know whether the key exists)";
+    BloomNegatives => "ep_bloom_filter_negatives", "lookups of a key not in memory that its vBucket's key filter answered as certainly absent, with no disk read (full eviction)";
+    BloomFalsePositives => "ep_bloom_filter_false_positives", "disk lookups of a key the key filter may have contained that found no live document (full eviction)";
+    BloomRebuilds => "ep_bloom_filter_rebuilds", "key filters rebuilt at the size of their vBucket (after compaction, or when a filter held twice the keys it was sized for)";
+    ValueEjects => "ep_num_value_ejects", "documents the item pager took out of memory: values (value eviction: the key and metadata stay) or whole documents (full eviction), read back from disk when needed";
     PagerRuns => "ep_num_pager_runs", "item pager cycles started (memory above the high watermark, or a wake)";
     PagerVisited => "ep_pager_items_visited", "items the item pager has visited";
     PagerDeletes => "ep_pager_auto_deletes", "documents deleted by the item pager of a memory-only bucket (ephemeral_full_policy auto_delete)";
@@ -239,6 +243,12 @@ const GAUGE_DEFS: &[StatDefinition] = &[
         StatGroup::Default,
         StatUnit::Seconds,
         "seconds between item pager checks of memory (it is also woken at the high watermark)",
+    ),
+    gauge(
+        "ep_item_eviction_policy",
+        StatGroup::Default,
+        StatUnit::Text,
+        "what the item pager of a persistent bucket evicts: value_only or full_eviction",
     ),
     gauge(
         "ep_ephemeral_full_policy",

@@ -117,6 +117,8 @@ pub(crate) struct VBucket {
     /// The state as its `u8`, written with `state` held exclusively and read without any
     /// lock by the item pager's ordering (a hint: it may be one change behind).
     state_hint: AtomicU8,
+    /// Full eviction's key filter and evicted count; `None` with value eviction.
+    pub(crate) full: Option<crate::full_eviction::FullState>,
 }
 
 fn new_failover_uuid() -> u64 {
@@ -148,12 +150,19 @@ impl VBucket {
             persistent: false,
             warmup: AtomicU8::new(0),
             state_hint: AtomicU8::new(state as u8),
+            full: None,
         })
     }
 
     /// Makes this vBucket queue its mutations for the flusher.
     pub(crate) fn with_persistence(mut self) -> Self {
         self.persistent = true;
+        self
+    }
+
+    /// Makes this vBucket evict whole documents (it gets a key filter).
+    pub(crate) fn with_full_eviction(mut self) -> Self {
+        self.full = Some(crate::full_eviction::FullState::new());
         self
     }
 

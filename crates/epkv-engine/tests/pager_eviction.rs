@@ -1,14 +1,21 @@
-//! Value eviction and background fetches, driven step by step with a manual executor: a
-//! write always wins over a fetch that raced it, waiters see the fetch's outcome, and
-//! (property test against a model) the item pager never ejects a value that is not yet
-//! persisted.
+//! Value and full eviction and background fetches, driven step by step with a manual
+//! executor: a write always wins over a fetch that raced it, waiters see the fetch's
+//! outcome, full eviction's key filter spares disk reads of absent keys, deletes,
+//! expiry, counters and CAS work on documents out of memory, and (property test against
+//! a model, both policies) the item pager never evicts a document that is not yet
+//! persisted and item counts stay exact.
 
 #![expect(
     clippy::unwrap_used,
     reason = "test helpers outside #[test] functions panic on failure"
 )]
-use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
-use epkv_engine_api::{Engine, EngineStatus, Expiry, StoreOp, StoreRequest};
+use epkv_engine::{
+    Bucket, BucketConfig, EngineClock, EvictionPolicy, FlusherMode, PersistenceConfig,
+};
+use epkv_engine_api::{
+    ArithmeticOp, ArithmeticRequest, Engine, EngineStatus, Expiry, RemoveRequest, StoreOp,
+    StoreRequest,
+};
 use epkv_executor::{ManualClock, ManualExecutor};
 use epkv_types::{Cas, Datatype, NUM_VBUCKETS, Vbid, vbucket_for_key};
 use proptest::prelude::*;
@@ -25,6 +32,10 @@ struct Fixture {
 }
 
 fn open(dir: &Path, quota: u64) -> Fixture {
+    open_with(dir, quota, EvictionPolicy::Value)
+}
+
+fn open_with(dir: &Path, quota: u64, eviction_policy: EvictionPolicy) -> Fixture {
     let clock = Arc::new(ManualClock::new(Duration::from_secs(1_700_000_000)));
     let exec = ManualExecutor::new(Arc::clone(&clock));
     let mut p = PersistenceConfig::new(dir);
@@ -37,13 +48,20 @@ fn open(dir: &Path, quota: u64) -> Fixture {
             item_pager_interval: Duration::ZERO,
             memory_quota_bytes: quota,
             persistence: Some(p),
+            eviction_policy,
             ..BucketConfig::default()
         },
         EngineClock::Custom(clock),
         exec.handle(),
     )
     .unwrap();
-    exec.run_until_idle(100);
+    // Warmup loads one vBucket per task run.
+    for _ in 0..100 {
+        exec.run_until_idle(100);
+        if bucket.is_warmed_up() {
+            break;
+        }
+    }
     assert!(bucket.wait_warmup(Duration::from_secs(10)));
     Fixture { bucket, exec }
 }
@@ -187,12 +205,303 @@ fn fetches_are_coalesced_and_every_waiter_is_told() {
     );
 }
 
+fn stat(b: &Bucket, name: &str) -> u64 {
+    let mut v = None;
+    b.stats("", &mut |k, s| {
+        if k == name {
+            v = s.parse().ok();
+        }
+    })
+    .unwrap();
+    v.unwrap_or_else(|| panic!("no stat {name}"))
+}
+
+fn remove(b: &Bucket, key: &str) -> Result<(), EngineStatus> {
+    b.remove(RemoveRequest {
+        vbid: vb(key),
+        key: key.as_bytes(),
+        cas: Cas::ANY,
+        durability: None,
+    })
+    .map(|_| ())
+}
+
+fn store(
+    b: &Bucket,
+    op: StoreOp,
+    key: &str,
+    value: &[u8],
+    cas: Cas,
+    expiry: Expiry,
+) -> Result<Cas, EngineStatus> {
+    b.store(StoreRequest {
+        op,
+        vbid: vb(key),
+        key: key.as_bytes(),
+        value,
+        flags: 7,
+        expiry,
+        preserve_ttl: false,
+        datatype: Datatype::RAW,
+        cas,
+        durability: None,
+    })
+    .map(|m| m.cas)
+}
+
+/// A full-eviction bucket holding `keys` (value `v-<key>`), persisted and evicted whole.
+fn full_with_evicted(dir: &Path, keys: &[&str]) -> Fixture {
+    let f = open_with(dir, 64 << 20, EvictionPolicy::Full);
+    for k in keys {
+        set(&f.bucket, k, format!("v-{k}").as_bytes()).unwrap();
+    }
+    f.bucket.flush_all().unwrap();
+    for k in keys {
+        assert_eq!(f.bucket.evict_key(vb(k), k.as_bytes()), Ok(true), "{k}");
+    }
+    assert_eq!(
+        f.bucket.item_count(),
+        keys.len(),
+        "evicted documents still count"
+    );
+    f
+}
+
+#[test]
+fn full_eviction_answers_absent_keys_from_the_key_filter_without_reading_the_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = full_with_evicted(dir.path(), &["here"]);
+    let b = &f.bucket;
+    let before = stat(b, "ep_bloom_filter_negatives");
+    // Never written: certainly absent, answered at once (no fetch, so no disk read).
+    for i in 0..100 {
+        assert_eq!(
+            get(b, &format!("never-{i}")),
+            Err(EngineStatus::KeyNotFound)
+        );
+    }
+    let negatives = stat(b, "ep_bloom_filter_negatives") - before;
+    assert!(
+        negatives >= 95,
+        "about 1% false positives, got {negatives} negatives of 100"
+    );
+    // An evicted document is read back, whole.
+    assert_eq!(get(b, "here"), Err(EngineStatus::WouldBlock));
+    assert_eq!(read_through(&f, "here").unwrap(), b"v-here");
+    assert_eq!(stat(b, "ep_bg_fetched"), 1);
+    assert_eq!(b.item_count(), 1);
+    assert_eq!(stat(b, "curr_items"), 1);
+}
+
+#[test]
+fn full_eviction_a_write_racing_a_lookup_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = full_with_evicted(dir.path(), &["k"]);
+    let b = &f.bucket;
+    // A GET puts a placeholder and queues a fetch; a SET replaces the placeholder.
+    assert_eq!(get(b, "k"), Err(EngineStatus::WouldBlock));
+    set(b, "k", b"new").unwrap();
+    run_fetcher(&f);
+    assert_eq!(
+        get(b, "k").unwrap(),
+        b"new",
+        "the fetched document never overwrites"
+    );
+
+    // The write persisted and evicted, and a new lookup begun, before the first lookup's
+    // read restores: the old read must not be restored over the new placeholder.
+    b.flush_all().unwrap();
+    assert_eq!(b.evict_key(vb("k"), b"k"), Ok(true));
+    assert_eq!(get(b, "k"), Err(EngineStatus::WouldBlock));
+    set(b, "k", b"newer").unwrap();
+    b.flush_all().unwrap();
+    assert_eq!(b.evict_key(vb("k"), b"k"), Ok(true));
+    assert_eq!(
+        get(b, "k"),
+        Err(EngineStatus::WouldBlock),
+        "a new placeholder"
+    );
+    assert_eq!(read_through(&f, "k").unwrap(), b"newer");
+
+    // A delete of a document out of memory looks it up first, then leaves a tombstone
+    // that answers without the disk until it is persisted.
+    assert_eq!(b.evict_key(vb("k"), b"k"), Ok(true));
+    assert_eq!(remove(b, "k"), Err(EngineStatus::WouldBlock));
+    assert_eq!(through(&f, "k", || remove(b, "k")), Ok(()));
+    assert_eq!(get(b, "k"), Err(EngineStatus::KeyNotFound));
+    assert_eq!(b.item_count(), 0);
+    b.flush_all().unwrap();
+    // The persisted tombstone leaves memory; the key filter still has the key, so the
+    // disk is read once, finds the tombstone, and remembers the key as absent.
+    b.run_expiry_pass();
+    let fp = stat(b, "ep_bloom_filter_false_positives");
+    assert_eq!(get(b, "k"), Err(EngineStatus::WouldBlock));
+    assert_eq!(read_through(&f, "k"), Err(EngineStatus::KeyNotFound));
+    assert_eq!(remove(b, "k"), Err(EngineStatus::KeyNotFound), "no second lookup");
+    assert_eq!(stat(b, "ep_bloom_filter_false_positives"), fp + 1);
+    assert_eq!(b.item_count(), 0);
+}
+
+#[test]
+fn full_eviction_counters_cas_add_and_expiry_work_on_documents_out_of_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = open_with(dir.path(), 64 << 20, EvictionPolicy::Full);
+    let b = &f.bucket;
+    let incr = |key: &str| {
+        b.arithmetic(ArithmeticRequest {
+            op: ArithmeticOp::Increment,
+            vbid: vb(key),
+            key: key.as_bytes(),
+            delta: 5,
+            initial: 100,
+            expiry_raw: 0,
+            cas: Cas::ANY,
+            durability: None,
+        })
+        .map(|(v, _)| v)
+    };
+    assert_eq!(through(&f, "ctr", || incr("ctr")), Ok(100));
+    let cas = store(b, StoreOp::Set, "doc", b"body", Cas::ANY, Expiry::Never).unwrap();
+    store(
+        b,
+        StoreOp::Set,
+        "ttl",
+        b"short",
+        Cas::ANY,
+        Expiry::from_wire(10),
+    )
+    .unwrap();
+    b.flush_all().unwrap();
+    for k in ["ctr", "doc", "ttl"] {
+        assert_eq!(b.evict_key(vb(k), k.as_bytes()), Ok(true));
+    }
+    assert_eq!(b.item_count(), 3);
+    // The counter goes on from its value on disk.
+    assert_eq!(through(&f, "ctr", || incr("ctr")), Ok(105));
+    // ADD of an existing document out of memory: its metadata is read back, no value.
+    let meta_before = stat(b, "ep_bg_meta_fetched");
+    assert_eq!(
+        through(&f, "doc", || store(
+            b,
+            StoreOp::Add,
+            "doc",
+            b"x",
+            Cas::ANY,
+            Expiry::Never
+        )),
+        Err(EngineStatus::KeyExists)
+    );
+    assert_eq!(stat(b, "ep_bg_meta_fetched"), meta_before + 1);
+    // The CAS from before the eviction still matches.
+    assert_eq!(
+        through(&f, "doc", || store(
+            b,
+            StoreOp::Replace,
+            "doc",
+            b"2",
+            Cas(cas.0 + 1),
+            Expiry::Never
+        )),
+        Err(EngineStatus::KeyExists)
+    );
+    let cas2 = through(&f, "doc", || {
+        store(b, StoreOp::Replace, "doc", b"2", cas, Expiry::Never)
+    })
+    .unwrap();
+    assert!(cas2 > cas);
+    assert_eq!(read_through(&f, "doc").unwrap(), b"2");
+    // Expired while out of memory: read back, expired on access, gone for good.
+    f.exec.advance(Duration::from_secs(11));
+    assert_eq!(read_through(&f, "ttl"), Err(EngineStatus::KeyNotFound));
+    assert_eq!(b.item_count(), 2);
+    b.flush_all().unwrap();
+    while b.run_item_pager().more {}
+    assert_eq!(read_through(&f, "ttl"), Err(EngineStatus::KeyNotFound));
+    // ADD of an absent key is answered from the filter or after one lookup.
+    assert_eq!(
+        through(&f, "fresh", || store(
+            b,
+            StoreOp::Add,
+            "fresh",
+            b"1",
+            Cas::ANY,
+            Expiry::Never
+        ))
+        .map(|_| ()),
+        Ok(())
+    );
+    assert_eq!(b.item_count(), 3);
+}
+
+#[test]
+fn full_eviction_a_blind_set_of_an_evicted_key_is_counted_once_after_the_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = full_with_evicted(dir.path(), &["a", "b"]);
+    let b = &f.bucket;
+    // SET without CAS does not read the disk: until the flush the count may be high.
+    set(b, "a", b"again").unwrap();
+    set(b, "brand-new", b"1").unwrap();
+    b.flush_all().unwrap();
+    assert_eq!(b.item_count(), 3);
+    assert_eq!(stat(b, "curr_items"), 3);
+    assert_eq!(read_through(&f, "a").unwrap(), b"again");
+    assert_eq!(read_through(&f, "b").unwrap(), b"v-b");
+}
+
+#[test]
+fn full_eviction_restarts_with_documents_left_on_disk_and_compaction_rebuilds_the_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let f = open_with(dir.path(), 64 << 20, EvictionPolicy::Full);
+        for i in 0..600 {
+            set(&f.bucket, &format!("w-{i}"), &[b'x'; 2000]).unwrap();
+        }
+        f.bucket.flush_all().unwrap();
+        f.bucket.shutdown();
+    }
+    // 600 x 2 KB do not fit under the low watermark of a 1 MiB quota: warmup leaves the
+    // rest on disk, known to the key filter.
+    let f = open_with(dir.path(), 1 << 20, EvictionPolicy::Full);
+    let b = &f.bucket;
+    assert_eq!(b.item_count(), 600);
+    assert!(stat(b, "ep_num_non_resident") > 0 || stat(b, "vb_active_perc_mem_resident") < 100);
+    for i in 0..600 {
+        assert_eq!(
+            read_through(&f, &format!("w-{i}")).unwrap().len(),
+            2000,
+            "w-{i}"
+        );
+    }
+    assert_eq!(b.item_count(), 600);
+    for i in 0..600 {
+        let k = format!("w-{i}");
+        assert_eq!(through(&f, &k, || remove(b, &k)), Ok(()));
+    }
+    b.flush_all().unwrap();
+    let rebuilds = stat(b, "ep_bloom_filter_rebuilds");
+    b.compact_all().unwrap();
+    assert!(stat(b, "ep_bloom_filter_rebuilds") > rebuilds);
+    // The expiry pass drops the persisted tombstones from memory.
+    b.run_expiry_pass();
+    // Rebuilt without the deleted keys: absent without a disk read.
+    let negatives = stat(b, "ep_bloom_filter_negatives");
+    for i in 0..600 {
+        assert_eq!(
+            get(b, &format!("w-{i}")).err(),
+            Some(EngineStatus::KeyNotFound)
+        );
+    }
+    assert!(stat(b, "ep_bloom_filter_negatives") - negatives >= 580);
+    assert_eq!(b.item_count(), 0);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Set(u8, u16),
     Flush,
     Page,
     Get(u8),
+    Del(u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -201,15 +510,26 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Flush),
         2 => Just(Op::Page),
         3 => (0u8..96).prop_map(Op::Get),
+        1 => (0u8..96).prop_map(Op::Del),
     ]
 }
 
-/// Reads `key` as the front end would: on WouldBlock, runs the background tasks (moving
-/// the manual clock on, for a fetch retried while memory is full) and reads again.
+/// Reads `key` as the front end would (see [`through`]).
 fn read_through(f: &Fixture, key: &str) -> Result<Vec<u8>, EngineStatus> {
+    through(f, key, || get(&f.bucket, key))
+}
+
+/// Runs `op` on `key` as the front end would: on WouldBlock, runs the background tasks
+/// (moving the manual clock on, for a fetch retried while memory is full) and runs it
+/// again.
+fn through<T>(
+    f: &Fixture,
+    key: &str,
+    op: impl Fn() -> Result<T, EngineStatus>,
+) -> Result<T, EngineStatus> {
     let told = Arc::new(std::sync::Mutex::new(None));
     for _ in 0..200 {
-        match get(&f.bucket, key) {
+        match op() {
             Err(EngineStatus::WouldBlock) => {
                 let t = Arc::clone(&told);
                 f.bucket.when_fetched(
@@ -228,20 +548,26 @@ fn read_through(f: &Fixture, key: &str) -> Result<Vec<u8>, EngineStatus> {
             other => return other,
         }
     }
-    get(&f.bucket, key)
+    op()
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-    /// Against a model of which keys are dirty: a document written since the last flush
-    /// is always resident (a GET answers at once, never WouldBlock), whatever the pager
-    /// does; every document reads back with its model value, through a fetch if need be.
+    /// Against a model of which keys are dirty, with value or full eviction: a document
+    /// written since the last flush is always resident (a GET answers at once, never
+    /// WouldBlock), whatever the pager does; every document reads back with its model
+    /// value, through a fetch if need be; deletes stick; after each flush the item count
+    /// is the model's.
     #[test]
-    fn the_pager_never_ejects_an_unpersisted_value(ops in prop::collection::vec(op(), 1..120)) {
+    fn the_pager_never_ejects_an_unpersisted_value(
+        ops in prop::collection::vec(op(), 1..120),
+        full in any::<bool>(),
+    ) {
         let dir = tempfile::tempdir().unwrap();
         // Small enough that a few dozen values of up to 60 KB pass the high watermark.
-        let f = open(dir.path(), 1 << 20);
+        let policy = if full { EvictionPolicy::Full } else { EvictionPolicy::Value };
+        let f = open_with(dir.path(), 1 << 20, policy);
         let mut model: HashMap<String, (Vec<u8>, bool)> = HashMap::new();
         for op in ops {
             match op {
@@ -261,6 +587,17 @@ proptest! {
                     f.bucket.flush_all().unwrap();
                     for v in model.values_mut() {
                         v.1 = false;
+                    }
+                    prop_assert_eq!(f.bucket.item_count(), model.len());
+                }
+                Op::Del(k) => {
+                    let key = format!("p-{k}");
+                    match through(&f, &key, || remove(&f.bucket, &key)) {
+                        Ok(()) => prop_assert!(model.remove(&key).is_some(), "deleted {}", key),
+                        Err(EngineStatus::KeyNotFound) => prop_assert!(!model.contains_key(&key)),
+                        // No room for the lookup's placeholder: nothing changed.
+                        Err(EngineStatus::TempFail) => {}
+                        Err(e) => prop_assert!(false, "DELETE {key}: {e}"),
                     }
                 }
                 Op::Page => while f.bucket.run_item_pager().more {},

@@ -365,6 +365,25 @@ impl StoredValue {
         Ok(sv)
     }
 
+    /// Creates a placeholder for a key whose existence is being read from disk (full
+    /// eviction; KV-Engine's "temp initial" item): committed, deleted (so lookups treat it
+    /// as absent), clean and not resident. [`Self::is_placeholder`] tells it from a
+    /// tombstone, which is resident.
+    ///
+    /// # Errors
+    /// [`Error::KeyTooLong`] for a key longer than [`Self::MAX_KEY_LEN`].
+    pub fn new_placeholder(key: &[u8]) -> Result<Self> {
+        let mut sv = Self::new(key, &[], ItemMeta::default())?;
+        sv.header_mut().bits = DELETED;
+        Ok(sv)
+    }
+
+    /// True for a [`Self::new_placeholder`] item: deleted and not resident.
+    #[must_use]
+    pub fn is_placeholder(&self) -> bool {
+        self.header().bits & (DELETED | RESIDENT) == DELETED
+    }
+
     /// Returns the same item in another life-cycle state (for example
     /// [`CommittedState::Pending`] to build a prepare).
     #[must_use]
@@ -508,6 +527,18 @@ impl StoredValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_placeholder_is_deleted_clean_and_not_resident_unlike_a_tombstone() {
+        let p = StoredValue::new_placeholder(b"k").unwrap();
+        assert!(p.is_placeholder() && p.is_deleted() && p.is_committed());
+        assert!(!p.is_dirty() && !p.is_resident());
+        assert_eq!((p.key(), p.value_len()), (&b"k"[..], 0));
+        let t = StoredValue::new_deleted(b"k", ItemMeta::default()).unwrap();
+        assert!(t.is_deleted() && !t.is_placeholder());
+        let live = StoredValue::new(b"k", b"v", ItemMeta::default()).unwrap();
+        assert!(!live.is_placeholder());
+    }
 
     #[test]
     fn expiry_zero_never_expires() {

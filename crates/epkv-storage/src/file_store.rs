@@ -1298,19 +1298,22 @@ fn read_journal(f: &dyn VFile, path: &Path) -> Result<JournalRead> {
     })
 }
 
-impl KvStore for FileStore {
-    fn commit(&self, batch: &[VbCommit]) -> Result<()> {
-        let mut j = self.commit_lock.lock();
-        let r = self.commit_locked(&mut j, batch);
-        if r.is_err() {
-            self.counters.failures.fetch_add(1, Relaxed);
-        }
-        r
-    }
+/// Where [`FileStore::lookup`] found a key's newest version.
+enum Lookup {
+    Absent,
+    /// In a journaled commit not yet written to the data file (which cannot be written
+    /// now: out of space or descriptors).
+    Pending(Document),
+    /// In the data file's index: the file, its path and the entry.
+    Indexed(Arc<dyn VFile>, PathBuf, KeyEntry),
+}
 
-    fn get(&self, vbid: Vbid, key: &[u8]) -> Result<Option<Document>> {
+impl FileStore {
+    /// Finds `key`'s newest version: in the index (no document read), or in a pending
+    /// commit when pending commits cannot be applied.
+    fn lookup(&self, vbid: Vbid, key: &[u8]) -> Result<Lookup> {
         let Some(vb) = self.existing_vb(vbid.0) else {
-            return Ok(None);
+            return Ok(Lookup::Absent);
         };
         let view = {
             let mut g = vb.lock();
@@ -1322,12 +1325,12 @@ impl KvStore for FileStore {
                 }
                 for entry in g.pending.iter().rev() {
                     if let Some(d) = entry.docs.iter().find(|d| d.key == key) {
-                        return Ok(Some(d.clone()));
+                        return Ok(Lookup::Pending(d.clone()));
                     }
                 }
             }
             if g.header.is_none() {
-                return Ok(None);
+                return Ok(Lookup::Absent);
             }
             // Reads only follow the last header's index, so bytes a failed write left
             // after it are never looked at.
@@ -1337,10 +1340,47 @@ impl KvStore for FileStore {
             }
         };
         let f = self.fds.get(&view.path, OpenMode::Existing)?;
-        match data_file::find_key(&*f, &view.path, &view.segments, key)? {
-            Some(e) => Ok(Some(data_file::read_doc(&*f, &view.path, e.offset, e.len)?)),
-            None => Ok(None),
+        Ok(
+            match data_file::find_key(&*f, &view.path, &view.segments, key)? {
+                Some(e) => Lookup::Indexed(f, view.path, e),
+                None => Lookup::Absent,
+            },
+        )
+    }
+}
+
+impl KvStore for FileStore {
+    fn commit(&self, batch: &[VbCommit]) -> Result<()> {
+        let mut j = self.commit_lock.lock();
+        let r = self.commit_locked(&mut j, batch);
+        if r.is_err() {
+            self.counters.failures.fetch_add(1, Relaxed);
         }
+        r
+    }
+
+    fn get(&self, vbid: Vbid, key: &[u8]) -> Result<Option<Document>> {
+        Ok(match self.lookup(vbid, key)? {
+            Lookup::Absent => None,
+            Lookup::Pending(d) => Some(d),
+            Lookup::Indexed(f, path, e) => Some(data_file::read_doc(&*f, &path, e.offset, e.len)?),
+        })
+    }
+
+    fn key_meta(&self, vbid: Vbid, key: &[u8]) -> Result<Option<KeyMeta>> {
+        Ok(match self.lookup(vbid, key)? {
+            Lookup::Absent => None,
+            Lookup::Pending(d) => Some(KeyMeta {
+                key: d.key,
+                seqno: d.seqno,
+                deleted: d.deleted,
+            }),
+            Lookup::Indexed(_, _, e) => Some(KeyMeta {
+                key: e.key,
+                seqno: e.seqno,
+                deleted: e.deleted,
+            }),
+        })
     }
 
     fn scan_by_seqno(

@@ -30,6 +30,19 @@ pub trait KvStore: Send + Sync + std::fmt::Debug {
     /// I/O errors, or a corrupt record naming file and offset.
     fn get(&self, vbid: Vbid, key: &[u8]) -> Result<Option<Document>>;
 
+    /// Returns the seqno and deleted flag of `key`'s newest version without reading its
+    /// document where the store can (the files backend reads only its index).
+    ///
+    /// # Errors
+    /// As [`KvStore::get`].
+    fn key_meta(&self, vbid: Vbid, key: &[u8]) -> Result<Option<KeyMeta>> {
+        Ok(self.get(vbid, key)?.map(|d| KeyMeta {
+            seqno: d.seqno,
+            deleted: d.deleted,
+            key: d.key,
+        }))
+    }
+
     /// Streams the newest version of every document with `start <= seqno <= end`, in
     /// seqno order, reading values from disk as it goes. Returns the number delivered.
     ///

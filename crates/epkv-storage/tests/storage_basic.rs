@@ -76,6 +76,15 @@ fn conformance(s: &dyn KvStore) {
     assert!(s.get(Vbid(2), b"a").unwrap().is_none());
     commit(s, 1, vec![tomb("b", 4), doc("c", 5, "w")]);
     assert!(s.get(Vbid(1), b"b").unwrap().unwrap().deleted);
+    let meta = |k: &[u8]| {
+        s.key_meta(Vbid(1), k)
+            .unwrap()
+            .map(|m| (m.seqno, m.deleted))
+    };
+    assert_eq!(meta(b"a"), Some((3, false)));
+    assert_eq!(meta(b"b"), Some((4, true)));
+    assert_eq!(meta(b"zz"), None);
+    assert!(s.key_meta(Vbid(9), b"a").unwrap().is_none());
     assert_eq!(
         must_scan(s, 1, 0, u64::MAX),
         [
