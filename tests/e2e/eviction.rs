@@ -158,6 +158,32 @@ async fn write_past_the_quota_and_read_back(extra: &[&str]) {
     let s = stats(&mut c, "").await;
     assert_eq!(s["curr_items"], ITEMS.to_string());
     read_all_back(&mut c, "after the restart").await;
+    if extra.contains(&"full") {
+        // Keys never written are answered from the key filter, with no disk read.
+        let before: u64 = stats(&mut c, "").await["ep_bloom_filter_negatives"]
+            .parse()
+            .unwrap();
+        for i in 0..1000 {
+            c.queue(RequestBuilder::new(Opcode::Get).key(format!("never-{i}").as_bytes()))
+                .unwrap();
+        }
+        let replies = c.flush_and_recv(1000).await.unwrap();
+        assert!(
+            replies
+                .iter()
+                .all(|r| r.status() == Some(Status::KeyEnoent))
+        );
+        let s = stats(&mut c, "").await;
+        let negatives = s["ep_bloom_filter_negatives"].parse::<u64>().unwrap() - before;
+        eprintln!(
+            "full eviction: 1000 GETs of absent keys, {negatives} answered by the key filter, {} false positives in all",
+            s["ep_bloom_filter_false_positives"]
+        );
+        assert!(
+            negatives >= 950,
+            "{negatives} of 1000 answered without the disk"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,6 +192,15 @@ async fn writes_of_four_times_the_quota_are_all_taken_and_read_back_through_bg_f
         return;
     }
     write_past_the_quota_and_read_back(&[]).await;
+}
+
+/// The same with full eviction: whole documents leave memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_eviction_takes_four_times_the_quota_and_reads_it_back() {
+    if skip_if_external("eviction") {
+        return;
+    }
+    write_past_the_quota_and_read_back(&["--eviction-policy", "full"]).await;
 }
 
 /// A memory-only server at its quota: `fail-new-data` refuses with ENOMEM (and keeps

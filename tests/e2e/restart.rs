@@ -157,6 +157,21 @@ async fn sigkill_with_values_being_ejected_loses_no_persisted_write() {
     crash_cycles(3, |_| None, &["--memory-quota", "1MiB"]).await;
 }
 
+/// The same with full eviction: whole documents leave memory, and every check after a
+/// restart that finds a key out of memory looks it up on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_with_full_eviction_loses_no_persisted_write() {
+    if skip_if_external("crash_full_eviction") {
+        return;
+    }
+    crash_cycles(
+        2,
+        |_| None,
+        &["--memory-quota", "1MiB", "--eviction-policy", "full"],
+    )
+    .await;
+}
+
 /// The crash test with the journal off (`--journal false`: a sync per vBucket data file
 /// per batch) in even cycles and on in odd ones, so that each restart also switches the
 /// mode: a journal left by a run with it on is replayed by a run with it off, and the

@@ -419,13 +419,19 @@ def test_the_sdk_reconnects_after_a_server_restart(tmp_path_factory, users_file,
         _stop_server(server, log)
 
 
-def test_writes_past_the_quota_are_all_read_back(tmp_path_factory):
+@pytest.mark.parametrize("eviction", ["value", "full"])
+def test_writes_past_the_quota_are_all_read_back(tmp_path_factory, eviction):
     """A bucket of 4 MiB takes 16 MiB of 512-byte values through the SDK (which retries
     the TMPFAIL a write may get while the item pager makes room) and serves every value
-    back, most of them read from disk by background fetches."""
+    back, most of them read from disk by background fetches; with value eviction and with
+    full eviction (whole documents out of memory, and `exists`/`insert` of keys out of
+    memory looked up on disk)."""
     server, log = _start_server_with(
         tmp_path_factory,
-        ["--admin-user", ADMIN[0], "--admin-password", ADMIN[1], "--memory-quota", "4MiB"],
+        [
+            "--admin-user", ADMIN[0], "--admin-password", ADMIN[1],
+            "--memory-quota", "4MiB", "--eviction-policy", eviction,
+        ],
     )
     try:
         c = _connect(server.addr, *ADMIN)
@@ -444,6 +450,13 @@ def test_writes_past_the_quota_are_all_read_back(tmp_path_factory):
                 assert got.all_ok, list(got.exceptions.items())[:3]
                 for k, r in got.results.items():
                     assert r.value == docs[k], k
+            # Inserting an existing key out of memory fails; a new one succeeds.
+            with pytest.raises(DocumentExistsException):
+                coll.insert(keys[0], b"x", InsertOptions(transcoder=raw))
+            coll.insert(f"evict-new-{eviction}", b"x", InsertOptions(transcoder=raw))
+            coll.remove(keys[1])
+            with pytest.raises(DocumentNotFoundException):
+                coll.get(keys[1], transcoder=raw)
         finally:
             c.close()
     finally:

@@ -337,7 +337,11 @@ fn full_eviction_a_write_racing_a_lookup_wins() {
     let fp = stat(b, "ep_bloom_filter_false_positives");
     assert_eq!(get(b, "k"), Err(EngineStatus::WouldBlock));
     assert_eq!(read_through(&f, "k"), Err(EngineStatus::KeyNotFound));
-    assert_eq!(remove(b, "k"), Err(EngineStatus::KeyNotFound), "no second lookup");
+    assert_eq!(
+        remove(b, "k"),
+        Err(EngineStatus::KeyNotFound),
+        "no second lookup"
+    );
     assert_eq!(stat(b, "ep_bloom_filter_false_positives"), fp + 1);
     assert_eq!(b.item_count(), 0);
 }

@@ -12,10 +12,12 @@ pub(crate) struct BucketSpec {
     pub(crate) name: String,
     /// The bucket's memory quota; `None` uses the `memory-quota` setting.
     pub(crate) quota: Option<ByteSize>,
+    /// The bucket's eviction policy; `None` uses the `eviction-policy` setting.
+    pub(crate) eviction: Option<crate::settings::Eviction>,
 }
 
-/// The buckets to create, written `NAME[=QUOTA],...` (for example
-/// `travel,beer=256MiB`). `default` always exists whether listed or not; listing it only
+/// The buckets to create, written `NAME[=QUOTA][/EVICTION],...` (for example
+/// `travel,beer=256MiB,logs/full`). `default` always exists whether listed or not; listing it only
 /// gives it a quota. Names must be valid and distinct.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct BucketList(pub(crate) Vec<BucketSpec>);
@@ -26,6 +28,10 @@ impl FromStr for BucketList {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut specs: Vec<BucketSpec> = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (part, eviction) = match part.split_once('/') {
+                Some((p, e)) => (p.trim(), Some(e.trim().parse()?)),
+                None => (part, None),
+            };
             let (name, quota) = match part.split_once('=') {
                 Some((n, q)) => (
                     n.trim(),
@@ -45,6 +51,7 @@ impl FromStr for BucketList {
             specs.push(BucketSpec {
                 name: name.to_owned(),
                 quota,
+                eviction,
             });
         }
         Ok(Self(specs))
@@ -60,6 +67,13 @@ impl fmt::Display for BucketList {
             f.write_str(&b.name)?;
             if let Some(q) = b.quota {
                 write!(f, "={}", q.bytes())?;
+            }
+            if let Some(e) = b.eviction {
+                let name = match e.0 {
+                    epkv_engine::EvictionPolicy::Value => "value",
+                    epkv_engine::EvictionPolicy::Full => "full",
+                };
+                write!(f, "/{name}")?;
             }
         }
         Ok(())
@@ -114,24 +128,39 @@ mod tests {
 
     #[test]
     fn bucket_lists_parse_names_and_quotas() {
-        let l: BucketList = "travel, beer=256MiB,,".parse().unwrap();
+        let l: BucketList = "travel, beer=256MiB,, logs/Full".parse().unwrap();
+        let full = Some(crate::settings::Eviction(epkv_engine::EvictionPolicy::Full));
         assert_eq!(
             l.0,
             vec![
                 BucketSpec {
                     name: "travel".into(),
-                    quota: None
+                    quota: None,
+                    eviction: None,
                 },
                 BucketSpec {
                     name: "beer".into(),
-                    quota: Some(ByteSize(256 << 20))
+                    quota: Some(ByteSize(256 << 20)),
+                    eviction: None,
+                },
+                BucketSpec {
+                    name: "logs".into(),
+                    quota: None,
+                    eviction: full,
                 },
             ]
         );
-        assert_eq!(l.to_string(), "travel,beer=268435456");
+        assert_eq!(l.to_string(), "travel,beer=268435456,logs/full");
+        let l: BucketList = "x=1MiB/value".parse().unwrap();
+        assert_eq!(l.to_string(), "x=1048576/value");
         assert_eq!("".parse::<BucketList>().unwrap(), BucketList::default());
         assert!("a,a".parse::<BucketList>().unwrap_err().contains("twice"));
-        assert!("a/b".parse::<BucketList>().is_err());
+        assert!(
+            "a/b"
+                .parse::<BucketList>()
+                .unwrap_err()
+                .contains("eviction")
+        );
         assert!("a=lots".parse::<BucketList>().is_err());
     }
 

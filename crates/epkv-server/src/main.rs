@@ -252,10 +252,14 @@ fn build_buckets(s: &Settings, clock: &EngineClock, manual_flush: bool) -> Resul
     let mut specs = vec![BucketSpec {
         name: DEFAULT_BUCKET.to_owned(),
         quota: None,
+        eviction: None,
     }];
     for b in &s.buckets.0 {
         match specs.iter_mut().find(|d| d.name == b.name) {
-            Some(existing) => existing.quota = b.quota,
+            Some(existing) => {
+                existing.quota = b.quota;
+                existing.eviction = b.eviction;
+            }
             None => specs.push(b.clone()),
         }
     }
@@ -273,6 +277,7 @@ fn build_buckets(s: &Settings, clock: &EngineClock, manual_flush: bool) -> Resul
             mem_high_wat_percent: s.mem_high_wat,
             mem_low_wat_percent: s.mem_low_wat,
             ephemeral_full_policy: s.ephemeral_full_policy.0,
+            eviction_policy: spec.eviction.unwrap_or(s.eviction_policy).0,
             flush_enabled: s.flush_enabled,
             persistence: s.persistence.then(|| epkv_engine::PersistenceConfig {
                 flusher: if manual_flush {

@@ -72,6 +72,31 @@ impl<'de> serde::Deserialize<'de> for EphemeralPolicy {
     }
 }
 
+/// What the item pager of a persistent bucket evicts (Couchbase's `eviction_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Eviction(pub(crate) epkv_engine::EvictionPolicy);
+
+impl FromStr for Eviction {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().replace('_', "-").as_str() {
+            "value" | "value-only" => Ok(Self(epkv_engine::EvictionPolicy::Value)),
+            "full" | "full-eviction" => Ok(Self(epkv_engine::EvictionPolicy::Full)),
+            other => Err(format!(
+                "unknown eviction policy {other:?}: use value or full"
+            )),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Eviction {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// One row of the settings table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SettingInfo {
@@ -216,13 +241,15 @@ settings! {
     threads: usize = "0", unit = "count",
         help = "Front-end worker threads; 0 means one per CPU core";
     buckets: BucketList = "", unit = "list",
-        help = "Buckets to create besides `default` (which always exists): NAME or NAME=QUOTA, comma separated, e.g. travel,beer=256MiB. Each is its own engine with its own quota (memory-quota unless given) and directory DATA_DIR/NAME";
+        help = "Buckets to create besides `default` (which always exists): NAME[=QUOTA][/EVICTION], comma separated, e.g. travel,beer=256MiB,logs=1GiB/full. Each is its own engine with its own quota (memory-quota unless given), eviction policy (eviction-policy unless given) and directory DATA_DIR/NAME";
     memory_quota: ByteSize = "1GiB", unit = "bytes",
         help = "Memory quota of each bucket that does not set its own; accepts suffixes such as 512MiB or 2GiB";
     mem_high_wat: u8 = "85", unit = "percent",
         help = "High watermark, percent of each bucket's quota: past it the item pager frees memory (persistent buckets eject the values of persisted documents, read back from disk when needed) down to the low watermark";
     mem_low_wat: u8 = "75", unit = "percent",
         help = "Low watermark, percent of each bucket's quota: where the item pager stops (below mem-high-wat)";
+    eviction_policy: Eviction = "value", unit = "policy",
+        help = "What the item pager of a persistent bucket takes out of memory past the high watermark, for buckets that do not set their own: value (values only; keys and metadata stay, so absent keys never touch the disk) or full (whole documents; a per-vBucket bloom filter spares disk reads of absent keys)";
     ephemeral_full_policy: EphemeralPolicy = "auto-delete", unit = "policy",
         help = "With `--persistence false`, what a bucket does past its high watermark: auto-delete (the item pager deletes the least used documents) or fail-new-data (writes that do not fit answer ENOMEM)";
     data_dir: PathBuf = "./epkv-data", unit = "path",
