@@ -34,11 +34,14 @@
 //!   compaction off, background tasks on a manual executor that never runs them), every
 //!   item flushed (so clean and evictable), the quota sized so that the items fill 90% of
 //!   it (above the 85% high watermark). Timed: `while bucket.run_item_pager().more {}`,
-//!   which evicts values (value eviction) down to the low watermark. Two cases: the
+//!   which evicts down to the low watermark. Three cases: with value eviction the
 //!   default low watermark (75%: the pager frees about a sixth of the memory and stops),
 //!   and a low watermark just above what the keys and metadata alone need, so that one
 //!   pass visits nearly the whole vBucket and evicts nearly every value (KV-Engine's
-//!   SingleVBucket shape). Each iteration rebuilds the bucket (untimed). Rows:
+//!   SingleVBucket shape); and full eviction at the default low watermark (whole items
+//!   removed; its raw peer is `raw-remove`, `VisitedItem::remove` on every item; the key
+//!   filter is rebuilt at the vBucket's size before the timed loop). Each iteration
+//!   rebuilds the bucket (untimed). Rows:
 //!   `PagingVisitor` = items visited per second, `PagingVisitorEvicted` = values evicted
 //!   per second. Not peers but references, run in the same iterations over a standalone
 //!   `epkv_hashtable::HashTable` (8 stripes, as the bucket's) holding the same items:
@@ -53,7 +56,9 @@
 //!     MFU decay, memory checks and yields.
 
 use epkv_bench::harness::{Args, Report, Row, median, target_dir};
-use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PagerRun, PersistenceConfig};
+use epkv_engine::{
+    Bucket, BucketConfig, EngineClock, EvictionPolicy, FlusherMode, PagerRun, PersistenceConfig,
+};
 use epkv_engine_api::{Engine, Expiry, StoreOp, StoreRequest};
 use epkv_executor::{Clock, ManualClock, ManualExecutor, SystemClock};
 use epkv_hashtable::{HashTable, ItemMeta, Position, StoredValue, Visit};
@@ -432,7 +437,12 @@ struct PagerBucket {
     _dir: tempfile::TempDir,
 }
 
-fn pager_bucket(items: &[(String, usize)], quota: u64, low_wat: u8) -> PagerBucket {
+fn pager_bucket(
+    items: &[(String, usize)],
+    quota: u64,
+    low_wat: u8,
+    eviction_policy: EvictionPolicy,
+) -> PagerBucket {
     let base = target_dir().join("bench-data");
     if let Err(e) = std::fs::create_dir_all(&base) {
         die(&format!("creating {}", base.display()), e);
@@ -445,6 +455,7 @@ fn pager_bucket(items: &[(String, usize)], quota: u64, low_wat: u8) -> PagerBuck
         num_vbuckets: 1,
         memory_quota_bytes: quota,
         mem_low_wat_percent: low_wat,
+        eviction_policy,
         item_pager_interval: Duration::ZERO,
         expiry_pager_interval: Duration::ZERO,
         persistence: Some(PersistenceConfig {
@@ -467,6 +478,14 @@ fn pager_bucket(items: &[(String, usize)], quota: u64, low_wat: u8) -> PagerBuck
         Ok(n) if n == items.len() => {}
         Ok(n) => die("flush", format!("{n} of {} items flushed", items.len())),
         Err(e) => die("flush", e),
+    }
+    // Full eviction: the key filter, first sized for 1,024 keys, is rebuilt at the
+    // vBucket's size (compaction does it) before the timed loop, so that the loop times
+    // paging, not that one-off rebuild (which the pager would otherwise do first).
+    if eviction_policy == EvictionPolicy::Full
+        && let Err(e) = bucket.compact_all()
+    {
+        die("compaction", e);
     }
     PagerBucket {
         bucket,
@@ -533,11 +552,11 @@ struct PagingRates {
 fn paging_iteration(
     items: &[(String, usize)],
     quota: u64,
-    low_wat: u8,
+    (low_wat, policy): (u8, EvictionPolicy),
     scan_table: &HashTable,
     acc: &mut PagingRates,
 ) {
-    let b = pager_bucket(items, quota, low_wat);
+    let b = pager_bucket(items, quota, low_wat, policy);
     let high = b.bucket.config().high_wat_bytes();
     let before = b.bucket.mem_used();
     if before <= high {
@@ -577,8 +596,14 @@ fn paging_iteration(
     acc.touch.push(n as f64 / s.max(1e-9));
     let raw = floor_table(items, true);
     let mut evicted = 0usize;
+    let full = policy == EvictionPolicy::Full;
     let (n, s) = scan(&raw, limit, |item| {
-        evicted += usize::from(item.evict_value());
+        if full {
+            item.remove();
+            evicted += 1;
+        } else {
+            evicted += usize::from(item.evict_value());
+        }
     });
     acc.raw_visited.push(n as f64 / s.max(1e-9));
     acc.raw_evicted.push(evicted as f64 / s.max(1e-9));
@@ -602,24 +627,32 @@ fn paging_visitor(args: &Args, report: &mut Report) {
     let full_low = u8::try_from((residual as u64 * 100).div_ceil(quota) + 2).unwrap_or(50);
     let scan_table = floor_table(&items, false);
     let mut lines = Vec::new();
-    for low_wat in [epkv_engine::DEFAULT_MEM_LOW_WAT_PERCENT, full_low] {
+    let default_low = epkv_engine::DEFAULT_MEM_LOW_WAT_PERCENT;
+    for (low_wat, policy) in [
+        (default_low, EvictionPolicy::Value),
+        (full_low, EvictionPolicy::Value),
+        (default_low, EvictionPolicy::Full),
+    ] {
         let mut acc = PagingRates::default();
         for _ in 0..iterations {
-            paging_iteration(&items, quota, low_wat, &scan_table, &mut acc);
+            paging_iteration(&items, quota, (low_wat, policy), &scan_table, &mut acc);
         }
-        let params = [("items", n as u64), ("low_wat_percent", u64::from(low_wat))];
+        let full = policy == EvictionPolicy::Full;
+        let params = [
+            ("items", n as u64),
+            ("low_wat_percent", u64::from(low_wat)),
+            ("full_eviction", u64::from(full)),
+        ];
+        // The raw peer of full eviction removes each item instead of its value.
+        let raw_name = if full { "raw-remove" } else { "raw-evict" };
         let epkv = median(acc.visited.clone());
         let floor = median(acc.floor.clone());
         report.push(Row::new("PagingVisitor", &params, "epkv", epkv));
         report.push(Row::new("PagingVisitor", &params, "floor-scan", floor));
         let touch = median(acc.touch.clone());
         report.push(Row::new("PagingVisitor", &params, "floor-touch", touch));
-        report.push(Row::new(
-            "PagingVisitor",
-            &params,
-            "raw-evict",
-            median(acc.raw_visited.clone()),
-        ));
+        let raw = median(acc.raw_visited.clone());
+        report.push(Row::new("PagingVisitor", &params, raw_name, raw));
         report.push(Row::new(
             "PagingVisitorEvicted",
             &params,
@@ -629,7 +662,7 @@ fn paging_visitor(args: &Args, report: &mut Report) {
         report.push(Row::new(
             "PagingVisitorEvicted",
             &params,
-            "raw-evict",
+            raw_name,
             median(acc.raw_evicted.clone()),
         ));
         let runs: Vec<String> = acc
@@ -647,8 +680,9 @@ fn paging_visitor(args: &Args, report: &mut Report) {
             })
             .collect();
         lines.push(format!(
-            "low watermark {low_wat}%: epkv {:.3}x the floor scan (goal >= 0.5x: {}), \
-             {:.2}x the floor-touch scan; per iteration {}",
+            "{} eviction, low watermark {low_wat}%: epkv {:.3}x the floor scan (goal >= \
+             0.5x: {}), {:.2}x the floor-touch scan, {:.2}x {raw_name}; per iteration {}",
+            if full { "full" } else { "value" },
             epkv / floor.max(1e-9),
             if epkv >= 0.5 * floor {
                 "met"
@@ -656,6 +690,7 @@ fn paging_visitor(args: &Args, report: &mut Report) {
                 "NOT met"
             },
             epkv / touch.max(1e-9),
+            epkv / raw.max(1e-9),
             runs.join("; ")
         ));
     }
@@ -663,7 +698,7 @@ fn paging_visitor(args: &Args, report: &mut Report) {
     let mib = |b: u64| b as f64 / 1048576.0;
     report.note(&format!(
         "PagingVisitor: {n} items of 256-512 B values, {:.1} MiB of item memory in a \
-         {:.1} MiB quota (high watermark 85%), value eviction, {iterations} iterations \
+         {:.1} MiB quota (high watermark 85%), {iterations} iterations \
          (median). {}.",
         mib(used as u64),
         mib(quota),
