@@ -265,3 +265,56 @@ async fn a_memory_only_server_with_fail_new_data_answers_enomem_and_auto_delete_
         assert!(status.success(), "{policy}");
     }
 }
+
+/// EVICT_KEY (0x93) on the wire, with KV-Engine's answers, under both policies: a
+/// persisted document is ejected and read back; a second eviction finds nothing to
+/// eject; a missing key is KeyEnoent (value eviction) or "already ejected" (full
+/// eviction, where a key out of memory may still be on disk).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evict_key_ejects_a_persisted_document_and_the_next_get_reads_it_back() {
+    if skip_if_external("evict_key") {
+        return;
+    }
+    for policy in ["value", "full"] {
+        let dir = TestDir::new();
+        let server = Server::spawn_in(dir.path(), &["--eviction-policy", policy]);
+        server.wait_warmed_up().await;
+        let mut c = server.client().await;
+        let persisted =
+            epkv_client::StoreOptions::new().durability(epkv_protocol::DurabilityRequirement {
+                level: epkv_types::DurabilityLevel::PersistToMajority,
+                timeout: Some(Duration::from_secs(20)),
+            });
+        let r = c.set(b"ek", b"the value", persisted).await.unwrap();
+        assert!(r.is_success(), "{policy}: {r:?}");
+        let mut evict = async |key: &[u8]| {
+            c.queue(RequestBuilder::new(Opcode::EvictKey).key(key))
+                .unwrap();
+            let r = c.flush_and_recv(1).await.unwrap().remove(0);
+            (r.status(), String::from_utf8_lossy(&r.value).into_owned())
+        };
+        assert_eq!(
+            evict(b"ek").await,
+            (Some(Status::Success), "Ejected.".to_owned()),
+            "{policy}"
+        );
+        assert_eq!(
+            evict(b"ek").await,
+            (Some(Status::Success), "Already ejected.".to_owned()),
+            "{policy}"
+        );
+        let missing = evict(b"never-written").await;
+        if policy == "value" {
+            assert_eq!(missing.0, Some(Status::KeyEnoent));
+        } else {
+            assert_eq!(
+                missing,
+                (Some(Status::Success), "Already ejected.".to_owned())
+            );
+        }
+        let got = c.get(b"ek").await.unwrap();
+        assert_eq!(got.value.as_ref(), b"the value", "{policy}: read back");
+        let s = stats(&mut c, "").await;
+        assert!(s["ep_bg_fetched"].parse::<u64>().unwrap() >= 1, "{policy}");
+    }
+}

@@ -79,6 +79,18 @@ pub trait Engine: Send + Sync + 'static {
     /// `KeyNotFound`, `Locked` (wrong CAS), `NotLocked`, `NotMyVbucket`.
     fn unlock(&self, vbid: Vbid, key: &[u8], cas: Cas) -> EngineResult<()>;
 
+    /// Ejects a document from memory now (EVICT_KEY): its value, or under full eviction
+    /// the whole document. `Ok(true)` when it ejected something, `Ok(false)` when there
+    /// was nothing in memory to eject.
+    ///
+    /// # Errors
+    /// `KeyNotFound`; `KeyExists` for a document not yet persisted; `NotSupported` for an
+    /// engine that cannot read documents back (the default); `NotMyVbucket`, `TempFail`.
+    fn evict_key(&self, vbid: Vbid, key: &[u8]) -> EngineResult<bool> {
+        let _ = (vbid, key);
+        Err(EngineStatus::NotSupported)
+    }
+
     /// Stores a document (SET, ADD, REPLACE, APPEND, PREPEND).
     ///
     /// # Errors

@@ -40,6 +40,10 @@ impl Engine for Bucket {
         self.op_unlock(vbid, key, cas)
     }
 
+    fn evict_key(&self, vbid: Vbid, key: &[u8]) -> EngineResult<bool> {
+        Bucket::evict_key(self, vbid, key)
+    }
+
     fn store(&self, req: StoreRequest<'_>) -> EngineResult<MutationInfo> {
         self.op_store(&req)
     }

@@ -778,6 +778,23 @@ impl Session {
                 Ok(item) => self.put_item(out, to, &item.view(), false),
                 Err(e) => self.fail(shared, out, to, e, &[]),
             },
+            // KV-Engine's answers, body text included.
+            Command::EvictKey { key } => match engine.evict_key(vbid, key) {
+                Ok(ejected) => {
+                    let text: &[u8] = if ejected {
+                        b"Ejected."
+                    } else {
+                        b"Already ejected."
+                    };
+                    put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], text);
+                }
+                Err(EngineStatus::KeyExists) => put(
+                    out,
+                    &to.reply(Status::KeyEexists)
+                        .with_value(b"Can't eject: Dirty object."),
+                ),
+                Err(e) => self.fail(shared, out, to, e, &[]),
+            },
             Command::UnlockKey { key, cas } => match engine.unlock(vbid, key, cas) {
                 Ok(()) => put_status(out, to, Status::Success, &[]),
                 Err(e) => self.fail(shared, out, to, e, &[]),

@@ -144,6 +144,11 @@ pub enum Command<'a> {
         /// Lock timeout in seconds, 0 for the default.
         lock_timeout_secs: u32,
     },
+    /// EVICT_KEY: eject the document from memory (it must be persisted).
+    EvictKey {
+        /// The key.
+        key: &'a [u8],
+    },
     /// UNLOCK_KEY: the CAS from GET_LOCKED is in the header and must be set.
     UnlockKey {
         /// The key.
@@ -304,6 +309,7 @@ fn spec_for(op: Opcode) -> Option<Spec> {
         Opcode::Hello => spec(E::Exactly(0), P::Any, P::Any, C::NotSet),
         Opcode::GetLocked => spec(E::ZeroOr(4), P::NonZero, P::Zero, C::NotSet),
         Opcode::UnlockKey => spec(E::Exactly(0), P::NonZero, P::Zero, C::Set),
+        Opcode::EvictKey => spec(E::Exactly(0), P::NonZero, P::Zero, C::NotSet),
         Opcode::SetVbucket => with_datatype(spec(E::SetVbucket, P::Zero, P::Any, C::Any), RAW_JSON),
         Opcode::AdjustTimeofday => spec(E::Exactly(8), P::Zero, P::Zero, C::NotSet),
         Opcode::SaslListMechs => bare,
@@ -494,6 +500,7 @@ impl<'a> Command<'a> {
                 lock_timeout_secs: be_u32(extras),
             },
             Opcode::UnlockKey => Command::UnlockKey { key, cas },
+            Opcode::EvictKey => Command::EvictKey { key },
             Opcode::SetVbucket => Command::SetVbucket {
                 state: decode_vbucket_state(req)?,
             },
@@ -599,6 +606,7 @@ impl<'a> Command<'a> {
             Command::Hello { .. } => Opcode::Hello,
             Command::GetLocked { .. } => Opcode::GetLocked,
             Command::UnlockKey { .. } => Opcode::UnlockKey,
+            Command::EvictKey { .. } => Opcode::EvictKey,
             Command::SetVbucket { .. } => Opcode::SetVbucket,
             Command::GetVbucket => Opcode::GetVbucket,
             Command::AdjustTimeofday { .. } => Opcode::AdjustTimeofday,
@@ -624,7 +632,8 @@ impl<'a> Command<'a> {
             | Command::Touch { key, .. }
             | Command::Gat { key, .. }
             | Command::GetLocked { key, .. }
-            | Command::UnlockKey { key, .. } => Some(key),
+            | Command::UnlockKey { key, .. }
+            | Command::EvictKey { key } => Some(key),
             _ => None,
         }
     }

@@ -134,6 +134,8 @@ opcodes! {
     ObserveSeqno = 0x91, "OBSERVE_SEQNO", true;
     /// Legacy per-key observe.
     Observe = 0x92, "OBSERVE", false;
+    /// Eject a document from memory (its value; the whole document under full eviction).
+    EvictKey = 0x93, "EVICT_KEY", true;
     /// Get and lock.
     GetLocked = 0x94, "GET_LOCKED", true;
     /// Unlock a key locked by GET_LOCKED.

@@ -182,6 +182,7 @@ impl<'a> RequestBuilder<'a> {
                 }
             }
             Command::UnlockKey { key, cas } => b.key(key).cas(cas),
+            Command::EvictKey { key } => b.key(key),
             Command::SetVbucket { state } => {
                 b.inline_extras(Extras::from_parts(&[&u32::from(state as u8).to_be_bytes()]))
             }
