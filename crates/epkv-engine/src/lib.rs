@@ -14,13 +14,14 @@
 //! after creation ([`Bucket::wait_warmup`]; a vBucket still loading answers TempFail), a
 //! compactor on AuxIO, and a final flush at shutdown (see `persistence.rs`). An item
 //! pager on the NonIO group keeps item memory between the watermarks: it ejects the
-//! values of persisted documents (value eviction), or, in a memory-only bucket, deletes
+//! values of persisted documents (value eviction) or whole documents with a per-vBucket
+//! key filter ([`EvictionPolicy::Full`], `full_eviction.rs`), or, in a memory-only bucket, deletes
 //! the least used documents or leaves writes to fail with ENOMEM
 //! ([`EphemeralFullPolicy`]); an operation needing an ejected value answers
 //! `WouldBlock` after queueing a background fetch on the Reader group, and runs again
 //! once [`epkv_engine_api::Engine::when_fetched`] says the fetch is over (see
-//! `docs/memory.md`). It has no replication or SyncWrite tracking, no full eviction, and
-//! never sees the wire format.
+//! `docs/memory.md`). It has no replication or SyncWrite tracking, and never sees the
+//! wire format.
 //!
 //! # Key types
 //! - [`Bucket`]: the engine; build it with [`Bucket::new`] from a [`BucketConfig`] and an
@@ -130,7 +131,8 @@
 //!   `ep_warmup_unclean_shutdown`, and `vb_N:warmup_error` for each vBucket that could not
 //!   be loaded. The default group's `ep_bg_fetched` counts values read back from disk,
 //!   and `ep_num_value_ejects`, `ep_num_non_resident`, `vb_active_perc_mem_resident`,
-//!   `ep_num_pager_runs` and the `ep_bg_*` timings describe eviction (`docs/memory.md`).
+//!   `ep_num_pager_runs` and the `ep_bg_*` timings describe eviction, and
+//!   `ep_bg_meta_fetched` and `ep_bloom_filter_*` full eviction (`docs/memory.md`).
 //!
 //! Counters are kept per thread (sharded, cache-line aligned) and summed when read, so
 //! counting never makes two cores write one cache line.

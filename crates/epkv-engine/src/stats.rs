@@ -230,7 +230,7 @@ const GAUGE_DEFS: &[StatDefinition] = &[
         "ep_num_non_resident",
         StatGroup::Default,
         StatUnit::Items,
-        "live documents whose value is not in memory (ejected, or loaded by warmup as key and metadata only)",
+        "live documents whose value is not in memory (ejected, or loaded by warmup as key and metadata only; with full eviction also those wholly out of memory)",
     ),
     gauge(
         "vb_active_perc_mem_resident",
