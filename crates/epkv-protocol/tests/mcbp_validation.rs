@@ -125,6 +125,7 @@ fn sample(op: Opcode) -> Command<'static> {
             lock_timeout_secs: 15,
         },
         Opcode::UnlockKey => Command::UnlockKey { key, cas: Cas(99) },
+        Opcode::EvictKey => Command::EvictKey { key },
         Opcode::SetVbucket => Command::SetVbucket {
             state: VBucketState::Replica,
         },
