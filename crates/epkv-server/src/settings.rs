@@ -241,7 +241,7 @@ settings! {
     threads: usize = "0", unit = "count",
         help = "Front-end worker threads; 0 means one per CPU core";
     buckets: BucketList = "", unit = "list",
-        help = "Buckets to create besides `default` (which always exists): NAME[=QUOTA][/EVICTION], comma separated, e.g. travel,beer=256MiB,logs=1GiB/full. Each is its own engine with its own quota (memory-quota unless given), eviction policy (eviction-policy unless given) and directory DATA_DIR/NAME";
+        help = "Buckets to create besides `default` (which always exists): NAME, NAME=QUOTA, NAME/EVICTION or NAME=QUOTA/EVICTION, comma separated, e.g. travel,beer=256MiB,logs=1GiB/full. Each is its own engine with its own quota (memory-quota unless given), eviction policy (eviction-policy unless given) and directory DATA_DIR/NAME";
     memory_quota: ByteSize = "1GiB", unit = "bytes",
         help = "Memory quota of each bucket that does not set its own; accepts suffixes such as 512MiB or 2GiB";
     mem_high_wat: u8 = "85", unit = "percent",
