@@ -16,6 +16,14 @@
 //!   directory, with C jobs doing 4 KiB random `pread`s for the same time, also from a
 //!   dropped page cache.
 //!
+//!
+//! The machine may have far more memory than the data set, and then a page cache that
+//! fills within seconds turns (b) into a CPU comparison. So during (b) the server, and
+//! then fio, run in a memory cgroup ([`super::cgroup`]) that lets each take at most
+//! `page_cache_mib` of new memory, page cache included (`--page-cache-mib`, 32; 0 turns
+//! it off): their reads keep going to the disk. The rows give the cap (`page_cache_mib`,
+//! 0 when no cgroup could be made).
+//!
 //! If the page cache cannot be dropped (not root), the figures are still taken, with a
 //! warning, and the rows say `"cold": false`.
 
@@ -31,6 +39,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
+use super::cgroup::MemCgroup;
 use super::per_item::{KEY_BYTES, key_of};
 use super::quota::{self, VALUE_BYTES};
 use super::wire::BinClient;
@@ -59,6 +68,8 @@ pub(crate) struct Settings {
     pub(crate) concurrency: usize,
     /// Seconds of (b), for each of epkv and fio.
     pub(crate) secs: u64,
+    /// The memory cgroup limit of (b), in MiB (0: none).
+    pub(crate) page_cache_mib: u64,
 }
 
 /// Latency summary in microseconds.
@@ -120,6 +131,8 @@ pub(crate) struct Measured {
     pub(crate) bg_wait_avg_us: f64,
     pub(crate) bg_load_avg_us: f64,
     pub(crate) fio: Throughput,
+    /// The memory cgroup limit (b) ran under, in MiB; 0 when none.
+    pub(crate) page_cache_mib: u64,
 }
 
 /// Waits until the flusher has written everything (bounded).
@@ -308,7 +321,13 @@ pub(crate) fn parse_fio(text: &str, secs: f64) -> Result<Throughput> {
 /// (b), the floor: fio with `concurrency` jobs of 4 KiB random buffered preads of a file
 /// of `bytes` in `dir`, for `secs`, from a dropped page cache. Returns the figures and
 /// whether the drop worked.
-fn fio(dir: &Path, bytes: u64, concurrency: usize, secs: u64) -> Result<(Throughput, bool)> {
+fn fio(
+    dir: &Path,
+    bytes: u64,
+    concurrency: usize,
+    secs: u64,
+    cap: Option<&MemCgroup>,
+) -> Result<(Throughput, bool)> {
     let file = dir.join("fio-randread.dat");
     let common = |cmd: &mut Command| {
         cmd.arg("--name=r")
@@ -321,7 +340,17 @@ fn fio(dir: &Path, bytes: u64, concurrency: usize, secs: u64) -> Result<(Through
     layout.arg("--create_only=1");
     util::output(&mut layout)?;
     let cold = drop_caches();
-    let mut cmd = Command::new("fio");
+    // In the cgroup from its first read: a shell joins it, then becomes fio.
+    let mut cmd = match cap {
+        Some(cg) => {
+            let mut c = Command::new("sh");
+            c.arg("-c")
+                .arg("echo $$ > \"$0\" && exec fio \"$@\"")
+                .arg(cg.procs_file());
+            c
+        }
+        None => Command::new("fio"),
+    };
     common(&mut cmd);
     // psync does one read at a time per job, so C jobs keep C reads in flight.
     cmd.arg(format!("--numjobs={concurrency}"))
@@ -331,6 +360,21 @@ fn fio(dir: &Path, bytes: u64, concurrency: usize, secs: u64) -> Result<(Through
     let out = util::output(&mut cmd)?;
     let _ = std::fs::remove_file(&file);
     Ok((parse_fio(&out, secs as f64)?, cold))
+}
+
+/// A memory cgroup of `bytes` for (b), or `None` (with a warning) when the cap is off or
+/// no cgroup can be made.
+fn page_cache_cap(name: &str, bytes: u64) -> Option<MemCgroup> {
+    if bytes == 0 {
+        return None;
+    }
+    match MemCgroup::create(name, bytes) {
+        Ok(cg) => Some(cg),
+        Err(e) => {
+            eprintln!("warning: no memory cgroup ({e:#}): (b) reads may come from the page cache");
+            None
+        }
+    }
 }
 
 /// Waits until warmup has loaded every vBucket (bounded).
@@ -406,6 +450,11 @@ pub(crate) fn run(bin: &Path, s: Settings, logs: &Path) -> Result<Section> {
     let bg_wait_avg_us = stat::<f64>(&stats, "ep_bg_wait_avg")?;
     let bg_load_avg_us = stat::<f64>(&stats, "ep_bg_load_avg")?;
     let before = stat::<f64>(&stats, "ep_bg_fetched")?;
+    let cap_bytes = s.page_cache_mib << 20;
+    let epkv_cap = page_cache_cap("bgfetch-epkv", cap_bytes);
+    if let Some(cg) = &epkv_cap {
+        cg.add(server.pid())?;
+    }
     let ticks_before = process::cpu_ticks(server.pid())?;
     cold &= drop_caches();
     let gets = concurrent_gets(&addr, s.items, s.concurrency, s.secs)?;
@@ -413,7 +462,25 @@ pub(crate) fn run(bin: &Path, s: Settings, logs: &Path) -> Result<Section> {
     let after = stat::<f64>(&c.stats("")?, "ep_bg_fetched")?;
     drop(c);
     stop(server);
-    let (fio, fio_cold) = fio(data.path(), file_bytes, s.concurrency, s.secs)?;
+    let epkv_limit_hits = epkv_cap.as_ref().map_or(0, MemCgroup::limit_hits);
+    drop(epkv_cap);
+    let fio_cap = page_cache_cap("bgfetch-fio", cap_bytes);
+    let (fio, fio_cold) = fio(
+        data.path(),
+        file_bytes,
+        s.concurrency,
+        s.secs,
+        fio_cap.as_ref(),
+    )?;
+    let fio_limit_hits = fio_cap.as_ref().map_or(0, MemCgroup::limit_hits);
+    let capped = fio_cap.is_some();
+    drop(fio_cap);
+    eprintln!(
+        "bgfetch (b): memory cgroup of {} MiB: {} (limit reached {epkv_limit_hits} times by \
+         epkv, {fio_limit_hits} by fio)",
+        s.page_cache_mib,
+        if capped { "on" } else { "off" }
+    );
     cold &= fio_cold;
     drop(data);
     let m = Measured {
@@ -433,6 +500,7 @@ pub(crate) fn run(bin: &Path, s: Settings, logs: &Path) -> Result<Section> {
         bg_wait_avg_us,
         bg_load_avg_us,
         fio,
+        page_cache_mib: if capped { s.page_cache_mib } else { 0 },
     };
     eprintln!(
         "bgfetch (b): epkv {:.0} GETs/s ({:.0}% fetched), fio {:.0} reads/s",
@@ -477,6 +545,7 @@ pub(crate) fn rows(m: &Measured) -> Vec<Value> {
         &[
             ("in_flight", json!(m.settings.concurrency)),
             ("secs", json!(m.settings.secs)),
+            ("page_cache_mib", json!(m.page_cache_mib)),
         ],
     );
     let lat = |l: &Latency| 1e6 / l.p50_us;
@@ -602,8 +671,19 @@ pub(crate) fn markdown(m: &Measured) -> Result<String> {
     writeln!(
         md,
         "epkv's own split of (a)'s fetches, averages: {:.0} us from queueing to the read, \
-         {:.0} us reading and restoring. In (b) the server used {:.1} us of CPU per GET.",
-        m.bg_wait_avg_us, m.bg_load_avg_us, m.cpu_us_per_get
+         {:.0} us reading and restoring. In (b) the server used {:.1} us of CPU per GET. {}",
+        m.bg_wait_avg_us,
+        m.bg_load_avg_us,
+        m.cpu_us_per_get,
+        if m.page_cache_mib > 0 {
+            format!(
+                "During (b) epkv, then fio, ran in a memory cgroup letting each take {} MiB \
+                 of new memory, page cache included, so that reads went to the disk.",
+                m.page_cache_mib
+            )
+        } else {
+            "(b) ran without a memory cgroup: reads may have come from the page cache.".to_owned()
+        }
     )?;
     writeln!(md)?;
     writeln!(
@@ -664,6 +744,7 @@ mod tests {
                 samples: 10,
                 concurrency: 4,
                 secs: 2,
+                page_cache_mib: 32,
             },
             quota: 19_000,
             files: 2,
@@ -687,6 +768,7 @@ mod tests {
                 secs: 2.0,
                 latency: lat(20.0, 60.0),
             },
+            page_cache_mib: 32,
         };
         let rows = rows(&m);
         assert_eq!(rows.len(), 4);

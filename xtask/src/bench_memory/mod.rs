@@ -14,6 +14,7 @@
 //! `target/bench/memory.md`; server logs to `target/bench/memory-*.log`.
 
 mod bgfetch;
+mod cgroup;
 mod per_item;
 mod quota;
 mod wire;
@@ -68,6 +69,11 @@ pub(crate) struct MemoryOptions {
     /// Reads in flight in `bgfetch`'s concurrent run (epkv connections, fio jobs).
     #[arg(long, default_value_t = 16)]
     pub(crate) concurrency: usize,
+    /// Memory (MiB) that epkv, and then fio, may newly take during `bgfetch`'s concurrent
+    /// run, page cache included: each runs in a memory cgroup with this limit, so that
+    /// the reads go to the disk, not to a page cache larger than the data (0: no cgroup).
+    #[arg(long, default_value_t = 32)]
+    pub(crate) page_cache_mib: u64,
     /// Use this epkv-server binary instead of building target/release/epkv-server.
     #[arg(long)]
     pub(crate) epkv_bin: Option<PathBuf>,
@@ -146,6 +152,7 @@ pub(crate) fn bench_memory(opts: &MemoryOptions) -> Result<()> {
                         .max(1),
                     concurrency: opts.concurrency.max(1),
                     secs: opts.secs.unwrap_or(if opts.quick { 8 } else { 20 }).max(1),
+                    page_cache_mib: opts.page_cache_mib,
                 };
                 bgfetch::run(&bin, settings, &out_dir)?
             }
