@@ -11,6 +11,7 @@
 
 mod harness;
 
+mod auth_storm;
 mod commands;
 mod couchbase;
 mod durability;

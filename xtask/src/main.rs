@@ -6,6 +6,7 @@
 //! Commands: `ci`, `deps`, `check-layers`, `memcapable`, `pytest`, `fuzz-smoke`,
 //! `bench frontend|persistence|memory|<micro>`. See CONTRIBUTING.md and docs/testing.md.
 
+mod bench_auth;
 mod bench_frontend;
 mod bench_memory;
 mod bench_micro;
@@ -86,6 +87,8 @@ enum BenchCmd {
     /// Memory (issue 18): RSS per item vs memcached and Redis, writes past the quota,
     /// cold background fetches vs raw reads of the disk.
     Memory(bench_memory::MemoryOptions),
+    /// A victim's latency under storms of failing SASL PLAIN logins (issue 19).
+    Auth(bench_auth::AuthOptions),
     /// Any other name runs the epkv-bench bench of that name:
     /// `cargo xtask bench executor --quick` is
     /// `cargo bench -p epkv-bench --bench executor -- --quick`.
@@ -118,6 +121,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Memory(opts),
         } => bench_memory::bench_memory(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Auth(opts),
+        } => bench_auth::bench_auth(&opts),
         Cmd::Bench {
             which: BenchCmd::Micro(args),
         } => bench_micro::bench_micro(&args),

@@ -45,6 +45,9 @@ pub struct FrontendConfig {
     /// (the default) on a loopback address means the open mode: no authentication, every
     /// connection on `default`.
     pub users: Arc<UserStore>,
+    /// Threads that check SASL PLAIN passwords (the PBKDF2 derivation), off the
+    /// front-end threads. Default: half the CPU cores, at least 1.
+    pub auth_threads: usize,
 }
 
 /// The KV-Engine release whose protocol epkv speaks: the first part of the version it
@@ -74,6 +77,7 @@ impl Default for FrontendConfig {
             version: wire_version(env!("CARGO_PKG_VERSION")),
             clock: Arc::new(SystemClock),
             users: Arc::new(UserStore::empty()),
+            auth_threads: std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
         }
     }
 }
@@ -91,6 +95,7 @@ impl fmt::Debug for FrontendConfig {
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("version", &self.version)
             .field("users", &self.users.len())
+            .field("auth_threads", &self.auth_threads)
             .finish_non_exhaustive()
     }
 }
@@ -121,6 +126,11 @@ impl FrontendConfig {
                 "max_packet_size must be at least {} bytes",
                 Self::MIN_PACKET_SIZE
             )));
+        }
+        if !(1..=64).contains(&self.auth_threads) {
+            return Err(FrontendError::InvalidConfig(
+                "auth_threads must be 1..=64".into(),
+            ));
         }
         if self.output_buffer_limit == 0 {
             return Err(FrontendError::InvalidConfig(

@@ -55,6 +55,8 @@ enum Closing {
     Shutdown,
     /// A reply had no code a client without XERROR understands.
     NoXerror,
+    /// Too many failed authentication attempts in a row.
+    AuthFailures,
 }
 
 /// A durable write being waited for, with the moment its durability timeout expires.
@@ -82,6 +84,18 @@ async fn fetch_outcome(
 ) -> Result<(), EngineStatus> {
     match fetching {
         Some(rx) => rx.await.unwrap_or(Err(EngineStatus::TempFail)),
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves with the outcome of the authentication being waited for; never resolves
+/// without one.
+async fn auth_outcome(
+    shared: &Shared,
+    authing: &mut Option<crate::sasl::PendingAuth>,
+) -> Option<crate::sasl::AuthOutcome> {
+    match authing {
+        Some(p) => p.outcome(shared).await,
         None => std::future::pending().await,
     }
 }
@@ -121,7 +135,7 @@ impl Connection {
                 return None;
             }
         };
-        let session = Session::new(slot.shared(), local);
+        let session = Session::new(slot.shared(), local, peer.ip());
         // Replies are already batched per read, so Nagle's algorithm would only add
         // latency. HELLO's TcpDelay turns it back on.
         if let Err(e) = stream.set_nodelay(true) {
@@ -160,6 +174,7 @@ impl Connection {
         let mut closing: Option<Closing> = None;
         let mut waiting: Option<Waiting> = None;
         let mut fetching: Option<oneshot::Receiver<Result<(), EngineStatus>>> = None;
+        let mut authing: Option<crate::sasl::PendingAuth> = None;
         let mut eof = false;
         let mut last_activity = tokio::time::Instant::now();
         let idle_sleep = tokio::time::sleep(idle.unwrap_or(std::time::Duration::MAX / 4));
@@ -171,7 +186,7 @@ impl Connection {
             // Whether execution stopped at the output limit with requests possibly left in
             // the input buffer.
             let mut backlog = false;
-            if closing.is_none() && waiting.is_none() && fetching.is_none() {
+            if closing.is_none() && waiting.is_none() && fetching.is_none() && authing.is_none() {
                 if let Some(c) = process(
                     shared,
                     &timings,
@@ -187,6 +202,7 @@ impl Connection {
                     deadline: tokio::time::Instant::now() + pending.timeout,
                     pending,
                 });
+                authing = session.take_pending_auth();
                 fetching = session.take_blocked().map(|b| {
                     let (tx, rx) = oneshot::channel();
                     b.engine.when_fetched(
@@ -230,7 +246,13 @@ impl Connection {
                     Some(Closing::BadHeader) => break "untrusted packet header",
                     Some(Closing::Shutdown) => break "server shutdown",
                     Some(Closing::NoXerror) => break "status not understood without XERROR",
-                    None if eof && !backlog && waiting.is_none() && fetching.is_none() => {
+                    Some(Closing::AuthFailures) => break "too many failed authentications",
+                    None if eof
+                        && !backlog
+                        && waiting.is_none()
+                        && fetching.is_none()
+                        && authing.is_none() =>
+                    {
                         break "client closed";
                     }
                     None => {}
@@ -245,6 +267,7 @@ impl Connection {
             let want_read = closing.is_none()
                 && waiting.is_none()
                 && fetching.is_none()
+                && authing.is_none()
                 && !eof
                 && out.len() < out_limit;
             if want_read {
@@ -288,6 +311,13 @@ impl Connection {
                         && session.complete_durable(&mut out, w.pending, persisted)
                     {
                         closing = Some(Closing::NoXerror);
+                    }
+                },
+                outcome = auth_outcome(shared, &mut authing), if authing.is_some() => {
+                    if let Some(p) = authing.take()
+                        && session.complete_auth(shared, &mut out, p, outcome)
+                    {
+                        closing = Some(Closing::AuthFailures);
                     }
                 },
                 outcome = fetch_outcome(&mut fetching), if fetching.is_some() => {
@@ -443,6 +473,11 @@ fn process(
             Flow::Continue => {}
             Flow::Close => return Some(Closing::Quit),
             Flow::Disconnect => return Some(Closing::NoXerror),
+        }
+        if session.has_pending_auth() {
+            // An authentication runs off the thread: nothing else runs until it is
+            // answered.
+            return None;
         }
         if session.has_pending() {
             // A durable write waits for persistence: nothing else runs until it is

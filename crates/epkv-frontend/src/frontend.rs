@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub(crate) conns: ConnectionStats,
     pub(crate) timings: Vec<Arc<WorkerTimings>>,
     pub(crate) started: Instant,
+    /// The password-check pool and the per-source failure counts.
+    pub(crate) auth: crate::auth_guard::AuthGuard,
 }
 
 impl Shared {
@@ -108,6 +110,7 @@ impl Frontend {
             .collect();
         let limits = config.limits();
         let started = config.clock.now();
+        let auth = crate::auth_guard::AuthGuard::new(config.auth_threads)?;
         Ok(Frontend {
             listener,
             local_addr,
@@ -121,6 +124,7 @@ impl Frontend {
                 conns: ConnectionStats::default(),
                 timings,
                 started,
+                auth,
             }),
         })
     }

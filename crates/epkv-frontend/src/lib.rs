@@ -58,6 +58,7 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod auth_guard;
 mod buckets;
 mod cluster_config;
 mod config;

@@ -21,7 +21,7 @@ use epkv_protocol::{
 };
 use epkv_types::{Cas, Datatype, DurabilityLevel, NUM_VBUCKETS, Seqno, Vbid, vbucket_for_key};
 use std::cell::Cell;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -130,6 +130,13 @@ pub(crate) struct Session {
     pub(crate) user: Option<String>,
     /// A SASL exchange in progress (between SASL_AUTH answered 0x21 and SASL_STEP).
     pub(crate) sasl: Option<SaslServer>,
+    /// The client's address (authentication failures are throttled by it).
+    pub(crate) peer: IpAddr,
+    /// Failed authentication attempts in a row on this connection.
+    pub(crate) auth_failures: u32,
+    /// A SASL_AUTH waiting for its source's delay or the password-check pool; the
+    /// connection takes it after the request.
+    pub(crate) pending_auth: Option<crate::sasl::PendingAuth>,
     /// A reply the client cannot understand was due: close after this batch.
     disconnect: Cell<bool>,
     /// A durable write waiting for persistence; the connection takes it after the request.
@@ -156,7 +163,7 @@ fn durability(d: Option<DurabilityRequirement>) -> Option<DurabilityRequirements
 
 impl Session {
     /// A new connection's session. In the open mode it starts on the `default` bucket.
-    pub(crate) fn new(shared: &Shared, local: SocketAddr) -> Self {
+    pub(crate) fn new(shared: &Shared, local: SocketAddr, peer: IpAddr) -> Self {
         let bucket = if shared.open_default {
             shared
                 .buckets
@@ -179,6 +186,9 @@ impl Session {
             bucket,
             user: None,
             sasl: None,
+            peer,
+            auth_failures: 0,
+            pending_auth: None,
             disconnect: Cell::new(false),
             pending: Cell::new(None),
             would_block: Cell::new(false),
@@ -344,12 +354,10 @@ impl Session {
                 Flow::Continue
             }
             Command::SaslAuth { mechanism, data } => {
-                self.sasl_auth(shared, mechanism, data, out, to);
-                Flow::Continue
+                self.sasl_auth(shared, mechanism, data, out, to)
             }
             Command::SaslStep { mechanism, data } => {
-                self.sasl_step(shared, mechanism, data, out, to);
-                Flow::Continue
+                self.sasl_step(shared, mechanism, data, out, to)
             }
             Command::SelectBucket { name } => {
                 self.select_bucket(shared, name, out, to);
@@ -1018,6 +1026,14 @@ fn default_stats(shared: &Shared, sink: &mut dyn FnMut(&str, &str)) {
         "max_connections",
         &shared.config.max_connections.to_string(),
     );
+    let auth = &shared.auth.stats;
+    let n =
+        |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed).to_string();
+    sink("auth_cmds", &n(&auth.attempts));
+    sink("auth_errors", &n(&auth.failures));
+    sink("auth_throttled", &n(&auth.throttled));
+    sink("auth_throttle_closes", &n(&auth.closes));
+    sink("auth_busy", &n(&auth.busy));
     sink("threads", &shared.config.threads.to_string());
 }
 

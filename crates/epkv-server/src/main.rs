@@ -160,6 +160,11 @@ fn run(cli: Cli) -> Result<()> {
         version: epkv_frontend::wire_version(env!("CARGO_PKG_VERSION")),
         clock: Arc::new(SystemClock),
         users: Arc::clone(&users),
+        auth_threads: if s.auth_threads == 0 {
+            FrontendConfig::default().auth_threads
+        } else {
+            s.auth_threads
+        },
     };
     let frontend = Frontend::bind_buckets(config, buckets).map_err(explain_bind_error)?;
     let addr = frontend.local_addr();

@@ -240,6 +240,8 @@ settings! {
         help = "TCP port for memcached binary protocol clients (0 picks a free port)";
     threads: usize = "0", unit = "count",
         help = "Front-end worker threads; 0 means one per CPU core";
+    auth_threads: usize = "0", unit = "count",
+        help = "Threads that check SASL PLAIN passwords (a PBKDF2 derivation of milliseconds), so that failing logins never stall the front-end threads; 0 means half the CPU cores (at least 1). Failed attempts are also throttled per source address and per connection";
     buckets: BucketList = "", unit = "list",
         help = "Buckets to create besides `default` (which always exists): NAME, NAME=QUOTA, NAME/EVICTION or NAME=QUOTA/EVICTION, comma separated, e.g. travel,beer=256MiB,logs=1GiB/full. Each is its own engine with its own quota (memory-quota unless given), eviction policy (eviction-policy unless given) and directory DATA_DIR/NAME";
     memory_quota: ByteSize = "1GiB", unit = "bytes",

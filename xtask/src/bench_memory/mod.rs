@@ -17,7 +17,7 @@ mod bgfetch;
 mod cgroup;
 mod per_item;
 mod quota;
-mod wire;
+pub(crate) mod wire;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -54,6 +54,15 @@ impl Conn {
         })
     }
 
+    /// Wraps a connected stream (its timeouts as they are).
+    fn from_stream(stream: TcpStream) -> Result<Self> {
+        Ok(Self {
+            reader: BufReader::with_capacity(1 << 16, stream.try_clone()?),
+            writer: stream,
+            out: Vec::with_capacity(1 << 16),
+        })
+    }
+
     /// Sends everything queued.
     fn flush(&mut self) -> Result<()> {
         self.writer.write_all(&self.out)?;
@@ -77,6 +86,20 @@ impl BinClient {
             conn: Conn::connect(addr)?,
             vbuckets,
         })
+    }
+
+    /// Wraps a connected stream (no vBuckets in headers; its timeouts as they are).
+    ///
+    /// # Panics
+    /// Never; a stream that cannot be cloned gives an error.
+    pub(crate) fn from_stream(stream: TcpStream) -> Self {
+        match Conn::from_stream(stream) {
+            Ok(conn) => Self {
+                conn,
+                vbuckets: false,
+            },
+            Err(e) => panic!("cannot clone a connected stream: {e:#}"),
+        }
     }
 
     /// Queues one request (sent by [`BinClient::flush`]).
