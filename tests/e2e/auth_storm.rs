@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ADMIN: (&str, &str) = ("storm-admin", "the right password");
 
@@ -99,7 +99,7 @@ async fn a_storm_of_failing_logins_is_throttled_and_stalls_nobody() {
         })
         .collect();
     // The victim's requests keep being answered, correctly, throughout the storm.
-    let storm = Instant::now();
+    let storm = tokio::time::Instant::now();
     let mut answered = 0u64;
     while storm.elapsed() < Duration::from_secs(3) {
         let r = victim.get(b"victim").await.unwrap();
