@@ -18,6 +18,7 @@ mod durability;
 mod eviction;
 mod expiry;
 mod malformed;
+mod meta;
 mod persistence;
 mod pipelining;
 mod process;

@@ -271,6 +271,19 @@ def test_cas_mismatch(coll, doc_id):
     assert coll.get(doc_id).content_as[dict] == {"v": 3}
 
 
+def test_exists_on_present_absent_and_deleted_keys(coll, doc_id):
+    """`exists` sends GET_META: a live document exists, a key never written and a deleted
+    document (whose tombstone the server still keeps) do not."""
+    res = coll.upsert(doc_id, {"e": 1})
+    got = coll.exists(doc_id)
+    assert got.exists and got.cas == res.cas
+    assert not coll.exists(doc_id + "-never").exists
+    coll.remove(doc_id)
+    assert not coll.exists(doc_id).exists
+    coll.upsert(doc_id, {"e": 2})
+    assert coll.exists(doc_id).exists
+
+
 def test_touch_and_get_and_touch(coll, doc_id):
     coll.upsert(doc_id, {"t": 1})
     res = coll.touch(doc_id, timedelta(seconds=100))

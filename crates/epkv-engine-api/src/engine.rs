@@ -79,6 +79,27 @@ pub trait Engine: Send + Sync + 'static {
     /// `KeyNotFound`, `Locked` (wrong CAS), `NotLocked`, `NotMyVbucket`.
     fn unlock(&self, vbid: Vbid, key: &[u8], cas: Cas) -> EngineResult<()>;
 
+    /// A document's metadata, tombstones included (GET_META). A document whose metadata
+    /// is on disk only answers `WouldBlock` first, as [`Engine::get`] does.
+    ///
+    /// # Errors
+    /// `KeyNotFound` (no document and no tombstone), `WouldBlock`, `NotMyVbucket`,
+    /// `TempFail`; `NotSupported` for an engine without it (the default).
+    fn get_meta(&self, vbid: Vbid, key: &[u8]) -> EngineResult<crate::DocMeta> {
+        let _ = (vbid, key);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// A key's persistence state and CAS (OBSERVE).
+    ///
+    /// # Errors
+    /// `NotMyVbucket`, `TempFail`, `WouldBlock`; `NotSupported` for an engine without
+    /// it (the default).
+    fn observe(&self, vbid: Vbid, key: &[u8]) -> EngineResult<(crate::KeyState, Cas)> {
+        let _ = (vbid, key);
+        Err(EngineStatus::NotSupported)
+    }
+
     /// Ejects a document from memory now (EVICT_KEY): its value, or under full eviction
     /// the whole document. `Ok(true)` when it ejected something, `Ok(false)` when there
     /// was nothing in memory to eject.

@@ -134,3 +134,35 @@ mod tests {
         );
     }
 }
+
+/// A document's metadata, for a live document or a tombstone (GET_META).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DocMeta {
+    /// The document's (or the tombstone's) CAS.
+    pub cas: Cas,
+    /// True for a deleted document whose tombstone is still kept.
+    pub deleted: bool,
+    /// Client flags (0 for most tombstones).
+    pub flags: u32,
+    /// Absolute expiry in Unix seconds; 0 means never.
+    pub expiry_unix_secs: u32,
+    /// The seqno of the version.
+    pub seqno: Seqno,
+    /// The revision seqno (how many times the key was mutated).
+    pub rev_seqno: u64,
+    /// Datatype bits.
+    pub datatype: Datatype,
+}
+
+/// A key's state as OBSERVE reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyState {
+    /// Live, in memory, not yet on disk.
+    NotPersisted,
+    /// Live and on disk.
+    Persisted,
+    /// No such document (or its deletion is on disk).
+    NotFound,
+    /// Deleted, the deletion not yet on disk.
+    LogicallyDeleted,
+}

@@ -382,14 +382,11 @@ impl Bucket {
         // Full eviction: the placeholder the read is for. Restoring over another one (the
         // key was written, persisted and evicted again while the read ran, and a new
         // lookup began) would put back what the read found before that write.
-        let placeholder = match &vb.full {
-            Some(_) => vb.table.with_entry(key, |e| {
-                e.committed()
-                    .filter(|sv| sv.is_placeholder())
-                    .map(|sv| sv.meta().cas)
-            }),
-            None => None,
-        };
+        let placeholder = vb.table.with_entry(key, |e| {
+            e.committed()
+                .filter(|sv| sv.is_placeholder())
+                .map(|sv| sv.meta().cas)
+        });
         let doc = match epkv_storage::KvStore::get(&shard.store, vb.id, key) {
             Ok(d) => d,
             Err(err) if err.is_temporary() => return Err(Failed(EngineStatus::TempFail)),

@@ -741,7 +741,7 @@ impl Bucket {
                 continue;
             }
             let now = LazyNow::new(&*self.clock);
-            if vb.full.is_some() {
+            if vb.is_persistent() {
                 // A deletion leaves a tombstone in its place (see `remove_deleted`),
                 // which `retain` cannot: find the expired keys, then expire each one.
                 // Persisted tombstones (and keys found absent on disk) go, as

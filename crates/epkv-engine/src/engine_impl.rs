@@ -40,6 +40,14 @@ impl Engine for Bucket {
         self.op_unlock(vbid, key, cas)
     }
 
+    fn get_meta(&self, vbid: Vbid, key: &[u8]) -> EngineResult<epkv_engine_api::DocMeta> {
+        self.op_get_meta(vbid, key)
+    }
+
+    fn observe(&self, vbid: Vbid, key: &[u8]) -> EngineResult<(epkv_engine_api::KeyState, Cas)> {
+        self.op_observe(vbid, key)
+    }
+
     fn evict_key(&self, vbid: Vbid, key: &[u8]) -> EngineResult<bool> {
         Bucket::evict_key(self, vbid, key)
     }

@@ -163,9 +163,6 @@ pub(crate) struct FullState {
     pub(crate) filter: KeyFilter,
     /// Live documents the pager took out of memory (and not read back since).
     evicted: AtomicU64,
-    /// Tells placeholders apart (kept in their CAS, which nothing else reads): a fetch
-    /// restores only over the placeholder that was there when its read began.
-    placeholders: AtomicU64,
 }
 
 impl FullState {
@@ -173,17 +170,7 @@ impl FullState {
         Self {
             filter: KeyFilter::new(MIN_FILTER_KEYS),
             evicted: AtomicU64::new(0),
-            placeholders: AtomicU64::new(0),
         }
-    }
-
-    /// A new placeholder for `key`.
-    fn placeholder(&self, key: &[u8]) -> epkv_hashtable::Result<StoredValue> {
-        let token = self.placeholders.fetch_add(1, Relaxed) + 1;
-        Ok(StoredValue::new_placeholder(key)?.with_meta(ItemMeta {
-            cas: epkv_types::Cas(token),
-            ..ItemMeta::default()
-        }))
     }
 
     /// Live documents on disk only.
@@ -238,11 +225,7 @@ impl Bucket {
             Some(_) => Ok(()),
             None => match &vb.full {
                 Some(full) if full.filter.may_contain(e.key()) => {
-                    let placeholder = full
-                        .placeholder(e.key())
-                        .map_err(|_| EngineStatus::Invalid)?;
-                    self.insert_or_tempfail(e, placeholder)?;
-                    Err(self.queue_bg_fetch(vb, e.key(), value))
+                    Err(self.look_up_on_disk(vb, e, value))
                 }
                 Some(_) => {
                     self.counters.incr(Counter::BloomNegatives);
@@ -250,6 +233,25 @@ impl Bucket {
                 }
                 None => Ok(()),
             },
+        }
+    }
+
+    /// Puts a placeholder for the entry's key and queues a background fetch of what the
+    /// disk has for it (the document, or a tombstone); answers WouldBlock (TempFail when
+    /// the placeholder does not fit).
+    pub(crate) fn look_up_on_disk(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        value: bool,
+    ) -> EngineStatus {
+        let placeholder = match vb.new_placeholder(e.key()) {
+            Ok(p) => p,
+            Err(_) => return EngineStatus::Invalid,
+        };
+        match self.insert_or_tempfail(e, placeholder) {
+            Ok(()) => self.queue_bg_fetch(vb, e.key(), value),
+            Err(s) => s,
         }
     }
 
@@ -274,12 +276,14 @@ impl Bucket {
         }
     }
 
-    /// Takes a deleted document out of the entry: with value eviction it goes; with full
-    /// eviction a dirty tombstone (the deletion `a`) stays in its place until the
-    /// flusher has persisted it (`rev` is its revision), since the disk holds the live version until then and a
-    /// key missing from memory would be read from there.
+    /// Takes a deleted document out of the entry: in a memory-only bucket it goes; in a
+    /// persistent one a dirty tombstone (the deletion `a`, revision `rev`) stays in its
+    /// place until the flusher has persisted it, since the disk holds the live version
+    /// until then and a key missing from memory may be looked up there (full eviction,
+    /// GET_META). Persisted tombstones leave memory through the item pager and the
+    /// expiry pass.
     pub(crate) fn remove_deleted(vb: &VBucket, e: &mut Entry<'_>, a: &Assigned, rev: u64) {
-        if vb.full.is_none() {
+        if !vb.is_persistent() {
             e.remove();
             return;
         }

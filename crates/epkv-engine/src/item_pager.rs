@@ -344,10 +344,9 @@ impl Bucket {
         };
         let full = vb.full.as_ref();
         if sv.is_deleted() {
-            // Full eviction: persisted tombstones and keys found absent on disk go (a
-            // lookup of the key finds the same on disk); a placeholder stays, its fetch
-            // is on its way.
-            if full.is_some() && !sv.is_placeholder() && !sv.is_dirty() {
+            // Persisted tombstones and keys found absent on disk go (a lookup of the key
+            // finds the same on disk); a placeholder stays, its fetch is on its way.
+            if !delete && !sv.is_placeholder() && !sv.is_dirty() {
                 item.remove();
                 return Paged::Dropped;
             }

@@ -9,8 +9,8 @@ use crate::counter_value;
 use crate::stats::Counter;
 use crate::vbucket::{Assigned, VBucket};
 use epkv_engine_api::{
-    ArithmeticOp, ArithmeticRequest, EngineResult, EngineStatus, Expiry, Item, MutationInfo,
-    RemoveRequest, StoreOp, StoreRequest,
+    ArithmeticOp, ArithmeticRequest, DocMeta, EngineResult, EngineStatus, Expiry, Item, KeyState,
+    MutationInfo, RemoveRequest, StoreOp, StoreRequest,
 };
 use epkv_hashtable::{Entry, ItemMeta, StoredValue};
 use epkv_types::{Cas, Datatype, Vbid};
@@ -188,6 +188,60 @@ impl Bucket {
             Err(_) => {}
         }
         result
+    }
+
+    /// GET_META: the document's metadata, or its tombstone's. A key missing from memory
+    /// is looked up on disk (a persistent bucket keeps tombstones in memory only until
+    /// they are persisted): the lookup leaves the tombstone, or a marker that the key is
+    /// absent, in memory for the next request.
+    pub(crate) fn op_get_meta(&self, vbid: Vbid, key: &[u8]) -> EngineResult<DocMeta> {
+        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        let now = LazyNow::new(&*self.clock);
+        vb.table.with_entry(key, |e| {
+            self.expire_on_access(vb, e, &now);
+            self.fetch_meta_if_evicted(vb, e)?;
+            if e.committed().is_none() && vb.is_persistent() && vb.full.is_none() {
+                return Err(self.look_up_on_disk(vb, e, false));
+            }
+            match e.committed() {
+                // A tombstone with seqno 0 marks a key the disk does not have.
+                Some(sv) if sv.is_placeholder() || sv.meta().by_seqno.0 == 0 => {
+                    Err(EngineStatus::KeyNotFound)
+                }
+                Some(sv) => {
+                    let m = sv.meta();
+                    Ok(DocMeta {
+                        cas: m.cas,
+                        deleted: sv.is_deleted(),
+                        flags: m.flags,
+                        expiry_unix_secs: m.expiry,
+                        seqno: m.by_seqno,
+                        rev_seqno: m.rev_seqno,
+                        datatype: m.datatype,
+                    })
+                }
+                None => Err(EngineStatus::KeyNotFound),
+            }
+        })
+    }
+
+    /// OBSERVE of one key: whether it is on disk, and its CAS. Full eviction looks a key
+    /// missing from memory up on disk first.
+    pub(crate) fn op_observe(&self, vbid: Vbid, key: &[u8]) -> EngineResult<(KeyState, Cas)> {
+        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        vb.table.with_entry(key, |e| {
+            self.fetch_meta_if_evicted(vb, e)?;
+            Ok(match e.committed() {
+                Some(sv) if sv.is_placeholder() => (KeyState::NotFound, Cas(0)),
+                Some(sv) if sv.is_deleted() && sv.is_dirty() => {
+                    (KeyState::LogicallyDeleted, sv.meta().cas)
+                }
+                Some(sv) if sv.is_deleted() => (KeyState::NotFound, Cas(0)),
+                Some(sv) if sv.is_dirty() => (KeyState::NotPersisted, sv.meta().cas),
+                Some(sv) => (KeyState::Persisted, sv.meta().cas),
+                None => (KeyState::NotFound, Cas(0)),
+            })
+        })
     }
 
     /// UNLOCK_KEY.

@@ -482,10 +482,9 @@ impl Persistence {
                 let mut out = FlushOutcome::default();
                 for ((c, (i, high)), live) in commits.iter().zip(&highs).zip(live_before) {
                     let vb = &vbuckets[*i];
-                    // Full eviction keeps tombstones in memory until they are persisted;
-                    // once clean, the item pager removes them.
-                    let tombstones_in_memory = vb.full.is_some();
-                    for d in c.docs.iter().filter(|d| !d.deleted || tombstones_in_memory) {
+                    // Tombstones stay in memory until they are persisted; once clean,
+                    // the item pager and the expiry pass remove them.
+                    for d in &c.docs {
                         vb.table.with_entry(&d.key, |e| {
                             e.mark_clean(epkv_types::Seqno(d.seqno));
                         });

@@ -119,6 +119,9 @@ pub(crate) struct VBucket {
     state_hint: AtomicU8,
     /// Full eviction's key filter and evicted count; `None` with value eviction.
     pub(crate) full: Option<crate::full_eviction::FullState>,
+    /// Numbers placeholders (kept in their CAS, which nothing else reads): a fetch
+    /// restores only over the placeholder that was there when its read began.
+    placeholders: AtomicU64,
 }
 
 fn new_failover_uuid() -> u64 {
@@ -151,13 +154,35 @@ impl VBucket {
             warmup: AtomicU8::new(0),
             state_hint: AtomicU8::new(state as u8),
             full: None,
+            placeholders: AtomicU64::new(0),
         })
+    }
+
+    /// True when the bucket persists (mutations are queued for the flusher).
+    pub(crate) fn is_persistent(&self) -> bool {
+        self.persistent
     }
 
     /// Makes this vBucket queue its mutations for the flusher.
     pub(crate) fn with_persistence(mut self) -> Self {
         self.persistent = true;
         self
+    }
+
+    /// A new placeholder for `key` (see [`crate::full_eviction`]), with its own number.
+    pub(crate) fn new_placeholder(
+        &self,
+        key: &[u8],
+    ) -> epkv_hashtable::Result<epkv_hashtable::StoredValue> {
+        let token = self.placeholders.fetch_add(1, Ordering::Relaxed) + 1;
+        Ok(
+            epkv_hashtable::StoredValue::new_placeholder(key)?.with_meta(
+                epkv_hashtable::ItemMeta {
+                    cas: Cas(token),
+                    ..epkv_hashtable::ItemMeta::default()
+                },
+            ),
+        )
     }
 
     /// Makes this vBucket evict whole documents (it gets a key filter).

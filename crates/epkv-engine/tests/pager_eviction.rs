@@ -629,3 +629,61 @@ proptest! {
         }
     }
 }
+
+/// GET_META and OBSERVE under both policies: live documents, deletions before and after
+/// they are persisted (the tombstone stays in memory until persisted, then is read back
+/// from disk), keys that never existed, and documents out of memory.
+#[test]
+fn get_meta_and_observe_see_tombstones_and_documents_on_disk_only() {
+    use epkv_engine_api::KeyState;
+    for policy in [EvictionPolicy::Value, EvictionPolicy::Full] {
+        let dir = tempfile::tempdir().unwrap();
+        let f = open_with(dir.path(), 64 << 20, policy);
+        let b = &f.bucket;
+        let meta = |k: &str| through(&f, k, || b.get_meta(vb(k), k.as_bytes()));
+        let observe = |k: &str| through(&f, k, || b.observe(vb(k), k.as_bytes()));
+        let cas = store(b, StoreOp::Set, "m", b"v", Cas::ANY, Expiry::from_wire(0)).unwrap();
+        let m = meta("m").unwrap();
+        assert!(
+            !m.deleted && m.cas == cas && m.flags == 7,
+            "{policy:?}: {m:?}"
+        );
+        assert_eq!(observe("m").unwrap(), (KeyState::NotPersisted, cas));
+        b.flush_all().unwrap();
+        assert_eq!(observe("m").unwrap(), (KeyState::Persisted, cas));
+        // Deleted, not yet persisted: the tombstone answers.
+        remove(b, "m").unwrap();
+        let dm = meta("m").unwrap();
+        assert!(dm.deleted && dm.seqno > m.seqno && dm.rev_seqno == m.rev_seqno + 1);
+        assert_eq!(observe("m").unwrap().0, KeyState::LogicallyDeleted);
+        // Persisted, and dropped from memory: read back from disk, still deleted.
+        b.flush_all().unwrap();
+        b.run_expiry_pass();
+        assert_eq!(
+            b.get_meta(vb("m"), b"m"),
+            Err(EngineStatus::WouldBlock),
+            "{policy:?}"
+        );
+        assert_eq!(meta("m").unwrap(), dm, "{policy:?}");
+        assert_eq!(read_through(&f, "m"), Err(EngineStatus::KeyNotFound));
+        assert_eq!(observe("m").unwrap().0, KeyState::NotFound);
+        // Never written: one lookup (or none, with the key filter), then known absent.
+        assert_eq!(meta("never"), Err(EngineStatus::KeyNotFound));
+        assert_eq!(
+            b.get_meta(vb("never"), b"never"),
+            Err(EngineStatus::KeyNotFound)
+        );
+        assert_eq!(observe("never").unwrap(), (KeyState::NotFound, Cas(0)));
+        // A document out of memory (full eviction: wholly) keeps its metadata.
+        let cas2 = store(b, StoreOp::Set, "n", b"w", Cas::ANY, Expiry::from_wire(0)).unwrap();
+        b.flush_all().unwrap();
+        assert_eq!(b.evict_key(vb("n"), b"n"), Ok(true));
+        let n = meta("n").unwrap();
+        assert!(!n.deleted && n.cas == cas2);
+        assert_eq!(observe("n").unwrap(), (KeyState::Persisted, cas2));
+        // Writing over a key known absent works as for any new key.
+        set(b, "never", b"now").unwrap();
+        assert!(!meta("never").unwrap().deleted);
+        assert_eq!(b.item_count(), 2, "{policy:?}");
+    }
+}

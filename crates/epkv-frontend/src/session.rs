@@ -13,11 +13,12 @@ use crate::timings;
 use bytes::BytesMut;
 use epkv_auth::SaslServer;
 use epkv_engine_api::{
-    ArithmeticRequest, DurabilityRequirements, Engine, EngineStatus, Expiry, ItemView,
+    ArithmeticRequest, DurabilityRequirements, Engine, EngineStatus, Expiry, ItemView, KeyState,
     MutationInfo, RemoveRequest, StoreRequest, VBucketSeqnos,
 };
 use epkv_protocol::{
-    Command, DurabilityRequirement, Feature, HelloFeatures, Request, Status, error_map_json,
+    Command, DurabilityRequirement, Feature, HelloFeatures, ObserveState, Request, Status,
+    error_map_json,
 };
 use epkv_types::{Cas, Datatype, DurabilityLevel, NUM_VBUCKETS, Seqno, Vbid, vbucket_for_key};
 use std::cell::Cell;
@@ -147,6 +148,8 @@ pub(crate) struct Session {
     /// The last request waits for a background fetch and must be executed again; the
     /// connection takes it after the request.
     blocked_on: Cell<Option<BlockedOn>>,
+    /// The key a multi-key request (OBSERVE) is blocked on, when not its document key.
+    blocked_key: Cell<Option<(Vbid, Vec<u8>)>>,
     /// Consecutive WouldBlock answers to the request being executed.
     refetches: Cell<u8>,
     /// The outcome a failed background fetch left for the request executed next (the one
@@ -194,6 +197,7 @@ impl Session {
             would_block: Cell::new(false),
             blocked_on: Cell::new(None),
             refetches: Cell::new(0),
+            blocked_key: Cell::new(None),
             fail_next: Cell::new(None),
         }
     }
@@ -603,10 +607,14 @@ impl Session {
             return;
         }
         self.refetches.set(n);
+        let (vbid, key) = self
+            .blocked_key
+            .take()
+            .unwrap_or_else(|| (vbid, doc_key.unwrap_or_default().to_vec()));
         self.blocked_on.set(Some(BlockedOn {
             engine: Arc::clone(&bucket.engine),
             vbid,
-            key: doc_key.unwrap_or_default().to_vec(),
+            key,
         }));
     }
 
@@ -664,6 +672,56 @@ impl Session {
                     durability: durability(d),
                 });
                 self.finish_mutation(shared, engine, out, to, vbid, result, persist, quiet);
+            }
+            Command::GetMeta {
+                key,
+                version,
+                quiet,
+            } => match engine.get_meta(vbid, key) {
+                Ok(m) => {
+                    // deleted, flags, expiry (u32 each), seqno (u64), and with version 2
+                    // the datatype (kv_engine's docs/protocol/get_meta.md).
+                    let mut extras = [0u8; 21];
+                    extras[..4].copy_from_slice(&u32::from(m.deleted).to_be_bytes());
+                    extras[4..8].copy_from_slice(&m.flags.to_be_bytes());
+                    extras[8..12].copy_from_slice(&m.expiry_unix_secs.to_be_bytes());
+                    extras[12..20].copy_from_slice(&m.seqno.0.to_be_bytes());
+                    extras[20] = m.datatype.0;
+                    let n = if version == 2 { 21 } else { 20 };
+                    put_success(out, to, m.cas, Datatype::RAW, &extras[..n], &[], &[]);
+                }
+                Err(EngineStatus::KeyNotFound) if quiet => {}
+                Err(e) => self.fail(shared, out, to, e, &[]),
+            },
+            Command::Observe { keys } => {
+                let mut value = Vec::new();
+                for entry in epkv_protocol::ObserveKeys::new(keys) {
+                    // The decoder checked every entry.
+                    let Ok((entry_vbid, key)) = entry else { break };
+                    match engine.observe(entry_vbid, key) {
+                        Ok((state, cas)) => {
+                            let state = match state {
+                                KeyState::NotPersisted => ObserveState::NotPersisted,
+                                KeyState::Persisted => ObserveState::Persisted,
+                                KeyState::NotFound => ObserveState::NotFound,
+                                KeyState::LogicallyDeleted => ObserveState::LogicallyDeleted,
+                            };
+                            epkv_protocol::put_observe_entry(
+                                &mut value, entry_vbid, key, state, cas.0,
+                            );
+                        }
+                        Err(e) => {
+                            if e == EngineStatus::WouldBlock {
+                                // Waits for this key's lookup, then runs the whole
+                                // request again.
+                                self.blocked_key.set(Some((entry_vbid, key.to_vec())));
+                            }
+                            self.fail(shared, out, to, e, &[]);
+                            return;
+                        }
+                    }
+                }
+                put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &value);
             }
             Command::Delete {
                 key,

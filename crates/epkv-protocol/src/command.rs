@@ -144,6 +144,21 @@ pub enum Command<'a> {
         /// Lock timeout in seconds, 0 for the default.
         lock_timeout_secs: u32,
     },
+    /// GET_META / GETQ_META (extras: optional 1 byte version; 2 asks for the datatype).
+    GetMeta {
+        /// The key.
+        key: &'a [u8],
+        /// The version byte (0 when absent).
+        version: u8,
+        /// GETQ_META: no reply for a missing key.
+        quiet: bool,
+    },
+    /// OBSERVE: the value lists `(vbid u16, key length u16, key)` entries; see
+    /// [`ObserveKeys`].
+    Observe {
+        /// The raw list (checked by the decoder: at least one entry, none truncated).
+        keys: &'a [u8],
+    },
     /// EVICT_KEY: eject the document from memory (it must be persisted).
     EvictKey {
         /// The key.
@@ -310,6 +325,8 @@ fn spec_for(op: Opcode) -> Option<Spec> {
         Opcode::GetLocked => spec(E::ZeroOr(4), P::NonZero, P::Zero, C::NotSet),
         Opcode::UnlockKey => spec(E::Exactly(0), P::NonZero, P::Zero, C::Set),
         Opcode::EvictKey => spec(E::Exactly(0), P::NonZero, P::Zero, C::NotSet),
+        Opcode::GetMeta | Opcode::GetqMeta => spec(E::ZeroOr(1), P::NonZero, P::Zero, C::NotSet),
+        Opcode::Observe => spec(E::Exactly(0), P::Zero, P::NonZero, C::NotSet),
         Opcode::SetVbucket => with_datatype(spec(E::SetVbucket, P::Zero, P::Any, C::Any), RAW_JSON),
         Opcode::AdjustTimeofday => spec(E::Exactly(8), P::Zero, P::Zero, C::NotSet),
         Opcode::SaslListMechs => bare,
@@ -501,6 +518,17 @@ impl<'a> Command<'a> {
             },
             Opcode::UnlockKey => Command::UnlockKey { key, cas },
             Opcode::EvictKey => Command::EvictKey { key },
+            Opcode::GetMeta | Opcode::GetqMeta => Command::GetMeta {
+                key,
+                version: extras.first().copied().unwrap_or(0),
+                quiet: op == Opcode::GetqMeta,
+            },
+            Opcode::Observe => {
+                if crate::observe::ObserveKeys::new(req.value).any(|e| e.is_err()) {
+                    return Err(Status::Einval);
+                }
+                Command::Observe { keys: req.value }
+            }
             Opcode::SetVbucket => Command::SetVbucket {
                 state: decode_vbucket_state(req)?,
             },
@@ -607,6 +635,9 @@ impl<'a> Command<'a> {
             Command::GetLocked { .. } => Opcode::GetLocked,
             Command::UnlockKey { .. } => Opcode::UnlockKey,
             Command::EvictKey { .. } => Opcode::EvictKey,
+            Command::GetMeta { quiet: false, .. } => Opcode::GetMeta,
+            Command::GetMeta { quiet: true, .. } => Opcode::GetqMeta,
+            Command::Observe { .. } => Opcode::Observe,
             Command::SetVbucket { .. } => Opcode::SetVbucket,
             Command::GetVbucket => Opcode::GetVbucket,
             Command::AdjustTimeofday { .. } => Opcode::AdjustTimeofday,
@@ -633,7 +664,8 @@ impl<'a> Command<'a> {
             | Command::Gat { key, .. }
             | Command::GetLocked { key, .. }
             | Command::UnlockKey { key, .. }
-            | Command::EvictKey { key } => Some(key),
+            | Command::EvictKey { key }
+            | Command::GetMeta { key, .. } => Some(key),
             _ => None,
         }
     }

@@ -132,14 +132,18 @@ opcodes! {
     SelectBucket = 0x89, "SELECT_BUCKET", true;
     /// Persistence/replication state of a vBucket.
     ObserveSeqno = 0x91, "OBSERVE_SEQNO", true;
-    /// Legacy per-key observe.
-    Observe = 0x92, "OBSERVE", false;
+    /// Legacy per-key observe: each key's state (persisted, not, absent, deleted) and CAS.
+    Observe = 0x92, "OBSERVE", true;
     /// Eject a document from memory (its value; the whole document under full eviction).
     EvictKey = 0x93, "EVICT_KEY", true;
     /// Get and lock.
     GetLocked = 0x94, "GET_LOCKED", true;
     /// Unlock a key locked by GET_LOCKED.
     UnlockKey = 0x95, "UNLOCK_KEY", true;
+    /// A document's metadata, tombstones included (the SDKs' `exists`).
+    GetMeta = 0xa0, "GET_META", true;
+    /// GET_META, quiet on a missing key.
+    GetqMeta = 0xa1, "GETQ_META", true;
     /// Read the cluster map.
     GetClusterConfig = 0xb5, "GET_CLUSTER_CONFIG", true;
     /// Test-only: shift the server clock (allowed only when the server runs in testing mode).
@@ -168,6 +172,7 @@ impl Opcode {
                 | Opcode::FlushQ
                 | Opcode::AppendQ
                 | Opcode::PrependQ
+                | Opcode::GetqMeta
         )
     }
 }

@@ -183,6 +183,15 @@ impl<'a> RequestBuilder<'a> {
             }
             Command::UnlockKey { key, cas } => b.key(key).cas(cas),
             Command::EvictKey { key } => b.key(key),
+            Command::GetMeta { key, version, .. } => {
+                let b = b.key(key);
+                if version == 0 {
+                    b
+                } else {
+                    b.inline_extras(Extras::from_parts(&[&[version]]))
+                }
+            }
+            Command::Observe { keys } => b.value(keys),
             Command::SetVbucket { state } => {
                 b.inline_extras(Extras::from_parts(&[&u32::from(state as u8).to_be_bytes()]))
             }

@@ -126,6 +126,14 @@ fn sample(op: Opcode) -> Command<'static> {
         },
         Opcode::UnlockKey => Command::UnlockKey { key, cas: Cas(99) },
         Opcode::EvictKey => Command::EvictKey { key },
+        Opcode::GetMeta | Opcode::GetqMeta => Command::GetMeta {
+            key,
+            version: 2,
+            quiet,
+        },
+        Opcode::Observe => Command::Observe {
+            keys: b"\x00\x05\x00\x03abc",
+        },
         Opcode::SetVbucket => Command::SetVbucket {
             state: VBucketState::Replica,
         },
