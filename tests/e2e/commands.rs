@@ -353,14 +353,14 @@ async fn noop_version_verbosity_and_unknown_opcodes() {
         (status(&unknown), unknown.opcode),
         (Some(Status::UnknownCommand), 0xee)
     );
-    let observe = c
-        .request(RequestBuilder::new(Opcode::Observe).key(b"k"))
+    let replica = c
+        .request(RequestBuilder::new(Opcode::GetReplica).key(b"k"))
         .await
         .unwrap();
     assert_eq!(
-        status(&observe),
+        status(&replica),
         Some(Status::UnknownCommand),
-        "legacy OBSERVE is not implemented"
+        "GET_REPLICA is not implemented (no replicas)"
     );
     c.noop().await.unwrap();
 }
