@@ -423,7 +423,7 @@ async fn hello_negotiates_implemented_features() {
         Feature::TcpNoDelay,
     ];
     let agreed = c.hello("e2e", &asked).await.unwrap();
-    assert_eq!(agreed, vec![0x03, 0x04, 0x07, 0x08, 0x0b, 0x10, 0x14]);
+    assert_eq!(agreed, vec![0x03, 0x04, 0x07, 0x08, 0x0b, 0x0a, 0x10, 0x14]);
     let k = key("hello");
     let set = c
         .set(

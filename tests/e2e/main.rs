@@ -24,4 +24,5 @@ mod pipelining;
 mod process;
 mod restart;
 mod scram;
+mod snappy;
 mod vbuckets;

@@ -20,6 +20,21 @@ const ARITHMETIC_NO_CREATE: u32 = 0xffff_ffff;
 
 /// Returns JSON if `value` is a JSON document, else raw bytes (used for values the engine
 /// builds itself, as KV-Engine re-checks the datatype after APPEND/PREPEND).
+/// The value itself: decompressed when `datatype` says Snappy (APPEND/PREPEND and
+/// INCR/DECR work on the plain bytes, as KV-Engine's do).
+fn plain_value(
+    value: &[u8],
+    datatype: Datatype,
+) -> Result<std::borrow::Cow<'_, [u8]>, EngineStatus> {
+    if !datatype.contains(Datatype::SNAPPY) {
+        return Ok(std::borrow::Cow::Borrowed(value));
+    }
+    snap::raw::Decoder::new()
+        .decompress_vec(value)
+        .map(std::borrow::Cow::Owned)
+        .map_err(|_| EngineStatus::Invalid)
+}
+
 fn json_or_raw(value: &[u8]) -> Datatype {
     if serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok() {
         Datatype::JSON
@@ -270,7 +285,12 @@ impl Bucket {
     /// SET, ADD, REPLACE, APPEND, PREPEND.
     pub(crate) fn op_store(&self, req: &StoreRequest<'_>) -> EngineResult<MutationInfo> {
         self.counters.incr(Counter::CmdSet);
-        if req.value.len() > self.config.max_item_size_bytes {
+        let plain_len = if req.datatype.contains(Datatype::SNAPPY) {
+            snap::raw::decompress_len(req.value).map_err(|_| EngineStatus::Invalid)?
+        } else {
+            req.value.len()
+        };
+        if req.value.len().max(plain_len) > self.config.max_item_size_bytes {
             self.counters.incr(Counter::TooBig);
             return Err(EngineStatus::TooBig);
         }
@@ -349,14 +369,17 @@ impl Bucket {
         };
         let (sv, old_rev) = match (req.op, existing) {
             (StoreOp::Append | StoreOp::Prepend, Some((old, meta))) => {
-                let total = old.len().saturating_add(req.value.len());
+                let old = plain_value(old, meta.datatype)?;
+                let new = plain_value(req.value, req.datatype)?;
+                let (old, new) = (old.as_ref(), new.as_ref());
+                let total = old.len().saturating_add(new.len());
                 if total > self.config.max_item_size_bytes {
                     return Err(EngineStatus::TooBig);
                 }
                 let parts: [&[u8]; 2] = if req.op == StoreOp::Append {
-                    [old, req.value]
+                    [old, new]
                 } else {
-                    [req.value, old]
+                    [new, old]
                 };
                 let mut sv = StoredValue::with_value_parts(req.key, &parts, ItemMeta::default())
                     .map_err(|_| EngineStatus::Invalid)?;
@@ -478,8 +501,8 @@ impl Bucket {
             Some(sv) => {
                 let old = *sv.meta();
                 check_lock_and_cas(&old, req.cas, now)?;
-                let current =
-                    counter_value::parse(sv.value()).ok_or(EngineStatus::DeltaBadValue)?;
+                let current = counter_value::parse(&plain_value(sv.value(), old.datatype)?)
+                    .ok_or(EngineStatus::DeltaBadValue)?;
                 let next = match req.op {
                     ArithmeticOp::Increment => current.wrapping_add(req.delta),
                     ArithmeticOp::Decrement => current.saturating_sub(req.delta),

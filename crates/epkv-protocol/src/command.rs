@@ -262,6 +262,9 @@ struct Spec {
 
 const RAW: u8 = Datatype::RAW.0;
 const RAW_JSON: u8 = Datatype::JSON.0;
+/// Values that may arrive Snappy-compressed (the front end refuses the bit from a client
+/// that did not negotiate Snappy).
+const RAW_JSON_SNAPPY: u8 = Datatype::JSON.0 | Datatype::SNAPPY.0;
 
 const fn spec(extras: ExtrasRule, key: Presence, value: Presence, cas: CasRule) -> Spec {
     Spec {
@@ -296,9 +299,18 @@ fn spec_for(op: Opcode) -> Option<Spec> {
     use ExtrasRule as E;
     use Presence as P;
     let get = spec(E::Exactly(0), P::NonZero, P::Zero, C::NotSet);
-    let store = with_datatype(spec(E::Exactly(8), P::NonZero, P::Any, C::Any), RAW_JSON);
-    let add = with_datatype(spec(E::Exactly(8), P::NonZero, P::Any, C::NotSet), RAW_JSON);
-    let concat = with_datatype(spec(E::Exactly(0), P::NonZero, P::Any, C::Any), RAW_JSON);
+    let store = with_datatype(
+        spec(E::Exactly(8), P::NonZero, P::Any, C::Any),
+        RAW_JSON_SNAPPY,
+    );
+    let add = with_datatype(
+        spec(E::Exactly(8), P::NonZero, P::Any, C::NotSet),
+        RAW_JSON_SNAPPY,
+    );
+    let concat = with_datatype(
+        spec(E::Exactly(0), P::NonZero, P::Any, C::Any),
+        RAW_JSON_SNAPPY,
+    );
     let delete = spec(E::Exactly(0), P::NonZero, P::Zero, C::Any);
     let arith = spec(E::Exactly(20), P::NonZero, P::Zero, C::NotSet);
     let bare = spec(E::Exactly(0), P::Zero, P::Zero, C::NotSet);

@@ -67,7 +67,7 @@ features! {
     /// SELECT_BUCKET (the opcode is accepted whether or not this was agreed).
     SelectBucket = 0x08, "Select bucket", true;
     /// Snappy compression.
-    Snappy = 0x0a, "Snappy", false;
+    Snappy = 0x0a, "Snappy", true;
     /// JSON datatype.
     Json = 0x0b, "JSON", true;
     /// Server-initiated requests.
