@@ -17,6 +17,7 @@ mod durability;
 mod eviction;
 mod expiry;
 mod malformed;
+mod metrics;
 mod persistence;
 mod pipelining;
 mod process;
