@@ -92,7 +92,10 @@ async fn hello_agrees_to_exactly_the_implemented_features() {
     .map(|&v| Feature::from_u16(v).unwrap())
     .collect();
     let agreed = c.hello("e2e", &asked).await.unwrap();
-    assert_eq!(agreed, [0x03, 0x07, 0x08, 0x0b, 0x10, 0x11, 0x14, 0x0a, 0x04]);
+    assert_eq!(
+        agreed,
+        [0x03, 0x07, 0x08, 0x0b, 0x10, 0x11, 0x14, 0x0a, 0x04]
+    );
 }
 
 #[tokio::test]

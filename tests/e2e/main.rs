@@ -19,6 +19,7 @@ mod eviction;
 mod expiry;
 mod malformed;
 mod meta;
+mod metrics;
 mod persistence;
 mod pipelining;
 mod process;

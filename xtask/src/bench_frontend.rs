@@ -480,7 +480,8 @@ fn wait_with_limit(
     Ok(child.wait_with_output()?)
 }
 
-fn hardware_line() -> String {
+/// The machine, kernel, memcached and epkv commit, for the results' header line.
+pub(crate) fn hardware_line() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

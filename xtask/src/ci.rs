@@ -173,7 +173,13 @@ fn run_step(name: &str, opts: &CiOptions, steps: &[&str]) -> Result<()> {
             // e2e spawns target/debug/epkv-server; make sure it exists even when `build`
             // was skipped.
             util::run(util::cargo().args(["build", "-p", "epkv-server"]))?;
-            util::run(util::cargo().args(["test", "--workspace"]))
+            // EPKV_CI: tests that need an external tool (promtool, prometheus) fail
+            // instead of printing NOT RUN when it is missing.
+            util::run(
+                util::cargo()
+                    .args(["test", "--workspace"])
+                    .env("EPKV_CI", "1"),
+            )
         }
         "doc" => util::run(
             util::cargo()

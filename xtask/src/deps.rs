@@ -2,7 +2,8 @@
 //! does nothing for what is already there.
 //!
 //! - Debian packages: `libmemcached-tools` (memccapable, memcaslap), `memcached` (the
-//!   benchmark and parity peer), `python3-venv`; `apt-get update && apt-get install` runs
+//!   benchmark and parity peer), `python3-venv`, `prometheus` (`promtool` and the server
+//!   the metrics tests scrape with); `apt-get update && apt-get install` runs
 //!   only when one is missing.
 //! - A Python virtualenv at `.venv` with the pinned packages of
 //!   `tests/python/requirements.txt` (python-binary-memcached, pytest and the Couchbase
@@ -37,6 +38,10 @@ const APT_PACKAGES: &[AptPackage] = &[
     AptPackage {
         name: "python3-venv",
         provides: None,
+    },
+    AptPackage {
+        name: "prometheus",
+        provides: Some("promtool"),
     },
 ];
 

@@ -4,11 +4,12 @@
 //!
 //! It is not part of the server: nothing depends on it, and it may depend on anything.
 //! Commands: `ci`, `deps`, `check-layers`, `memcapable`, `pytest`, `fuzz-smoke`,
-//! `bench frontend|persistence|memory|<micro>`. See CONTRIBUTING.md and docs/testing.md.
+//! `bench frontend|persistence|memory|metrics|<micro>`. See CONTRIBUTING.md and docs/testing.md.
 
 mod bench_auth;
 mod bench_frontend;
 mod bench_memory;
+mod bench_metrics;
 mod bench_micro;
 mod bench_persistence;
 mod ci;
@@ -89,6 +90,9 @@ enum BenchCmd {
     Memory(bench_memory::MemoryOptions),
     /// A victim's latency under storms of failing SASL PLAIN logins (issue 19).
     Auth(bench_auth::AuthOptions),
+    /// Prometheus scrape (issue 19): server CPU per scrape with 1024 vBuckets, every
+    /// task's histograms and 1,000 connections, and the exposition's size.
+    Metrics(bench_metrics::MetricsOptions),
     /// Any other name runs the epkv-bench bench of that name:
     /// `cargo xtask bench executor --quick` is
     /// `cargo bench -p epkv-bench --bench executor -- --quick`.
@@ -124,6 +128,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Auth(opts),
         } => bench_auth::bench_auth(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Metrics(opts),
+        } => bench_metrics::bench_metrics(&opts),
         Cmd::Bench {
             which: BenchCmd::Micro(args),
         } => bench_micro::bench_micro(&args),

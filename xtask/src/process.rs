@@ -32,6 +32,8 @@ pub(crate) struct ServerProcess {
     pub(crate) name: &'static str,
     /// Where the server's stderr (and for memcached, stdout) goes.
     pub(crate) log: PathBuf,
+    /// epkv's listening line (empty for the peers).
+    pub(crate) listening_line: String,
 }
 
 /// Extracts the port from the server's `epkv listening on HOST:PORT ...` line.
@@ -86,7 +88,7 @@ impl ServerProcess {
                 let Ok(l) = l else { break };
                 if !sent {
                     if let Some(port) = parse_listening_line(&l) {
-                        let _ = tx.send(Ok(port));
+                        let _ = tx.send(Ok((port, l)));
                         sent = true;
                     } else {
                         let _ = tx.send(Err(l));
@@ -99,14 +101,16 @@ impl ServerProcess {
             port: 0,
             name: "epkv",
             log,
+            listening_line: String::new(),
         };
         let watch = Stopwatch::start();
         let mut seen = Vec::new();
         loop {
             let left = START_TIMEOUT.saturating_sub(watch.elapsed());
             match rx.recv_timeout(left.min(Duration::from_millis(200))) {
-                Ok(Ok(port)) => {
+                Ok(Ok((port, l))) => {
                     server.port = port;
+                    server.listening_line = l;
                     server.wait_accepting(&line)?;
                     eprintln!(
                         "started `{line}` (pid {}) on 127.0.0.1:{port}",
@@ -187,6 +191,7 @@ impl ServerProcess {
             port,
             name,
             log,
+            listening_line: String::new(),
         };
         server.wait_accepting(&line)?;
         eprintln!("started `{line}` (pid {})", server.pid());

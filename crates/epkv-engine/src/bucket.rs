@@ -42,6 +42,9 @@ pub struct Bucket {
     pub(crate) item_pager: crate::item_pager::ItemPager,
     /// Background fetch wait and read times.
     pub(crate) bg_times: crate::bg_fetcher::BgFetchTimes,
+    /// The executor the bucket's tasks run on (its own, or the one it was given); set
+    /// once the tasks are scheduled. Read for the task list ([`Bucket::tasks`]).
+    pub(crate) task_executor: std::sync::OnceLock<epkv_executor::ExecutorHandle>,
 }
 
 impl fmt::Debug for Bucket {
@@ -294,6 +297,7 @@ impl Bucket {
             persistence,
             item_pager,
             bg_times: crate::bg_fetcher::BgFetchTimes::default(),
+            task_executor: std::sync::OnceLock::new(),
         });
         Self::start_tasks(&bucket, executor)?;
         if !interval.is_zero() {
@@ -315,6 +319,18 @@ impl Bucket {
         self.persistence
             .as_ref()
             .is_none_or(|p| p.warmup.wait(timeout))
+    }
+
+    /// One row per live task of the executor the bucket's background work runs on
+    /// (flushers, appliers, background fetchers, warmup, compactor, item pager), ordered
+    /// by task id, with each task's run-time and lateness histograms. A bucket given an
+    /// executor with [`Bucket::new_on_executor`] lists every task of that executor.
+    #[must_use]
+    pub fn tasks(&self) -> Vec<epkv_executor::TaskInfo> {
+        self.task_executor
+            .get()
+            .map(epkv_executor::ExecutorHandle::tasks)
+            .unwrap_or_default()
     }
 
     /// True once warmup has loaded (or failed) every stored vBucket.
@@ -374,6 +390,7 @@ impl Bucket {
                     h
                 }
             };
+            let _ = bucket.task_executor.set(exec.clone());
             return Self::start_item_pager(bucket, &exec);
         };
         let exec = match executor {
@@ -390,6 +407,7 @@ impl Bucket {
                 h
             }
         };
+        let _ = bucket.task_executor.set(exec.clone());
         let mut warmers = Vec::new();
         for shard in 0..p.shards.len() {
             if p.warmup

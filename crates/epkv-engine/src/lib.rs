@@ -119,9 +119,11 @@
 //! - `kvstore`: per shard `rw_N:batches`, `items_flushed`, `syncs`, `bytes_written`,
 //!   `journal_bytes`, `checkpoints`, `file_opens`, `compactions`, `commit_failures`; and
 //!   `open_files`, `fd_budget` (empty for a memory-only bucket).
-//! - `persistence`: `ep_persistence_enabled`, shards, journal mode, `ep_queue_size`
-//!   (documents waiting for the flusher), waiters, commits and failures, totals of the
-//!   storage counters, `ep_disk_full`, `ep_warmup_value_count`.
+//! - `persistence`: exactly the stats listed in [`STATS`] for that group
+//!   (`ep_persistence_enabled`, shards, journal mode, `ep_queue_size` (documents waiting
+//!   for the flusher), waiters, commits and failures, totals of the storage counters,
+//!   `ep_disk_full`, `ep_warmup_value_count`); only `ep_persistence_enabled` for a
+//!   memory-only bucket.
 //! - `warmup`: `ep_warmup` (enabled/disabled), `ep_warmup_state` (`loading data`, then
 //!   `done`), `ep_warmup_thread` (`running` / `complete`), `ep_warmup_vbuckets` (stored
 //!   vBuckets queued), `ep_warmup_vbuckets_loaded`, `ep_warmup_vbuckets_failed`,

@@ -14,6 +14,9 @@ pub enum StatGroup {
     Default,
     /// `STAT memory`.
     Memory,
+    /// `STAT persistence`: the flusher's and the storage's totals (only
+    /// `ep_persistence_enabled` for a memory-only bucket).
+    Persistence,
 }
 
 /// The unit of a stat's value.
@@ -25,12 +28,16 @@ pub enum StatUnit {
     Items,
     /// Bytes.
     Bytes,
+    /// A number of bytes since the bucket started (a counter of bytes).
+    ByteCount,
     /// Seconds.
     Seconds,
     /// Microseconds.
     Micros,
     /// A percentage (0-100).
     Percent,
+    /// `true` or `false`.
+    Flag,
     /// Text.
     Text,
 }
@@ -109,11 +116,136 @@ counters! {
     PagerDeletes => "ep_pager_auto_deletes", "documents deleted by the item pager of a memory-only bucket (ephemeral_full_policy auto_delete)";
 }
 
-/// Every stat of the default and `memory` groups, counters first. The `vbucket` and
-/// `vbucket-details` groups emit per-vBucket keys (`vb_N`, `vb_N:high_seqno`, ...) that
-/// are described in the crate docs instead.
-pub static STATS: std::sync::LazyLock<Vec<StatDefinition>> =
-    std::sync::LazyLock::new(|| COUNTER_DEFS.iter().chain(GAUGE_DEFS).copied().collect());
+/// Every stat of the default, `memory` and `persistence` groups, counters first. The
+/// `vbucket` and `vbucket-details` groups emit per-vBucket keys (`vb_N`,
+/// `vb_N:high_seqno`, ...) and `kvstore` per-shard keys (`rw_N:...`, whose totals are in
+/// `persistence`); they are described in the crate docs instead.
+pub static STATS: std::sync::LazyLock<Vec<StatDefinition>> = std::sync::LazyLock::new(|| {
+    COUNTER_DEFS
+        .iter()
+        .chain(GAUGE_DEFS)
+        .chain(PERSISTENCE_DEFS)
+        .copied()
+        .collect()
+});
+
+/// The `persistence` group, in emission order.
+const PERSISTENCE_DEFS: &[StatDefinition] = &[
+    gauge(
+        "ep_persistence_enabled",
+        StatGroup::Persistence,
+        StatUnit::Flag,
+        "`true` for a persistent bucket, `false` for a memory-only one",
+    ),
+    gauge(
+        "ep_persistence_shards",
+        StatGroup::Persistence,
+        StatUnit::Items,
+        "shards of the bucket, each with its journal, flusher and applier",
+    ),
+    gauge(
+        "ep_persistence_journal",
+        StatGroup::Persistence,
+        StatUnit::Text,
+        "journal mode: `on` (one journal sync per flush batch) or `off` (a sync per data file)",
+    ),
+    gauge(
+        "ep_queue_size",
+        StatGroup::Persistence,
+        StatUnit::Items,
+        "documents waiting for the flusher",
+    ),
+    gauge(
+        "ep_persistence_waiters",
+        StatGroup::Persistence,
+        StatUnit::Items,
+        "requests waiting until their seqno is persisted (durable writes, OBSERVE_SEQNO waits)",
+    ),
+    gauge(
+        "ep_flusher_commits",
+        StatGroup::Persistence,
+        StatUnit::Count,
+        "flush batches the flushers committed",
+    ),
+    gauge(
+        "ep_item_commit_failed",
+        StatGroup::Persistence,
+        StatUnit::Count,
+        "flush batches that failed to commit (storage errors)",
+    ),
+    gauge(
+        "ep_total_persisted",
+        StatGroup::Persistence,
+        StatUnit::Count,
+        "documents and deletions written to disk",
+    ),
+    gauge(
+        "ep_commit_num",
+        StatGroup::Persistence,
+        StatUnit::Count,
+        "storage commits (batches made durable)",
+    ),
+    gauge(
+        "ep_fsync_num",
+        StatGroup::Persistence,
+        StatUnit::Count,
+        "fsync/fdatasync calls by the storage",
+    ),
+    gauge(
+        "ep_io_bytes_written",
+        StatGroup::Persistence,
+        StatUnit::ByteCount,
+        "bytes written to data files",
+    ),
+    gauge(
+        "ep_journal_bytes",
+        StatGroup::Persistence,
+        StatUnit::ByteCount,
+        "bytes appended to the shards' journals",
+    ),
+    gauge(
+        "ep_journal_checkpoints",
+        StatGroup::Persistence,
+        StatUnit::Count,
+        "journal checkpoints (data files synced, journal truncated)",
+    ),
+    gauge(
+        "ep_open_files",
+        StatGroup::Persistence,
+        StatUnit::Items,
+        "data files open now",
+    ),
+    gauge(
+        "ep_file_opens",
+        StatGroup::Persistence,
+        StatUnit::Count,
+        "data file opens (reopens after the file-descriptor budget closed one included)",
+    ),
+    gauge(
+        "ep_compactions",
+        StatGroup::Persistence,
+        StatUnit::Count,
+        "vBucket file compactions",
+    ),
+    gauge(
+        "ep_disk_full",
+        StatGroup::Persistence,
+        StatUnit::Flag,
+        "`true` while the last flush failed for lack of disk space",
+    ),
+    gauge(
+        "ep_warmup_value_count",
+        StatGroup::Persistence,
+        StatUnit::Count,
+        "documents warmup loaded with their values",
+    ),
+    gauge(
+        "ep_warmup_unclean_shutdown",
+        StatGroup::Persistence,
+        StatUnit::Flag,
+        "`true` when warmup found that the previous run did not shut down cleanly",
+    ),
+];
 
 const fn gauge(
     name: &'static str,
@@ -307,7 +439,7 @@ const GAUGE_DEFS: &[StatDefinition] = &[
     gauge(
         "ep_flushall_enabled",
         StatGroup::Default,
-        StatUnit::Text,
+        StatUnit::Flag,
         "`true` when FLUSH is allowed",
     ),
     gauge(

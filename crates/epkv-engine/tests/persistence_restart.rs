@@ -5,7 +5,9 @@
     clippy::unwrap_used,
     reason = "test helpers outside #[test] functions panic on failure"
 )]
-use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
+use epkv_engine::{
+    Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig, STATS, StatGroup,
+};
 use epkv_engine_api::{
     ArithmeticOp, ArithmeticRequest, Engine, EngineStatus, Expiry, RemoveRequest, StoreOp,
     StoreRequest,
@@ -448,5 +450,36 @@ fn compactions_during_writes_and_flushes_lose_nothing() {
         }
     }
     assert!(compactions >= 1);
+    b.shutdown();
+}
+
+#[test]
+fn persistence_group_emits_exactly_the_stat_table_and_lists_the_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlusherMode::Tasks);
+    must_set(&b, "k", "v", 0);
+    let emitted = must_stats(&b, "persistence");
+    let defined: Vec<_> = STATS
+        .iter()
+        .filter(|d| d.group == StatGroup::Persistence)
+        .map(|d| d.name)
+        .collect();
+    assert_eq!(
+        emitted.keys().map(String::as_str).collect::<Vec<_>>().len(),
+        defined.len()
+    );
+    for name in &defined {
+        assert!(emitted.contains_key(*name), "{name} missing");
+    }
+    // The flushers, appliers and background fetchers of the 3 shards, among others.
+    let tasks = b.tasks();
+    for prefix in ["flusher-", "bgfetcher-"] {
+        assert_eq!(
+            tasks.iter().filter(|t| t.name.starts_with(prefix)).count(),
+            3,
+            "{prefix}: {:?}",
+            tasks.iter().map(|t| &t.name).collect::<Vec<_>>()
+        );
+    }
     b.shutdown();
 }

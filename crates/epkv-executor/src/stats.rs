@@ -55,6 +55,7 @@ impl AtomicHistogram {
 pub(crate) struct StatsCell {
     runs: AtomicU64,
     total_run_nanos: AtomicU64,
+    total_late_nanos: AtomicU64,
     last_run_nanos: AtomicU64,
     max_run_nanos: AtomicU64,
     /// Start of the last run, in executor nanoseconds; `u64::MAX` before the first run.
@@ -68,6 +69,7 @@ impl StatsCell {
         Self {
             runs: AtomicU64::new(0),
             total_run_nanos: AtomicU64::new(0),
+            total_late_nanos: AtomicU64::new(0),
             last_run_nanos: AtomicU64::new(0),
             max_run_nanos: AtomicU64::new(0),
             last_start: AtomicU64::new(u64::MAX),
@@ -82,6 +84,12 @@ impl StatsCell {
         self.runs.store(self.runs.load(Relaxed) + 1, Relaxed);
         self.total_run_nanos.store(
             self.total_run_nanos.load(Relaxed).saturating_add(run_nanos),
+            Relaxed,
+        );
+        self.total_late_nanos.store(
+            self.total_late_nanos
+                .load(Relaxed)
+                .saturating_add(late_nanos),
             Relaxed,
         );
         self.last_run_nanos.store(run_nanos, Relaxed);
@@ -102,6 +110,7 @@ impl StatsCell {
         TaskStats {
             runs: self.runs.load(Relaxed),
             total_run_time: Duration::from_nanos(self.total_run_nanos.load(Relaxed)),
+            total_lateness: Duration::from_nanos(self.total_late_nanos.load(Relaxed)),
             last_run_time: Duration::from_nanos(self.last_run_nanos.load(Relaxed)),
             max_run_time: Duration::from_nanos(self.max_run_nanos.load(Relaxed)),
             last_start: (start != u64::MAX).then(|| to_instant(start)),
@@ -134,6 +143,7 @@ impl LazyStats {
             None => TaskStats {
                 runs: 0,
                 total_run_time: Duration::ZERO,
+                total_lateness: Duration::ZERO,
                 last_run_time: Duration::ZERO,
                 max_run_time: Duration::ZERO,
                 last_start: None,
@@ -227,6 +237,8 @@ pub struct TaskStats {
     pub runs: u64,
     /// Sum of all run times.
     pub total_run_time: Duration,
+    /// Sum of all runs' scheduling lateness (see [`TaskStats::lateness`]).
+    pub total_lateness: Duration,
     /// The last run's time.
     pub last_run_time: Duration,
     /// The longest run.
@@ -336,6 +348,7 @@ mod tests {
         assert_eq!(snap.max_run_time, Duration::from_micros(100));
         assert_eq!(snap.last_run_time, Duration::from_micros(100));
         assert_eq!(snap.total_run_time, Duration::from_micros(5050));
+        assert_eq!(snap.total_lateness, Duration::from_micros(50));
         assert_eq!(snap.run_time.count(), 100);
         assert_eq!(
             snap.lateness.quantile(1.0),

@@ -135,6 +135,13 @@ impl Frontend {
         self.local_addr
     }
 
+    /// A handle on the connection counters and command timings, valid for the front
+    /// end's whole life (take it before [`Frontend::run_until`] consumes `self`).
+    #[must_use]
+    pub fn stats(&self) -> crate::FrontendStats {
+        crate::FrontendStats::new(Arc::clone(&self.shared))
+    }
+
     /// Serves connections until `shutdown` completes, then shuts down gracefully: stops
     /// accepting, lets every connection finish the batch it is executing and flush its
     /// replies (for at most `shutdown_timeout`), closes the connections, joins the worker

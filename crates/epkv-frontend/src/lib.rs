@@ -12,6 +12,7 @@
 //!
 //! Key types: [`Frontend`] (bind, then [`Frontend::run_until`] a shutdown future),
 //! [`FrontendConfig`] (including the users), [`Buckets`] (the engines by name),
+//! [`FrontendStats`] (connection counts and per-opcode [`CommandTiming`]s for exporters),
 //! [`FrontendError`], [`engine_status_to_wire`], the one exhaustive mapping from
 //! [`epkv_engine_api::EngineStatus`] to [`epkv_protocol::Status`], and
 //! [`status_for_client`], its remapping for clients without XERROR.
@@ -77,4 +78,6 @@ pub use buckets::{Buckets, DEFAULT_BUCKET, MAX_BUCKET_NAME_LEN, is_valid_bucket_
 pub use config::{FrontendConfig, PROTOCOL_LEVEL, wire_version};
 pub use error::{FrontendError, Result};
 pub use frontend::Frontend;
+pub use stats::{AuthCounts, ConnectionCounts, FrontendStats};
 pub use status_map::{engine_status_to_wire, status_for_client};
+pub use timings::CommandTiming;

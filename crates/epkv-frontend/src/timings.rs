@@ -105,6 +105,92 @@ pub(crate) fn emit(workers: &[std::sync::Arc<WorkerTimings>], mut sink: impl FnM
     }
 }
 
+/// One opcode's latencies, merged over every worker, counted into caller-chosen buckets
+/// (what a Prometheus histogram needs; see [`crate::FrontendStats::command_timings`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandTiming {
+    /// The opcode byte.
+    pub opcode: u8,
+    /// The opcode's name in the opcode table (`GET`, `SET_VBUCKET`), or `0xNN` for a byte
+    /// not in it.
+    pub name: String,
+    /// Commands timed.
+    pub count: u64,
+    /// Sum of their latencies (mean times count: exact to the histograms' 1% precision).
+    pub sum: Duration,
+    /// `cumulative[i]`: commands that took at most `bounds[i]` (the bounds asked for).
+    pub cumulative: Vec<u64>,
+}
+
+/// Merges every worker's histograms into one [`CommandTiming`] per opcode with samples,
+/// in opcode order, counting each recorded latency into the first bound that is at least
+/// it (`bounds` ascending). Each worker's lock is held only while its histograms are read.
+pub(crate) fn bucketed(
+    workers: &[std::sync::Arc<WorkerTimings>],
+    bounds: &[Duration],
+) -> Vec<CommandTiming> {
+    let bounds_ns: Vec<u64> = bounds
+        .iter()
+        .map(|b| u64::try_from(b.as_nanos()).unwrap_or(u64::MAX))
+        .collect();
+    // Per opcode: count, sum of nanoseconds, count per bucket (the last one past every bound).
+    let mut acc: Vec<Option<(u64, f64, Vec<u64>)>> = (0..256).map(|_| None).collect();
+    for w in workers {
+        let theirs = w.inner.lock();
+        for (op, h) in theirs.by_opcode.iter().enumerate() {
+            let Some(h) = h else { continue };
+            if h.is_empty() {
+                continue;
+            }
+            let (count, sum, per) =
+                acc[op].get_or_insert_with(|| (0, 0.0, vec![0; bounds_ns.len() + 1]));
+            *count += h.len();
+            #[expect(
+                clippy::cast_precision_loss,
+                reason = "a sum of latencies in f64: 53 bits are plenty for a histogram sum"
+            )]
+            {
+                *sum += h.mean() * h.len() as f64;
+            }
+            for v in h.iter_recorded() {
+                let value = h.highest_equivalent(v.value_iterated_to());
+                let i = bounds_ns.partition_point(|&b| b < value);
+                per[i] += v.count_at_value();
+            }
+        }
+    }
+    acc.into_iter()
+        .enumerate()
+        .filter_map(|(op, a)| {
+            let (count, sum, per) = a?;
+            let mut running = 0;
+            let cumulative = per[..bounds_ns.len()]
+                .iter()
+                .map(|c| {
+                    running += c;
+                    running
+                })
+                .collect();
+            let op = u8::try_from(op).ok()?;
+            Some(CommandTiming {
+                opcode: op,
+                name: match epkv_protocol::Opcode::from_u8(op) {
+                    Some(o) => o.name().to_owned(),
+                    None => format!("{op:#04x}"),
+                },
+                count,
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    reason = "a non-negative sum of nanoseconds far below 2^64"
+                )]
+                sum: Duration::from_nanos(sum as u64),
+                cumulative,
+            })
+        })
+        .collect()
+}
+
 /// `cmd_<lower-case opcode name>`, or `cmd_0x<hex>` for a byte not in the opcode table.
 fn opcode_stat_name(op: u8) -> String {
     match epkv_protocol::Opcode::from_u8(op) {
@@ -138,6 +224,34 @@ mod tests {
         let max: f64 = stats["cmd_get_max_us"].parse().unwrap();
         assert!((4950.0..=5050.0).contains(&max), "max {max}");
         assert!(!stats.contains_key("cmd_delete_count"));
+    }
+
+    #[test]
+    fn bucketed_counts_cumulatively_per_opcode_over_workers() {
+        let a = Arc::new(WorkerTimings::new());
+        let b = Arc::new(WorkerTimings::new());
+        for _ in 0..3 {
+            a.record(0x00, Duration::from_micros(5));
+        }
+        b.record(0x00, Duration::from_micros(500));
+        b.record(0x00, Duration::from_secs(2));
+        b.record(0xee, Duration::from_micros(1));
+        let bounds = [
+            Duration::from_micros(10),
+            Duration::from_millis(1),
+            Duration::from_secs(1),
+        ];
+        let t = bucketed(&[a, b], &bounds);
+        assert_eq!(t.len(), 2);
+        assert_eq!((t[0].opcode, t[0].name.as_str()), (0x00, "GET"));
+        assert_eq!(t[0].count, 5);
+        assert_eq!(t[0].cumulative, vec![3, 4, 4], "2 s is past every bound");
+        let sum = t[0].sum.as_secs_f64();
+        assert!((2.0..2.03).contains(&sum), "sum {sum}");
+        assert_eq!(
+            (t[1].name.as_str(), t[1].cumulative.clone()),
+            ("0xee", vec![1, 1, 1])
+        );
     }
 
     #[test]

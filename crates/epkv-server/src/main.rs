@@ -12,6 +12,9 @@
 //! under `--data-dir`, documents are lost at exit, and the line says `memory only` instead
 //! of the data directory.
 //!
+//! `--metrics-port PORT` also serves Prometheus metrics at `http://BIND:PORT/metrics`
+//! (`metrics.rs`; the line then ends with `, metrics http://ADDR/metrics`).
+//!
 //! Access: with no users configured and a loopback address, clients use `default` without
 //! authenticating. `--admin-user`/`--admin-password` (or `EPKV_ADMIN_USER` /
 //! `EPKV_ADMIN_PASSWORD`) and `--users-file` (written by `epkv-server user add`) configure
@@ -29,6 +32,7 @@
 mod alloc;
 mod bucket_list;
 mod byte_size;
+mod metrics;
 mod rlimit;
 mod settings;
 mod thp;
@@ -145,7 +149,7 @@ fn run(cli: Cli) -> Result<()> {
     if cli.testing_manual_flush {
         tracing::warn!("testing mode: no flusher; writes are persisted only at shutdown");
     }
-    let buckets = build_buckets(s, &engine_clock, cli.testing_manual_flush)?;
+    let (buckets, engines) = build_buckets(s, &engine_clock, cli.testing_manual_flush)?;
     let users = Arc::new(users::configured_users(s)?);
 
     let config = FrontendConfig {
@@ -168,6 +172,41 @@ fn run(cli: Cli) -> Result<()> {
     };
     let frontend = Frontend::bind_buckets(config, buckets).map_err(explain_bind_error)?;
     let addr = frontend.local_addr();
+    let metrics = match s.metrics_port.0 {
+        None => None,
+        Some(port) => {
+            let metrics_addr = SocketAddr::new(s.bind, port);
+            let access = metrics::Access::new(
+                Arc::clone(&users),
+                users.is_empty() && addr.ip().is_loopback(),
+                Arc::new(SystemClock),
+            );
+            let open = access.is_open();
+            if !open && users.is_empty() {
+                tracing::warn!(
+                    "no users configured and not listening on loopback: every metrics request \
+                     is refused (401); configure --admin-user/--admin-password or --users-file"
+                );
+            }
+            let sources = metrics::Sources {
+                buckets: engines,
+                frontend: frontend.stats(),
+            };
+            let endpoint = metrics::MetricsEndpoint::bind(metrics_addr, sources, access)
+                .with_context(|| {
+                    format!(
+                        "cannot listen for metrics on {metrics_addr}; choose another --metrics-port"
+                    )
+                })?;
+            tracing::info!(
+                addr = %endpoint.local_addr(),
+                authentication = !open,
+                "Prometheus metrics at http://{}/metrics",
+                endpoint.local_addr()
+            );
+            Some(endpoint)
+        }
+    };
 
     let bucket_names = bucket_names(s);
     tracing::info!(
@@ -205,7 +244,7 @@ fn run(cli: Cli) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(
         stdout,
-        "epkv listening on {addr} (buckets {bucket_names}, {}, {})",
+        "epkv listening on {addr} (buckets {bucket_names}, {}, {}{})",
         if s.persistence {
             format!("data {}", s.data_dir.display())
         } else {
@@ -215,6 +254,10 @@ fn run(cli: Cli) -> Result<()> {
             "no authentication".to_owned()
         } else {
             format!("{} users", users.len())
+        },
+        match &metrics {
+            Some(m) => format!(", metrics http://{}/metrics", m.local_addr()),
+            None => String::new(),
         }
     )
     .and_then(|()| stdout.flush())
@@ -228,6 +271,9 @@ fn run(cli: Cli) -> Result<()> {
         .context("cannot start the acceptor runtime")?;
     runtime.block_on(async {
         let shutdown = shutdown_signal().context("cannot install signal handlers")?;
+        if let Some(m) = metrics {
+            m.spawn().context("cannot serve metrics")?;
+        }
         frontend
             .run_until(shutdown)
             .await
@@ -253,7 +299,12 @@ fn bucket_names(s: &Settings) -> String {
 /// Creates `default` and every configured bucket, each with its own engine, quota and
 /// (when persistent) data directory `DATA_DIR/NAME`; memory-only buckets create no
 /// directory. All share the engine clock, so ADJUST_TIMEOFDAY moves them together.
-fn build_buckets(s: &Settings, clock: &EngineClock, manual_flush: bool) -> Result<Buckets> {
+/// Returns them for the front end and, by name, as buckets (for the metrics).
+fn build_buckets(
+    s: &Settings,
+    clock: &EngineClock,
+    manual_flush: bool,
+) -> Result<(Buckets, metrics::NamedBuckets)> {
     let mut specs = vec![BucketSpec {
         name: DEFAULT_BUCKET.to_owned(),
         quota: None,
@@ -269,6 +320,7 @@ fn build_buckets(s: &Settings, clock: &EngineClock, manual_flush: bool) -> Resul
         }
     }
     let mut buckets = Buckets::new();
+    let mut engines = Vec::new();
     for spec in specs {
         let dir = s.data_dir.join(&spec.name);
         if s.persistence {
@@ -304,9 +356,13 @@ fn build_buckets(s: &Settings, clock: &EngineClock, manual_flush: bool) -> Resul
         let bucket = Bucket::new(config, clock.clone())
             .with_context(|| format!("cannot create bucket {:?}", spec.name))?;
         tracing::info!(bucket = %spec.name, memory_quota = %quota, persistent = s.persistence, data_dir = %dir.display(), "bucket created");
-        buckets.insert(&spec.name, bucket)?;
+        buckets.insert(
+            &spec.name,
+            Arc::clone(&bucket) as Arc<dyn epkv_engine_api::Engine>,
+        )?;
+        engines.push((spec.name, bucket));
     }
-    Ok(buckets)
+    Ok((buckets, engines))
 }
 
 /// Resolves on the first SIGINT or SIGTERM; a second one exits at once.

@@ -97,6 +97,40 @@ impl<'de> serde::Deserialize<'de> for Eviction {
     }
 }
 
+/// The metrics port: off (the default, written as an empty string or `off`) or a TCP
+/// port, 0 picking a free one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct MetricsPort(pub(crate) Option<u16>);
+
+impl FromStr for MetricsPort {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "" | "off" => Ok(Self(None)),
+            p => p
+                .parse()
+                .map(|p| Self(Some(p)))
+                .map_err(|_| format!("invalid metrics port {p:?}: use 0-65535 or off")),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MetricsPort {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Port(u16),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Port(p) => Ok(Self(Some(p))),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
 /// One row of the settings table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SettingInfo {
@@ -264,6 +298,8 @@ settings! {
     admin_password: Secret = "", unit = "password",
         help = "Password of admin-user, kept only as salted hashes in memory; also EPKV_ADMIN_PASSWORD",
         clap(env = "EPKV_ADMIN_PASSWORD", hide_env_values = true);
+    metrics_port: MetricsPort = "", unit = "port",
+        help = "Serve Prometheus metrics (text format) at http://BIND:PORT/metrics; off unless set, 0 picks a free port (the startup line names it). Same address and authentication as the KV port: with users configured, HTTP Basic auth with a user's password";
     max_connections: usize = "4096", unit = "count",
         help = "Most client connections at once; more are accepted and closed at once. Clamped to the open-file limit minus a reserve";
     idle_timeout: u64 = "0", unit = "seconds",
@@ -407,6 +443,27 @@ mod tests {
         assert_eq!(d.max_packet_size, ByteSize(20 << 20));
         assert!(!d.flush_enabled);
         assert_eq!(d.idle_timeout, 0);
+        assert_eq!(
+            d.metrics_port,
+            MetricsPort(None),
+            "metrics are off by default"
+        );
+    }
+
+    #[test]
+    fn metrics_port_comes_from_a_flag_or_the_file() {
+        assert_eq!(
+            flags(&["--metrics-port", "0"]).metrics_port,
+            Some(MetricsPort(Some(0)))
+        );
+        let (s, _) =
+            Settings::merge(&flags(&[]), parse_file("metrics-port = 9091\n").unwrap()).unwrap();
+        assert_eq!(s.metrics_port, MetricsPort(Some(9091)));
+        let (s, _) =
+            Settings::merge(&flags(&[]), parse_file("metrics_port = \"off\"\n").unwrap()).unwrap();
+        assert_eq!(s.metrics_port, MetricsPort(None));
+        assert!(parse_file("metrics-port = 70000").is_err());
+        assert!(parse_file("metrics-port = \"x\"").is_err());
     }
 
     #[test]
