@@ -154,7 +154,7 @@ pub enum Command<'a> {
         quiet: bool,
     },
     /// OBSERVE: the value lists `(vbid u16, key length u16, key)` entries; see
-    /// [`ObserveKeys`].
+    /// [`crate::ObserveKeys`].
     Observe {
         /// The raw list (checked by the decoder: at least one entry, none truncated).
         keys: &'a [u8],

@@ -17,6 +17,7 @@ mod bgfetch;
 mod cgroup;
 mod per_item;
 mod quota;
+mod snappy;
 pub(crate) mod wire;
 
 use std::collections::BTreeMap;
@@ -30,7 +31,7 @@ use crate::process;
 use crate::util::{self, Stopwatch};
 
 /// The benches, in the order they run.
-const BENCHES: [&str; 3] = ["per-item", "quota", "bgfetch"];
+const BENCHES: [&str; 4] = ["per-item", "quota", "bgfetch", "snappy"];
 
 /// Options of `cargo xtask bench memory`.
 #[derive(Debug, Clone, clap::Args)]
@@ -74,6 +75,10 @@ pub(crate) struct MemoryOptions {
     /// the reads go to the disk, not to a page cache larger than the data (0: no cgroup).
     #[arg(long, default_value_t = 32)]
     pub(crate) page_cache_mib: u64,
+    /// Documents loaded by `snappy` (default 200,000; 50,000 with --quick); about 1 KiB of
+    /// JSON each.
+    #[arg(long)]
+    pub(crate) snappy_items: Option<u64>,
     /// Use this epkv-server binary instead of building target/release/epkv-server.
     #[arg(long)]
     pub(crate) epkv_bin: Option<PathBuf>,
@@ -155,6 +160,14 @@ pub(crate) fn bench_memory(opts: &MemoryOptions) -> Result<()> {
                     page_cache_mib: opts.page_cache_mib,
                 };
                 bgfetch::run(&bin, settings, &out_dir)?
+            }
+            "snappy" => {
+                let items = opts
+                    .snappy_items
+                    .unwrap_or(if opts.quick { 50_000 } else { 200_000 })
+                    .max(1000);
+                let secs = opts.secs.unwrap_or(if opts.quick { 4 } else { 10 }).max(1);
+                snappy::run(&bin, items, secs, &out_dir)?
             }
             other => bail!("unknown bench {other}"),
         };

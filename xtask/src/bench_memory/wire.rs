@@ -126,6 +126,31 @@ impl BinClient {
             .with_context(|| format!("encode {}", opcode.name()))
     }
 
+    /// Queues a SET (or SETQ) with flags 0, no expiry and datatype `datatype`.
+    pub(crate) fn queue_set_datatype(
+        &mut self,
+        opcode: Opcode,
+        key: &[u8],
+        value: &[u8],
+        datatype: epkv_types::Datatype,
+        opaque: u32,
+    ) -> Result<()> {
+        let vbucket = if self.vbuckets {
+            epkv_types::vbucket_for_key(key, NUM_VBUCKETS)
+        } else {
+            Vbid(0)
+        };
+        RequestBuilder::new(opcode)
+            .key(key)
+            .extras(&[0; 8])
+            .value(value)
+            .datatype(datatype)
+            .vbucket(vbucket)
+            .opaque(opaque)
+            .encode(&mut self.conn.out)
+            .with_context(|| format!("encode {}", opcode.name()))
+    }
+
     /// Queues a SET (or SETQ) with flags 0 and no expiry.
     pub(crate) fn queue_set(
         &mut self,
