@@ -1,0 +1,591 @@
+//! Sub-document operations (kv_engine `docs/SubDocument.md`): reading and changing parts
+//! of a JSON document by path, without the client fetching the whole document.
+//!
+//! A path is N1QL-style: components separated by dots, array indices in brackets
+//! immediately after the array (`a.b[0].c`), `[-1]` for an array's last element, and
+//! backticks around a component holding `.`, `[` or `]` (two backticks for a literal
+//! one). Limits: 1024 bytes and 32 components ([`MAX_PATH_LEN`], [`MAX_DEPTH`]).
+//!
+//! The document is parsed into a `serde_json::Value` (keys kept in document order),
+//! changed, and serialised again (compact); an operation never leaves a partly changed
+//! document: a multi-mutation applies every spec to a copy and stores the copy only if
+//! all succeed. (KV-Engine edits the text in place and so also keeps the document's
+//! whitespace; epkv does not.)
+
+use serde_json::{Map, Value};
+
+/// Longest path accepted.
+pub(crate) const MAX_PATH_LEN: usize = 1024;
+/// Most components a path may have; also the deepest a value may nest.
+pub(crate) const MAX_DEPTH: usize = 32;
+
+/// Why a sub-document operation failed (each maps to a status 0xc0-0xcb).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SubdocError {
+    /// 0xc0: a component of the path does not exist.
+    PathNotFound,
+    /// 0xc1: the path goes through a value of the wrong kind (an index into an object).
+    PathMismatch,
+    /// 0xc2: the path does not parse.
+    PathInvalid,
+    /// 0xc3: the path is too long or too deep.
+    PathTooBig,
+    /// 0xc4: the document nests too deeply.
+    DocTooDeep,
+    /// 0xc5: the value cannot be inserted there (not JSON, or not allowed there).
+    ValueCantInsert,
+    /// 0xc6: the document is not JSON.
+    DocNotJson,
+    /// 0xc7: a counter would overflow.
+    NumRange,
+    /// 0xc8: the counter delta is not a valid non-zero integer.
+    DeltaInvalid,
+    /// 0xc9: the path exists already (DICT_ADD, ARRAY_ADD_UNIQUE).
+    PathExists,
+    /// 0xca: the value to insert nests too deeply.
+    ValueTooDeep,
+}
+
+/// One component of a parsed path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Component {
+    /// An object key (unescaped).
+    Key(String),
+    /// An array index; -1 is the last element.
+    Index(i64),
+}
+
+/// Parses a path. The empty path is the document's root (no components).
+pub(crate) fn parse_path(path: &[u8]) -> Result<Vec<Component>, SubdocError> {
+    if path.len() > MAX_PATH_LEN {
+        return Err(SubdocError::PathTooBig);
+    }
+    let text = std::str::from_utf8(path).map_err(|_| SubdocError::PathInvalid)?;
+    let mut out = Vec::new();
+    let mut chars = text.chars().peekable();
+    if chars.peek().is_none() {
+        return Ok(out);
+    }
+    // Whether a key component must come next (start of path or after a dot).
+    let mut want_key = true;
+    while let Some(&c) = chars.peek() {
+        match c {
+            '[' => {
+                if want_key && out.is_empty() {
+                    // A path may start with an index only on a root array: `[0]`.
+                } else if want_key {
+                    return Err(SubdocError::PathInvalid);
+                }
+                chars.next();
+                let mut digits = String::new();
+                loop {
+                    match chars.next() {
+                        Some(']') => break,
+                        Some(d) if d.is_ascii_digit() || (d == '-' && digits.is_empty()) => {
+                            digits.push(d);
+                        }
+                        _ => return Err(SubdocError::PathInvalid),
+                    }
+                }
+                let index: i64 = digits.parse().map_err(|_| SubdocError::PathInvalid)?;
+                if index < -1 {
+                    return Err(SubdocError::PathInvalid);
+                }
+                out.push(Component::Index(index));
+                want_key = false;
+            }
+            '.' => {
+                if want_key {
+                    return Err(SubdocError::PathInvalid);
+                }
+                chars.next();
+                want_key = true;
+            }
+            ']' => return Err(SubdocError::PathInvalid),
+            _ => {
+                if !want_key {
+                    return Err(SubdocError::PathInvalid);
+                }
+                let mut key = String::new();
+                while let Some(&k) = chars.peek() {
+                    match k {
+                        '.' | '[' => break,
+                        ']' => return Err(SubdocError::PathInvalid),
+                        '`' => {
+                            chars.next();
+                            // Escaped until the closing backtick; `` is a literal one.
+                            loop {
+                                match chars.next() {
+                                    Some('`') if chars.peek() == Some(&'`') => {
+                                        chars.next();
+                                        key.push('`');
+                                    }
+                                    Some('`') => break,
+                                    Some(e) => key.push(e),
+                                    None => return Err(SubdocError::PathInvalid),
+                                }
+                            }
+                        }
+                        other => {
+                            chars.next();
+                            key.push(other);
+                        }
+                    }
+                }
+                if key.is_empty() {
+                    return Err(SubdocError::PathInvalid);
+                }
+                out.push(Component::Key(key));
+                want_key = false;
+            }
+        }
+        if out.len() > MAX_DEPTH {
+            return Err(SubdocError::PathTooBig);
+        }
+    }
+    if want_key {
+        // A trailing dot.
+        return Err(SubdocError::PathInvalid);
+    }
+    Ok(out)
+}
+
+/// Parses a document, refusing one that is not JSON or nests too deeply.
+pub(crate) fn parse_doc(doc: &[u8]) -> Result<Value, SubdocError> {
+    let v: Value = serde_json::from_slice(doc).map_err(|_| SubdocError::DocNotJson)?;
+    if depth(&v) > MAX_DEPTH {
+        return Err(SubdocError::DocTooDeep);
+    }
+    Ok(v)
+}
+
+/// Parses a value to insert: one JSON value, or (for the array operations) several
+/// separated by commas.
+fn parse_value(v: &[u8], multi: bool) -> Result<Vec<Value>, SubdocError> {
+    let parsed: Vec<Value> = if multi {
+        let mut wrapped = Vec::with_capacity(v.len() + 2);
+        wrapped.push(b'[');
+        wrapped.extend_from_slice(v);
+        wrapped.push(b']');
+        serde_json::from_slice(&wrapped).map_err(|_| SubdocError::ValueCantInsert)?
+    } else {
+        vec![serde_json::from_slice(v).map_err(|_| SubdocError::ValueCantInsert)?]
+    };
+    if parsed.is_empty() {
+        return Err(SubdocError::ValueCantInsert);
+    }
+    if parsed.iter().any(|p| depth(p) > MAX_DEPTH) {
+        return Err(SubdocError::ValueTooDeep);
+    }
+    Ok(parsed)
+}
+
+fn depth(v: &Value) -> usize {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Resolves an index into an array of `len` elements.
+fn index_of(i: i64, len: usize) -> Option<usize> {
+    if i == -1 {
+        len.checked_sub(1)
+    } else {
+        usize::try_from(i).ok().filter(|&i| i < len)
+    }
+}
+
+/// Follows `path` from `root`.
+fn find<'v>(root: &'v Value, path: &[Component]) -> Result<&'v Value, SubdocError> {
+    let mut cur = root;
+    for c in path {
+        cur = match (c, cur) {
+            (Component::Key(k), Value::Object(o)) => o.get(k).ok_or(SubdocError::PathNotFound)?,
+            (Component::Index(i), Value::Array(a)) => index_of(*i, a.len())
+                .and_then(|i| a.get(i))
+                .ok_or(SubdocError::PathNotFound)?,
+            _ => return Err(SubdocError::PathMismatch),
+        };
+    }
+    Ok(cur)
+}
+
+/// Follows `path` from `root` for a change; with `mkdir`, missing objects on the way are
+/// created (never array elements).
+fn find_mut<'v>(
+    root: &'v mut Value,
+    path: &[Component],
+    mkdir: bool,
+) -> Result<&'v mut Value, SubdocError> {
+    let mut cur = root;
+    for c in path {
+        cur = match (c, cur) {
+            (Component::Key(k), Value::Object(o)) => {
+                if mkdir && !o.contains_key(k) {
+                    o.insert(k.clone(), Value::Object(Map::new()));
+                }
+                o.get_mut(k).ok_or(SubdocError::PathNotFound)?
+            }
+            (Component::Index(i), Value::Array(a)) => {
+                let len = a.len();
+                index_of(*i, len)
+                    .and_then(|i| a.get_mut(i))
+                    .ok_or(SubdocError::PathNotFound)?
+            }
+            _ => return Err(SubdocError::PathMismatch),
+        };
+    }
+    Ok(cur)
+}
+
+/// A lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LookupOp {
+    /// The value at the path (the whole document for the empty path).
+    Get,
+    /// Whether the path exists.
+    Exists,
+    /// The number of elements of the array or object at the path.
+    GetCount,
+}
+
+/// Runs one lookup on a parsed document; `Ok` holds the value to return (empty for
+/// EXISTS).
+pub(crate) fn lookup(doc: &Value, op: LookupOp, path: &[u8]) -> Result<Vec<u8>, SubdocError> {
+    let path = parse_path(path)?;
+    let v = find(doc, &path)?;
+    match op {
+        LookupOp::Get => serde_json::to_vec(v).map_err(|_| SubdocError::DocNotJson),
+        LookupOp::Exists => Ok(Vec::new()),
+        LookupOp::GetCount => match v {
+            Value::Array(a) => Ok(a.len().to_string().into_bytes()),
+            Value::Object(o) => Ok(o.len().to_string().into_bytes()),
+            _ => Err(SubdocError::PathMismatch),
+        },
+    }
+}
+
+/// A mutation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MutateOp {
+    /// Add a key that must not exist.
+    DictAdd,
+    /// Set a key, whether it exists or not.
+    DictUpsert,
+    /// Remove the value at the path.
+    Delete,
+    /// Replace the value at the path, which must exist.
+    Replace,
+    /// Append values to the array at the path.
+    ArrayPushLast,
+    /// Prepend values to the array at the path.
+    ArrayPushFirst,
+    /// Insert values at the array position the path names.
+    ArrayInsert,
+    /// Append a primitive value to the array at the path unless already present.
+    ArrayAddUnique,
+    /// Add a signed 64-bit delta to the number at the path (created at 0).
+    Counter,
+}
+
+impl MutateOp {
+    /// Whether the operation's root, when the document is created, is an array.
+    fn root_is_array(self, path_is_empty: bool) -> bool {
+        path_is_empty
+            && matches!(
+                self,
+                Self::ArrayPushLast | Self::ArrayPushFirst | Self::ArrayAddUnique
+            )
+    }
+}
+
+/// The root a document created by MKDOC/ADD starts from for `op` at `path`.
+pub(crate) fn empty_root(op: MutateOp, path: &[u8]) -> Value {
+    if op.root_is_array(path.is_empty()) {
+        Value::Array(Vec::new())
+    } else {
+        Value::Object(Map::new())
+    }
+}
+
+/// Splits a path into its parent and last component.
+fn split_last(path: &[Component]) -> Result<(&[Component], &Component), SubdocError> {
+    path.split_last()
+        .map(|(last, parent)| (parent, last))
+        .ok_or(SubdocError::PathInvalid)
+}
+
+/// Applies one mutation to `doc`; returns the value to send back (COUNTER's result,
+/// else empty).
+pub(crate) fn mutate(
+    doc: &mut Value,
+    op: MutateOp,
+    path: &[u8],
+    value: &[u8],
+    mkdir: bool,
+) -> Result<Vec<u8>, SubdocError> {
+    let parsed = parse_path(path)?;
+    match op {
+        MutateOp::DictAdd | MutateOp::DictUpsert => {
+            let v = parse_value(value, false)?.remove(0);
+            let (parent, last) = split_last(&parsed)?;
+            let Component::Key(k) = last else {
+                return Err(SubdocError::PathInvalid);
+            };
+            let Value::Object(o) = find_mut(doc, parent, mkdir)? else {
+                return Err(SubdocError::PathMismatch);
+            };
+            if op == MutateOp::DictAdd && o.contains_key(k) {
+                return Err(SubdocError::PathExists);
+            }
+            o.insert(k.clone(), v);
+        }
+        MutateOp::Replace => {
+            let v = parse_value(value, false)?.remove(0);
+            if parsed.is_empty() {
+                // The empty path replaces the whole document.
+                *doc = v;
+            } else {
+                *find_mut(doc, &parsed, false)? = v;
+            }
+        }
+        MutateOp::Delete => {
+            let (parent, last) = split_last(&parsed)?;
+            match (last, find_mut(doc, parent, false)?) {
+                (Component::Key(k), Value::Object(o)) => {
+                    o.shift_remove(k).ok_or(SubdocError::PathNotFound)?;
+                }
+                (Component::Index(i), Value::Array(a)) => {
+                    let i = index_of(*i, a.len()).ok_or(SubdocError::PathNotFound)?;
+                    a.remove(i);
+                }
+                _ => return Err(SubdocError::PathMismatch),
+            }
+        }
+        MutateOp::ArrayPushLast | MutateOp::ArrayPushFirst => {
+            let values = parse_value(value, true)?;
+            let target = find_mut_array(doc, &parsed, mkdir)?;
+            if op == MutateOp::ArrayPushLast {
+                target.extend(values);
+            } else {
+                target.splice(0..0, values);
+            }
+        }
+        MutateOp::ArrayInsert => {
+            let values = parse_value(value, true)?;
+            let (parent, last) = split_last(&parsed)?;
+            let Component::Index(i) = last else {
+                return Err(SubdocError::PathMismatch);
+            };
+            let Value::Array(a) = find_mut(doc, parent, false)? else {
+                return Err(SubdocError::PathMismatch);
+            };
+            // Insert positions run 0..=len; -1 is not a position.
+            let at = usize::try_from(*i)
+                .ok()
+                .filter(|&at| at <= a.len())
+                .ok_or(SubdocError::PathNotFound)?;
+            a.splice(at..at, values);
+        }
+        MutateOp::ArrayAddUnique => {
+            let v = parse_value(value, false)?.remove(0);
+            if v.is_array() || v.is_object() {
+                return Err(SubdocError::ValueCantInsert);
+            }
+            let target = find_mut_array(doc, &parsed, mkdir)?;
+            if target.iter().any(|e| e.is_array() || e.is_object()) {
+                return Err(SubdocError::PathMismatch);
+            }
+            if target.contains(&v) {
+                return Err(SubdocError::PathExists);
+            }
+            target.push(v);
+        }
+        MutateOp::Counter => {
+            let text = std::str::from_utf8(value).map_err(|_| SubdocError::DeltaInvalid)?;
+            let delta: i64 = text.trim().parse().map_err(|_| SubdocError::DeltaInvalid)?;
+            if delta == 0 || text.trim() != text {
+                return Err(SubdocError::DeltaInvalid);
+            }
+            let (parent, last) = split_last(&parsed)?;
+            let slot: &mut Value = match (last, find_mut(doc, parent, mkdir)?) {
+                (Component::Key(k), Value::Object(o)) => {
+                    o.entry(k.clone()).or_insert_with(|| Value::from(0))
+                }
+                (Component::Index(i), Value::Array(a)) => {
+                    let len = a.len();
+                    index_of(*i, len)
+                        .and_then(|i| a.get_mut(i))
+                        .ok_or(SubdocError::PathNotFound)?
+                }
+                _ => return Err(SubdocError::PathMismatch),
+            };
+            let current = slot.as_i64().ok_or(if slot.is_number() {
+                SubdocError::NumRange
+            } else {
+                SubdocError::PathMismatch
+            })?;
+            let next = current.checked_add(delta).ok_or(SubdocError::NumRange)?;
+            *slot = Value::from(next);
+            return Ok(next.to_string().into_bytes());
+        }
+    }
+    if depth(doc) > MAX_DEPTH {
+        return Err(SubdocError::ValueTooDeep);
+    }
+    Ok(Vec::new())
+}
+
+/// The array at `path` (created empty under `mkdir` when its key is missing).
+fn find_mut_array<'v>(
+    doc: &'v mut Value,
+    path: &[Component],
+    mkdir: bool,
+) -> Result<&'v mut Vec<Value>, SubdocError> {
+    let target = match path.split_last() {
+        Some((Component::Key(k), parent)) if mkdir => {
+            let Value::Object(o) = find_mut(doc, parent, true)? else {
+                return Err(SubdocError::PathMismatch);
+            };
+            o.entry(k.clone()).or_insert_with(|| Value::Array(Vec::new()))
+        }
+        _ => find_mut(doc, path, false)?,
+    };
+    match target {
+        Value::Array(a) => Ok(a),
+        _ => Err(SubdocError::PathMismatch),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key(k: &str) -> Component {
+        Component::Key(k.to_owned())
+    }
+
+    #[test]
+    fn paths_parse_with_indices_escapes_and_limits() {
+        assert_eq!(parse_path(b"").unwrap(), vec![]);
+        assert_eq!(
+            parse_path(b"a.b[0].c[-1]").unwrap(),
+            vec![key("a"), key("b"), Component::Index(0), key("c"), Component::Index(-1)]
+        );
+        assert_eq!(
+            parse_path(b"`dot.ted`.x").unwrap(),
+            vec![key("dot.ted"), key("x")]
+        );
+        assert_eq!(parse_path(b"`back``tick`").unwrap(), vec![key("back`tick")]);
+        assert_eq!(parse_path(b"[2][0]").unwrap(), vec![Component::Index(2), Component::Index(0)]);
+        for bad in [&b"a..b"[..], b".a", b"a.", b"a[", b"a[x]", b"a[-2]", b"a]", b"`open", b"a.[0]"] {
+            assert_eq!(parse_path(bad), Err(SubdocError::PathInvalid), "{:?}", String::from_utf8_lossy(bad));
+        }
+        let deep = vec!["a"; MAX_DEPTH + 1].join(".");
+        assert_eq!(parse_path(deep.as_bytes()), Err(SubdocError::PathTooBig));
+        assert_eq!(parse_path(&[b'a'; MAX_PATH_LEN + 1]), Err(SubdocError::PathTooBig));
+    }
+
+    fn doc() -> Value {
+        json!({"name": "toy", "tags": ["a", "b"], "d": {"n": 1}, "list": [{"x": 1}, {"x": 2}]})
+    }
+
+    #[test]
+    fn lookups_read_paths_count_and_report_errors() {
+        let d = doc();
+        assert_eq!(lookup(&d, LookupOp::Get, b"name").unwrap(), b"\"toy\"");
+        assert_eq!(lookup(&d, LookupOp::Get, b"list[-1].x").unwrap(), b"2");
+        assert_eq!(lookup(&d, LookupOp::GetCount, b"tags").unwrap(), b"2");
+        assert_eq!(lookup(&d, LookupOp::GetCount, b"d").unwrap(), b"1");
+        assert!(lookup(&d, LookupOp::Exists, b"d.n").is_ok());
+        assert_eq!(lookup(&d, LookupOp::Exists, b"d.m"), Err(SubdocError::PathNotFound));
+        assert_eq!(lookup(&d, LookupOp::Get, b"tags.x"), Err(SubdocError::PathMismatch));
+        assert_eq!(lookup(&d, LookupOp::Get, b"name[0]"), Err(SubdocError::PathMismatch));
+        assert_eq!(lookup(&d, LookupOp::GetCount, b"name"), Err(SubdocError::PathMismatch));
+        assert_eq!(lookup(&d, LookupOp::Get, b"tags[5]"), Err(SubdocError::PathNotFound));
+        // The whole document, in its key order.
+        assert_eq!(
+            lookup(&d, LookupOp::Get, b"").unwrap(),
+            serde_json::to_vec(&d).unwrap()
+        );
+    }
+
+    #[test]
+    fn mutations_change_only_their_path_and_keep_key_order() {
+        let mut d = doc();
+        mutate(&mut d, MutateOp::DictUpsert, b"name", b"\"car\"", false).unwrap();
+        mutate(&mut d, MutateOp::DictAdd, b"new", b"{\"k\":true}", false).unwrap();
+        assert_eq!(
+            mutate(&mut d, MutateOp::DictAdd, b"new", b"1", false),
+            Err(SubdocError::PathExists)
+        );
+        assert_eq!(
+            mutate(&mut d, MutateOp::DictUpsert, b"x.y.z", b"1", false),
+            Err(SubdocError::PathNotFound)
+        );
+        mutate(&mut d, MutateOp::DictUpsert, b"x.y.z", b"1", true).unwrap();
+        mutate(&mut d, MutateOp::ArrayPushLast, b"tags", b"\"c\",\"d\"", false).unwrap();
+        mutate(&mut d, MutateOp::ArrayPushFirst, b"tags", b"\"z\"", false).unwrap();
+        mutate(&mut d, MutateOp::ArrayInsert, b"tags[1]", b"\"i\"", false).unwrap();
+        assert_eq!(
+            mutate(&mut d, MutateOp::ArrayAddUnique, b"tags", b"\"a\"", false),
+            Err(SubdocError::PathExists)
+        );
+        mutate(&mut d, MutateOp::ArrayAddUnique, b"tags", b"\"u\"", false).unwrap();
+        mutate(&mut d, MutateOp::Delete, b"list[0]", b"", false).unwrap();
+        mutate(&mut d, MutateOp::Replace, b"d.n", b"[1,2]", false).unwrap();
+        assert_eq!(
+            mutate(&mut d, MutateOp::Replace, b"d.missing", b"1", false),
+            Err(SubdocError::PathNotFound)
+        );
+        assert_eq!(
+            mutate(&mut d, MutateOp::DictUpsert, b"name", b"not json", false),
+            Err(SubdocError::ValueCantInsert)
+        );
+        assert_eq!(mutate(&mut d, MutateOp::Counter, b"hits", b"5", false).unwrap(), b"5");
+        assert_eq!(mutate(&mut d, MutateOp::Counter, b"hits", b"-7", false).unwrap(), b"-2");
+        assert_eq!(
+            mutate(&mut d, MutateOp::Counter, b"hits", b"0", false),
+            Err(SubdocError::DeltaInvalid)
+        );
+        assert_eq!(
+            mutate(&mut d, MutateOp::Counter, b"name", b"1", false),
+            Err(SubdocError::PathMismatch)
+        );
+        mutate(&mut d, MutateOp::DictUpsert, b"big", b"9223372036854775807", false).unwrap();
+        assert_eq!(
+            mutate(&mut d, MutateOp::Counter, b"big", b"1", false),
+            Err(SubdocError::NumRange)
+        );
+        let text = String::from_utf8(serde_json::to_vec(&d).unwrap()).unwrap();
+        assert_eq!(
+            text,
+            r#"{"name":"car","tags":["z","i","a","b","c","d","u"],"d":{"n":[1,2]},"list":[{"x":2}],"new":{"k":true},"x":{"y":{"z":1}},"hits":-2,"big":9223372036854775807}"#
+        );
+    }
+
+    #[test]
+    fn created_documents_start_from_the_root_their_first_operation_needs() {
+        assert_eq!(empty_root(MutateOp::ArrayPushLast, b""), json!([]));
+        assert_eq!(empty_root(MutateOp::ArrayPushLast, b"a"), json!({}));
+        assert_eq!(empty_root(MutateOp::DictUpsert, b"a"), json!({}));
+        let mut d = empty_root(MutateOp::ArrayPushFirst, b"");
+        mutate(&mut d, MutateOp::ArrayPushFirst, b"", b"1", false).unwrap();
+        assert_eq!(d, json!([1]));
+    }
+
+    #[test]
+    fn documents_and_values_too_deep_are_refused() {
+        let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
+        assert_eq!(parse_doc(deep.as_bytes()), Err(SubdocError::DocTooDeep));
+        assert_eq!(parse_doc(b"{not json"), Err(SubdocError::DocNotJson));
+        let mut d = json!({});
+        assert_eq!(
+            mutate(&mut d, MutateOp::DictUpsert, b"a", deep.as_bytes(), false),
+            Err(SubdocError::ValueTooDeep)
+        );
+    }
+}
