@@ -26,4 +26,5 @@ mod process;
 mod restart;
 mod scram;
 mod snappy;
+mod subdoc;
 mod vbuckets;

@@ -45,6 +45,9 @@ from couchbase.exceptions import (  # noqa: E402
     CouchbaseException,
     DocumentExistsException,
     DocumentNotFoundException,
+    PathExistsException,
+    PathMismatchException,
+    PathNotFoundException,
 )
 from couchbase.options import (  # noqa: E402
     ClusterOptions,
@@ -282,6 +285,75 @@ def test_exists_on_present_absent_and_deleted_keys(coll, doc_id):
     assert not coll.exists(doc_id).exists
     coll.upsert(doc_id, {"e": 2})
     assert coll.exists(doc_id).exists
+
+
+def test_lookup_in_reads_paths_and_reports_each_path(coll, doc_id):
+    import couchbase.subdocument as SD
+    coll.upsert(doc_id, {"name": "toy", "tags": ["a", "b"], "stats": {"n": 1}, "`q`.x": 2})
+    res = coll.lookup_in(
+        doc_id,
+        [SD.get("name"), SD.exists("stats.n"), SD.count("tags"), SD.exists("missing"),
+         SD.get("tags[-1]")],
+    )
+    assert res.content_as[str](0) == "toy"
+    assert res.exists(1)
+    assert res.content_as[int](2) == 2
+    assert not res.exists(3)
+    assert res.content_as[str](4) == "b"
+    with pytest.raises(PathNotFoundException):
+        coll.lookup_in(doc_id, [SD.get("stats.missing")]).content_as[str](0)
+    with pytest.raises(PathMismatchException):
+        coll.lookup_in(doc_id, [SD.get("name.first")]).content_as[str](0)
+    with pytest.raises(DocumentNotFoundException):
+        coll.lookup_in(doc_id + "-missing", [SD.get("name")])
+
+
+def test_mutate_in_changes_paths_atomically(coll, doc_id):
+    import couchbase.subdocument as SD
+    from couchbase.options import MutateInOptions
+    from couchbase.subdocument import StoreSemantics
+    coll.upsert(doc_id, {"name": "toy", "tags": ["a"], "stats": {"n": 1}})
+    res = coll.mutate_in(
+        doc_id,
+        [SD.upsert("name", "car"), SD.array_append("tags", "b"), SD.array_prepend("tags", "z"),
+         SD.increment("stats.n", 5), SD.insert("new.deep", True, create_parents=True),
+         SD.array_addunique("tags", "u")],
+    )
+    assert res.content_as[int](3) == 6
+    assert coll.get(doc_id).content_as[dict] == {
+        "name": "car", "tags": ["z", "a", "b", "u"], "stats": {"n": 6}, "new": {"deep": True}}
+    # A failing path changes nothing.
+    with pytest.raises(PathExistsException):
+        coll.mutate_in(doc_id, [SD.upsert("name", "bus"), SD.insert("new", 1)])
+    assert coll.get(doc_id).content_as[dict]["name"] == "car"
+    coll.mutate_in(doc_id, [SD.remove("new"), SD.replace("tags[0]", "y")])
+    assert coll.get(doc_id).content_as[dict]["tags"][0] == "y"
+    # Creating the document (upsert and insert semantics).
+    coll.mutate_in(doc_id + "-new", [SD.upsert("a.b", 1)],
+                   MutateInOptions(store_semantics=StoreSemantics.UPSERT))
+    assert coll.get(doc_id + "-new").content_as[dict] == {"a": {"b": 1}}
+    with pytest.raises(DocumentExistsException):
+        coll.mutate_in(doc_id + "-new", [SD.upsert("c", 1)],
+                       MutateInOptions(store_semantics=StoreSemantics.INSERT))
+    # CAS.
+    cas = coll.get(doc_id).cas
+    with pytest.raises(CasMismatchException):
+        coll.mutate_in(doc_id, [SD.upsert("name", "x")], MutateInOptions(cas=cas + 1))
+    coll.mutate_in(doc_id, [SD.upsert("name", "x")], MutateInOptions(cas=cas))
+
+
+def test_a_counter_driven_through_mutate_in_from_several_threads_ends_exact(coll, doc_id):
+    import couchbase.subdocument as SD
+    from concurrent.futures import ThreadPoolExecutor
+    coll.upsert(doc_id, {"n": 0})
+
+    def bump(_):
+        for _ in range(50):
+            coll.mutate_in(doc_id, [SD.increment("n", 1)])
+
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        list(ex.map(bump, range(4)))
+    assert coll.get(doc_id).content_as[dict] == {"n": 200}
 
 
 def test_touch_and_get_and_touch(coll, doc_id):

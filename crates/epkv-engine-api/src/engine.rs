@@ -90,6 +90,34 @@ pub trait Engine: Send + Sync + 'static {
         Err(EngineStatus::NotSupported)
     }
 
+    /// Runs sub-document lookups on one document (SUBDOC_GET/EXISTS/GET_COUNT,
+    /// MULTI_LOOKUP).
+    ///
+    /// # Errors
+    /// `KeyNotFound`, `WouldBlock`, `NotMyVbucket`, `TempFail`; `NotSupported` for an
+    /// engine without it (the default).
+    fn subdoc_lookup(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+        specs: &[crate::SubdocSpec<'_>],
+    ) -> EngineResult<crate::SubdocLookup> {
+        let _ = (vbid, key, specs);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Applies sub-document mutations to one document, all or none (the single-path
+    /// mutations and MULTI_MUTATION).
+    ///
+    /// # Errors
+    /// As [`Engine::store`]: `KeyNotFound` (no document and no MKDOC/ADD), `KeyExists`
+    /// (CAS mismatch, or ADD of an existing document), `Locked`, `TooBig`, `TempFail`,
+    /// `WouldBlock`, `NotMyVbucket`; `NotSupported` for an engine without it.
+    fn subdoc_mutate(&self, req: crate::SubdocMutation<'_>) -> EngineResult<crate::SubdocMutated> {
+        let _ = req;
+        Err(EngineStatus::NotSupported)
+    }
+
     /// A key's persistence state and CAS (OBSERVE).
     ///
     /// # Errors

@@ -166,3 +166,133 @@ pub enum KeyState {
     /// Deleted, the deletion not yet on disk.
     LogicallyDeleted,
 }
+
+/// A sub-document operation (kv_engine `docs/SubDocument.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubdocOp {
+    /// The value at the path.
+    Get,
+    /// Whether the path exists.
+    Exists,
+    /// The number of elements of the array or object at the path.
+    GetCount,
+    /// Add a key that must not exist.
+    DictAdd,
+    /// Set a key.
+    DictUpsert,
+    /// Remove the value at the path.
+    Delete,
+    /// Replace the value at the path (the whole document for the empty path).
+    Replace,
+    /// Append values to an array.
+    ArrayPushLast,
+    /// Prepend values to an array.
+    ArrayPushFirst,
+    /// Insert values at an array position.
+    ArrayInsert,
+    /// Append a primitive to an array unless present.
+    ArrayAddUnique,
+    /// Add a signed delta to a number (created at 0).
+    Counter,
+}
+
+impl SubdocOp {
+    /// True for the operations that read only.
+    #[must_use]
+    pub fn is_lookup(self) -> bool {
+        matches!(self, Self::Get | Self::Exists | Self::GetCount)
+    }
+}
+
+/// One path of a sub-document request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubdocSpec<'a> {
+    /// What to do.
+    pub op: SubdocOp,
+    /// Create missing intermediate objects (path flag `MKDIR_P`).
+    pub mkdir_p: bool,
+    /// The path.
+    pub path: &'a [u8],
+    /// The value (empty for lookups and DELETE).
+    pub value: &'a [u8],
+}
+
+/// Why one sub-document path failed (statuses 0xc0-0xca).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubdocError {
+    /// A component of the path does not exist.
+    PathNotFound,
+    /// The path goes through a value of the wrong kind.
+    PathMismatch,
+    /// The path does not parse.
+    PathInvalid,
+    /// The path is too long or too deep.
+    PathTooBig,
+    /// The document nests too deeply.
+    DocTooDeep,
+    /// The value cannot be inserted there.
+    ValueCantInsert,
+    /// The document is not JSON.
+    DocNotJson,
+    /// A counter would overflow.
+    NumRange,
+    /// The counter delta is not a valid non-zero integer.
+    DeltaInvalid,
+    /// The path exists already.
+    PathExists,
+    /// The value to insert nests too deeply.
+    ValueTooDeep,
+}
+
+/// What a sub-document lookup found: the document's CAS and each path's outcome, in
+/// request order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubdocLookup {
+    /// The document's CAS.
+    pub cas: Cas,
+    /// Each path's value (empty for EXISTS) or error.
+    pub results: Vec<Result<Vec<u8>, SubdocError>>,
+}
+
+/// A sub-document mutation request.
+#[derive(Debug, Clone, Copy)]
+pub struct SubdocMutation<'a> {
+    /// The vBucket.
+    pub vbid: Vbid,
+    /// The document.
+    pub key: &'a [u8],
+    /// The paths, applied in order, all or none.
+    pub specs: &'a [SubdocSpec<'a>],
+    /// Required CAS (`Cas::ANY` for none).
+    pub cas: Cas,
+    /// The document's new expiry (raw wire value; 0 = none).
+    pub expiry_raw: u32,
+    /// Keep the document's expiry instead (PreserveTtl frame).
+    pub preserve_ttl: bool,
+    /// Create the document if missing (doc flag `MKDOC`).
+    pub mkdoc: bool,
+    /// Create the document, which must not exist (doc flag `ADD`).
+    pub add: bool,
+    /// Durability requirements.
+    pub durability: Option<crate::DurabilityRequirements>,
+}
+
+/// How a sub-document mutation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubdocMutated {
+    /// Every path applied: the mutation, and the values some paths return (COUNTER's),
+    /// with their index.
+    Done {
+        /// The stored mutation.
+        info: MutationInfo,
+        /// `(spec index, value)` for each path that returns a value.
+        values: Vec<(u8, Vec<u8>)>,
+    },
+    /// A path failed; nothing changed.
+    Failed {
+        /// The index of the first spec that failed.
+        index: u8,
+        /// Why.
+        error: SubdocError,
+    },
+}

@@ -29,7 +29,10 @@ mod request;
 mod status;
 
 pub use engine::{Engine, FetchedCallback, PersistedCallback, StatSink};
-pub use item::{DocMeta, FailoverEntry, Item, ItemView, KeyState, MutationInfo, VBucketSeqnos};
+pub use item::{
+    DocMeta, FailoverEntry, Item, ItemView, KeyState, MutationInfo, SubdocError, SubdocLookup,
+    SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec, VBucketSeqnos,
+};
 pub use request::{
     ArithmeticOp, ArithmeticRequest, DurabilityRequirements, Expiry, RemoveRequest, StoreOp,
     StoreRequest,

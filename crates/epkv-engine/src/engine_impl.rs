@@ -48,6 +48,22 @@ impl Engine for Bucket {
         self.op_observe(vbid, key)
     }
 
+    fn subdoc_lookup(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+        specs: &[epkv_engine_api::SubdocSpec<'_>],
+    ) -> EngineResult<epkv_engine_api::SubdocLookup> {
+        self.op_subdoc_lookup(vbid, key, specs)
+    }
+
+    fn subdoc_mutate(
+        &self,
+        req: epkv_engine_api::SubdocMutation<'_>,
+    ) -> EngineResult<epkv_engine_api::SubdocMutated> {
+        self.op_subdoc_mutate(&req)
+    }
+
     fn evict_key(&self, vbid: Vbid, key: &[u8]) -> EngineResult<bool> {
         Bucket::evict_key(self, vbid, key)
     }

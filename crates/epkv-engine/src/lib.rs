@@ -192,9 +192,8 @@ mod ops;
 mod persistence;
 mod stat_groups;
 mod stats;
-// Not wired to the protocol yet (issue 20 continues): the operations and their tests.
-#[allow(dead_code)]
 mod subdoc;
+mod subdoc_ops;
 mod vbucket;
 
 pub use bucket::Bucket;

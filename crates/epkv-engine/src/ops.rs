@@ -22,7 +22,7 @@ const ARITHMETIC_NO_CREATE: u32 = 0xffff_ffff;
 /// builds itself, as KV-Engine re-checks the datatype after APPEND/PREPEND).
 /// The value itself: decompressed when `datatype` says Snappy (APPEND/PREPEND and
 /// INCR/DECR work on the plain bytes, as KV-Engine's do).
-fn plain_value(
+pub(crate) fn plain_value(
     value: &[u8],
     datatype: Datatype,
 ) -> Result<std::borrow::Cow<'_, [u8]>, EngineStatus> {

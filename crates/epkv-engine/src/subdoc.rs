@@ -19,32 +19,7 @@ pub(crate) const MAX_PATH_LEN: usize = 1024;
 /// Most components a path may have; also the deepest a value may nest.
 pub(crate) const MAX_DEPTH: usize = 32;
 
-/// Why a sub-document operation failed (each maps to a status 0xc0-0xcb).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SubdocError {
-    /// 0xc0: a component of the path does not exist.
-    PathNotFound,
-    /// 0xc1: the path goes through a value of the wrong kind (an index into an object).
-    PathMismatch,
-    /// 0xc2: the path does not parse.
-    PathInvalid,
-    /// 0xc3: the path is too long or too deep.
-    PathTooBig,
-    /// 0xc4: the document nests too deeply.
-    DocTooDeep,
-    /// 0xc5: the value cannot be inserted there (not JSON, or not allowed there).
-    ValueCantInsert,
-    /// 0xc6: the document is not JSON.
-    DocNotJson,
-    /// 0xc7: a counter would overflow.
-    NumRange,
-    /// 0xc8: the counter delta is not a valid non-zero integer.
-    DeltaInvalid,
-    /// 0xc9: the path exists already (DICT_ADD, ARRAY_ADD_UNIQUE).
-    PathExists,
-    /// 0xca: the value to insert nests too deeply.
-    ValueTooDeep,
-}
+pub(crate) use epkv_engine_api::SubdocError;
 
 /// One component of a parsed path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -449,7 +424,8 @@ fn find_mut_array<'v>(
             let Value::Object(o) = find_mut(doc, parent, true)? else {
                 return Err(SubdocError::PathMismatch);
             };
-            o.entry(k.clone()).or_insert_with(|| Value::Array(Vec::new()))
+            o.entry(k.clone())
+                .or_insert_with(|| Value::Array(Vec::new()))
         }
         _ => find_mut(doc, path, false)?,
     };
@@ -473,20 +449,47 @@ mod tests {
         assert_eq!(parse_path(b"").unwrap(), vec![]);
         assert_eq!(
             parse_path(b"a.b[0].c[-1]").unwrap(),
-            vec![key("a"), key("b"), Component::Index(0), key("c"), Component::Index(-1)]
+            vec![
+                key("a"),
+                key("b"),
+                Component::Index(0),
+                key("c"),
+                Component::Index(-1)
+            ]
         );
         assert_eq!(
             parse_path(b"`dot.ted`.x").unwrap(),
             vec![key("dot.ted"), key("x")]
         );
         assert_eq!(parse_path(b"`back``tick`").unwrap(), vec![key("back`tick")]);
-        assert_eq!(parse_path(b"[2][0]").unwrap(), vec![Component::Index(2), Component::Index(0)]);
-        for bad in [&b"a..b"[..], b".a", b"a.", b"a[", b"a[x]", b"a[-2]", b"a]", b"`open", b"a.[0]"] {
-            assert_eq!(parse_path(bad), Err(SubdocError::PathInvalid), "{:?}", String::from_utf8_lossy(bad));
+        assert_eq!(
+            parse_path(b"[2][0]").unwrap(),
+            vec![Component::Index(2), Component::Index(0)]
+        );
+        for bad in [
+            &b"a..b"[..],
+            b".a",
+            b"a.",
+            b"a[",
+            b"a[x]",
+            b"a[-2]",
+            b"a]",
+            b"`open",
+            b"a.[0]",
+        ] {
+            assert_eq!(
+                parse_path(bad),
+                Err(SubdocError::PathInvalid),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
         let deep = vec!["a"; MAX_DEPTH + 1].join(".");
         assert_eq!(parse_path(deep.as_bytes()), Err(SubdocError::PathTooBig));
-        assert_eq!(parse_path(&[b'a'; MAX_PATH_LEN + 1]), Err(SubdocError::PathTooBig));
+        assert_eq!(
+            parse_path(&[b'a'; MAX_PATH_LEN + 1]),
+            Err(SubdocError::PathTooBig)
+        );
     }
 
     fn doc() -> Value {
@@ -501,11 +504,26 @@ mod tests {
         assert_eq!(lookup(&d, LookupOp::GetCount, b"tags").unwrap(), b"2");
         assert_eq!(lookup(&d, LookupOp::GetCount, b"d").unwrap(), b"1");
         assert!(lookup(&d, LookupOp::Exists, b"d.n").is_ok());
-        assert_eq!(lookup(&d, LookupOp::Exists, b"d.m"), Err(SubdocError::PathNotFound));
-        assert_eq!(lookup(&d, LookupOp::Get, b"tags.x"), Err(SubdocError::PathMismatch));
-        assert_eq!(lookup(&d, LookupOp::Get, b"name[0]"), Err(SubdocError::PathMismatch));
-        assert_eq!(lookup(&d, LookupOp::GetCount, b"name"), Err(SubdocError::PathMismatch));
-        assert_eq!(lookup(&d, LookupOp::Get, b"tags[5]"), Err(SubdocError::PathNotFound));
+        assert_eq!(
+            lookup(&d, LookupOp::Exists, b"d.m"),
+            Err(SubdocError::PathNotFound)
+        );
+        assert_eq!(
+            lookup(&d, LookupOp::Get, b"tags.x"),
+            Err(SubdocError::PathMismatch)
+        );
+        assert_eq!(
+            lookup(&d, LookupOp::Get, b"name[0]"),
+            Err(SubdocError::PathMismatch)
+        );
+        assert_eq!(
+            lookup(&d, LookupOp::GetCount, b"name"),
+            Err(SubdocError::PathMismatch)
+        );
+        assert_eq!(
+            lookup(&d, LookupOp::Get, b"tags[5]"),
+            Err(SubdocError::PathNotFound)
+        );
         // The whole document, in its key order.
         assert_eq!(
             lookup(&d, LookupOp::Get, b"").unwrap(),
@@ -527,7 +545,14 @@ mod tests {
             Err(SubdocError::PathNotFound)
         );
         mutate(&mut d, MutateOp::DictUpsert, b"x.y.z", b"1", true).unwrap();
-        mutate(&mut d, MutateOp::ArrayPushLast, b"tags", b"\"c\",\"d\"", false).unwrap();
+        mutate(
+            &mut d,
+            MutateOp::ArrayPushLast,
+            b"tags",
+            b"\"c\",\"d\"",
+            false,
+        )
+        .unwrap();
         mutate(&mut d, MutateOp::ArrayPushFirst, b"tags", b"\"z\"", false).unwrap();
         mutate(&mut d, MutateOp::ArrayInsert, b"tags[1]", b"\"i\"", false).unwrap();
         assert_eq!(
@@ -545,8 +570,14 @@ mod tests {
             mutate(&mut d, MutateOp::DictUpsert, b"name", b"not json", false),
             Err(SubdocError::ValueCantInsert)
         );
-        assert_eq!(mutate(&mut d, MutateOp::Counter, b"hits", b"5", false).unwrap(), b"5");
-        assert_eq!(mutate(&mut d, MutateOp::Counter, b"hits", b"-7", false).unwrap(), b"-2");
+        assert_eq!(
+            mutate(&mut d, MutateOp::Counter, b"hits", b"5", false).unwrap(),
+            b"5"
+        );
+        assert_eq!(
+            mutate(&mut d, MutateOp::Counter, b"hits", b"-7", false).unwrap(),
+            b"-2"
+        );
         assert_eq!(
             mutate(&mut d, MutateOp::Counter, b"hits", b"0", false),
             Err(SubdocError::DeltaInvalid)
@@ -555,7 +586,14 @@ mod tests {
             mutate(&mut d, MutateOp::Counter, b"name", b"1", false),
             Err(SubdocError::PathMismatch)
         );
-        mutate(&mut d, MutateOp::DictUpsert, b"big", b"9223372036854775807", false).unwrap();
+        mutate(
+            &mut d,
+            MutateOp::DictUpsert,
+            b"big",
+            b"9223372036854775807",
+            false,
+        )
+        .unwrap();
         assert_eq!(
             mutate(&mut d, MutateOp::Counter, b"big", b"1", false),
             Err(SubdocError::NumRange)

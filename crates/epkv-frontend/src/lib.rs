@@ -71,6 +71,7 @@ mod sasl;
 mod session;
 mod stats;
 mod status_map;
+mod subdoc;
 mod timings;
 mod worker;
 

@@ -61,7 +61,7 @@ pub(crate) struct PendingDurable {
 }
 
 /// The success reply of a write waiting for persistence, besides its CAS.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum DurableReply {
     /// SET family, DELETE: the mutation extras (when negotiated), no value.
     Mutation,
@@ -69,12 +69,14 @@ pub(crate) enum DurableReply {
     Counter(u64),
     /// TOUCH: the CAS only, as its immediate reply.
     Touch,
+    /// Sub-document mutations: the mutation extras and this value (possibly empty).
+    Body(Vec<u8>),
 }
 
 /// The timeout of a write that must be persisted before it is acknowledged, or `None` for
 /// a write acknowledged at once (no durability, or Majority: a single node is its own
 /// majority and commits in memory).
-fn persist_timeout(d: Option<DurabilityRequirement>) -> Option<Duration> {
+pub(crate) fn persist_timeout(d: Option<DurabilityRequirement>) -> Option<Duration> {
     let d = d?;
     match d.level {
         DurabilityLevel::Majority => None,
@@ -160,7 +162,7 @@ pub(crate) struct Session {
     fail_next: Cell<Option<EngineStatus>>,
 }
 
-fn durability(d: Option<DurabilityRequirement>) -> Option<DurabilityRequirements> {
+pub(crate) fn durability(d: Option<DurabilityRequirement>) -> Option<DurabilityRequirements> {
     d.map(|d| DurabilityRequirements {
         level: d.level,
         timeout: d.timeout,
@@ -276,8 +278,56 @@ impl Session {
                 put_success(out, p.to, p.info.cas, Datatype::RAW, &extras[..n], &[], &[]);
             }
             DurableReply::Touch => put_success(out, p.to, p.info.cas, Datatype::RAW, &[], &[], &[]),
+            DurableReply::Body(body) => {
+                put_success(
+                    out,
+                    p.to,
+                    p.info.cas,
+                    Datatype::RAW,
+                    &extras[..n],
+                    &[],
+                    &body,
+                );
+            }
         }
         false
+    }
+
+    /// Answers an applied mutation: at once, or (with a persist timeout) once persisted.
+    #[expect(clippy::too_many_arguments, reason = "the parts of one mutation reply")]
+    pub(crate) fn reply_mutation(
+        &self,
+        shared: &Shared,
+        engine: &dyn Engine,
+        out: &mut BytesMut,
+        to: ReplyTo,
+        vbid: Vbid,
+        info: MutationInfo,
+        body: DurableReply,
+        persist: Option<Duration>,
+    ) {
+        match persist {
+            Some(timeout) => {
+                self.defer_until_persisted(
+                    shared,
+                    engine,
+                    out,
+                    to,
+                    vbid,
+                    (info, body),
+                    timeout,
+                    false,
+                );
+            }
+            None => {
+                let (extras, n) = self.mutation_extras(&info);
+                let value = match &body {
+                    DurableReply::Body(v) => v.as_slice(),
+                    _ => &[],
+                };
+                put_success(out, to, info.cas, Datatype::RAW, &extras[..n], &[], value);
+            }
+        }
     }
 
     /// Leaves an applied write waiting for vBucket `vbid` to persist its seqno before it
@@ -540,7 +590,14 @@ impl Session {
 
     /// Answers an engine outcome other than success. WouldBlock is not answered: the
     /// request waits for its background fetch and runs again (see [`BlockedOn`]).
-    fn fail(&self, shared: &Shared, out: &mut BytesMut, to: ReplyTo, e: EngineStatus, key: &[u8]) {
+    pub(crate) fn fail(
+        &self,
+        shared: &Shared,
+        out: &mut BytesMut,
+        to: ReplyTo,
+        e: EngineStatus,
+        key: &[u8],
+    ) {
         if e == EngineStatus::WouldBlock {
             self.would_block.set(true);
             return;
@@ -566,7 +623,7 @@ impl Session {
 
     /// Answers `wire`, remapped for clients without XERROR; when there is no classic
     /// equivalent, nothing is answered and the connection is closed after this batch.
-    fn fail_wire(&self, out: &mut BytesMut, to: ReplyTo, wire: Status, key: &[u8]) {
+    pub(crate) fn fail_wire(&self, out: &mut BytesMut, to: ReplyTo, wire: Status, key: &[u8]) {
         match status_for_client(wire, to.opcode, self.xerror) {
             Some(status) => put_status(out, to, status, key),
             None => {
@@ -705,6 +762,73 @@ impl Session {
                 Err(EngineStatus::KeyNotFound) if quiet => {}
                 Err(e) => self.fail(shared, out, to, e, &[]),
             },
+            Command::Subdoc {
+                op,
+                key,
+                body,
+                path_len,
+                path_flags,
+                doc_flags,
+                expiry,
+                cas,
+                durability: d,
+                preserve_ttl,
+            } => {
+                let (path, value) = body.split_at(path_len);
+                let spec = Session::subdoc_specs(&[epkv_protocol::SubdocSpec {
+                    opcode: op,
+                    flags: path_flags,
+                    path,
+                    value,
+                }]);
+                if epkv_protocol::is_subdoc_lookup(op) {
+                    self.subdoc_lookup(shared, engine, out, to, vbid, key, &spec, doc_flags, false);
+                } else {
+                    let req = crate::subdoc::MutationRequest {
+                        key,
+                        specs: spec,
+                        doc_flags,
+                        expiry,
+                        cas,
+                        durability: d,
+                        preserve_ttl,
+                        multi: false,
+                    };
+                    self.subdoc_mutate(shared, engine, out, to, vbid, &req);
+                }
+            }
+            Command::SubdocMultiLookup {
+                key,
+                doc_flags,
+                specs,
+            } => {
+                // The decoder checked the specs.
+                let parsed = epkv_protocol::parse_specs(specs, false).unwrap_or_default();
+                let specs = Session::subdoc_specs(&parsed);
+                self.subdoc_lookup(shared, engine, out, to, vbid, key, &specs, doc_flags, true);
+            }
+            Command::SubdocMultiMutation {
+                key,
+                doc_flags,
+                expiry,
+                specs,
+                cas,
+                durability: d,
+                preserve_ttl,
+            } => {
+                let parsed = epkv_protocol::parse_specs(specs, true).unwrap_or_default();
+                let req = crate::subdoc::MutationRequest {
+                    key,
+                    specs: Session::subdoc_specs(&parsed),
+                    doc_flags,
+                    expiry,
+                    cas,
+                    durability: d,
+                    preserve_ttl,
+                    multi: true,
+                };
+                self.subdoc_mutate(shared, engine, out, to, vbid, &req);
+            }
             Command::Observe { keys } => {
                 let mut value = Vec::new();
                 for entry in epkv_protocol::ObserveKeys::new(keys) {

@@ -159,6 +159,58 @@ pub enum Command<'a> {
         /// The raw list (checked by the decoder: at least one entry, none truncated).
         keys: &'a [u8],
     },
+    /// A single-path sub-document command (SUBDOC_GET ... SUBDOC_COUNTER,
+    /// SUBDOC_GET_COUNT): extras path length (u16), path flags (u8), then optionally the
+    /// expiry (u32, mutations) and doc flags (u8); the value is the path, then the value.
+    Subdoc {
+        /// Which operation.
+        op: Opcode,
+        /// The document.
+        key: &'a [u8],
+        /// The request's value: the path, then the value (empty for lookups).
+        body: &'a [u8],
+        /// The path's length: `body.split_at(path_len)` gives path and value.
+        path_len: usize,
+        /// Path flags.
+        path_flags: u8,
+        /// Doc flags.
+        doc_flags: u8,
+        /// Expiry, raw (0 when absent).
+        expiry: u32,
+        /// Required CAS (mutations).
+        cas: Cas,
+        /// Durability (mutations).
+        durability: Option<DurabilityRequirement>,
+        /// Keep the document's expiry (mutations).
+        preserve_ttl: bool,
+    },
+    /// SUBDOC_MULTI_LOOKUP: extras doc flags (u8, optional); specs in the value.
+    SubdocMultiLookup {
+        /// The document.
+        key: &'a [u8],
+        /// Doc flags.
+        doc_flags: u8,
+        /// The specs (checked by the decoder; see [`crate::parse_specs`]).
+        specs: &'a [u8],
+    },
+    /// SUBDOC_MULTI_MUTATION: extras expiry (u32) and/or doc flags (u8), each optional;
+    /// specs in the value.
+    SubdocMultiMutation {
+        /// The document.
+        key: &'a [u8],
+        /// Doc flags.
+        doc_flags: u8,
+        /// Expiry, raw (0 when absent).
+        expiry: u32,
+        /// The specs (checked by the decoder).
+        specs: &'a [u8],
+        /// Required CAS.
+        cas: Cas,
+        /// Durability.
+        durability: Option<DurabilityRequirement>,
+        /// Keep the document's expiry.
+        preserve_ttl: bool,
+    },
     /// EVICT_KEY: eject the document from memory (it must be persisted).
     EvictKey {
         /// The key.
@@ -232,6 +284,8 @@ enum ExtrasRule {
     ZeroOr(u8),
     /// SET_VBUCKET: 0, 1 or 4, checked by its own decoder.
     SetVbucket,
+    /// Any of these lengths.
+    OneOf(&'static [u8]),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,6 +392,22 @@ fn spec_for(op: Opcode) -> Option<Spec> {
         Opcode::UnlockKey => spec(E::Exactly(0), P::NonZero, P::Zero, C::Set),
         Opcode::EvictKey => spec(E::Exactly(0), P::NonZero, P::Zero, C::NotSet),
         Opcode::GetMeta | Opcode::GetqMeta => spec(E::ZeroOr(1), P::NonZero, P::Zero, C::NotSet),
+        Opcode::SubdocGet | Opcode::SubdocExists | Opcode::SubdocGetCount => {
+            spec(E::OneOf(&[3, 4]), P::NonZero, P::Any, C::NotSet)
+        }
+        op if crate::subdoc::is_subdoc_mutation(op) => ttl(durable(spec(
+            E::OneOf(&[3, 4, 7, 8]),
+            P::NonZero,
+            P::Any,
+            C::Any,
+        ))),
+        Opcode::SubdocMultiLookup => spec(E::ZeroOr(1), P::NonZero, P::NonZero, C::NotSet),
+        Opcode::SubdocMultiMutation => ttl(durable(spec(
+            E::OneOf(&[0, 1, 4, 5]),
+            P::NonZero,
+            P::NonZero,
+            C::Any,
+        ))),
         Opcode::Observe => spec(E::Exactly(0), P::Zero, P::NonZero, C::NotSet),
         Opcode::SetVbucket => with_datatype(spec(E::SetVbucket, P::Zero, P::Any, C::Any), RAW_JSON),
         Opcode::AdjustTimeofday => spec(E::Exactly(8), P::Zero, P::Zero, C::NotSet),
@@ -408,6 +478,7 @@ impl<'a> Command<'a> {
             ExtrasRule::Exactly(n) => h.extras_len == n,
             ExtrasRule::ZeroOr(n) => h.extras_len == 0 || h.extras_len == n,
             ExtrasRule::SetVbucket => matches!(h.extras_len, 0 | 1 | 4),
+            ExtrasRule::OneOf(lens) => lens.contains(&h.extras_len),
         };
         if !extras_ok {
             return Err(Status::Einval);
@@ -530,6 +601,60 @@ impl<'a> Command<'a> {
             },
             Opcode::UnlockKey => Command::UnlockKey { key, cas },
             Opcode::EvictKey => Command::EvictKey { key },
+            op if crate::subdoc::is_subdoc_lookup(op) || crate::subdoc::is_subdoc_mutation(op) => {
+                let path_len = usize::from(u16::from_be_bytes([extras[0], extras[1]]));
+                let path_flags = extras[2];
+                crate::subdoc::check_path_flags(path_flags)?;
+                let (expiry, doc_flags) = match extras.len() {
+                    4 => (0, extras[3]),
+                    7 => (be_u32(&extras[3..]), 0),
+                    8 => (be_u32(&extras[3..]), extras[7]),
+                    _ => (0, 0),
+                };
+                if path_len > req.value.len()
+                    || (crate::subdoc::is_subdoc_lookup(op) && path_len != req.value.len())
+                {
+                    return Err(Status::Einval);
+                }
+                Command::Subdoc {
+                    op,
+                    key,
+                    body: req.value,
+                    path_len,
+                    path_flags,
+                    doc_flags,
+                    expiry,
+                    cas,
+                    durability,
+                    preserve_ttl,
+                }
+            }
+            Opcode::SubdocMultiLookup => {
+                crate::subdoc::parse_specs(req.value, false)?;
+                Command::SubdocMultiLookup {
+                    key,
+                    doc_flags: extras.first().copied().unwrap_or(0),
+                    specs: req.value,
+                }
+            }
+            Opcode::SubdocMultiMutation => {
+                crate::subdoc::parse_specs(req.value, true)?;
+                let (expiry, doc_flags) = match extras.len() {
+                    1 => (0, extras[0]),
+                    4 => (be_u32(extras), 0),
+                    5 => (be_u32(extras), extras[4]),
+                    _ => (0, 0),
+                };
+                Command::SubdocMultiMutation {
+                    key,
+                    doc_flags,
+                    expiry,
+                    specs: req.value,
+                    cas,
+                    durability,
+                    preserve_ttl,
+                }
+            }
             Opcode::GetMeta | Opcode::GetqMeta => Command::GetMeta {
                 key,
                 version: extras.first().copied().unwrap_or(0),
@@ -647,6 +772,9 @@ impl<'a> Command<'a> {
             Command::GetLocked { .. } => Opcode::GetLocked,
             Command::UnlockKey { .. } => Opcode::UnlockKey,
             Command::EvictKey { .. } => Opcode::EvictKey,
+            Command::Subdoc { op, .. } => op,
+            Command::SubdocMultiLookup { .. } => Opcode::SubdocMultiLookup,
+            Command::SubdocMultiMutation { .. } => Opcode::SubdocMultiMutation,
             Command::GetMeta { quiet: false, .. } => Opcode::GetMeta,
             Command::GetMeta { quiet: true, .. } => Opcode::GetqMeta,
             Command::Observe { .. } => Opcode::Observe,
@@ -677,7 +805,10 @@ impl<'a> Command<'a> {
             | Command::GetLocked { key, .. }
             | Command::UnlockKey { key, .. }
             | Command::EvictKey { key }
-            | Command::GetMeta { key, .. } => Some(key),
+            | Command::GetMeta { key, .. }
+            | Command::Subdoc { key, .. }
+            | Command::SubdocMultiLookup { key, .. }
+            | Command::SubdocMultiMutation { key, .. } => Some(key),
             _ => None,
         }
     }

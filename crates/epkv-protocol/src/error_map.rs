@@ -121,6 +121,19 @@ pub fn entry(status: Status) -> (&'static str, &'static [ErrorAttribute]) {
             "SYNC_WRITE_RE_COMMIT_IN_PROGRESS",
             &[A::Temp, A::RetryLater],
         ),
+        Status::SubdocPathEnoent => ("SUBDOC_PATH_ENOENT", &[A::ItemOnly]),
+        Status::SubdocPathMismatch => ("SUBDOC_PATH_MISMATCH", &[A::ItemOnly]),
+        Status::SubdocPathEinval => ("SUBDOC_PATH_EINVAL", &[A::InvalidInput]),
+        Status::SubdocPathE2big => ("SUBDOC_PATH_E2BIG", &[A::InvalidInput]),
+        Status::SubdocDocE2deep => ("SUBDOC_DOC_E2DEEP", &[A::ItemOnly]),
+        Status::SubdocValueCantinsert => ("SUBDOC_VALUE_CANTINSERT", &[A::InvalidInput]),
+        Status::SubdocDocNotJson => ("SUBDOC_DOC_NOT_JSON", &[A::ItemOnly]),
+        Status::SubdocNumErange => ("SUBDOC_NUM_ERANGE", &[A::ItemOnly]),
+        Status::SubdocDeltaEinval => ("SUBDOC_DELTA_EINVAL", &[A::InvalidInput]),
+        Status::SubdocPathEexists => ("SUBDOC_PATH_EEXISTS", &[A::ItemOnly]),
+        Status::SubdocValueEtoodeep => ("SUBDOC_VALUE_ETOODEEP", &[A::InvalidInput]),
+        Status::SubdocInvalidCombo => ("SUBDOC_INVALID_COMBO", &[A::InvalidInput]),
+        Status::SubdocMultiPathFailure => ("SUBDOC_MULTI_PATH_FAILURE", &[A::ItemOnly]),
     }
 }
 

@@ -63,6 +63,7 @@ mod request;
 mod request_builder;
 mod response;
 mod status;
+mod subdoc;
 
 pub use command::{
     ArithmeticOp, Command, StoreOp, is_durability_supported, is_preserve_ttl_supported,
@@ -88,3 +89,8 @@ pub use request::Request;
 pub use request_builder::RequestBuilder;
 pub use response::Response;
 pub use status::Status;
+pub use subdoc::{
+    DOC_FLAG_ADD, DOC_FLAG_MKDOC, MAX_SUBDOC_SPECS, PATH_FLAG_EXPAND_MACROS, PATH_FLAG_MKDIR_P,
+    PATH_FLAG_XATTR, SubdocSpec, is_subdoc_lookup, is_subdoc_mutation, parse_specs,
+    put_lookup_spec, put_mutation_spec,
+};

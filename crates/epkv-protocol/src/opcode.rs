@@ -146,6 +146,34 @@ opcodes! {
     GetqMeta = 0xa1, "GETQ_META", true;
     /// Read the cluster map.
     GetClusterConfig = 0xb5, "GET_CLUSTER_CONFIG", true;
+    /// Sub-document: the value at a path.
+    SubdocGet = 0xc5, "SUBDOC_GET", true;
+    /// Sub-document: whether a path exists.
+    SubdocExists = 0xc6, "SUBDOC_EXISTS", true;
+    /// Sub-document: add a dictionary key.
+    SubdocDictAdd = 0xc7, "SUBDOC_DICT_ADD", true;
+    /// Sub-document: set a dictionary key.
+    SubdocDictUpsert = 0xc8, "SUBDOC_DICT_UPSERT", true;
+    /// Sub-document: delete a path.
+    SubdocDelete = 0xc9, "SUBDOC_DELETE", true;
+    /// Sub-document: replace the value at a path.
+    SubdocReplace = 0xca, "SUBDOC_REPLACE", true;
+    /// Sub-document: append to an array.
+    SubdocArrayPushLast = 0xcb, "SUBDOC_ARRAY_PUSH_LAST", true;
+    /// Sub-document: prepend to an array.
+    SubdocArrayPushFirst = 0xcc, "SUBDOC_ARRAY_PUSH_FIRST", true;
+    /// Sub-document: insert into an array.
+    SubdocArrayInsert = 0xcd, "SUBDOC_ARRAY_INSERT", true;
+    /// Sub-document: append to an array unless present.
+    SubdocArrayAddUnique = 0xce, "SUBDOC_ARRAY_ADD_UNIQUE", true;
+    /// Sub-document: add to a number.
+    SubdocCounter = 0xcf, "SUBDOC_COUNTER", true;
+    /// Sub-document: several lookups on one document.
+    SubdocMultiLookup = 0xd0, "SUBDOC_MULTI_LOOKUP", true;
+    /// Sub-document: several mutations on one document, all or none.
+    SubdocMultiMutation = 0xd1, "SUBDOC_MULTI_MUTATION", true;
+    /// Sub-document: the number of elements at a path.
+    SubdocGetCount = 0xd2, "SUBDOC_GET_COUNT", true;
     /// Test-only: shift the server clock (allowed only when the server runs in testing mode).
     AdjustTimeofday = 0xfc, "ADJUST_TIMEOFDAY", true;
     /// Read the error map.

@@ -192,6 +192,71 @@ impl<'a> RequestBuilder<'a> {
                 }
             }
             Command::Observe { keys } => b.value(keys),
+            Command::Subdoc {
+                key,
+                body,
+                path_len,
+                path_flags,
+                doc_flags,
+                expiry,
+                cas,
+                durability,
+                preserve_ttl,
+                ..
+            } => {
+                let len = u16::try_from(path_len).unwrap_or(u16::MAX).to_be_bytes();
+                let exp = expiry.to_be_bytes();
+                let flags = [path_flags];
+                let doc = [doc_flags];
+                let mut parts: Vec<&[u8]> = vec![&len, &flags];
+                if expiry != 0 {
+                    parts.push(&exp);
+                }
+                if doc_flags != 0 {
+                    parts.push(&doc);
+                }
+                b.key(key)
+                    .inline_extras(Extras::from_parts(&parts))
+                    .value(body)
+                    .cas(cas)
+                    .frames(durability, preserve_ttl)
+            }
+            Command::SubdocMultiLookup {
+                key,
+                doc_flags,
+                specs,
+            } => {
+                let b = b.key(key).value(specs);
+                if doc_flags == 0 {
+                    b
+                } else {
+                    b.inline_extras(Extras::from_parts(&[&[doc_flags]]))
+                }
+            }
+            Command::SubdocMultiMutation {
+                key,
+                doc_flags,
+                expiry,
+                specs,
+                cas,
+                durability,
+                preserve_ttl,
+            } => {
+                let exp = expiry.to_be_bytes();
+                let doc = [doc_flags];
+                let mut parts: Vec<&[u8]> = Vec::new();
+                if expiry != 0 {
+                    parts.push(&exp);
+                }
+                if doc_flags != 0 {
+                    parts.push(&doc);
+                }
+                b.key(key)
+                    .inline_extras(Extras::from_parts(&parts))
+                    .value(specs)
+                    .cas(cas)
+                    .frames(durability, preserve_ttl)
+            }
             Command::SetVbucket { state } => {
                 b.inline_extras(Extras::from_parts(&[&u32::from(state as u8).to_be_bytes()]))
             }

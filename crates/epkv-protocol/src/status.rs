@@ -96,6 +96,32 @@ statuses! {
     SyncWriteAmbiguous = 0xa3, "Synchronous write ambiguous";
     /// A SyncWrite re-commit is in progress.
     SyncWriteReCommitInProgress = 0xa4, "Synchronous write re-commit in progress";
+    /// Sub-document: a component of the path does not exist.
+    SubdocPathEnoent = 0xc0, "Subdoc: Path not does not exist";
+    /// Sub-document: the path goes through a value of the wrong kind.
+    SubdocPathMismatch = 0xc1, "Subdoc: Path mismatch";
+    /// Sub-document: the path does not parse.
+    SubdocPathEinval = 0xc2, "Subdoc: Invalid path";
+    /// Sub-document: the path is too long or too deep.
+    SubdocPathE2big = 0xc3, "Subdoc: Path too large";
+    /// Sub-document: the document nests too deeply.
+    SubdocDocE2deep = 0xc4, "Subdoc: Document too deep";
+    /// Sub-document: the value cannot be inserted there.
+    SubdocValueCantinsert = 0xc5, "Subdoc: Cannot insert specified value";
+    /// Sub-document: the document is not JSON.
+    SubdocDocNotJson = 0xc6, "Subdoc: Existing document not JSON";
+    /// Sub-document: a counter would leave the signed 64-bit range.
+    SubdocNumErange = 0xc7, "Subdoc: Existing number outside valid arithmetic range";
+    /// Sub-document: the counter delta is invalid.
+    SubdocDeltaEinval = 0xc8, "Subdoc: Invalid value for arithmetic operation";
+    /// Sub-document: the path exists already.
+    SubdocPathEexists = 0xc9, "Subdoc: Document path already exists";
+    /// Sub-document: the value to insert nests too deeply.
+    SubdocValueEtoodeep = 0xca, "Subdoc: Inserting value would make document too deep";
+    /// Sub-document: an invalid combination of commands or flags.
+    SubdocInvalidCombo = 0xcb, "Subdoc: Invalid combination for multi-path command";
+    /// Sub-document: some paths of a multi-path command failed (see the body).
+    SubdocMultiPathFailure = 0xcc, "Subdoc: One or more paths in a multi-path command failed";
 }
 
 #[cfg(test)]

@@ -131,6 +131,44 @@ fn sample(op: Opcode) -> Command<'static> {
             version: 2,
             quiet,
         },
+        op if epkv_protocol::is_subdoc_lookup(op) => Command::Subdoc {
+            op,
+            key,
+            body: b"a.b",
+            path_len: 3,
+            path_flags: 0,
+            doc_flags: 0,
+            expiry: 0,
+            cas: Cas::ANY,
+            durability: None,
+            preserve_ttl: false,
+        },
+        op if epkv_protocol::is_subdoc_mutation(op) => Command::Subdoc {
+            op,
+            key,
+            body: b"a.b1",
+            path_len: 3,
+            path_flags: 0,
+            doc_flags: 0,
+            expiry: 0,
+            cas: Cas::ANY,
+            durability: None,
+            preserve_ttl: false,
+        },
+        Opcode::SubdocMultiLookup => Command::SubdocMultiLookup {
+            key,
+            doc_flags: 0,
+            specs: &[0xc5, 0, 0, 1, b'a'],
+        },
+        Opcode::SubdocMultiMutation => Command::SubdocMultiMutation {
+            key,
+            doc_flags: 0,
+            expiry: 0,
+            specs: &[0xc8, 0, 0, 1, 0, 0, 0, 1, b'a', b'1'],
+            cas: Cas::ANY,
+            durability: None,
+            preserve_ttl: false,
+        },
         Opcode::Observe => Command::Observe {
             keys: b"\x00\x05\x00\x03abc",
         },
@@ -258,6 +296,17 @@ fn wrong_extras_lengths_are_einval() {
             if op == Opcode::SetVbucket && len == 1 {
                 continue; // the one-byte form is valid
             }
+            // Sub-document commands take several lengths (optional expiry and doc flags).
+            let subdoc_ok: &[usize] = match op {
+                Opcode::SubdocMultiLookup => &[0, 1],
+                Opcode::SubdocMultiMutation => &[0, 1, 4, 5],
+                op if epkv_protocol::is_subdoc_lookup(op) => &[3, 4],
+                op if epkv_protocol::is_subdoc_mutation(op) => &[3, 4, 7, 8],
+                _ => &[],
+            };
+            if subdoc_ok.contains(&len) {
+                continue;
+            }
             let b = RequestBuilder::from_command(&sample(op)).extras(&junk[..len]);
             assert_eq!(
                 status_of(b),
@@ -319,6 +368,8 @@ fn value_rules() {
                 | Command::Hello { .. }
                 | Command::SaslAuth { .. }
                 | Command::SaslStep { .. }
+                // The value is the path (then the value): "vvv" is a path.
+                | Command::Subdoc { .. }
         );
         let value: &[u8] = if op == Opcode::Hello { b"vv" } else { b"vvv" };
         let b = RequestBuilder::from_command(&cmd).value(value);
@@ -359,7 +410,8 @@ fn cas_rules() {
                 | Opcode::DeleteQ
                 | Opcode::UnlockKey
                 | Opcode::SetVbucket
-        );
+                | Opcode::SubdocMultiMutation
+        ) || epkv_protocol::is_subdoc_mutation(op);
         if cas_allowed {
             assert_eq!(status_of(b), Ok(()), "{op:?} with CAS");
         } else {
@@ -521,6 +573,16 @@ fn durability_is_allowed_exactly_where_kv_engine_allows_it() {
             Opcode::Prepend,
             Opcode::Touch,
             Opcode::Gat,
+            Opcode::SubdocDictAdd,
+            Opcode::SubdocDictUpsert,
+            Opcode::SubdocDelete,
+            Opcode::SubdocReplace,
+            Opcode::SubdocArrayPushLast,
+            Opcode::SubdocArrayPushFirst,
+            Opcode::SubdocArrayInsert,
+            Opcode::SubdocArrayAddUnique,
+            Opcode::SubdocCounter,
+            Opcode::SubdocMultiMutation,
         ]
     );
 }

@@ -1,0 +1,168 @@
+//! The sub-document operations on a bucket: lookups read a copy of the document taken
+//! under the key's lock and evaluate the paths outside it; mutations apply every path to
+//! the parsed document under the lock and store the result as one new version (seqno,
+//! CAS, revision), or nothing when a path fails.
+
+use crate::Bucket;
+use crate::bucket::{LazyNow, check_durability, check_lock_and_cas};
+use crate::ops::plain_value;
+use crate::stats::Counter;
+use crate::subdoc::{self, LookupOp, MutateOp};
+use epkv_engine_api::{
+    EngineResult, EngineStatus, Expiry, SubdocError, SubdocLookup, SubdocMutated, SubdocMutation,
+    SubdocOp, SubdocSpec,
+};
+use epkv_hashtable::{ItemMeta, StoredValue};
+use epkv_types::{Cas, Datatype, Vbid};
+
+fn lookup_op(op: SubdocOp) -> Option<LookupOp> {
+    Some(match op {
+        SubdocOp::Get => LookupOp::Get,
+        SubdocOp::Exists => LookupOp::Exists,
+        SubdocOp::GetCount => LookupOp::GetCount,
+        _ => return None,
+    })
+}
+
+fn mutate_op(op: SubdocOp) -> Option<MutateOp> {
+    Some(match op {
+        SubdocOp::DictAdd => MutateOp::DictAdd,
+        SubdocOp::DictUpsert => MutateOp::DictUpsert,
+        SubdocOp::Delete => MutateOp::Delete,
+        SubdocOp::Replace => MutateOp::Replace,
+        SubdocOp::ArrayPushLast => MutateOp::ArrayPushLast,
+        SubdocOp::ArrayPushFirst => MutateOp::ArrayPushFirst,
+        SubdocOp::ArrayInsert => MutateOp::ArrayInsert,
+        SubdocOp::ArrayAddUnique => MutateOp::ArrayAddUnique,
+        SubdocOp::Counter => MutateOp::Counter,
+        _ => return None,
+    })
+}
+
+impl Bucket {
+    /// Sub-document lookups (see [`epkv_engine_api::Engine::subdoc_lookup`]).
+    pub(crate) fn op_subdoc_lookup(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+        specs: &[SubdocSpec<'_>],
+    ) -> EngineResult<SubdocLookup> {
+        self.counters.incr(Counter::CmdGet);
+        if specs.iter().any(|s| !s.op.is_lookup()) {
+            return Err(EngineStatus::Invalid);
+        }
+        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        let now = LazyNow::new(&*self.clock);
+        // Copied out under the lock; parsed and searched after it is released.
+        let (cas, datatype, value) = vb.table.with_entry(key, |e| {
+            self.expire_on_access(vb, e, &now);
+            self.fetch_if_evicted(vb, e)?;
+            e.track_reference();
+            let sv = e.get().ok_or(EngineStatus::KeyNotFound)?;
+            let m = sv.meta();
+            let cas = if crate::bucket::locked(m, &now) {
+                Cas(u64::MAX)
+            } else {
+                m.cas
+            };
+            Ok((cas, m.datatype, sv.value().to_vec()))
+        })?;
+        self.counters.incr(Counter::GetHits);
+        let plain = plain_value(&value, datatype).map_err(|_| EngineStatus::Internal)?;
+        let results = match subdoc::parse_doc(&plain) {
+            Ok(doc) => specs
+                .iter()
+                .map(|s| match lookup_op(s.op) {
+                    Some(op) => subdoc::lookup(&doc, op, s.path),
+                    None => Err(SubdocError::PathInvalid),
+                })
+                .collect(),
+            Err(e) => specs.iter().map(|_| Err(e)).collect(),
+        };
+        Ok(SubdocLookup { cas, results })
+    }
+
+    /// Sub-document mutations (see [`epkv_engine_api::Engine::subdoc_mutate`]).
+    pub(crate) fn op_subdoc_mutate(&self, req: &SubdocMutation<'_>) -> EngineResult<SubdocMutated> {
+        self.counters.incr(Counter::CmdSet);
+        if req.specs.is_empty() || req.specs.iter().any(|s| s.op.is_lookup()) {
+            return Err(EngineStatus::Invalid);
+        }
+        if req.add && (req.mkdoc || !req.cas.is_any()) {
+            return Err(EngineStatus::Invalid);
+        }
+        let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        self.check_disk()?;
+        check_durability(req.durability.as_ref(), self.persistence.is_some())?;
+        let now = LazyNow::new(&*self.clock);
+        vb.table.with_entry(req.key, |e| {
+            self.expire_on_access(vb, e, &now);
+            self.fetch_if_evicted(vb, e)?;
+            let existing = match e.get() {
+                Some(sv) => {
+                    if req.add {
+                        return Err(EngineStatus::KeyExists);
+                    }
+                    check_lock_and_cas(sv.meta(), req.cas, &now)?;
+                    Some((
+                        plain_value(sv.value(), sv.meta().datatype)?.into_owned(),
+                        *sv.meta(),
+                    ))
+                }
+                None if req.mkdoc || req.add => {
+                    if !req.cas.is_any() {
+                        return Err(EngineStatus::KeyNotFound);
+                    }
+                    None
+                }
+                None => return Err(EngineStatus::KeyNotFound),
+            };
+            let create = existing.is_none();
+            let mut doc = match &existing {
+                Some((value, _)) => match subdoc::parse_doc(value) {
+                    Ok(d) => d,
+                    Err(error) => return Ok(SubdocMutated::Failed { index: 0, error }),
+                },
+                None => {
+                    let first = req.specs[0];
+                    subdoc::empty_root(
+                        mutate_op(first.op).ok_or(EngineStatus::Invalid)?,
+                        first.path,
+                    )
+                }
+            };
+            let mut values = Vec::new();
+            for (i, s) in req.specs.iter().enumerate() {
+                let index = u8::try_from(i).map_err(|_| EngineStatus::Invalid)?;
+                let op = mutate_op(s.op).ok_or(EngineStatus::Invalid)?;
+                match subdoc::mutate(&mut doc, op, s.path, s.value, s.mkdir_p || create) {
+                    Ok(v) if !v.is_empty() => values.push((index, v)),
+                    Ok(_) => {}
+                    Err(error) => return Ok(SubdocMutated::Failed { index, error }),
+                }
+            }
+            let bytes = serde_json::to_vec(&doc).map_err(|_| EngineStatus::Internal)?;
+            if bytes.len() > self.config.max_item_size_bytes {
+                return Err(EngineStatus::TooBig);
+            }
+            let old = existing.as_ref().map(|(_, m)| *m);
+            let expiry = match old {
+                Some(m) if req.preserve_ttl => m.expiry,
+                _ => Expiry::from_wire(req.expiry_raw).to_unix_secs(now.secs()),
+            };
+            let meta = ItemMeta {
+                flags: old.map_or(0, |m| m.flags),
+                expiry,
+                datatype: Datatype::JSON,
+                ..ItemMeta::default()
+            };
+            let sv = StoredValue::new(req.key, &bytes, meta).map_err(|_| EngineStatus::Invalid)?;
+            self.insert_or_tempfail(e, sv)?;
+            let a = self.commit_version(vb, e, &now, old.map(|m| m.rev_seqno));
+            Ok(SubdocMutated::Done {
+                info: Self::mutation_info(vb, a),
+                values,
+            })
+        })
+    }
+}

@@ -1,0 +1,251 @@
+//! Sub-document commands on a [`Session`]: single-path lookups and mutations,
+//! MULTI_LOOKUP and MULTI_MUTATION, answered in kv_engine's formats.
+//!
+//! - Single lookup: the path's value (SUBDOC_GET, SUBDOC_GET_COUNT) or nothing
+//!   (SUBDOC_EXISTS), or the path's status (0xc0-0xca).
+//! - MULTI_LOOKUP: for each spec `status (u16) | length (u32) | value`; the overall status
+//!   is Success, or 0xcc SubdocMultiPathFailure when a path failed.
+//! - Single mutation: the mutation extras (when negotiated) and, for SUBDOC_COUNTER, the
+//!   new value; or the path's status.
+//! - MULTI_MUTATION: on success, for each spec that returns a value `index (u8) | status
+//!   (u16) | length (u32) | value`; on failure 0xcc with `index (u8) | status (u16)` of
+//!   the first failed spec. Nothing is changed then.
+
+use crate::frontend::Shared;
+use crate::response::{ReplyTo, put};
+use crate::session::{DurableReply, Session, durability as to_requirements, persist_timeout};
+use bytes::BytesMut;
+use epkv_engine_api::{
+    Engine, EngineStatus, SubdocError, SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec,
+};
+use epkv_protocol::{
+    DOC_FLAG_ADD, DOC_FLAG_MKDOC, DurabilityRequirement, Opcode, PATH_FLAG_MKDIR_P, Response,
+    Status,
+};
+use epkv_types::{Cas, Datatype, Vbid};
+
+/// The engine's operation for a sub-document opcode.
+fn op_of(op: Opcode) -> Option<SubdocOp> {
+    Some(match op {
+        Opcode::SubdocGet => SubdocOp::Get,
+        Opcode::SubdocExists => SubdocOp::Exists,
+        Opcode::SubdocGetCount => SubdocOp::GetCount,
+        Opcode::SubdocDictAdd => SubdocOp::DictAdd,
+        Opcode::SubdocDictUpsert => SubdocOp::DictUpsert,
+        Opcode::SubdocDelete => SubdocOp::Delete,
+        Opcode::SubdocReplace => SubdocOp::Replace,
+        Opcode::SubdocArrayPushLast => SubdocOp::ArrayPushLast,
+        Opcode::SubdocArrayPushFirst => SubdocOp::ArrayPushFirst,
+        Opcode::SubdocArrayInsert => SubdocOp::ArrayInsert,
+        Opcode::SubdocArrayAddUnique => SubdocOp::ArrayAddUnique,
+        Opcode::SubdocCounter => SubdocOp::Counter,
+        _ => return None,
+    })
+}
+
+/// The wire status of a path's failure.
+pub(crate) fn subdoc_status(e: SubdocError) -> Status {
+    match e {
+        SubdocError::PathNotFound => Status::SubdocPathEnoent,
+        SubdocError::PathMismatch => Status::SubdocPathMismatch,
+        SubdocError::PathInvalid => Status::SubdocPathEinval,
+        SubdocError::PathTooBig => Status::SubdocPathE2big,
+        SubdocError::DocTooDeep => Status::SubdocDocE2deep,
+        SubdocError::ValueCantInsert => Status::SubdocValueCantinsert,
+        SubdocError::DocNotJson => Status::SubdocDocNotJson,
+        SubdocError::NumRange => Status::SubdocNumErange,
+        SubdocError::DeltaInvalid => Status::SubdocDeltaEinval,
+        SubdocError::PathExists => Status::SubdocPathEexists,
+        SubdocError::ValueTooDeep => Status::SubdocValueEtoodeep,
+    }
+}
+
+/// Checks doc flags: MKDOC and ADD (mutations only, not both); the others are not
+/// supported yet (they concern deleted documents and extended attributes).
+fn doc_flags(flags: u8, mutation: bool) -> Result<(bool, bool), Status> {
+    if flags & !(DOC_FLAG_MKDOC | DOC_FLAG_ADD) != 0 {
+        return Err(Status::NotSupported);
+    }
+    let (mkdoc, add) = (flags & DOC_FLAG_MKDOC != 0, flags & DOC_FLAG_ADD != 0);
+    if (mkdoc || add) && !mutation || (mkdoc && add) {
+        return Err(Status::Einval);
+    }
+    Ok((mkdoc, add))
+}
+
+/// The parts of one sub-document mutation request.
+pub(crate) struct MutationRequest<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) specs: Vec<SubdocSpec<'a>>,
+    pub(crate) doc_flags: u8,
+    pub(crate) expiry: u32,
+    pub(crate) cas: Cas,
+    pub(crate) durability: Option<DurabilityRequirement>,
+    pub(crate) preserve_ttl: bool,
+    /// MULTI_MUTATION (multi-path reply formats) or a single-path command.
+    pub(crate) multi: bool,
+}
+
+impl Session {
+    /// Specs of a request, converted for the engine.
+    pub(crate) fn subdoc_specs<'a>(specs: &[epkv_protocol::SubdocSpec<'a>]) -> Vec<SubdocSpec<'a>> {
+        specs
+            .iter()
+            .filter_map(|s| {
+                Some(SubdocSpec {
+                    op: op_of(s.opcode)?,
+                    mkdir_p: s.flags & PATH_FLAG_MKDIR_P != 0,
+                    path: s.path,
+                    value: s.value,
+                })
+            })
+            .collect()
+    }
+
+    /// A single-path lookup or MULTI_LOOKUP.
+    #[expect(clippy::too_many_arguments, reason = "the parts of one request")]
+    pub(crate) fn subdoc_lookup(
+        &self,
+        shared: &Shared,
+        engine: &dyn Engine,
+        out: &mut BytesMut,
+        to: ReplyTo,
+        vbid: Vbid,
+        key: &[u8],
+        specs: &[SubdocSpec<'_>],
+        flags: u8,
+        multi: bool,
+    ) {
+        if let Err(s) = doc_flags(flags, false) {
+            self.fail_wire(out, to, s, &[]);
+            return;
+        }
+        let found = match engine.subdoc_lookup(vbid, key, specs) {
+            Ok(f) => f,
+            Err(e) => return self.fail(shared, out, to, e, &[]),
+        };
+        if !multi {
+            match found.results.into_iter().next() {
+                Some(Ok(v)) => put(
+                    out,
+                    &Response::new(to.opcode, Status::Success, to.opaque)
+                        .with_cas(found.cas)
+                        .with_datatype(self.json_if(!v.is_empty()))
+                        .with_value(&v),
+                ),
+                Some(Err(e)) => self.fail_wire(out, to, subdoc_status(e), &[]),
+                None => self.fail(shared, out, to, EngineStatus::Internal, &[]),
+            }
+            return;
+        }
+        let mut body = Vec::new();
+        let mut all_ok = true;
+        for r in &found.results {
+            let (status, v): (Status, &[u8]) = match r {
+                Ok(v) => (Status::Success, v),
+                Err(e) => {
+                    all_ok = false;
+                    (subdoc_status(*e), &[])
+                }
+            };
+            body.extend_from_slice(&status.as_u16().to_be_bytes());
+            body.extend_from_slice(&u32::try_from(v.len()).unwrap_or(u32::MAX).to_be_bytes());
+            body.extend_from_slice(v);
+        }
+        let status = if all_ok {
+            Status::Success
+        } else {
+            Status::SubdocMultiPathFailure
+        };
+        put(
+            out,
+            &Response::new(to.opcode, status, to.opaque)
+                .with_cas(found.cas)
+                .with_value(&body),
+        );
+    }
+
+    /// A single-path mutation or MULTI_MUTATION.
+    pub(crate) fn subdoc_mutate(
+        &self,
+        shared: &Shared,
+        engine: &dyn Engine,
+        out: &mut BytesMut,
+        to: ReplyTo,
+        vbid: Vbid,
+        req: &MutationRequest<'_>,
+    ) {
+        let (mkdoc, add) = match doc_flags(req.doc_flags, true) {
+            Ok(f) => f,
+            Err(s) => return self.fail_wire(out, to, s, &[]),
+        };
+        let persist = persist_timeout(req.durability);
+        let result = engine.subdoc_mutate(SubdocMutation {
+            vbid,
+            key: req.key,
+            specs: &req.specs,
+            cas: req.cas,
+            expiry_raw: req.expiry,
+            preserve_ttl: req.preserve_ttl,
+            mkdoc,
+            add,
+            durability: to_requirements(req.durability),
+        });
+        match result {
+            Ok(SubdocMutated::Done { info, values }) => {
+                let body = if req.multi {
+                    let mut body = Vec::new();
+                    for (index, v) in &values {
+                        body.push(*index);
+                        body.extend_from_slice(&Status::Success.as_u16().to_be_bytes());
+                        body.extend_from_slice(
+                            &u32::try_from(v.len()).unwrap_or(u32::MAX).to_be_bytes(),
+                        );
+                        body.extend_from_slice(v);
+                    }
+                    body
+                } else {
+                    values
+                        .into_iter()
+                        .next()
+                        .map(|(_, v)| v)
+                        .unwrap_or_default()
+                };
+                self.reply_mutation(
+                    shared,
+                    engine,
+                    out,
+                    to,
+                    vbid,
+                    info,
+                    DurableReply::Body(body),
+                    persist,
+                );
+            }
+            Ok(SubdocMutated::Failed { index, error }) => {
+                let status = subdoc_status(error);
+                if req.multi {
+                    let mut body = vec![index];
+                    body.extend_from_slice(&status.as_u16().to_be_bytes());
+                    put(
+                        out,
+                        &Response::new(to.opcode, Status::SubdocMultiPathFailure, to.opaque)
+                            .with_value(&body),
+                    );
+                } else {
+                    self.fail_wire(out, to, status, &[]);
+                }
+            }
+            Err(e) => self.fail(shared, out, to, e, &[]),
+        }
+    }
+
+    /// JSON when `json` and the client negotiated it.
+    fn json_if(&self, json: bool) -> Datatype {
+        if json && self.json {
+            Datatype::JSON
+        } else {
+            Datatype::RAW
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Sub-document request bodies (kv_engine `docs/SubDocument.md`, `docs/BinaryProtocol.md`):
+//! the specs of MULTI_LOOKUP and MULTI_MUTATION, and the flag bits.
+//!
+//! - MULTI_LOOKUP value: specs of `opcode (u8) | path flags (u8) | path length (u16) |
+//!   path`.
+//! - MULTI_MUTATION value: specs of `opcode (u8) | path flags (u8) | path length (u16) |
+//!   value length (u32) | path | value`.
+//!
+//! At most [`MAX_SUBDOC_SPECS`] specs; all big-endian.
+
+use crate::opcode::Opcode;
+use crate::status::Status;
+
+/// Most specs one multi-path command may carry.
+pub const MAX_SUBDOC_SPECS: usize = 16;
+
+/// Path flag: create missing intermediate objects.
+pub const PATH_FLAG_MKDIR_P: u8 = 0x01;
+/// Path flag: the path is an extended attribute (not supported yet).
+pub const PATH_FLAG_XATTR: u8 = 0x04;
+/// Path flag: expand macros in an extended attribute (not supported yet).
+pub const PATH_FLAG_EXPAND_MACROS: u8 = 0x10;
+/// Doc flag: create the document if missing (upsert semantics).
+pub const DOC_FLAG_MKDOC: u8 = 0x01;
+/// Doc flag: create the document, which must not exist (insert semantics).
+pub const DOC_FLAG_ADD: u8 = 0x02;
+
+/// One path of a sub-document command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubdocSpec<'a> {
+    /// The path's operation (a single-path sub-document opcode).
+    pub opcode: Opcode,
+    /// Path flags.
+    pub flags: u8,
+    /// The path.
+    pub path: &'a [u8],
+    /// The value (always empty for lookups).
+    pub value: &'a [u8],
+}
+
+/// Whether `op` is a sub-document lookup.
+#[must_use]
+pub fn is_subdoc_lookup(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::SubdocGet | Opcode::SubdocExists | Opcode::SubdocGetCount
+    )
+}
+
+/// Whether `op` is a single-path sub-document mutation.
+#[must_use]
+pub fn is_subdoc_mutation(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::SubdocDictAdd
+            | Opcode::SubdocDictUpsert
+            | Opcode::SubdocDelete
+            | Opcode::SubdocReplace
+            | Opcode::SubdocArrayPushLast
+            | Opcode::SubdocArrayPushFirst
+            | Opcode::SubdocArrayInsert
+            | Opcode::SubdocArrayAddUnique
+            | Opcode::SubdocCounter
+    )
+}
+
+/// Checks one spec's flags: unknown bits are EINVAL; extended attributes are not
+/// supported yet (NotSupported).
+pub(crate) fn check_path_flags(flags: u8) -> Result<(), Status> {
+    if flags & !(PATH_FLAG_MKDIR_P | PATH_FLAG_XATTR | PATH_FLAG_EXPAND_MACROS) != 0 {
+        return Err(Status::Einval);
+    }
+    if flags & (PATH_FLAG_XATTR | PATH_FLAG_EXPAND_MACROS) != 0 {
+        return Err(Status::NotSupported);
+    }
+    Ok(())
+}
+
+/// Parses the specs of a MULTI_LOOKUP (`mutations` false) or MULTI_MUTATION value.
+///
+/// # Errors
+/// EINVAL for a truncated spec or bad flags; SubdocInvalidCombo for no specs, more than
+/// [`MAX_SUBDOC_SPECS`], or an opcode of the wrong kind; NotSupported for extended
+/// attribute paths.
+pub fn parse_specs(mut v: &[u8], mutations: bool) -> Result<Vec<SubdocSpec<'_>>, Status> {
+    let mut out = Vec::new();
+    while !v.is_empty() {
+        let head = if mutations { 8 } else { 4 };
+        let h = v.get(..head).ok_or(Status::Einval)?;
+        let opcode = Opcode::from_u8(h[0]).ok_or(Status::SubdocInvalidCombo)?;
+        let kind_ok = if mutations {
+            is_subdoc_mutation(opcode)
+        } else {
+            is_subdoc_lookup(opcode)
+        };
+        if !kind_ok {
+            return Err(Status::SubdocInvalidCombo);
+        }
+        let flags = h[1];
+        let path_len = usize::from(u16::from_be_bytes([h[2], h[3]]));
+        let value_len = if mutations {
+            usize::try_from(u32::from_be_bytes([h[4], h[5], h[6], h[7]]))
+                .map_err(|_| Status::Einval)?
+        } else {
+            0
+        };
+        let end = head
+            .checked_add(path_len)
+            .and_then(|n| n.checked_add(value_len))
+            .ok_or(Status::Einval)?;
+        let body = v.get(head..end).ok_or(Status::Einval)?;
+        check_path_flags(flags)?;
+        out.push(SubdocSpec {
+            opcode,
+            flags,
+            path: &body[..path_len],
+            value: &body[path_len..],
+        });
+        if out.len() > MAX_SUBDOC_SPECS {
+            return Err(Status::SubdocInvalidCombo);
+        }
+        v = &v[end..];
+    }
+    if out.is_empty() {
+        return Err(Status::SubdocInvalidCombo);
+    }
+    Ok(out)
+}
+
+/// Appends one lookup spec to `out` (for clients and tests).
+pub fn put_lookup_spec(out: &mut Vec<u8>, opcode: Opcode, flags: u8, path: &[u8]) {
+    out.push(opcode.as_u8());
+    out.push(flags);
+    out.extend_from_slice(&u16::try_from(path.len()).unwrap_or(u16::MAX).to_be_bytes());
+    out.extend_from_slice(path);
+}
+
+/// Appends one mutation spec to `out` (for clients and tests).
+pub fn put_mutation_spec(out: &mut Vec<u8>, opcode: Opcode, flags: u8, path: &[u8], value: &[u8]) {
+    out.push(opcode.as_u8());
+    out.push(flags);
+    out.extend_from_slice(&u16::try_from(path.len()).unwrap_or(u16::MAX).to_be_bytes());
+    out.extend_from_slice(&u32::try_from(value.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(path);
+    out.extend_from_slice(value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multi_specs_round_trip_and_bad_ones_are_refused() {
+        let mut v = Vec::new();
+        put_lookup_spec(&mut v, Opcode::SubdocGet, 0, b"a.b");
+        put_lookup_spec(&mut v, Opcode::SubdocExists, 0, b"c");
+        let specs = parse_specs(&v, false).unwrap();
+        assert_eq!(specs.len(), 2);
+        assert_eq!(
+            (specs[0].opcode, specs[0].path),
+            (Opcode::SubdocGet, &b"a.b"[..])
+        );
+        assert_eq!(parse_specs(&v[..v.len() - 1], false), Err(Status::Einval));
+        assert_eq!(parse_specs(&v, true), Err(Status::SubdocInvalidCombo));
+        assert_eq!(parse_specs(b"", false), Err(Status::SubdocInvalidCombo));
+
+        let mut m = Vec::new();
+        put_mutation_spec(
+            &mut m,
+            Opcode::SubdocDictUpsert,
+            PATH_FLAG_MKDIR_P,
+            b"x.y",
+            b"1",
+        );
+        put_mutation_spec(&mut m, Opcode::SubdocCounter, 0, b"n", b"5");
+        let specs = parse_specs(&m, true).unwrap();
+        assert_eq!(specs[1].value, b"5");
+        assert_eq!(specs[0].flags, PATH_FLAG_MKDIR_P);
+
+        let mut xattr = Vec::new();
+        put_lookup_spec(&mut xattr, Opcode::SubdocGet, PATH_FLAG_XATTR, b"$document");
+        assert_eq!(parse_specs(&xattr, false), Err(Status::NotSupported));
+        let mut odd = Vec::new();
+        put_lookup_spec(&mut odd, Opcode::SubdocGet, 0x80, b"a");
+        assert_eq!(parse_specs(&odd, false), Err(Status::Einval));
+
+        let mut many = Vec::new();
+        for _ in 0..=MAX_SUBDOC_SPECS {
+            put_lookup_spec(&mut many, Opcode::SubdocGet, 0, b"a");
+        }
+        assert_eq!(parse_specs(&many, false), Err(Status::SubdocInvalidCombo));
+    }
+}
