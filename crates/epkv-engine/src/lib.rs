@@ -196,6 +196,58 @@ mod subdoc;
 mod subdoc_ops;
 mod vbucket;
 
+/// Entry points for the fuzz targets (`fuzz/fuzz_targets/subdoc.rs`); not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Whether a sub-document path parses.
+    #[must_use]
+    pub fn subdoc_path_parses(path: &[u8]) -> bool {
+        crate::subdoc::parse_path(path).is_ok()
+    }
+
+    /// Runs sub-document operation `op` (an index into the lookups then the mutations,
+    /// modulo their number) on `doc`; returns the document afterwards (mutations) or the
+    /// lookup's result, or `None` when the operation failed.
+    #[must_use]
+    pub fn subdoc_apply(
+        doc: &[u8],
+        op: u8,
+        path: &[u8],
+        value: &[u8],
+        mkdir: bool,
+    ) -> Option<Vec<u8>> {
+        use crate::subdoc::{LookupOp, MutateOp};
+        const LOOKUPS: [LookupOp; 3] = [LookupOp::Get, LookupOp::Exists, LookupOp::GetCount];
+        const MUTATIONS: [MutateOp; 9] = [
+            MutateOp::DictAdd,
+            MutateOp::DictUpsert,
+            MutateOp::Delete,
+            MutateOp::Replace,
+            MutateOp::ArrayPushLast,
+            MutateOp::ArrayPushFirst,
+            MutateOp::ArrayInsert,
+            MutateOp::ArrayAddUnique,
+            MutateOp::Counter,
+        ];
+        let mut parsed = crate::subdoc::parse_doc(doc).ok()?;
+        let i = usize::from(op) % (LOOKUPS.len() + MUTATIONS.len());
+        match LOOKUPS.get(i) {
+            Some(l) => crate::subdoc::lookup(&parsed, *l, path).ok(),
+            None => {
+                crate::subdoc::mutate(
+                    &mut parsed,
+                    MUTATIONS[i - LOOKUPS.len()],
+                    path,
+                    value,
+                    mkdir,
+                )
+                .ok()?;
+                serde_json::to_vec(&parsed).ok()
+            }
+        }
+    }
+}
+
 pub use bucket::Bucket;
 pub use clock::EngineClock;
 pub use config::{
