@@ -12,6 +12,7 @@ mod bench_memory;
 mod bench_metrics;
 mod bench_micro;
 mod bench_persistence;
+mod bench_subdoc;
 mod ci;
 mod deps;
 mod fuzz;
@@ -90,6 +91,8 @@ enum BenchCmd {
     Memory(bench_memory::MemoryOptions),
     /// A victim's latency under storms of failing SASL PLAIN logins (issue 19).
     Auth(bench_auth::AuthOptions),
+    /// Sub-document reads and changes against a full GET and GET + CAS SET (issue 20).
+    Subdoc(bench_subdoc::SubdocOptions),
     /// Prometheus scrape (issue 19): server CPU per scrape with 1024 vBuckets, every
     /// task's histograms and 1,000 connections, and the exposition's size.
     Metrics(bench_metrics::MetricsOptions),
@@ -128,6 +131,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Auth(opts),
         } => bench_auth::bench_auth(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Subdoc(opts),
+        } => bench_subdoc::bench_subdoc(&opts),
         Cmd::Bench {
             which: BenchCmd::Metrics(opts),
         } => bench_metrics::bench_metrics(&opts),

@@ -242,6 +242,180 @@ pub(crate) fn lookup(doc: &Value, op: LookupOp, path: &[u8]) -> Result<Vec<u8>, 
     }
 }
 
+/// What [`find_raw`] met at a step of the path.
+enum Step<'de> {
+    /// The component's value, as it is written in the document.
+    Found(&'de serde_json::value::RawValue),
+    /// The container has no such key or index.
+    Missing,
+    /// The value is not the kind of container the component needs.
+    Mismatch,
+}
+
+/// Finds one component in a container without building it: the other members are
+/// skipped (checked, not kept).
+struct FindIn<'c>(&'c Component);
+
+impl<'de> serde::de::Visitor<'de> for FindIn<'_> {
+    type Value = Step<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Step<'de>, A::Error> {
+        let Component::Key(want) = self.0 else {
+            while map
+                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                .is_some()
+            {}
+            return Ok(Step::Mismatch);
+        };
+        let mut found = None;
+        while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if found.is_none() && k == want.as_str() {
+                found = Some(map.next_value::<&'de serde_json::value::RawValue>()?);
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(found.map_or(Step::Missing, Step::Found))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Step<'de>, A::Error> {
+        let Component::Index(want) = *self.0 else {
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            return Ok(Step::Mismatch);
+        };
+        let mut found = None;
+        let mut i = 0i64;
+        while let Some(v) = seq.next_element::<&'de serde_json::value::RawValue>()? {
+            if want == -1 || i == want {
+                found = Some(v);
+            }
+            i += 1;
+        }
+        Ok(found.map_or(Step::Missing, Step::Found))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Step<'de>, E> {
+        Ok(Step::Mismatch)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Step<'de>, E> {
+        Ok(Step::Mismatch)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Step<'de>, E> {
+        Ok(Step::Mismatch)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Step<'de>, E> {
+        Ok(Step::Mismatch)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Step<'de>, E> {
+        Ok(Step::Mismatch)
+    }
+    fn visit_unit<E>(self) -> Result<Step<'de>, E> {
+        Ok(Step::Mismatch)
+    }
+}
+
+/// Counts the members of a container without building it.
+struct CountIn;
+
+impl<'de> serde::de::Visitor<'de> for CountIn {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> Result<Option<usize>, A::Error> {
+        let mut n = 0;
+        while map
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {
+            n += 1;
+        }
+        Ok(Some(n))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> Result<Option<usize>, A::Error> {
+        let mut n = 0;
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+            n += 1;
+        }
+        Ok(Some(n))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Option<usize>, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Option<usize>, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Option<usize>, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Option<usize>, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Option<usize>, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Option<usize>, E> {
+        Ok(None)
+    }
+}
+
+/// Runs `visitor` over the whole of `text` (one JSON value, nothing after it).
+fn scan<'de, V: serde::de::Visitor<'de>>(
+    text: &'de str,
+    visitor: V,
+) -> Result<V::Value, SubdocError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let v = serde::Deserializer::deserialize_any(&mut de, visitor)
+        .map_err(|_| SubdocError::DocNotJson)?;
+    de.end().map_err(|_| SubdocError::DocNotJson)?;
+    Ok(v)
+}
+
+/// Follows `path` through the document text, skipping what is not on the path, and
+/// returns the value's text as it is written in the document.
+fn find_raw<'d>(doc: &'d str, path: &[Component]) -> Result<&'d str, SubdocError> {
+    let mut cur = doc;
+    for c in path {
+        cur = match scan(cur, FindIn(c))? {
+            Step::Found(raw) => raw.get(),
+            Step::Missing => return Err(SubdocError::PathNotFound),
+            Step::Mismatch => return Err(SubdocError::PathMismatch),
+        };
+    }
+    Ok(cur)
+}
+
+/// Runs one lookup on the document's text without parsing what is not on the path (the
+/// text is still checked all the way through: a document that is not JSON is refused).
+pub(crate) fn lookup_raw(doc: &[u8], op: LookupOp, path: &[u8]) -> Result<Vec<u8>, SubdocError> {
+    let path = parse_path(path)?;
+    let text = std::str::from_utf8(doc).map_err(|_| SubdocError::DocNotJson)?;
+    if path.is_empty() {
+        // The whole document: check it, and hand it back as it is.
+        scan(text, serde::de::IgnoredAny)?;
+    }
+    let v = find_raw(text, &path)?;
+    match op {
+        LookupOp::Get => Ok(v.trim().as_bytes().to_vec()),
+        LookupOp::Exists => Ok(Vec::new()),
+        LookupOp::GetCount => match scan(v, CountIn)? {
+            Some(n) => Ok(n.to_string().into_bytes()),
+            None => Err(SubdocError::PathMismatch),
+        },
+    }
+}
+
 /// A mutation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MutateOp {
@@ -529,6 +703,52 @@ mod tests {
             lookup(&d, LookupOp::Get, b"").unwrap(),
             serde_json::to_vec(&d).unwrap()
         );
+    }
+
+    #[test]
+    fn text_lookups_agree_with_parsed_lookups_and_keep_the_values_text() {
+        let text = br#"{ "name" : "toy", "tags": ["a", "b"], "d": {"n": 1}, "list": [{"x": 1}, {"x": 2}] }"#;
+        let d = parse_doc(text).unwrap();
+        for path in [
+            &b"name"[..],
+            b"tags",
+            b"tags[-1]",
+            b"d",
+            b"d.n",
+            b"list[1].x",
+            b"missing",
+            b"name.x",
+            b"tags[9]",
+            b"d[0]",
+            b"a..b",
+        ] {
+            for op in [LookupOp::Get, LookupOp::Exists, LookupOp::GetCount] {
+                let raw = lookup_raw(text, op, path);
+                let parsed = lookup(&d, op, path);
+                match (&raw, &parsed) {
+                    (Ok(r), Ok(p)) if op == LookupOp::Get => {
+                        let rv: Value = serde_json::from_slice(r).unwrap();
+                        let pv: Value = serde_json::from_slice(p).unwrap();
+                        assert_eq!(rv, pv, "{op:?} {}", String::from_utf8_lossy(path));
+                    }
+                    _ => assert_eq!(raw, parsed, "{op:?} {}", String::from_utf8_lossy(path)),
+                }
+            }
+        }
+        // The value's text as written.
+        assert_eq!(
+            lookup_raw(text, LookupOp::Get, b"tags").unwrap(),
+            br#"["a", "b"]"#
+        );
+        assert_eq!(
+            lookup_raw(b"{\"a\":1", LookupOp::Get, b"a"),
+            Err(SubdocError::DocNotJson)
+        );
+        assert_eq!(
+            lookup_raw(b"{\"a\":1} x", LookupOp::Exists, b"a"),
+            Err(SubdocError::DocNotJson)
+        );
+        assert_eq!(lookup_raw(b"[1,2]", LookupOp::Get, b"").unwrap(), b"[1,2]");
     }
 
     #[test]

@@ -69,16 +69,14 @@ impl Bucket {
         })?;
         self.counters.incr(Counter::GetHits);
         let plain = plain_value(&value, datatype).map_err(|_| EngineStatus::Internal)?;
-        let results = match subdoc::parse_doc(&plain) {
-            Ok(doc) => specs
-                .iter()
-                .map(|s| match lookup_op(s.op) {
-                    Some(op) => subdoc::lookup(&doc, op, s.path),
-                    None => Err(SubdocError::PathInvalid),
-                })
-                .collect(),
-            Err(e) => specs.iter().map(|_| Err(e)).collect(),
-        };
+        // Each path is found in the document's text without building the document.
+        let results = specs
+            .iter()
+            .map(|s| match lookup_op(s.op) {
+                Some(op) => subdoc::lookup_raw(&plain, op, s.path),
+                None => Err(SubdocError::PathInvalid),
+            })
+            .collect();
         Ok(SubdocLookup { cas, results })
     }
 

@@ -28,6 +28,7 @@ pub(crate) struct Response {
     pub(crate) opcode: u8,
     pub(crate) status: u16,
     pub(crate) opaque: u32,
+    pub(crate) cas: epkv_types::Cas,
     pub(crate) key: Vec<u8>,
     pub(crate) value: Vec<u8>,
 }
@@ -151,6 +152,32 @@ impl BinClient {
             .with_context(|| format!("encode {}", opcode.name()))
     }
 
+    /// Queues a SET with datatype JSON that must match `cas`.
+    pub(crate) fn queue_set_datatype_cas(
+        &mut self,
+        opcode: Opcode,
+        key: &[u8],
+        value: &[u8],
+        cas: epkv_types::Cas,
+        opaque: u32,
+    ) -> Result<()> {
+        let vbucket = if self.vbuckets {
+            epkv_types::vbucket_for_key(key, NUM_VBUCKETS)
+        } else {
+            Vbid(0)
+        };
+        RequestBuilder::new(opcode)
+            .key(key)
+            .extras(&[0; 8])
+            .value(value)
+            .datatype(epkv_types::Datatype::JSON)
+            .cas(cas)
+            .vbucket(vbucket)
+            .opaque(opaque)
+            .encode(&mut self.conn.out)
+            .with_context(|| format!("encode {}", opcode.name()))
+    }
+
     /// Queues a SET (or SETQ) with flags 0 and no expiry.
     pub(crate) fn queue_set(
         &mut self,
@@ -235,6 +262,7 @@ fn decode_response(h: &[u8; HEADER_LEN], r: &mut impl Read) -> Result<Response> 
         opcode: h.opcode,
         status: h.status,
         opaque: h.opaque,
+        cas: h.cas,
         key: body[key_at..value_at].to_vec(),
         value: body[value_at..].to_vec(),
     })
