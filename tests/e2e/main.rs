@@ -23,4 +23,5 @@ mod pipelining;
 mod process;
 mod restart;
 mod scram;
+mod tls;
 mod vbuckets;
