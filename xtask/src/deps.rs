@@ -2,8 +2,8 @@
 //! does nothing for what is already there.
 //!
 //! - Debian packages: `libmemcached-tools` (memccapable, memcaslap), `memcached` (the
-//!   benchmark and parity peer), `python3-venv`; `apt-get update && apt-get install` runs
-//!   only when one is missing.
+//!   benchmark and parity peer), `python3-venv`, `openssl` (certificates for the SDK TLS
+//!   test); `apt-get update && apt-get install` runs only when one is missing.
 //! - A Python virtualenv at `.venv` with the pinned packages of
 //!   `tests/python/requirements.txt` (python-binary-memcached, pytest and the Couchbase
 //!   Python SDK `couchbase==4.6.3`, a manylinux wheel bundling its C++ core); pip runs only when that file changed since the last
@@ -37,6 +37,11 @@ const APT_PACKAGES: &[AptPackage] = &[
     AptPackage {
         name: "python3-venv",
         provides: None,
+    },
+    // The Couchbase SDK's couchbases:// test makes its CA and certificates with it.
+    AptPackage {
+        name: "openssl",
+        provides: Some("openssl"),
     },
 ];
 

@@ -4,13 +4,14 @@
 //!
 //! It is not part of the server: nothing depends on it, and it may depend on anything.
 //! Commands: `ci`, `deps`, `check-layers`, `memcapable`, `pytest`, `fuzz-smoke`,
-//! `bench frontend|persistence|memory|<micro>`. See CONTRIBUTING.md and docs/testing.md.
+//! `bench frontend|persistence|memory|auth|tls|<micro>`. See CONTRIBUTING.md and docs/testing.md.
 
 mod bench_auth;
 mod bench_frontend;
 mod bench_memory;
 mod bench_micro;
 mod bench_persistence;
+mod bench_tls;
 mod ci;
 mod deps;
 mod fuzz;
@@ -70,8 +71,9 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         secs: u64,
     },
-    /// Benchmarks that compare epkv with its peers: `frontend`, `persistence`, `memory`, or
-    /// any bench in crates/epkv-bench/benches (`cargo xtask bench executor --quick`).
+    /// Benchmarks that compare epkv with its peers: `frontend`, `persistence`, `memory`,
+    /// `auth`, `tls`, or any bench in crates/epkv-bench/benches (`cargo xtask bench
+    /// executor --quick`).
     Bench {
         #[command(subcommand)]
         which: BenchCmd,
@@ -89,6 +91,8 @@ enum BenchCmd {
     Memory(bench_memory::MemoryOptions),
     /// A victim's latency under storms of failing SASL PLAIN logins (issue 19).
     Auth(bench_auth::AuthOptions),
+    /// Pipelined 90/10 GET/SET over TLS vs plain text, epkv against itself (issue 19).
+    Tls(bench_tls::TlsOptions),
     /// Any other name runs the epkv-bench bench of that name:
     /// `cargo xtask bench executor --quick` is
     /// `cargo bench -p epkv-bench --bench executor -- --quick`.
@@ -124,6 +128,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Auth(opts),
         } => bench_auth::bench_auth(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Tls(opts),
+        } => bench_tls::bench_tls(&opts),
         Cmd::Bench {
             which: BenchCmd::Micro(args),
         } => bench_micro::bench_micro(&args),

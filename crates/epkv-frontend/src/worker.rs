@@ -219,7 +219,7 @@ async fn serve_tls(
     let user = match stream.get_ref().1.peer_certificates() {
         Some([leaf, ..]) => match user_for_certificate(leaf, &shared.users) {
             Ok(user) => {
-                tracing::debug!(conn = id, %peer, user, "authenticated by client certificate");
+                tracing::info!(conn = id, %peer, user = %format_args!("<ud>{user}</ud>"), mechanism = %"client-certificate", "authenticated");
                 Some(user)
             }
             Err(e) => {
