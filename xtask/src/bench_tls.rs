@@ -167,19 +167,18 @@ pub(crate) fn report(
 
 /// Runs the bench and writes its report.
 pub(crate) fn bench_tls(opts: &TlsOptions) -> Result<()> {
-    let mut build = util::cargo();
-    build.args([
+    util::run(util::cargo().args([
         "build",
         "--release",
         "-p",
         "epkv-bench",
         "--bin",
         "epkv-pipeload",
-    ]);
+    ]))?;
     if opts.epkv_bin.is_none() {
-        build.args(["-p", "epkv-server"]);
+        // Separately: `--bin` would otherwise limit every package to that binary.
+        util::run(util::cargo().args(["build", "--release", "-p", "epkv-server"]))?;
     }
-    util::run(&mut build)?;
     let bin = opts
         .epkv_bin
         .clone()

@@ -175,6 +175,11 @@ fn the_tls_listener_serves_the_same_protocol_with_pipelines_larger_than_a_record
 
     let mut s = connect(server.tls_addr, &ca);
     assert!(presented_cn_is(&s, "first"));
+    // The server's preference wins over rustls' client order (AES-256-GCM first).
+    assert_eq!(
+        s.conn.negotiated_cipher_suite().unwrap().suite(),
+        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
+    );
     let value = vec![b'x'; 100 * 1024];
     s.write_all(&set_req(b"big", &value, 0)).unwrap();
     let mut buf = Vec::new();
