@@ -464,7 +464,7 @@ async fn run_load(addr: SocketAddr, config: Arc<rustls::ClientConfig>, load: Arc
         } else {
             load.failures.fetch_add(1, Ordering::Relaxed);
         }
-        if i % 8 == 0 {
+        if i.is_multiple_of(8) {
             let fresh = async {
                 let mut c = client_over(tls_connect(addr, &config).await.ok()?);
                 c.get(&k).await.ok().filter(|r| r.is_success())
