@@ -328,6 +328,36 @@ fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
     }
 }
 
+impl Server {
+    /// The TLS listener's address, from the `..., tls HOST:PORT)` end of the startup
+    /// line of a server started with `--tls-cert` and `--tls-key`.
+    pub(crate) fn tls_addr(&self) -> SocketAddr {
+        parse_tls_addr(&self.listening_line)
+            .unwrap_or_else(|| panic!("no TLS address in {:?}", self.listening_line))
+    }
+
+    /// Sends a signal (`HUP`, `TERM`, ...) to a spawned server.
+    pub(crate) fn signal(&self, name: &str) {
+        let pid = self.pid().expect("a spawned server");
+        let rc = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("kill");
+        assert!(rc.success(), "kill -{name} {pid} failed");
+    }
+}
+
+/// The `tls HOST:PORT` part of the startup line, if any.
+pub(crate) fn parse_tls_addr(line: &str) -> Option<SocketAddr> {
+    let rest = line.split(", tls ").nth(1)?;
+    rest.trim_end_matches(')')
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Parses `epkv listening on 127.0.0.1:PORT (bucket "default", data DIR)`.
 pub(crate) fn parse_listening_line(line: &str) -> SocketAddr {
     line.strip_prefix("epkv listening on ")

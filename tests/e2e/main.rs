@@ -27,4 +27,5 @@ mod restart;
 mod scram;
 mod snappy;
 mod subdoc;
+mod tls;
 mod vbuckets;

@@ -26,6 +26,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on (\S+?):(\d+)")
+# The end of the same line when TLS is on: ``..., tls HOST:PORT)``.
+TLS_LISTENING = re.compile(r", tls (\S+?):(\d+)\)")
 START_TIMEOUT_SECS = 30
 STOP_TIMEOUT_SECS = 10
 
@@ -43,9 +45,11 @@ def _server_bin() -> Path:
 class Server:
     """A running epkv-server process and the address it listens on."""
 
-    def __init__(self, proc, addr, log_path, data_dir):
+    def __init__(self, proc, addr, log_path, data_dir, tls_addr=None):
         self.proc = proc
         self.addr = addr
+        # HOST:PORT of the TLS listener, for a server started with --tls-cert/--tls-key.
+        self.tls_addr = tls_addr
         self.log_path = log_path
         self.data_dir = data_dir
 
@@ -90,6 +94,9 @@ def _start_server_with(tmp_path_factory, args, port=0, data_dir=None):
                 match = LISTENING.search(line)
                 if match:
                     found["addr"] = f"{match.group(1)}:{match.group(2)}"
+                    tls = TLS_LISTENING.search(line)
+                    if tls:
+                        found["tls_addr"] = f"{tls.group(1)}:{tls.group(2)}"
                     ready.set()
                 else:
                     seen.append(line.rstrip())
@@ -108,7 +115,7 @@ def _start_server_with(tmp_path_factory, args, port=0, data_dir=None):
             f"(exit code {proc.returncode}); stdout: {seen}; log:\n{tail}"
         )
     _wait_accepting(found["addr"])
-    return Server(proc, found["addr"], log_path, data_dir), log
+    return Server(proc, found["addr"], log_path, data_dir, found.get("tls_addr")), log
 
 
 def _wait_accepting(addr):

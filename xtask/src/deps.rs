@@ -3,8 +3,8 @@
 //!
 //! - Debian packages: `libmemcached-tools` (memccapable, memcaslap), `memcached` (the
 //!   benchmark and parity peer), `python3-venv`, `prometheus` (`promtool` and the server
-//!   the metrics tests scrape with); `apt-get update && apt-get install` runs
-//!   only when one is missing.
+//!   the metrics tests scrape with), `openssl` (certificates for the SDK TLS test);
+//!   `apt-get update && apt-get install` runs only when one is missing.
 //! - A Python virtualenv at `.venv` with the pinned packages of
 //!   `tests/python/requirements.txt` (python-binary-memcached, pytest and the Couchbase
 //!   Python SDK `couchbase==4.6.3`, a manylinux wheel bundling its C++ core); pip runs only when that file changed since the last
@@ -42,6 +42,11 @@ const APT_PACKAGES: &[AptPackage] = &[
     AptPackage {
         name: "prometheus",
         provides: Some("promtool"),
+    },
+    // The Couchbase SDK's couchbases:// test makes its CA and certificates with it.
+    AptPackage {
+        name: "openssl",
+        provides: Some("openssl"),
     },
 ];
 

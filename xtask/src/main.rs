@@ -4,7 +4,8 @@
 //!
 //! It is not part of the server: nothing depends on it, and it may depend on anything.
 //! Commands: `ci`, `deps`, `check-layers`, `memcapable`, `pytest`, `fuzz-smoke`,
-//! `bench frontend|persistence|memory|metrics|<micro>`. See CONTRIBUTING.md and docs/testing.md.
+//! `bench frontend|persistence|memory|auth|metrics|subdoc|tls|<micro>`. See CONTRIBUTING.md
+//! and docs/testing.md.
 
 mod bench_auth;
 mod bench_frontend;
@@ -13,6 +14,7 @@ mod bench_metrics;
 mod bench_micro;
 mod bench_persistence;
 mod bench_subdoc;
+mod bench_tls;
 mod ci;
 mod deps;
 mod fuzz;
@@ -72,8 +74,9 @@ enum Cmd {
         #[arg(long, default_value_t = 30)]
         secs: u64,
     },
-    /// Benchmarks that compare epkv with its peers: `frontend`, `persistence`, `memory`, or
-    /// any bench in crates/epkv-bench/benches (`cargo xtask bench executor --quick`).
+    /// Benchmarks that compare epkv with its peers: `frontend`, `persistence`, `memory`,
+    /// `auth`, `tls`, or any bench in crates/epkv-bench/benches (`cargo xtask bench
+    /// executor --quick`).
     Bench {
         #[command(subcommand)]
         which: BenchCmd,
@@ -96,6 +99,8 @@ enum BenchCmd {
     /// Prometheus scrape (issue 19): server CPU per scrape with 1024 vBuckets, every
     /// task's histograms and 1,000 connections, and the exposition's size.
     Metrics(bench_metrics::MetricsOptions),
+    /// Pipelined 90/10 GET/SET over TLS vs plain text, epkv against itself (issue 19).
+    Tls(bench_tls::TlsOptions),
     /// Any other name runs the epkv-bench bench of that name:
     /// `cargo xtask bench executor --quick` is
     /// `cargo bench -p epkv-bench --bench executor -- --quick`.
@@ -137,6 +142,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Metrics(opts),
         } => bench_metrics::bench_metrics(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Tls(opts),
+        } => bench_tls::bench_tls(&opts),
         Cmd::Bench {
             which: BenchCmd::Micro(args),
         } => bench_micro::bench_micro(&args),

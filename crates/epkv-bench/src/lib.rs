@@ -6,7 +6,9 @@
 //! dependency of a shipped crate. It holds the shared harness ([`harness`]: argument
 //! parsing, timed multi-thread loops, JSON and markdown reports), a spin-then-park
 //! [`baton::Baton`] for "notify the requester" round trips, and naive peers ([`naive`]) that
-//! model the designs the seeds call slow. The benchmarks themselves live in `benches/`.
+//! model the designs the seeds call slow. The benchmarks themselves live in `benches/`;
+//! the load generators `epkv-fight` ([`fight`]) and `epkv-pipeload` ([`pipeload`],
+//! pipelined GET/SET over plain TCP or TLS) are binaries driven by xtask.
 //!
 //! Invariants: every peer in a benchmark is driven by the same loop, the same deadline
 //! generation and the same notification primitive; only the component under test differs.
@@ -27,3 +29,4 @@ pub mod fight;
 pub mod floor;
 pub mod harness;
 pub mod naive;
+pub mod pipeload;

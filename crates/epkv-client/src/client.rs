@@ -9,7 +9,7 @@ use epkv_protocol::{
     ResponseHeader, StoreOp, response_frame_len,
 };
 use epkv_types::{Cas, NUM_VBUCKETS, VBucketState, Vbid, vbucket_for_key};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 
 use crate::error::{Error, Result};
@@ -50,9 +50,12 @@ impl Default for ClientConfig {
 /// [`Client::recv`] the responses. [`Client::request`] does one round trip. Document
 /// commands go to the key's vBucket (`epkv_types::vbucket_for_key`) unless an override
 /// is set.
+///
+/// The stream is a [`TcpStream`] by default; any `AsyncRead + AsyncWrite` stream works
+/// through [`Client::from_stream`], a TLS session for instance.
 #[derive(Debug)]
-pub struct Client {
-    stream: TcpStream,
+pub struct Client<S = TcpStream> {
+    stream: S,
     config: ClientConfig,
     rbuf: BytesMut,
     wbuf: BytesMut,
@@ -60,7 +63,7 @@ pub struct Client {
     vbucket_override: Option<Vbid>,
 }
 
-impl Client {
+impl Client<TcpStream> {
     /// Connects with the default [`ClientConfig`].
     ///
     /// # Errors
@@ -78,10 +81,12 @@ impl Client {
         stream.set_nodelay(true)?;
         Ok(Client::from_stream(stream, config))
     }
+}
 
+impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// Wraps a connected stream.
     #[must_use]
-    pub fn from_stream(stream: TcpStream, config: ClientConfig) -> Client {
+    pub fn from_stream(stream: S, config: ClientConfig) -> Client<S> {
         Client {
             stream,
             config,
@@ -93,7 +98,7 @@ impl Client {
     }
 
     /// Returns the underlying stream (for tests that need socket-level control).
-    pub fn stream_mut(&mut self) -> &mut TcpStream {
+    pub fn stream_mut(&mut self) -> &mut S {
         &mut self.stream
     }
 
@@ -180,7 +185,7 @@ impl Client {
     /// # Errors
     /// As [`Client::flush`] and [`Client::recv`].
     pub async fn flush_and_recv(&mut self, count: usize) -> Result<Vec<Response>> {
-        let (mut rd, mut wr) = self.stream.split();
+        let (mut rd, mut wr) = tokio::io::split(&mut self.stream);
         let (wbuf, rbuf, config) = (&mut self.wbuf, &mut self.rbuf, &self.config);
         let write = async {
             wr.write_all(wbuf).await?;

@@ -9,6 +9,11 @@
 //! but without `collections` (HELLO 0x12 is not agreed; the two must match). The node's
 //! address is the one the client connected to, so a client that reached the server
 //! through one interface is never sent another.
+//!
+//! `nodesExt[].services` names the plain KV port as `kv` and, when TLS is on, the TLS
+//! port as `kvSSL`: Couchbase SDKs connecting with `couchbases://` read `kvSSL`
+//! (couchbase-cxx-client's `services_tls.key_value`) and open their data connections
+//! there. `serverList` keeps the plain port, as Couchbase Server's does.
 
 use epkv_engine_api::Engine;
 use epkv_types::{NUM_VBUCKETS, VBucketState, Vbid};
@@ -19,35 +24,50 @@ use std::net::SocketAddr;
 /// revision counter restarted, which it does not within one process.
 pub(crate) const REV_EPOCH: i64 = 1;
 
-/// `hostname` and `serverList` forms of the address a client connected to.
-fn host_and_server(local: SocketAddr) -> (String, String) {
+/// The ports this node serves the data service on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NodePorts {
+    /// The plain KV port (`kv`).
+    pub(crate) kv: u16,
+    /// The TLS port (`kvSSL`), when TLS is on.
+    pub(crate) kv_ssl: Option<u16>,
+}
+
+/// `hostname` and `serverList` forms of the address a client connected to, with the
+/// plain KV port.
+fn host_and_server(local: SocketAddr, kv: u16) -> (String, String) {
     let host = local.ip().to_string();
     let server = match local {
-        SocketAddr::V4(a) => format!("{}:{}", a.ip(), a.port()),
-        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+        SocketAddr::V4(a) => format!("{}:{kv}", a.ip()),
+        SocketAddr::V6(a) => format!("[{}]:{kv}", a.ip()),
     };
     (host, server)
 }
 
 /// The `nodesExt` array for this single node.
-fn nodes_ext(local: SocketAddr) -> String {
-    let (host, _) = host_and_server(local);
+fn nodes_ext(local: SocketAddr, ports: NodePorts) -> String {
+    let (host, _) = host_and_server(local, ports.kv);
+    let tls = match ports.kv_ssl {
+        Some(p) => format!(",\"kvSSL\":{p}"),
+        None => String::new(),
+    };
     format!(
-        "[{{\"hostname\":\"{host}\",\"services\":{{\"kv\":{}}},\"thisNode\":true}}]",
-        local.port()
+        "[{{\"hostname\":\"{host}\",\"services\":{{\"kv\":{}{tls}}},\"thisNode\":true}}]",
+        ports.kv
     )
 }
 
 /// The bucket config for `name` (a valid bucket name: no characters that need JSON
-/// escaping). A vBucket maps to this node (0) while it is active here, else to no node
-/// (-1).
+/// escaping), for a client that connected to `local`. A vBucket maps to this node (0)
+/// while it is active here, else to no node (-1).
 pub(crate) fn bucket_config(
     name: &str,
     rev: i64,
     local: SocketAddr,
+    ports: NodePorts,
     engine: &dyn Engine,
 ) -> String {
-    let (_, server) = host_and_server(local);
+    let (_, server) = host_and_server(local, ports.kv);
     let mut map = String::with_capacity(usize::from(NUM_VBUCKETS) * 5);
     for vb in 0..NUM_VBUCKETS {
         if vb > 0 {
@@ -66,17 +86,17 @@ pub(crate) fn bucket_config(
          \"serverList\":[\"{server}\"],\"vBucketMap\":[{map}]}},\
          \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\"],\
          \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
-        nodes_ext(local)
+        nodes_ext(local, ports)
     );
     s
 }
 
 /// The global (no bucket selected) config.
-pub(crate) fn global_config(rev: i64, local: SocketAddr) -> String {
+pub(crate) fn global_config(rev: i64, local: SocketAddr, ports: NodePorts) -> String {
     format!(
         "{{\"rev\":{rev},\"revEpoch\":{REV_EPOCH},\"nodesExt\":{},\
          \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
-        nodes_ext(local)
+        nodes_ext(local, ports)
     )
 }
 
@@ -84,16 +104,21 @@ pub(crate) fn global_config(rev: i64, local: SocketAddr) -> String {
 mod tests {
     use super::*;
 
+    const PLAIN: NodePorts = NodePorts {
+        kv: 4000,
+        kv_ssl: None,
+    };
+
     #[test]
     fn host_is_the_local_address_in_both_families() {
         let v4: SocketAddr = "10.1.2.3:11210".parse().unwrap();
         assert_eq!(
-            host_and_server(v4),
+            host_and_server(v4, 11210),
             ("10.1.2.3".to_owned(), "10.1.2.3:11210".to_owned())
         );
         let v6: SocketAddr = "[::1]:9000".parse().unwrap();
         assert_eq!(
-            host_and_server(v6),
+            host_and_server(v6, 9000),
             ("::1".to_owned(), "[::1]:9000".to_owned())
         );
     }
@@ -101,9 +126,28 @@ mod tests {
     #[test]
     fn global_config_names_this_node() {
         let a: SocketAddr = "127.0.0.1:4000".parse().unwrap();
-        let g = global_config(7, a);
+        let g = global_config(7, a, PLAIN);
         assert!(g.starts_with("{\"rev\":7,"));
         assert!(g.contains("\"services\":{\"kv\":4000}"));
         assert!(g.contains("\"thisNode\":true"));
+        assert!(!g.contains("kvSSL"));
+    }
+
+    #[test]
+    fn tls_port_is_advertised_as_kv_ssl_whichever_port_the_client_used() {
+        let ports = NodePorts {
+            kv: 4000,
+            kv_ssl: Some(4001),
+        };
+        // A client on the TLS port gets the same ports as one on the plain port.
+        for local in ["127.0.0.1:4000", "127.0.0.1:4001"] {
+            let g = global_config(1, local.parse().unwrap(), ports);
+            assert!(
+                g.contains("\"services\":{\"kv\":4000,\"kvSSL\":4001}"),
+                "{g}"
+            );
+        }
+        let (_, server) = host_and_server("127.0.0.1:4001".parse().unwrap(), ports.kv);
+        assert_eq!(server, "127.0.0.1:4000");
     }
 }

@@ -1,11 +1,14 @@
 //! [`FrontendConfig`]: how the front end listens and treats connections.
 
 use crate::error::{FrontendError, Result};
+use crate::tls::TlsConfig;
 use epkv_auth::UserStore;
 use epkv_executor::{Clock, SystemClock};
 use epkv_protocol::Limits;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
+#[cfg(test)]
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +51,9 @@ pub struct FrontendConfig {
     /// Threads that check SASL PLAIN passwords (the PBKDF2 derivation), off the
     /// front-end threads. Default: half the CPU cores, at least 1.
     pub auth_threads: usize,
+    /// A second listener serving the same protocol over TLS, on the same address as
+    /// `bind`; `None` (the default) has no TLS listener.
+    pub tls: Option<TlsConfig>,
 }
 
 /// The KV-Engine release whose protocol epkv speaks: the first part of the version it
@@ -78,6 +84,7 @@ impl Default for FrontendConfig {
             clock: Arc::new(SystemClock),
             users: Arc::new(UserStore::empty()),
             auth_threads: std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
+            tls: None,
         }
     }
 }
@@ -96,6 +103,7 @@ impl fmt::Debug for FrontendConfig {
             .field("version", &self.version)
             .field("users", &self.users.len())
             .field("auth_threads", &self.auth_threads)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -108,8 +116,9 @@ impl FrontendConfig {
     ///
     /// # Errors
     /// [`FrontendError::InvalidConfig`] when `threads` or `max_connections` is zero,
-    /// `max_packet_size` is below [`FrontendConfig::MIN_PACKET_SIZE`], or
-    /// `output_buffer_limit` is zero.
+    /// `max_packet_size` is below [`FrontendConfig::MIN_PACKET_SIZE`],
+    /// `output_buffer_limit` is zero, or the TLS settings are incomplete
+    /// ([`TlsConfig::validate`]).
     pub fn validate(&self) -> Result<()> {
         if self.threads == 0 {
             return Err(FrontendError::InvalidConfig(
@@ -137,6 +146,15 @@ impl FrontendConfig {
                 "output_buffer_limit must be positive".into(),
             ));
         }
+        if let Some(tls) = &self.tls {
+            tls.validate()?;
+            if tls.port != 0 && tls.port == self.bind.port() {
+                return Err(FrontendError::InvalidConfig(format!(
+                    "the TLS port and the KV port are both {}",
+                    tls.port
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -144,5 +162,28 @@ impl FrontendConfig {
         Limits {
             max_packet_bytes: self.max_packet_size,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_settings_are_validated_with_the_rest() {
+        let mut c = FrontendConfig {
+            bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 11210)),
+            tls: Some(TlsConfig::new("c.pem", "k.pem")),
+            ..FrontendConfig::default()
+        };
+        c.validate().unwrap();
+        c.tls.as_mut().unwrap().port = 11210;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("both 11210"), "{e}");
+        c.tls.as_mut().unwrap().port = 0;
+        c.bind.set_port(0);
+        c.validate().unwrap();
+        c.tls.as_mut().unwrap().key_path = PathBuf::new();
+        assert!(c.validate().is_err());
     }
 }

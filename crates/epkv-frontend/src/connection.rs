@@ -1,5 +1,11 @@
 //! [`Connection`]: one client socket's read → execute → write loop.
 //!
+//! The loop is generic over the stream ([`Transport`]): a plain TCP socket or a TLS
+//! session run exactly the same protocol code. One mutable borrow of the stream polls
+//! both directions (writes first), so nothing is split or locked. A TLS session may keep
+//! encrypted bytes after a write; the loop then flushes before it counts the replies as
+//! sent (for TCP that check is a constant false and compiles away).
+//!
 //! The loop reads whatever the client sent into the input buffer, frames and executes
 //! every complete request in it (in order), appends the replies to the output buffer and
 //! writes them with as few writes as possible. Reading and writing overlap: while replies
@@ -28,7 +34,8 @@
 use crate::frontend::Shared;
 use crate::session::{Flow, PendingDurable, Session};
 use crate::timings::WorkerTimings;
-use crate::worker::{Accepted, ConnectionSlot};
+use crate::transport::Transport;
+use crate::worker::ConnectionSlot;
 use bytes::{Buf, BytesMut};
 use epkv_engine_api::EngineStatus;
 use epkv_protocol::{Magic, Request, frame_hint, frame_len};
@@ -38,7 +45,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch};
 
 /// Bytes the input buffer is topped up to before each read.
@@ -46,6 +52,8 @@ const READ_CHUNK: usize = 16 * 1024;
 /// A buffer grown past this is replaced by a small one once it is empty, so idle
 /// connections do not keep large buffers.
 const SHRINK_ABOVE: usize = 1024 * 1024;
+/// How long a closing TLS connection waits to send its close_notify.
+const CLOSE_NOTIFY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why a connection is closing (for the log).
 #[derive(Debug, Clone, Copy)]
@@ -100,48 +108,54 @@ async fn auth_outcome(
     }
 }
 
-/// One client connection.
-pub(crate) struct Connection {
+/// Who a new connection is, apart from its stream.
+pub(crate) struct Opened {
+    /// The client's address.
+    pub(crate) peer: SocketAddr,
+    /// The address the client connected to.
+    pub(crate) local: SocketAddr,
+    /// Keeps the connection counted.
+    pub(crate) slot: ConnectionSlot,
+    /// The user a verified client certificate authenticated, if any.
+    pub(crate) user: Option<String>,
+}
+
+/// One client connection over a plain or TLS stream.
+pub(crate) struct Connection<S> {
     id: u64,
     peer: SocketAddr,
-    stream: TcpStream,
+    stream: S,
     slot: ConnectionSlot,
     timings: Arc<WorkerTimings>,
     stop: watch::Receiver<bool>,
     session: Session,
 }
 
-impl Connection {
-    /// Registers the socket with the current (worker) runtime. Returns `None`, after
-    /// logging, if that fails; the socket is then closed.
+impl<S: Transport> Connection<S> {
+    /// A connection over `stream`, registered with the current (worker) runtime. Turns
+    /// TCP_NODELAY on (replies are already batched per read, so Nagle's algorithm would
+    /// only add latency; HELLO's TcpDelay turns it back off).
     pub(crate) fn new(
         id: u64,
-        accepted: Accepted,
+        stream: S,
+        opened: Opened,
         timings: Arc<WorkerTimings>,
         stop: watch::Receiver<bool>,
-    ) -> Option<Self> {
-        let Accepted { stream, peer, slot } = accepted;
-        let stream = match TcpStream::from_std(stream) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(%peer, error = %e, "cannot register connection");
-                return None;
-            }
-        };
-        let local = match stream.local_addr() {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(%peer, error = %e, "cannot read the connection's local address");
-                return None;
-            }
-        };
-        let session = Session::new(slot.shared(), local, peer.ip());
-        // Replies are already batched per read, so Nagle's algorithm would only add
-        // latency. HELLO's TcpDelay turns it back on.
+    ) -> Self {
+        let Opened {
+            peer,
+            local,
+            slot,
+            user,
+        } = opened;
+        let mut session = Session::new(slot.shared(), local, peer.ip());
+        if let Some(user) = user {
+            session.set_user(slot.shared(), user);
+        }
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
-        Some(Self {
+        Self {
             id,
             peer,
             stream,
@@ -149,7 +163,7 @@ impl Connection {
             timings,
             stop,
             session,
-        })
+        }
     }
 
     /// Serves the connection until the client leaves, QUITs, sends an untrusted header,
@@ -180,7 +194,9 @@ impl Connection {
         let idle_sleep = tokio::time::sleep(idle.unwrap_or(std::time::Duration::MAX / 4));
         tokio::pin!(idle_sleep);
         let mut stop_signal = StopSignal::new(stop);
-        let (mut rd, mut wr) = stream.split();
+        // Replies handed to a stream that buffers writes (TLS) but not yet flushed to the
+        // socket. Always false for TCP, where the compiler drops every use.
+        let mut unflushed = false;
 
         let reason: &str = loop {
             // Whether execution stopped at the output limit with requests possibly left in
@@ -217,7 +233,7 @@ impl Connection {
                 });
                 backlog = out.len() >= out_limit;
                 if let Some(nodelay) = session.nodelay_change.take()
-                    && let Err(e) = wr.as_ref().set_nodelay(nodelay)
+                    && let Err(e) = stream.set_nodelay(nodelay)
                 {
                     tracing::debug!(conn = id, error = %e, "cannot change TCP_NODELAY");
                 }
@@ -225,9 +241,10 @@ impl Connection {
             // Write at once if the socket takes it (the common case), without a trip
             // through the select below.
             while !out.is_empty() {
-                match poll_write_now(&mut wr, &out) {
+                match poll_write_now(&mut stream, &out) {
                     Poll::Ready(Ok(n)) if n > 0 => {
                         out.advance(n);
+                        unflushed = S::BUFFERS_WRITES;
                         if idle.is_some() {
                             last_activity = tokio::time::Instant::now();
                         }
@@ -236,7 +253,13 @@ impl Connection {
                     _ => break,
                 }
             }
-            if out.is_empty() {
+            if S::BUFFERS_WRITES && unflushed && out.is_empty() {
+                // Errors and a full socket are handled by the select's flush branch.
+                if let Poll::Ready(Ok(())) = poll_flush_now(&mut stream) {
+                    unflushed = false;
+                }
+            }
+            if out.is_empty() && !unflushed {
                 if out.capacity() > SHRINK_ABOVE {
                     out = BytesMut::with_capacity(READ_CHUNK);
                 }
@@ -281,27 +304,33 @@ impl Connection {
             }
             tokio::select! {
                 biased;
-                written = wr.write(&out), if !out.is_empty() => match written {
-                    Ok(0) => break "write returned zero",
-                    Ok(n) => {
+                io = std::future::poll_fn(|cx| poll_io(
+                    cx,
+                    &mut stream,
+                    &out,
+                    S::BUFFERS_WRITES && unflushed,
+                    want_read.then_some(&mut inbuf),
+                )), if !out.is_empty() || want_read || (S::BUFFERS_WRITES && unflushed) => match io {
+                    Io::Wrote(Ok(0)) => break "write returned zero",
+                    Io::Wrote(Ok(n)) => {
                         out.advance(n);
+                        unflushed = S::BUFFERS_WRITES;
                         if idle.is_some() {
                             last_activity = tokio::time::Instant::now();
                         }
                     }
-                    Err(e) => {
+                    Io::Flushed(Ok(())) => unflushed = false,
+                    Io::Wrote(Err(e)) | Io::Flushed(Err(e)) => {
                         tracing::debug!(conn = id, %peer, error = %e, "write failed");
                         break "write error";
                     }
-                },
-                read = rd.read_buf(&mut inbuf), if want_read => match read {
-                    Ok(0) => eof = true,
-                    Ok(_) => {
+                    Io::Read(Ok(0)) => eof = true,
+                    Io::Read(Ok(_)) => {
                         if idle.is_some() {
                             last_activity = tokio::time::Instant::now();
                         }
                     }
-                    Err(e) => {
+                    Io::Read(Err(e)) => {
                         tracing::debug!(conn = id, %peer, error = %e, "read failed");
                         break "read error";
                     }
@@ -338,8 +367,48 @@ impl Connection {
                 () = &mut stop_signal, if closing.is_none() => closing = Some(Closing::Shutdown),
             }
         };
+        if S::BUFFERS_WRITES && !matches!(reason, "read error" | "write error") {
+            // Tell a TLS client the session ended (close_notify), without waiting long
+            // for a client that stopped reading.
+            let _ = tokio::time::timeout(CLOSE_NOTIFY_WAIT, stream.shutdown()).await;
+        }
         tracing::debug!(conn = id, %peer, agent = session.agent.as_deref().unwrap_or(""), reason, "connection closed");
     }
+}
+
+/// What one step of the stream did.
+enum Io {
+    Wrote(std::io::Result<usize>),
+    Flushed(std::io::Result<()>),
+    Read(std::io::Result<usize>),
+}
+
+/// Polls the stream for whatever the loop wants, writes first: writing `out` when it is
+/// not empty, else flushing when `flush`, then reading into `inbuf` when given. One
+/// mutable borrow of the stream does both directions, so no stream has to be split (a
+/// TLS session cannot be without a lock).
+fn poll_io<S: Transport>(
+    cx: &mut Context<'_>,
+    stream: &mut S,
+    out: &[u8],
+    flush: bool,
+    inbuf: Option<&mut BytesMut>,
+) -> Poll<Io> {
+    if !out.is_empty() {
+        if let Poll::Ready(r) = Pin::new(&mut *stream).poll_write(cx, out) {
+            return Poll::Ready(Io::Wrote(r));
+        }
+    } else if flush && let Poll::Ready(r) = Pin::new(&mut *stream).poll_flush(cx) {
+        return Poll::Ready(Io::Flushed(r));
+    }
+    if let Some(inbuf) = inbuf {
+        let read = stream.read_buf(inbuf);
+        let read = std::pin::pin!(read);
+        if let Poll::Ready(r) = read.poll(cx) {
+            return Poll::Ready(Io::Read(r));
+        }
+    }
+    Poll::Pending
 }
 
 /// Resolves once the front end is stopping (the watch channel says true or its sender is
@@ -400,6 +469,12 @@ fn rewind(buf: &mut BytesMut) {
         // without allocating, exactly when the start has moved (and then rewinds it).
         let _ = buf.try_reclaim(buf.capacity() + 1);
     }
+}
+
+/// Tries one flush without waiting.
+fn poll_flush_now<W: AsyncWrite + Unpin>(w: &mut W) -> Poll<std::io::Result<()>> {
+    let mut cx = Context::from_waker(Waker::noop());
+    Pin::new(w).poll_flush(&mut cx)
 }
 
 /// Tries one write without waiting.

@@ -21,6 +21,10 @@ pub enum FrontendError {
     /// A setting is out of range.
     #[error("invalid front-end configuration: {0}")]
     InvalidConfig(String),
+    /// The TLS certificate, key or CA could not be loaded (the message names the file
+    /// and the reason).
+    #[error("TLS: {0}")]
+    Tls(String),
     /// A runtime or thread could not be created, or the listener failed.
     #[error("front-end I/O failure: {0}")]
     Io(#[from] std::io::Error),

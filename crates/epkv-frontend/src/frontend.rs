@@ -1,10 +1,13 @@
-//! [`Frontend`]: the listener, the acceptor loop and the worker threads.
+//! [`Frontend`]: the listeners (the KV port and, when configured, the TLS port), the
+//! acceptor loop and the worker threads.
 
 use crate::buckets::Buckets;
+use crate::cluster_config::NodePorts;
 use crate::config::FrontendConfig;
 use crate::error::{FrontendError, Result};
 use crate::stats::ConnectionStats;
 use crate::timings::WorkerTimings;
+use crate::tls::TlsReloader;
 use crate::worker::{Accepted, ConnectionSlot, Worker};
 use epkv_auth::UserStore;
 use epkv_engine_api::Engine;
@@ -36,6 +39,10 @@ pub(crate) struct Shared {
     pub(crate) started: Instant,
     /// The password-check pool and the per-source failure counts.
     pub(crate) auth: crate::auth_guard::AuthGuard,
+    /// The ports the cluster map advertises (`kv`, and `kvSSL` with TLS).
+    pub(crate) ports: NodePorts,
+    /// The TLS configuration and its reload counters, when TLS is on.
+    pub(crate) tls: Option<TlsReloader>,
 }
 
 impl Shared {
@@ -64,13 +71,23 @@ impl Shared {
 pub struct Frontend {
     listener: std::net::TcpListener,
     local_addr: SocketAddr,
+    /// The TLS listener, its address and its configuration, when TLS is configured.
+    tls: Option<TlsListener>,
     shared: Arc<Shared>,
+}
+
+/// The second listener, serving TLS.
+struct TlsListener {
+    listener: std::net::TcpListener,
+    local_addr: SocketAddr,
+    reloader: TlsReloader,
 }
 
 impl std::fmt::Debug for Frontend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Frontend")
             .field("local_addr", &self.local_addr)
+            .field("tls_local_addr", &self.tls_local_addr())
             .field("config", &self.shared.config)
             .finish_non_exhaustive()
     }
@@ -88,15 +105,19 @@ impl Frontend {
     }
 
     /// Validates the configuration and binds the listening socket, serving `buckets`.
+    /// With `config.tls`, also loads the certificate and key and binds the TLS listener
+    /// on the same address.
     ///
     /// Access: with no users in `config.users` and a loopback `config.bind` address, every
     /// connection starts on the `default` bucket without authenticating (the
-    /// zero-configuration mode). Otherwise a connection must authenticate with SASL and
-    /// then SELECT_BUCKET a bucket its user may use.
+    /// zero-configuration mode). Otherwise a connection must authenticate with SASL (or a
+    /// client certificate on the TLS port) and then SELECT_BUCKET a bucket its user may
+    /// use.
     ///
     /// # Errors
     /// [`FrontendError::InvalidConfig`] for a bad setting or no buckets;
-    /// [`FrontendError::Bind`] when the address cannot be bound.
+    /// [`FrontendError::Tls`] when the certificate, key or CA cannot be used;
+    /// [`FrontendError::Bind`] when an address cannot be bound.
     pub fn bind_buckets(config: FrontendConfig, buckets: Buckets) -> Result<Frontend> {
         config.validate()?;
         if buckets.is_empty() {
@@ -105,15 +126,36 @@ impl Frontend {
         let addr = config.bind;
         let listener = listen(addr).map_err(|source| FrontendError::Bind { addr, source })?;
         let local_addr = listener.local_addr()?;
+        let tls = match &config.tls {
+            None => None,
+            Some(tls_config) => {
+                let reloader = TlsReloader::new(tls_config.clone())?;
+                let addr = SocketAddr::new(config.bind.ip(), tls_config.port);
+                let listener =
+                    listen(addr).map_err(|source| FrontendError::Bind { addr, source })?;
+                let local_addr = listener.local_addr()?;
+                Some(TlsListener {
+                    listener,
+                    local_addr,
+                    reloader,
+                })
+            }
+        };
+        let ports = NodePorts {
+            kv: local_addr.port(),
+            kv_ssl: tls.as_ref().map(|t| t.local_addr.port()),
+        };
         let timings = (0..config.threads)
             .map(|_| Arc::new(WorkerTimings::new()))
             .collect();
         let limits = config.limits();
         let started = config.clock.now();
         let auth = crate::auth_guard::AuthGuard::new(config.auth_threads)?;
+        let tls_reloader = tls.as_ref().map(|t| t.reloader.clone());
         Ok(Frontend {
             listener,
             local_addr,
+            tls,
             shared: Arc::new(Shared {
                 open_default: config.users.is_empty() && config.bind.ip().is_loopback(),
                 users: Arc::clone(&config.users),
@@ -125,6 +167,8 @@ impl Frontend {
                 timings,
                 started,
                 auth,
+                ports,
+                tls: tls_reloader,
             }),
         })
     }
@@ -140,6 +184,20 @@ impl Frontend {
     #[must_use]
     pub fn stats(&self) -> crate::FrontendStats {
         crate::FrontendStats::new(Arc::clone(&self.shared))
+    }
+
+    /// The address of the TLS listener (with the real port when port 0 was asked), if TLS
+    /// is configured.
+    #[must_use]
+    pub fn tls_local_addr(&self) -> Option<SocketAddr> {
+        self.tls.as_ref().map(|t| t.local_addr)
+    }
+
+    /// The handle that reloads the TLS certificate and key (on SIGHUP), if TLS is
+    /// configured. It stays valid while the front end runs.
+    #[must_use]
+    pub fn tls_reloader(&self) -> Option<TlsReloader> {
+        self.tls.as_ref().map(|t| t.reloader.clone())
     }
 
     /// Serves connections until `shutdown` completes, then shuts down gracefully: stops
@@ -160,10 +218,18 @@ impl Frontend {
         let Frontend {
             listener,
             local_addr,
+            tls,
             shared,
         } = self;
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
+        let tls = match tls {
+            Some(t) => {
+                t.listener.set_nonblocking(true)?;
+                Some((tokio::net::TcpListener::from_std(t.listener)?, t.reloader))
+            }
+            None => None,
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
 
         let mut senders = Vec::with_capacity(shared.config.threads);
@@ -184,6 +250,9 @@ impl Frontend {
             threads.push(handle);
         }
         tracing::info!(addr = %local_addr, threads = shared.config.threads, "front end serving");
+        if let Some((l, _)) = &tls {
+            tracing::info!(addr = %l.local_addr()?, "front end serving TLS");
+        }
 
         tokio::pin!(shutdown);
         let mut next = 0usize;
@@ -192,7 +261,7 @@ impl Frontend {
                 () = &mut shutdown => break,
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        if let Some(conn) = admit(&shared, stream, peer) {
+                        if let Some(conn) = admit(&shared, stream, peer, None) {
                             // A worker only goes away at shutdown; if one did, the
                             // connection is dropped (closed) with the message.
                             let _ = senders[next].send(conn);
@@ -204,11 +273,24 @@ impl Frontend {
                         tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                     }
                 },
+                accepted = accept_tls(tls.as_ref()) => match accepted {
+                    Ok((stream, peer, config)) => {
+                        if let Some(conn) = admit(&shared, stream, peer, Some(config)) {
+                            let _ = senders[next].send(conn);
+                            next = (next + 1) % senders.len();
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "TLS accept failed; pausing briefly");
+                        tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    }
+                },
             }
         }
 
         tracing::info!("shutting down: no longer accepting connections");
         drop(listener);
+        drop(tls);
         let _ = stop_tx.send(true);
         drop(senders);
         for d in done {
@@ -227,11 +309,26 @@ impl Frontend {
     }
 }
 
+/// Accepts from the TLS listener, with the TLS configuration current at that moment;
+/// never resolves without a TLS listener.
+async fn accept_tls(
+    tls: Option<&(tokio::net::TcpListener, TlsReloader)>,
+) -> std::io::Result<(tokio::net::TcpStream, SocketAddr, Arc<rustls::ServerConfig>)> {
+    match tls {
+        Some((listener, reloader)) => {
+            let (stream, peer) = listener.accept().await?;
+            Ok((stream, peer, reloader.current()))
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// Counts an accepted connection, rejecting it when the limit is reached.
 fn admit(
     shared: &Arc<Shared>,
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) -> Option<Accepted> {
     let conns = &shared.conns;
     conns.total.fetch_add(1, Ordering::Relaxed);
@@ -244,7 +341,12 @@ fn admit(
         return None;
     }
     match stream.into_std() {
-        Ok(stream) => Some(Accepted { stream, peer, slot }),
+        Ok(stream) => Some(Accepted {
+            stream,
+            peer,
+            slot,
+            tls,
+        }),
         Err(e) => {
             tracing::debug!(%peer, error = %e, "cannot hand the connection to a worker");
             None

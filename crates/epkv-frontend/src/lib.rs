@@ -11,7 +11,8 @@
 //! store (`epkv-auth` is).
 //!
 //! Key types: [`Frontend`] (bind, then [`Frontend::run_until`] a shutdown future),
-//! [`FrontendConfig`] (including the users), [`Buckets`] (the engines by name),
+//! [`FrontendConfig`] (including the users and, optionally, [`TlsConfig`] for a second,
+//! TLS listener whose certificate [`TlsReloader`] reloads), [`Buckets`] (the engines by name),
 //! [`FrontendStats`] (connection counts and per-opcode [`CommandTiming`]s for exporters),
 //! [`FrontendError`], [`engine_status_to_wire`], the one exhaustive mapping from
 //! [`epkv_engine_api::EngineStatus`] to [`epkv_protocol::Status`], and
@@ -21,6 +22,13 @@
 //! `default` bucket unauthenticated (the zero-configuration mode); otherwise a connection
 //! authenticates with SASL and selects a bucket its user may use (0x24 otherwise), and data
 //! requests before that answer 0x08 NoBucket. See `docs/protocol.md`.
+//!
+//! TLS: with [`FrontendConfig::tls`] set, a second listener on the same address (port
+//! 11207 by default) serves the same protocol over TLS 1.2/1.3 (rustls). The handshake
+//! runs on the connection's worker as a task with a timeout; afterwards the connection
+//! loop is the same code as for plain sockets (generic over the stream). A verified
+//! client certificate can authenticate the connection as the user its Subject CN names.
+//! The cluster map advertises the TLS port as `kvSSL`. See `docs/tls.md`.
 //!
 //! Threading (memcached's model): one acceptor task on the caller's runtime deals
 //! accepted sockets round-robin to N worker threads, each running a single-threaded Tokio
@@ -73,6 +81,8 @@ mod stats;
 mod status_map;
 mod subdoc;
 mod timings;
+mod tls;
+mod transport;
 mod worker;
 
 pub use buckets::{Buckets, DEFAULT_BUCKET, MAX_BUCKET_NAME_LEN, is_valid_bucket_name};
@@ -82,3 +92,4 @@ pub use frontend::Frontend;
 pub use stats::{AuthCounts, ConnectionCounts, FrontendStats};
 pub use status_map::{engine_status_to_wire, status_for_client};
 pub use timings::CommandTiming;
+pub use tls::{ClientAuth, DEFAULT_TLS_PORT, TlsConfig, TlsReloader};

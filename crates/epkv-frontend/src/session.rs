@@ -574,8 +574,8 @@ impl Session {
             return;
         }
         let config = match &self.bucket {
-            Some(b) => bucket_config(&b.name, rev, self.local, &*b.engine),
-            None => global_config(rev, self.local),
+            Some(b) => bucket_config(&b.name, rev, self.local, shared.ports, &*b.engine),
+            None => global_config(rev, self.local, shared.ports),
         };
         put_success(
             out,
@@ -608,7 +608,13 @@ impl Session {
         {
             // The current map rides along, so the client need not ask for it (kv_engine
             // sends it; cxx parses it only when the JSON bit is set).
-            let config = bucket_config(&b.name, shared.cluster_rev(), self.local, &*b.engine);
+            let config = bucket_config(
+                &b.name,
+                shared.cluster_rev(),
+                self.local,
+                shared.ports,
+                &*b.engine,
+            );
             put(
                 out,
                 &to.reply(Status::NotMyVbucket)
@@ -1249,6 +1255,17 @@ fn default_stats(shared: &Shared, sink: &mut dyn FnMut(&str, &str)) {
         "max_connections",
         &shared.config.max_connections.to_string(),
     );
+    let conn_n =
+        |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed).to_string();
+    sink("total_tls_connections", &conn_n(&shared.conns.tls_total));
+    sink(
+        "tls_handshake_failures",
+        &conn_n(&shared.conns.tls_failures),
+    );
+    if let Some(tls) = &shared.tls {
+        sink("tls_cert_loads", &tls.generation().to_string());
+        sink("tls_cert_load_failures", &tls.failures().to_string());
+    }
     let auth = &shared.auth.stats;
     let n =
         |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed).to_string();

@@ -16,6 +16,11 @@ pub(crate) struct ConnectionStats {
     pub(crate) total: AtomicU64,
     /// Connections closed at once because `max_connections` were open.
     pub(crate) rejected: AtomicU64,
+    /// TLS handshakes completed since start.
+    pub(crate) tls_total: AtomicU64,
+    /// TLS connections closed before serving: failed or timed-out handshakes, and client
+    /// certificates that name no user.
+    pub(crate) tls_failures: AtomicU64,
 }
 
 impl ConnectionStats {

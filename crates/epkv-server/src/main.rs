@@ -25,6 +25,11 @@
 //! dashes or underscores); flags win over the file. `epkv-server --print-settings` prints
 //! the table. Logs go to stderr (`--log-level`, `--log-format`, `RUST_LOG`).
 //!
+//! TLS: `--tls-cert` and `--tls-key` turn on a second listener (`--tls-port`, 11207 by
+//! default) serving the same protocol over TLS; the line then ends with `tls HOST:PORT`,
+//! and SIGHUP reloads the certificate and key from the same paths (a bad file keeps the
+//! old ones and logs an error). Without TLS, SIGHUP keeps its default action.
+//!
 //! This binary is thin: it resolves the settings, sets up logging, builds the bucket
 //! (`epkv-engine`) and hands it to the front end (`epkv-frontend`), then waits for
 //! SIGINT/SIGTERM and shuts down gracefully (exit code 0). A second signal exits at once.
@@ -43,7 +48,9 @@ use bucket_list::BucketSpec;
 use clap::Parser;
 use epkv_engine::{Bucket, BucketConfig, EngineClock};
 use epkv_executor::{OffsetClock, SystemClock};
-use epkv_frontend::{Buckets, DEFAULT_BUCKET, Frontend, FrontendConfig, FrontendError};
+use epkv_frontend::{
+    Buckets, DEFAULT_BUCKET, Frontend, FrontendConfig, FrontendError, TlsReloader,
+};
 use settings::{LogFormat, Resolved, SettingFlags, Settings};
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -151,6 +158,7 @@ fn run(cli: Cli) -> Result<()> {
     }
     let (buckets, engines) = build_buckets(s, &engine_clock, cli.testing_manual_flush)?;
     let users = Arc::new(users::configured_users(s)?);
+    let tls = settings::tls_config(s).map_err(anyhow::Error::msg)?;
 
     let config = FrontendConfig {
         bind: SocketAddr::new(s.bind, s.port),
@@ -169,6 +177,7 @@ fn run(cli: Cli) -> Result<()> {
         } else {
             s.auth_threads
         },
+        tls,
     };
     let frontend = Frontend::bind_buckets(config, buckets).map_err(explain_bind_error)?;
     let addr = frontend.local_addr();
@@ -207,6 +216,7 @@ fn run(cli: Cli) -> Result<()> {
             Some(endpoint)
         }
     };
+    let tls_addr = frontend.tls_local_addr();
 
     let bucket_names = bucket_names(s);
     tracing::info!(
@@ -219,6 +229,7 @@ fn run(cli: Cli) -> Result<()> {
         memory_quota = %s.memory_quota,
         flush_enabled = s.flush_enabled,
         persistence = s.persistence,
+        tls = %tls_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
         "epkv-server {} started",
         env!("CARGO_PKG_VERSION")
     );
@@ -240,11 +251,18 @@ fn run(cli: Cli) -> Result<()> {
              configure --admin-user/--admin-password or --users-file"
         );
     }
-    // The one line on stdout: how to connect. Tests read the address from it.
+    if !addr.ip().is_loopback() && tls_addr.is_none() {
+        tracing::warn!(
+            %addr,
+            "listening beyond loopback without TLS: data and PLAIN passwords cross the network \
+             in clear text; configure --tls-cert and --tls-key"
+        );
+    }
+    // The one line on stdout: how to connect. Tests read the addresses from it.
     let mut stdout = std::io::stdout().lock();
     writeln!(
         stdout,
-        "epkv listening on {addr} (buckets {bucket_names}, {}, {}{})",
+        "epkv listening on {addr} (buckets {bucket_names}, {}, {}{}{})",
         if s.persistence {
             format!("data {}", s.data_dir.display())
         } else {
@@ -258,7 +276,8 @@ fn run(cli: Cli) -> Result<()> {
         match &metrics {
             Some(m) => format!(", metrics http://{}/metrics", m.local_addr()),
             None => String::new(),
-        }
+        },
+        tls_addr.map_or_else(String::new, |a| format!(", tls {a}"))
     )
     .and_then(|()| stdout.flush())
     .context("cannot write to stdout")?;
@@ -269,10 +288,16 @@ fn run(cli: Cli) -> Result<()> {
         .thread_name("epkv-acceptor")
         .build()
         .context("cannot start the acceptor runtime")?;
+    let reloader = frontend.tls_reloader();
     runtime.block_on(async {
         let shutdown = shutdown_signal().context("cannot install signal handlers")?;
         if let Some(m) = metrics {
             m.spawn().context("cannot serve metrics")?;
+        }
+        if let Some(reloader) = reloader {
+            let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .context("cannot install the SIGHUP handler")?;
+            tokio::spawn(reload_on_sighup(hup, reloader));
         }
         frontend
             .run_until(shutdown)
@@ -386,6 +411,26 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     })
 }
 
+/// Reloads the TLS certificate and key on every SIGHUP, reading the files on a blocking
+/// thread. A failed reload keeps the previous certificate and logs an error.
+async fn reload_on_sighup(mut hup: tokio::signal::unix::Signal, reloader: TlsReloader) {
+    while hup.recv().await.is_some() {
+        let r = reloader.clone();
+        match tokio::task::spawn_blocking(move || r.reload()).await {
+            Ok(Ok(())) => tracing::info!(
+                cert = %reloader.config().cert_path.display(),
+                loads = reloader.generation(),
+                "SIGHUP: TLS certificate and key reloaded; new connections use them"
+            ),
+            Ok(Err(e)) => tracing::error!(
+                error = %e,
+                "SIGHUP: TLS certificate not reloaded; keeping the previous one"
+            ),
+            Err(e) => tracing::error!(error = %e, "SIGHUP: the TLS reload task failed"),
+        }
+    }
+}
+
 /// Turns a bind failure into one line that says what to do.
 fn explain_bind_error(e: FrontendError) -> anyhow::Error {
     let FrontendError::Bind { addr, source } = &e else {
@@ -394,7 +439,7 @@ fn explain_bind_error(e: FrontendError) -> anyhow::Error {
     let hint = match source.kind() {
         std::io::ErrorKind::AddrInUse => format!(
             "{addr} is already in use (is another epkv-server or memcached running?); \
-             choose another port with --port"
+             choose another port with --port (or --tls-port for the TLS listener)"
         ),
         std::io::ErrorKind::PermissionDenied if addr.port() < 1024 => format!(
             "permission denied listening on {addr}: ports below 1024 need root or \

@@ -131,6 +131,60 @@ impl<'de> serde::Deserialize<'de> for MetricsPort {
     }
 }
 
+/// Client certificates on the TLS port (`tls-client-auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TlsClientAuth(pub(crate) epkv_frontend::ClientAuth);
+
+impl FromStr for TlsClientAuth {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(Self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for TlsClientAuth {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The TLS listener's configuration from the settings: `None` without `tls-cert` and
+/// `tls-key` (no TLS listener).
+///
+/// # Errors
+/// Only one of `tls-cert` / `tls-key` given; `tls-client-auth` or `tls-ca` without them;
+/// client certificates without `tls-ca`; a zero handshake timeout.
+pub(crate) fn tls_config(s: &Settings) -> Result<Option<epkv_frontend::TlsConfig>, String> {
+    let given = |p: &Path| !p.as_os_str().is_empty();
+    let (cert, key) = (given(&s.tls_cert), given(&s.tls_key));
+    if !cert && !key {
+        if s.tls_client_auth.0 != epkv_frontend::ClientAuth::None || given(&s.tls_ca) {
+            return Err(
+                "tls-client-auth and tls-ca need TLS: give tls-cert and tls-key too".to_owned(),
+            );
+        }
+        return Ok(None);
+    }
+    if cert != key {
+        return Err(format!(
+            "TLS needs both tls-cert and tls-key; only {} is given",
+            if cert { "tls-cert" } else { "tls-key" }
+        ));
+    }
+    let config = epkv_frontend::TlsConfig {
+        port: s.tls_port,
+        cert_path: s.tls_cert.clone(),
+        key_path: s.tls_key.clone(),
+        client_auth: s.tls_client_auth.0,
+        ca_path: given(&s.tls_ca).then(|| s.tls_ca.clone()),
+        handshake_timeout: std::time::Duration::from_secs(s.tls_handshake_timeout),
+    };
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(Some(config))
+}
+
 /// One row of the settings table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SettingInfo {
@@ -300,6 +354,18 @@ settings! {
         clap(env = "EPKV_ADMIN_PASSWORD", hide_env_values = true);
     metrics_port: MetricsPort = "", unit = "port",
         help = "Serve Prometheus metrics (text format) at http://BIND:PORT/metrics; off unless set, 0 picks a free port (the startup line names it). Same address and authentication as the KV port: with users configured, HTTP Basic auth with a user's password";
+    tls_cert: PathBuf = "", unit = "path",
+        help = "PEM file with the server's TLS certificate chain, leaf first. With tls-key it turns on a second listener serving the same protocol over TLS 1.2/1.3 on tls-port (same address as bind), advertised to Couchbase SDKs as kvSSL so that couchbases:// clients work. SIGHUP reloads the certificate and key from the same paths (new connections get them; a bad file keeps the old ones)";
+    tls_key: PathBuf = "", unit = "path",
+        help = "PEM file with the private key of tls-cert (PKCS#8, PKCS#1 or SEC1)";
+    tls_port: u16 = "11207", unit = "port",
+        help = "TCP port of the TLS listener, used when tls-cert and tls-key are given (0 picks a free port)";
+    tls_client_auth: TlsClientAuth = "none", unit = "mode",
+        help = "Client certificates on the TLS port: none, optional (a client may present one) or mandatory (every client must). A certificate signed by tls-ca authenticates the connection, without SASL, as the user its Subject CN names; one naming no user is refused";
+    tls_ca: PathBuf = "", unit = "path",
+        help = "PEM file with the CA certificate(s) that sign client certificates; needed with tls-client-auth optional or mandatory (reloaded by SIGHUP too)";
+    tls_handshake_timeout: u64 = "10", unit = "seconds",
+        help = "Close a TLS connection whose handshake has not completed within this time, so clients that connect and send nothing do not hold connections";
     max_connections: usize = "4096", unit = "count",
         help = "Most client connections at once; more are accepted and closed at once. Clamped to the open-file limit minus a reserve";
     idle_timeout: u64 = "0", unit = "seconds",
@@ -540,6 +606,88 @@ mod tests {
         let f = flags(&["--buckets", "a", "--admin-password", "x"]);
         assert_eq!(f.buckets.unwrap().0[0].name, "a");
         assert!(parse_file("buckets = \"bad/name\"").is_err());
+    }
+
+    #[test]
+    fn tls_is_off_without_files_and_on_with_both() {
+        let tls = |args: &[&str]| {
+            let (s, _) = Settings::merge(&flags(args), FileSettings::default()).unwrap();
+            tls_config(&s)
+        };
+        assert_eq!(tls(&[]), Ok(None));
+        let on = tls(&["--tls-cert", "c.pem", "--tls-key", "k.pem"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(on.port, 11207);
+        assert_eq!(on.cert_path, PathBuf::from("c.pem"));
+        assert_eq!(on.client_auth, epkv_frontend::ClientAuth::None);
+        assert_eq!(on.ca_path, None);
+        assert_eq!(on.handshake_timeout, std::time::Duration::from_secs(10));
+        let custom = tls(&[
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--tls-port",
+            "0",
+            "--tls-client-auth",
+            "mandatory",
+            "--tls-ca",
+            "ca.pem",
+            "--tls-handshake-timeout",
+            "3",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(custom.port, 0);
+        assert_eq!(custom.client_auth, epkv_frontend::ClientAuth::Mandatory);
+        assert_eq!(custom.ca_path, Some(PathBuf::from("ca.pem")));
+        assert_eq!(custom.handshake_timeout, std::time::Duration::from_secs(3));
+    }
+
+    #[test]
+    fn tls_refuses_half_configurations() {
+        let tls = |args: &[&str]| {
+            let (s, _) = Settings::merge(&flags(args), FileSettings::default()).unwrap();
+            tls_config(&s)
+        };
+        assert!(
+            tls(&["--tls-cert", "c.pem"])
+                .unwrap_err()
+                .contains("tls-key")
+        );
+        assert!(
+            tls(&["--tls-key", "k.pem"])
+                .unwrap_err()
+                .contains("tls-cert")
+        );
+        assert!(tls(&["--tls-ca", "ca.pem"]).is_err());
+        assert!(tls(&["--tls-client-auth", "optional"]).is_err());
+        let both = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
+        let mut no_ca = both.to_vec();
+        no_ca.extend(["--tls-client-auth", "optional"]);
+        assert!(tls(&no_ca).unwrap_err().contains("CA"));
+        let mut zero = both.to_vec();
+        zero.extend(["--tls-handshake-timeout", "0"]);
+        assert!(tls(&zero).is_err());
+        let mut bad = vec!["epkv-server"];
+        bad.extend(["--tls-client-auth", "sometimes"]);
+        assert!(TestCli::try_parse_from(bad).is_err());
+    }
+
+    #[test]
+    fn tls_settings_come_from_the_file_too() {
+        let file = parse_file(
+            "tls-cert = \"/etc/epkv/chain.pem\"\ntls_key = \"/etc/epkv/key.pem\"\n\
+             tls-port = 11300\ntls-client-auth = \"optional\"\ntls-ca = \"/etc/epkv/ca.pem\"\n",
+        )
+        .unwrap();
+        let (s, _) = Settings::merge(&flags(&[]), file).unwrap();
+        let c = tls_config(&s).unwrap().unwrap();
+        assert_eq!(c.port, 11300);
+        assert_eq!(c.key_path, PathBuf::from("/etc/epkv/key.pem"));
+        assert_eq!(c.client_auth, epkv_frontend::ClientAuth::Optional);
+        assert!(parse_file("tls-client-auth = \"maybe\"").is_err());
     }
 
     #[test]
