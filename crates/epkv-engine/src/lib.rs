@@ -229,8 +229,13 @@ pub mod fuzzing {
             MutateOp::ArrayAddUnique,
             MutateOp::Counter,
         ];
-        let mut parsed = crate::subdoc::parse_doc(doc).ok()?;
         let i = usize::from(op) % (LOOKUPS.len() + MUTATIONS.len());
+        if let Some(l) = LOOKUPS.get(i) {
+            // The text scanners, checking and trusting the document.
+            let _ = crate::subdoc::lookup_raw(doc, *l, path, false);
+            let _ = crate::subdoc::lookup_raw(doc, *l, path, true);
+        }
+        let mut parsed = crate::subdoc::parse_doc(doc).ok()?;
         match LOOKUPS.get(i) {
             Some(l) => crate::subdoc::lookup(&parsed, *l, path).ok(),
             None => {

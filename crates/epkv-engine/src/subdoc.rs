@@ -253,10 +253,19 @@ enum Step<'de> {
 }
 
 /// Finds one component in a container without building it: the other members are
-/// skipped (checked, not kept).
-struct FindIn<'c>(&'c Component);
+/// skipped (checked, not kept). With `stop`, the scan ends at the component: the value
+/// is left in `found` and the visitor fails with [`STOPPED`] (for a document already
+/// known to be JSON, so the rest need not be checked).
+struct FindIn<'c, 'de> {
+    want: &'c Component,
+    stop: bool,
+    found: &'c std::cell::Cell<Option<&'de serde_json::value::RawValue>>,
+}
 
-impl<'de> serde::de::Visitor<'de> for FindIn<'_> {
+/// The error a stopped [`FindIn`] ends the scan with.
+const STOPPED: &str = "epkv: found";
+
+impl<'de> serde::de::Visitor<'de> for FindIn<'_, 'de> {
     type Value = Step<'de>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -264,7 +273,7 @@ impl<'de> serde::de::Visitor<'de> for FindIn<'_> {
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Step<'de>, A::Error> {
-        let Component::Key(want) = self.0 else {
+        let Component::Key(want) = self.want else {
             while map
                 .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
                 .is_some()
@@ -274,7 +283,12 @@ impl<'de> serde::de::Visitor<'de> for FindIn<'_> {
         let mut found = None;
         while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
             if found.is_none() && k == want.as_str() {
-                found = Some(map.next_value::<&'de serde_json::value::RawValue>()?);
+                let v = map.next_value::<&'de serde_json::value::RawValue>()?;
+                if self.stop {
+                    self.found.set(Some(v));
+                    return Err(serde::de::Error::custom(STOPPED));
+                }
+                found = Some(v);
             } else {
                 map.next_value::<serde::de::IgnoredAny>()?;
             }
@@ -283,7 +297,7 @@ impl<'de> serde::de::Visitor<'de> for FindIn<'_> {
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Step<'de>, A::Error> {
-        let Component::Index(want) = *self.0 else {
+        let Component::Index(want) = *self.want else {
             while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
             return Ok(Step::Mismatch);
         };
@@ -291,6 +305,10 @@ impl<'de> serde::de::Visitor<'de> for FindIn<'_> {
         let mut i = 0i64;
         while let Some(v) = seq.next_element::<&'de serde_json::value::RawValue>()? {
             if want == -1 || i == want {
+                if self.stop && want != -1 {
+                    self.found.set(Some(v));
+                    return Err(serde::de::Error::custom(STOPPED));
+                }
                 found = Some(v);
             }
             i += 1;
@@ -382,12 +400,32 @@ fn scan<'de, V: serde::de::Visitor<'de>>(
     Ok(v)
 }
 
+/// Finds one component in `text`; with `stop`, stops scanning once it is found.
+fn find_in<'d>(text: &'d str, want: &Component, stop: bool) -> Result<Step<'d>, SubdocError> {
+    let found = std::cell::Cell::new(None);
+    let mut de = serde_json::Deserializer::from_str(text);
+    let visitor = FindIn {
+        want,
+        stop,
+        found: &found,
+    };
+    match serde::Deserializer::deserialize_any(&mut de, visitor) {
+        Ok(step) => {
+            de.end().map_err(|_| SubdocError::DocNotJson)?;
+            Ok(step)
+        }
+        Err(_) => found.get().map(Step::Found).ok_or(SubdocError::DocNotJson),
+    }
+}
+
 /// Follows `path` through the document text, skipping what is not on the path, and
-/// returns the value's text as it is written in the document.
-fn find_raw<'d>(doc: &'d str, path: &[Component]) -> Result<&'d str, SubdocError> {
+/// returns the value's text as it is written in the document. With `trusted` (a document
+/// stored as JSON) each level's scan stops at the component; otherwise the whole text is
+/// checked.
+fn find_raw<'d>(doc: &'d str, path: &[Component], trusted: bool) -> Result<&'d str, SubdocError> {
     let mut cur = doc;
     for c in path {
-        cur = match scan(cur, FindIn(c))? {
+        cur = match find_in(cur, c, trusted)? {
             Step::Found(raw) => raw.get(),
             Step::Missing => return Err(SubdocError::PathNotFound),
             Step::Mismatch => return Err(SubdocError::PathMismatch),
@@ -396,16 +434,22 @@ fn find_raw<'d>(doc: &'d str, path: &[Component]) -> Result<&'d str, SubdocError
     Ok(cur)
 }
 
-/// Runs one lookup on the document's text without parsing what is not on the path (the
-/// text is still checked all the way through: a document that is not JSON is refused).
-pub(crate) fn lookup_raw(doc: &[u8], op: LookupOp, path: &[u8]) -> Result<Vec<u8>, SubdocError> {
+/// Runs one lookup on the document's text without parsing what is not on the path. A
+/// document not marked JSON is checked all the way through (one that is not JSON is
+/// refused); one stored as JSON (`trusted`) is read only up to the path.
+pub(crate) fn lookup_raw(
+    doc: &[u8],
+    op: LookupOp,
+    path: &[u8],
+    trusted: bool,
+) -> Result<Vec<u8>, SubdocError> {
     let path = parse_path(path)?;
     let text = std::str::from_utf8(doc).map_err(|_| SubdocError::DocNotJson)?;
     if path.is_empty() {
         // The whole document: check it, and hand it back as it is.
         scan(text, serde::de::IgnoredAny)?;
     }
-    let v = find_raw(text, &path)?;
+    let v = find_raw(text, &path, trusted)?;
     match op {
         LookupOp::Get => Ok(v.trim().as_bytes().to_vec()),
         LookupOp::Exists => Ok(Vec::new()),
@@ -723,7 +767,8 @@ mod tests {
             b"a..b",
         ] {
             for op in [LookupOp::Get, LookupOp::Exists, LookupOp::GetCount] {
-                let raw = lookup_raw(text, op, path);
+                let raw = lookup_raw(text, op, path, false);
+                assert_eq!(lookup_raw(text, op, path, true), raw, "trusted");
                 let parsed = lookup(&d, op, path);
                 match (&raw, &parsed) {
                     (Ok(r), Ok(p)) if op == LookupOp::Get => {
@@ -737,18 +782,21 @@ mod tests {
         }
         // The value's text as written.
         assert_eq!(
-            lookup_raw(text, LookupOp::Get, b"tags").unwrap(),
+            lookup_raw(text, LookupOp::Get, b"tags", false).unwrap(),
             br#"["a", "b"]"#
         );
         assert_eq!(
-            lookup_raw(b"{\"a\":1", LookupOp::Get, b"a"),
+            lookup_raw(b"{\"a\":1", LookupOp::Get, b"a", false),
             Err(SubdocError::DocNotJson)
         );
         assert_eq!(
-            lookup_raw(b"{\"a\":1} x", LookupOp::Exists, b"a"),
+            lookup_raw(b"{\"a\":1} x", LookupOp::Exists, b"a", false),
             Err(SubdocError::DocNotJson)
         );
-        assert_eq!(lookup_raw(b"[1,2]", LookupOp::Get, b"").unwrap(), b"[1,2]");
+        assert_eq!(
+            lookup_raw(b"[1,2]", LookupOp::Get, b"", false).unwrap(),
+            b"[1,2]"
+        );
     }
 
     #[test]

@@ -69,11 +69,13 @@ impl Bucket {
         })?;
         self.counters.incr(Counter::GetHits);
         let plain = plain_value(&value, datatype).map_err(|_| EngineStatus::Internal)?;
+        // A document stored as JSON is read only as far as each path.
+        let trusted = datatype.contains(Datatype::JSON);
         // Each path is found in the document's text without building the document.
         let results = specs
             .iter()
             .map(|s| match lookup_op(s.op) {
-                Some(op) => subdoc::lookup_raw(&plain, op, s.path),
+                Some(op) => subdoc::lookup_raw(&plain, op, s.path, trusted),
                 None => Err(SubdocError::PathInvalid),
             })
             .collect();
