@@ -894,4 +894,116 @@ mod tests {
             Err(SubdocError::ValueTooDeep)
         );
     }
+
+    mod model {
+        //! Property tests against models: the text scanner against the parsed document,
+        //! and the mutations against plain `serde_json` edits by JSON pointer.
+        use super::super::*;
+        use proptest::prelude::*;
+        use serde_json::json;
+
+        fn leaf() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                any::<i32>().prop_map(Value::from),
+                "[a-z ]{0,6}".prop_map(Value::from),
+                any::<bool>().prop_map(Value::from),
+                Just(Value::Null),
+            ]
+        }
+
+        fn value() -> impl Strategy<Value = Value> {
+            leaf().prop_recursive(4, 24, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                    prop::collection::btree_map("[a-c]", inner, 0..4)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn component() -> impl Strategy<Value = String> {
+            prop_oneof!["[a-d]", (-1i64..4).prop_map(|i| format!("[{i}]"))]
+        }
+
+        fn path() -> impl Strategy<Value = String> {
+            prop::collection::vec(component(), 0..4).prop_map(|cs| {
+                let mut p = String::new();
+                for c in cs {
+                    if !c.starts_with('[') && !p.is_empty() {
+                        p.push('.');
+                    }
+                    p.push_str(&c);
+                }
+                p
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+            /// The text scanner (checking or trusting the document) answers every lookup
+            /// as a search of the parsed document does, on any document and path, with
+            /// any spacing.
+            #[test]
+            fn text_lookups_match_the_parsed_document(doc in value(), p in path(), pretty in any::<bool>()) {
+                let text = if pretty { serde_json::to_vec_pretty(&doc) } else { serde_json::to_vec(&doc) }.unwrap();
+                for op in [LookupOp::Get, LookupOp::Exists, LookupOp::GetCount] {
+                    let parsed = lookup(&doc, op, p.as_bytes());
+                    for trusted in [false, true] {
+                        let raw = lookup_raw(&text, op, p.as_bytes(), trusted);
+                        match (&raw, &parsed) {
+                            (Ok(r), Ok(q)) if op == LookupOp::Get => {
+                                let rv: Value = serde_json::from_slice(r).unwrap();
+                                let qv: Value = serde_json::from_slice(q).unwrap();
+                                prop_assert_eq!(rv, qv);
+                            }
+                            _ => prop_assert_eq!(&raw, &parsed, "{:?} {} trusted {}", op, p, trusted),
+                        }
+                    }
+                }
+            }
+
+            /// DICT_UPSERT, DELETE and COUNTER on object keys do what the same edit by JSON
+            /// pointer does, and leave the document unchanged when they fail.
+            #[test]
+            fn mutations_match_pointer_edits(
+                doc in value(),
+                keys in prop::collection::vec("[a-c]", 1..3),
+                op in 0u8..3,
+                n in -5i64..5,
+            ) {
+                let path = keys.join(".");
+                let parent = format!("/{}", keys[..keys.len() - 1].join("/"));
+                let parent = if keys.len() == 1 { String::new() } else { parent };
+                let last = keys.last().unwrap().clone();
+                let mut mine = doc.clone();
+                let result = match op {
+                    0 => mutate(&mut mine, MutateOp::DictUpsert, path.as_bytes(), n.to_string().as_bytes(), false),
+                    1 => mutate(&mut mine, MutateOp::Delete, path.as_bytes(), b"", false),
+                    _ => mutate(&mut mine, MutateOp::Counter, path.as_bytes(), n.to_string().as_bytes(), false),
+                };
+                let mut model = doc.clone();
+                let expect_ok = match (op, model.pointer_mut(&parent)) {
+                    (_, Some(Value::Object(o))) => match op {
+                        0 => { o.insert(last, json!(n)); true }
+                        1 => o.shift_remove(&last).is_some(),
+                        _ => {
+                            let cur = o.get(&last).cloned().unwrap_or(json!(0));
+                            match (n != 0, cur.as_i64().and_then(|c| c.checked_add(n))) {
+                                (true, Some(next)) => { o.insert(last, json!(next)); true }
+                                _ => false,
+                            }
+                        }
+                    },
+                    _ => false,
+                };
+                prop_assert_eq!(result.is_ok(), expect_ok, "{:?} {} on {}", op, path, doc);
+                if result.is_ok() {
+                    prop_assert_eq!(&mine, &model);
+                } else {
+                    prop_assert_eq!(&mine, &doc, "a failed mutation changed the document");
+                }
+            }
+        }
+    }
 }
