@@ -15,6 +15,9 @@ use epkv_engine_api::{
 use epkv_hashtable::{ItemMeta, StoredValue};
 use epkv_types::{Cas, Datatype, Vbid};
 
+/// Documents up to this size are searched under the key's lock rather than copied out.
+const SEARCH_UNDER_LOCK_BYTES: usize = 16 * 1024;
+
 fn lookup_op(op: SubdocOp) -> Option<LookupOp> {
     Some(match op {
         SubdocOp::Get => LookupOp::Get,
@@ -53,8 +56,22 @@ impl Bucket {
         }
         let (vb, _state) = self.client_vbucket(vbid, key)?;
         let now = LazyNow::new(&*self.clock);
-        // Copied out under the lock; parsed and searched after it is released.
-        let (cas, datatype, value) = vb.table.with_entry(key, |e| {
+        let search = |plain: &[u8], datatype: Datatype| -> Vec<Result<Vec<u8>, SubdocError>> {
+            // A document stored as JSON is read only as far as each path; each path is
+            // found in the document's text without building the document.
+            let trusted = datatype.contains(Datatype::JSON);
+            specs
+                .iter()
+                .map(|s| match lookup_op(s.op) {
+                    Some(op) => subdoc::lookup_raw(plain, op, s.path, trusted),
+                    None => Err(SubdocError::PathInvalid),
+                })
+                .collect()
+        };
+        // A small plain document is searched under the key's lock (a scan of a few
+        // microseconds at most); a large or compressed one is copied out and searched
+        // after the lock is released.
+        let (cas, found) = vb.table.with_entry(key, |e| {
             self.expire_on_access(vb, e, &now);
             self.fetch_if_evicted(vb, e)?;
             e.track_reference();
@@ -65,20 +82,20 @@ impl Bucket {
             } else {
                 m.cas
             };
-            Ok((cas, m.datatype, sv.value().to_vec()))
+            if sv.value_len() <= SEARCH_UNDER_LOCK_BYTES && !m.datatype.contains(Datatype::SNAPPY) {
+                Ok((cas, Ok(search(sv.value(), m.datatype))))
+            } else {
+                Ok((cas, Err((m.datatype, sv.value().to_vec()))))
+            }
         })?;
         self.counters.incr(Counter::GetHits);
-        let plain = plain_value(&value, datatype).map_err(|_| EngineStatus::Internal)?;
-        // A document stored as JSON is read only as far as each path.
-        let trusted = datatype.contains(Datatype::JSON);
-        // Each path is found in the document's text without building the document.
-        let results = specs
-            .iter()
-            .map(|s| match lookup_op(s.op) {
-                Some(op) => subdoc::lookup_raw(&plain, op, s.path, trusted),
-                None => Err(SubdocError::PathInvalid),
-            })
-            .collect();
+        let results = match found {
+            Ok(results) => results,
+            Err((datatype, value)) => {
+                let plain = plain_value(&value, datatype).map_err(|_| EngineStatus::Internal)?;
+                search(&plain, datatype)
+            }
+        };
         Ok(SubdocLookup { cas, results })
     }
 
