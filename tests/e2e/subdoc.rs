@@ -146,13 +146,23 @@ async fn subdoc_commands_answer_in_kv_engines_formats() {
     let s = run(&mut c, &single(Opcode::SubdocGet, k, b"s", 1, 0), k).await;
     assert_eq!(s.value.as_ref(), b"\"x\"", "nothing applied");
 
-    // Extended attributes are not supported yet: refused, the connection stays.
-    let xattr = run(
+    // The virtual extended attribute `$document` can be read; an unknown `$` name is
+    // 0xd1; writing extended attributes is not supported yet.
+    let vattr = run(
         &mut c,
-        &single(Opcode::SubdocGet, k, b"$document", 9, 0x04),
+        &single(Opcode::SubdocGet, k, b"$document.revid", 15, 0x04),
         k,
     )
     .await;
-    assert_eq!(xattr.status(), Some(Status::NotSupported));
+    assert_eq!(vattr.status(), Some(Status::Success), "{vattr:?}");
+    let unknown = run(&mut c, &single(Opcode::SubdocGet, k, b"$nope", 5, 0x04), k).await;
+    assert_eq!(unknown.status(), Some(Status::SubdocXattrUnknownVattr));
+    let write = run(
+        &mut c,
+        &single(Opcode::SubdocDictUpsert, k, b"ux1", 2, 0x04),
+        k,
+    )
+    .await;
+    assert_eq!(write.status(), Some(Status::NotSupported));
     assert!(c.get(k).await.unwrap().is_success());
 }

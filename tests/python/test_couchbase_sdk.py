@@ -342,6 +342,23 @@ def test_mutate_in_changes_paths_atomically(coll, doc_id):
     coll.mutate_in(doc_id, [SD.upsert("name", "x")], MutateInOptions(cas=cas))
 
 
+def test_get_with_expiry_reads_the_document_virtual_attribute(coll, doc_id):
+    """`get(with_expiry=True)` and `$document` lookups read the virtual extended
+    attribute that carries the document's metadata."""
+    import couchbase.subdocument as SD
+    coll.upsert(doc_id, {"e": 1}, UpsertOptions(expiry=timedelta(seconds=3600)))
+    got = coll.get(doc_id, GetOptions(with_expiry=True))
+    assert got.content_as[dict] == {"e": 1}
+    assert got.expiry_time is not None
+    res = coll.lookup_in(doc_id, [SD.get("$document.exptime", xattr=True),
+                                  SD.get("$document.CAS", xattr=True), SD.get("e")])
+    assert res.content_as[int](0) > 0
+    assert res.content_as[str](1).startswith("0x")
+    assert res.content_as[int](2) == 1
+    with pytest.raises(PathNotFoundException):
+        coll.lookup_in(doc_id, [SD.get("user_attr", xattr=True)]).content_as[str](0)
+
+
 def test_a_counter_driven_through_mutate_in_from_several_threads_ends_exact(coll, doc_id):
     import couchbase.subdocument as SD
     from concurrent.futures import ThreadPoolExecutor

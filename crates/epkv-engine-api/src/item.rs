@@ -215,6 +215,9 @@ pub struct SubdocSpec<'a> {
     pub path: &'a [u8],
     /// The value (empty for lookups and DELETE).
     pub value: &'a [u8],
+    /// The path is an extended attribute (path flag `XATTR`; lookups of the virtual
+    /// `$document` and `$XTOC` only, for now).
+    pub xattr: bool,
 }
 
 /// Why one sub-document path failed (statuses 0xc0-0xca).
@@ -242,6 +245,8 @@ pub enum SubdocError {
     PathExists,
     /// The value to insert nests too deeply.
     ValueTooDeep,
+    /// The path names a virtual attribute that does not exist.
+    UnknownVattr,
 }
 
 /// What a sub-document lookup found: the document's CAS and each path's outcome, in

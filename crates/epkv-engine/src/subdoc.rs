@@ -671,6 +671,54 @@ pub(crate) fn lookup_raw(
     }
 }
 
+/// The virtual extended attributes of a document (kv_engine `docs/Document.md`):
+/// `$document` (its metadata) and `$XTOC` (the names of its user attributes: none, since
+/// epkv does not store extended attributes yet).
+pub(crate) fn virtual_attributes(m: &epkv_hashtable::ItemMeta, plain: &[u8]) -> Value {
+    let mut datatype = Vec::new();
+    if m.datatype.contains(epkv_types::Datatype::JSON) {
+        datatype.push("json");
+    }
+    if m.datatype.contains(epkv_types::Datatype::SNAPPY) {
+        datatype.push("snappy");
+    }
+    if datatype.is_empty() {
+        datatype.push("raw");
+    }
+    serde_json::json!({
+        "$document": {
+            "CAS": format!("0x{:016x}", m.cas.0),
+            "seqno": format!("0x{:016x}", m.by_seqno.0),
+            "revid": m.rev_seqno.to_string(),
+            "exptime": m.expiry,
+            "value_bytes": plain.len(),
+            "datatype": datatype,
+            "deleted": false,
+            "flags": m.flags,
+            // The CAS is a hybrid logical clock in nanoseconds.
+            "last_modified": (m.cas.0 / 1_000_000_000).to_string(),
+            "value_crc32c": format!("0x{:08x}", crc32c::crc32c(plain)),
+        },
+        "$XTOC": [],
+    })
+}
+
+/// A lookup of an extended-attribute path: the virtual ones are answered from `vattrs`;
+/// another `$` name is unknown; a user attribute does not exist.
+pub(crate) fn lookup_xattr(
+    vattrs: &Value,
+    op: LookupOp,
+    path: &[u8],
+) -> Result<Vec<u8>, SubdocError> {
+    let parsed = parse_path(path)?;
+    match parsed.first() {
+        Some(Component::Key(k)) if k == "$document" || k == "$XTOC" => lookup(vattrs, op, path),
+        Some(Component::Key(k)) if k.starts_with('$') => Err(SubdocError::UnknownVattr),
+        Some(Component::Key(_)) => Err(SubdocError::PathNotFound),
+        _ => Err(SubdocError::PathInvalid),
+    }
+}
+
 /// A mutation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MutateOp {

@@ -56,15 +56,20 @@ impl Bucket {
         }
         let (vb, _state) = self.client_vbucket(vbid, key)?;
         let now = LazyNow::new(&*self.clock);
-        let search = |plain: &[u8], datatype: Datatype| -> Vec<Result<Vec<u8>, SubdocError>> {
+        let search = |plain: &[u8], m: &ItemMeta| -> Vec<Result<Vec<u8>, SubdocError>> {
             // A document stored as JSON is read only as far as each path; each path is
             // found in the document's text without building the document.
-            let trusted = datatype.contains(Datatype::JSON);
+            let trusted = m.datatype.contains(Datatype::JSON);
+            let vattrs = specs
+                .iter()
+                .any(|s| s.xattr)
+                .then(|| subdoc::virtual_attributes(m, plain));
             specs
                 .iter()
-                .map(|s| match lookup_op(s.op) {
-                    Some(op) => subdoc::lookup_raw(plain, op, s.path, trusted),
-                    None => Err(SubdocError::PathInvalid),
+                .map(|s| match (lookup_op(s.op), &vattrs) {
+                    (Some(op), Some(v)) if s.xattr => subdoc::lookup_xattr(v, op, s.path),
+                    (Some(op), _) => subdoc::lookup_raw(plain, op, s.path, trusted),
+                    (None, _) => Err(SubdocError::PathInvalid),
                 })
                 .collect()
         };
@@ -83,17 +88,17 @@ impl Bucket {
                 m.cas
             };
             if sv.value_len() <= SEARCH_UNDER_LOCK_BYTES && !m.datatype.contains(Datatype::SNAPPY) {
-                Ok((cas, Ok(search(sv.value(), m.datatype))))
+                Ok((cas, Ok(search(sv.value(), m))))
             } else {
-                Ok((cas, Err((m.datatype, sv.value().to_vec()))))
+                Ok((cas, Err((*m, sv.value().to_vec()))))
             }
         })?;
         self.counters.incr(Counter::GetHits);
         let results = match found {
             Ok(results) => results,
-            Err((datatype, value)) => {
-                let plain = plain_value(&value, datatype).map_err(|_| EngineStatus::Internal)?;
-                search(&plain, datatype)
+            Err((m, value)) => {
+                let plain = plain_value(&value, m.datatype).map_err(|_| EngineStatus::Internal)?;
+                search(&plain, &m)
             }
         };
         Ok(SubdocLookup { cas, results })

@@ -19,15 +19,15 @@ use epkv_engine_api::{
     Engine, EngineStatus, SubdocError, SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec,
 };
 use epkv_protocol::{
-    DOC_FLAG_ADD, DOC_FLAG_MKDOC, DurabilityRequirement, Opcode, PATH_FLAG_MKDIR_P, Response,
-    Status,
+    DOC_FLAG_ADD, DOC_FLAG_MKDOC, DurabilityRequirement, Opcode, PATH_FLAG_MKDIR_P,
+    PATH_FLAG_XATTR, Response, Status,
 };
 use epkv_types::{Cas, Datatype, Vbid};
 
 /// The engine's operation for a sub-document opcode.
 fn op_of(op: Opcode) -> Option<SubdocOp> {
     Some(match op {
-        Opcode::SubdocGet => SubdocOp::Get,
+        Opcode::SubdocGet | Opcode::Get => SubdocOp::Get,
         Opcode::SubdocExists => SubdocOp::Exists,
         Opcode::SubdocGetCount => SubdocOp::GetCount,
         Opcode::SubdocDictAdd => SubdocOp::DictAdd,
@@ -57,6 +57,7 @@ pub(crate) fn subdoc_status(e: SubdocError) -> Status {
         SubdocError::DeltaInvalid => Status::SubdocDeltaEinval,
         SubdocError::PathExists => Status::SubdocPathEexists,
         SubdocError::ValueTooDeep => Status::SubdocValueEtoodeep,
+        SubdocError::UnknownVattr => Status::SubdocXattrUnknownVattr,
     }
 }
 
@@ -95,6 +96,7 @@ impl Session {
                 Some(SubdocSpec {
                     op: op_of(s.opcode)?,
                     mkdir_p: s.flags & PATH_FLAG_MKDIR_P != 0,
+                    xattr: s.flags & PATH_FLAG_XATTR != 0,
                     path: s.path,
                     value: s.value,
                 })

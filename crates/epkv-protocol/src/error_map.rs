@@ -134,6 +134,7 @@ pub fn entry(status: Status) -> (&'static str, &'static [ErrorAttribute]) {
         Status::SubdocValueEtoodeep => ("SUBDOC_VALUE_ETOODEEP", &[A::InvalidInput]),
         Status::SubdocInvalidCombo => ("SUBDOC_INVALID_COMBO", &[A::InvalidInput]),
         Status::SubdocMultiPathFailure => ("SUBDOC_MULTI_PATH_FAILURE", &[A::ItemOnly]),
+        Status::SubdocXattrUnknownVattr => ("SUBDOC_XATTR_UNKNOWN_VATTR", &[A::InvalidInput]),
     }
 }
 

@@ -122,6 +122,8 @@ statuses! {
     SubdocInvalidCombo = 0xcb, "Subdoc: Invalid combination for multi-path command";
     /// Sub-document: some paths of a multi-path command failed (see the body).
     SubdocMultiPathFailure = 0xcc, "Subdoc: One or more paths in a multi-path command failed";
+    /// Sub-document: the path names a virtual attribute that does not exist.
+    SubdocXattrUnknownVattr = 0xd1, "Subdoc: Unknown virtual extended attribute";
 }
 
 #[cfg(test)]

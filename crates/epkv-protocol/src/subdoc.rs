@@ -64,13 +64,19 @@ pub fn is_subdoc_mutation(op: Opcode) -> bool {
     )
 }
 
-/// Checks one spec's flags: unknown bits are EINVAL; extended attributes are not
+/// Checks one spec's flags: unknown bits are EINVAL. Extended attributes may be read
+/// (lookups: the virtual `$document` and `$XTOC`); writing them and macros are not
 /// supported yet (NotSupported).
-pub(crate) fn check_path_flags(flags: u8) -> Result<(), Status> {
+pub(crate) fn check_path_flags(flags: u8, lookup: bool) -> Result<(), Status> {
     if flags & !(PATH_FLAG_MKDIR_P | PATH_FLAG_XATTR | PATH_FLAG_EXPAND_MACROS) != 0 {
         return Err(Status::Einval);
     }
-    if flags & (PATH_FLAG_XATTR | PATH_FLAG_EXPAND_MACROS) != 0 {
+    let unsupported = if lookup {
+        PATH_FLAG_EXPAND_MACROS
+    } else {
+        PATH_FLAG_XATTR | PATH_FLAG_EXPAND_MACROS
+    };
+    if flags & unsupported != 0 {
         return Err(Status::NotSupported);
     }
     Ok(())
@@ -88,10 +94,11 @@ pub fn parse_specs(mut v: &[u8], mutations: bool) -> Result<Vec<SubdocSpec<'_>>,
         let head = if mutations { 8 } else { 4 };
         let h = v.get(..head).ok_or(Status::Einval)?;
         let opcode = Opcode::from_u8(h[0]).ok_or(Status::SubdocInvalidCombo)?;
+        // GET (0x00) in a lookup reads the whole document (its path is empty).
         let kind_ok = if mutations {
             is_subdoc_mutation(opcode)
         } else {
-            is_subdoc_lookup(opcode)
+            is_subdoc_lookup(opcode) || opcode == Opcode::Get
         };
         if !kind_ok {
             return Err(Status::SubdocInvalidCombo);
@@ -109,7 +116,10 @@ pub fn parse_specs(mut v: &[u8], mutations: bool) -> Result<Vec<SubdocSpec<'_>>,
             .and_then(|n| n.checked_add(value_len))
             .ok_or(Status::Einval)?;
         let body = v.get(head..end).ok_or(Status::Einval)?;
-        check_path_flags(flags)?;
+        check_path_flags(flags, !mutations)?;
+        if opcode == Opcode::Get && path_len != 0 {
+            return Err(Status::Einval);
+        }
         out.push(SubdocSpec {
             opcode,
             flags,
@@ -179,7 +189,17 @@ mod tests {
 
         let mut xattr = Vec::new();
         put_lookup_spec(&mut xattr, Opcode::SubdocGet, PATH_FLAG_XATTR, b"$document");
-        assert_eq!(parse_specs(&xattr, false), Err(Status::NotSupported));
+        put_lookup_spec(&mut xattr, Opcode::Get, 0, b"");
+        assert_eq!(parse_specs(&xattr, false).unwrap().len(), 2);
+        let mut xm = Vec::new();
+        put_mutation_spec(
+            &mut xm,
+            Opcode::SubdocDictUpsert,
+            PATH_FLAG_XATTR,
+            b"a",
+            b"1",
+        );
+        assert_eq!(parse_specs(&xm, true), Err(Status::NotSupported));
         let mut odd = Vec::new();
         put_lookup_spec(&mut odd, Opcode::SubdocGet, 0x80, b"a");
         assert_eq!(parse_specs(&odd, false), Err(Status::Einval));
