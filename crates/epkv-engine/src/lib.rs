@@ -216,18 +216,18 @@ pub mod fuzzing {
         value: &[u8],
         mkdir: bool,
     ) -> Option<Vec<u8>> {
-        use crate::subdoc::{LookupOp, MutateOp};
-        const LOOKUPS: [LookupOp; 3] = [LookupOp::Get, LookupOp::Exists, LookupOp::GetCount];
-        const MUTATIONS: [MutateOp; 9] = [
-            MutateOp::DictAdd,
-            MutateOp::DictUpsert,
-            MutateOp::Delete,
-            MutateOp::Replace,
-            MutateOp::ArrayPushLast,
-            MutateOp::ArrayPushFirst,
-            MutateOp::ArrayInsert,
-            MutateOp::ArrayAddUnique,
-            MutateOp::Counter,
+        use epkv_engine_api::SubdocOp;
+        const LOOKUPS: [SubdocOp; 3] = [SubdocOp::Get, SubdocOp::Exists, SubdocOp::GetCount];
+        const MUTATIONS: [SubdocOp; 9] = [
+            SubdocOp::DictAdd,
+            SubdocOp::DictUpsert,
+            SubdocOp::Delete,
+            SubdocOp::Replace,
+            SubdocOp::ArrayPushLast,
+            SubdocOp::ArrayPushFirst,
+            SubdocOp::ArrayInsert,
+            SubdocOp::ArrayAddUnique,
+            SubdocOp::Counter,
         ];
         let i = usize::from(op) % (LOOKUPS.len() + MUTATIONS.len());
         if let Some(l) = LOOKUPS.get(i) {

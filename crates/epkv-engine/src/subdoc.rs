@@ -19,7 +19,7 @@ pub(crate) const MAX_PATH_LEN: usize = 1024;
 /// Most components a path may have; also the deepest a value may nest.
 pub(crate) const MAX_DEPTH: usize = 32;
 
-pub(crate) use epkv_engine_api::SubdocError;
+pub(crate) use epkv_engine_api::{SubdocError, SubdocOp};
 
 /// One component of a parsed path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -215,30 +215,21 @@ fn find_mut<'v>(
     Ok(cur)
 }
 
-/// A lookup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LookupOp {
-    /// The value at the path (the whole document for the empty path).
-    Get,
-    /// Whether the path exists.
-    Exists,
-    /// The number of elements of the array or object at the path.
-    GetCount,
-}
-
 /// Runs one lookup on a parsed document; `Ok` holds the value to return (empty for
 /// EXISTS).
-pub(crate) fn lookup(doc: &Value, op: LookupOp, path: &[u8]) -> Result<Vec<u8>, SubdocError> {
+pub(crate) fn lookup(doc: &Value, op: SubdocOp, path: &[u8]) -> Result<Vec<u8>, SubdocError> {
     let path = parse_path(path)?;
     let v = find(doc, &path)?;
     match op {
-        LookupOp::Get => serde_json::to_vec(v).map_err(|_| SubdocError::DocNotJson),
-        LookupOp::Exists => Ok(Vec::new()),
-        LookupOp::GetCount => match v {
+        SubdocOp::Get => serde_json::to_vec(v).map_err(|_| SubdocError::DocNotJson),
+        SubdocOp::Exists => Ok(Vec::new()),
+        SubdocOp::GetCount => match v {
             Value::Array(a) => Ok(a.len().to_string().into_bytes()),
             Value::Object(o) => Ok(o.len().to_string().into_bytes()),
             _ => Err(SubdocError::PathMismatch),
         },
+        // Not a lookup.
+        _ => Err(SubdocError::PathInvalid),
     }
 }
 
@@ -612,7 +603,7 @@ mod fast {
 /// surprise (the checking scanner then answers).
 fn lookup_fast(
     text: &str,
-    op: LookupOp,
+    op: SubdocOp,
     path: &[Component],
 ) -> Option<Result<Vec<u8>, SubdocError>> {
     let b = text.as_bytes();
@@ -630,12 +621,13 @@ fn lookup_fast(
     }
     let v = &text[start..end];
     Some(match op {
-        LookupOp::Get => Ok(v.trim().as_bytes().to_vec()),
-        LookupOp::Exists => Ok(Vec::new()),
-        LookupOp::GetCount => match fast::count(v.as_bytes())? {
+        SubdocOp::Get => Ok(v.trim().as_bytes().to_vec()),
+        SubdocOp::Exists => Ok(Vec::new()),
+        SubdocOp::GetCount => match fast::count(v.as_bytes())? {
             Some(n) => Ok(n.to_string().into_bytes()),
             None => Err(SubdocError::PathMismatch),
         },
+        _ => Err(SubdocError::PathInvalid),
     })
 }
 
@@ -644,7 +636,7 @@ fn lookup_fast(
 /// refused); one stored as JSON (`trusted`) is read only up to the path.
 pub(crate) fn lookup_raw(
     doc: &[u8],
-    op: LookupOp,
+    op: SubdocOp,
     path: &[u8],
     trusted: bool,
 ) -> Result<Vec<u8>, SubdocError> {
@@ -662,12 +654,13 @@ pub(crate) fn lookup_raw(
     }
     let v = find_raw(text, &path, trusted)?;
     match op {
-        LookupOp::Get => Ok(v.trim().as_bytes().to_vec()),
-        LookupOp::Exists => Ok(Vec::new()),
-        LookupOp::GetCount => match scan(v, CountIn)? {
+        SubdocOp::Get => Ok(v.trim().as_bytes().to_vec()),
+        SubdocOp::Exists => Ok(Vec::new()),
+        SubdocOp::GetCount => match scan(v, CountIn)? {
             Some(n) => Ok(n.to_string().into_bytes()),
             None => Err(SubdocError::PathMismatch),
         },
+        _ => Err(SubdocError::PathInvalid),
     }
 }
 
@@ -707,7 +700,7 @@ pub(crate) fn virtual_attributes(m: &epkv_hashtable::ItemMeta, plain: &[u8]) -> 
 /// another `$` name is unknown; a user attribute does not exist.
 pub(crate) fn lookup_xattr(
     vattrs: &Value,
-    op: LookupOp,
+    op: SubdocOp,
     path: &[u8],
 ) -> Result<Vec<u8>, SubdocError> {
     let parsed = parse_path(path)?;
@@ -719,43 +712,13 @@ pub(crate) fn lookup_xattr(
     }
 }
 
-/// A mutation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MutateOp {
-    /// Add a key that must not exist.
-    DictAdd,
-    /// Set a key, whether it exists or not.
-    DictUpsert,
-    /// Remove the value at the path.
-    Delete,
-    /// Replace the value at the path, which must exist.
-    Replace,
-    /// Append values to the array at the path.
-    ArrayPushLast,
-    /// Prepend values to the array at the path.
-    ArrayPushFirst,
-    /// Insert values at the array position the path names.
-    ArrayInsert,
-    /// Append a primitive value to the array at the path unless already present.
-    ArrayAddUnique,
-    /// Add a signed 64-bit delta to the number at the path (created at 0).
-    Counter,
-}
-
-impl MutateOp {
-    /// Whether the operation's root, when the document is created, is an array.
-    fn root_is_array(self, path_is_empty: bool) -> bool {
-        path_is_empty
-            && matches!(
-                self,
-                Self::ArrayPushLast | Self::ArrayPushFirst | Self::ArrayAddUnique
-            )
-    }
-}
-
 /// The root a document created by MKDOC/ADD starts from for `op` at `path`.
-pub(crate) fn empty_root(op: MutateOp, path: &[u8]) -> Value {
-    if op.root_is_array(path.is_empty()) {
+pub(crate) fn empty_root(op: SubdocOp, path: &[u8]) -> Value {
+    let array_op = matches!(
+        op,
+        SubdocOp::ArrayPushLast | SubdocOp::ArrayPushFirst | SubdocOp::ArrayAddUnique
+    );
+    if array_op && path.is_empty() {
         Value::Array(Vec::new())
     } else {
         Value::Object(Map::new())
@@ -773,14 +736,18 @@ fn split_last(path: &[Component]) -> Result<(&[Component], &Component), SubdocEr
 /// else empty).
 pub(crate) fn mutate(
     doc: &mut Value,
-    op: MutateOp,
+    op: SubdocOp,
     path: &[u8],
     value: &[u8],
     mkdir: bool,
 ) -> Result<Vec<u8>, SubdocError> {
     let parsed = parse_path(path)?;
     match op {
-        MutateOp::DictAdd | MutateOp::DictUpsert => {
+        // Not a mutation.
+        SubdocOp::Get | SubdocOp::Exists | SubdocOp::GetCount => {
+            return Err(SubdocError::PathInvalid);
+        }
+        SubdocOp::DictAdd | SubdocOp::DictUpsert => {
             let v = parse_value(value, false)?.remove(0);
             let (parent, last) = split_last(&parsed)?;
             let Component::Key(k) = last else {
@@ -789,12 +756,12 @@ pub(crate) fn mutate(
             let Value::Object(o) = find_mut(doc, parent, mkdir)? else {
                 return Err(SubdocError::PathMismatch);
             };
-            if op == MutateOp::DictAdd && o.contains_key(k) {
+            if op == SubdocOp::DictAdd && o.contains_key(k) {
                 return Err(SubdocError::PathExists);
             }
             o.insert(k.clone(), v);
         }
-        MutateOp::Replace => {
+        SubdocOp::Replace => {
             let v = parse_value(value, false)?.remove(0);
             if parsed.is_empty() {
                 // The empty path replaces the whole document.
@@ -803,7 +770,7 @@ pub(crate) fn mutate(
                 *find_mut(doc, &parsed, false)? = v;
             }
         }
-        MutateOp::Delete => {
+        SubdocOp::Delete => {
             let (parent, last) = split_last(&parsed)?;
             match (last, find_mut(doc, parent, false)?) {
                 (Component::Key(k), Value::Object(o)) => {
@@ -816,16 +783,16 @@ pub(crate) fn mutate(
                 _ => return Err(SubdocError::PathMismatch),
             }
         }
-        MutateOp::ArrayPushLast | MutateOp::ArrayPushFirst => {
+        SubdocOp::ArrayPushLast | SubdocOp::ArrayPushFirst => {
             let values = parse_value(value, true)?;
             let target = find_mut_array(doc, &parsed, mkdir)?;
-            if op == MutateOp::ArrayPushLast {
+            if op == SubdocOp::ArrayPushLast {
                 target.extend(values);
             } else {
                 target.splice(0..0, values);
             }
         }
-        MutateOp::ArrayInsert => {
+        SubdocOp::ArrayInsert => {
             let values = parse_value(value, true)?;
             let (parent, last) = split_last(&parsed)?;
             let Component::Index(i) = last else {
@@ -841,7 +808,7 @@ pub(crate) fn mutate(
                 .ok_or(SubdocError::PathNotFound)?;
             a.splice(at..at, values);
         }
-        MutateOp::ArrayAddUnique => {
+        SubdocOp::ArrayAddUnique => {
             let v = parse_value(value, false)?.remove(0);
             if v.is_array() || v.is_object() {
                 return Err(SubdocError::ValueCantInsert);
@@ -855,7 +822,7 @@ pub(crate) fn mutate(
             }
             target.push(v);
         }
-        MutateOp::Counter => {
+        SubdocOp::Counter => {
             let text = std::str::from_utf8(value).map_err(|_| SubdocError::DeltaInvalid)?;
             let delta: i64 = text.trim().parse().map_err(|_| SubdocError::DeltaInvalid)?;
             if delta == 0 || text.trim() != text {
@@ -976,34 +943,34 @@ mod tests {
     #[test]
     fn lookups_read_paths_count_and_report_errors() {
         let d = doc();
-        assert_eq!(lookup(&d, LookupOp::Get, b"name").unwrap(), b"\"toy\"");
-        assert_eq!(lookup(&d, LookupOp::Get, b"list[-1].x").unwrap(), b"2");
-        assert_eq!(lookup(&d, LookupOp::GetCount, b"tags").unwrap(), b"2");
-        assert_eq!(lookup(&d, LookupOp::GetCount, b"d").unwrap(), b"1");
-        assert!(lookup(&d, LookupOp::Exists, b"d.n").is_ok());
+        assert_eq!(lookup(&d, SubdocOp::Get, b"name").unwrap(), b"\"toy\"");
+        assert_eq!(lookup(&d, SubdocOp::Get, b"list[-1].x").unwrap(), b"2");
+        assert_eq!(lookup(&d, SubdocOp::GetCount, b"tags").unwrap(), b"2");
+        assert_eq!(lookup(&d, SubdocOp::GetCount, b"d").unwrap(), b"1");
+        assert!(lookup(&d, SubdocOp::Exists, b"d.n").is_ok());
         assert_eq!(
-            lookup(&d, LookupOp::Exists, b"d.m"),
+            lookup(&d, SubdocOp::Exists, b"d.m"),
             Err(SubdocError::PathNotFound)
         );
         assert_eq!(
-            lookup(&d, LookupOp::Get, b"tags.x"),
+            lookup(&d, SubdocOp::Get, b"tags.x"),
             Err(SubdocError::PathMismatch)
         );
         assert_eq!(
-            lookup(&d, LookupOp::Get, b"name[0]"),
+            lookup(&d, SubdocOp::Get, b"name[0]"),
             Err(SubdocError::PathMismatch)
         );
         assert_eq!(
-            lookup(&d, LookupOp::GetCount, b"name"),
+            lookup(&d, SubdocOp::GetCount, b"name"),
             Err(SubdocError::PathMismatch)
         );
         assert_eq!(
-            lookup(&d, LookupOp::Get, b"tags[5]"),
+            lookup(&d, SubdocOp::Get, b"tags[5]"),
             Err(SubdocError::PathNotFound)
         );
         // The whole document, in its key order.
         assert_eq!(
-            lookup(&d, LookupOp::Get, b"").unwrap(),
+            lookup(&d, SubdocOp::Get, b"").unwrap(),
             serde_json::to_vec(&d).unwrap()
         );
     }
@@ -1025,12 +992,12 @@ mod tests {
             b"d[0]",
             b"a..b",
         ] {
-            for op in [LookupOp::Get, LookupOp::Exists, LookupOp::GetCount] {
+            for op in [SubdocOp::Get, SubdocOp::Exists, SubdocOp::GetCount] {
                 let raw = lookup_raw(text, op, path, false);
                 assert_eq!(lookup_raw(text, op, path, true), raw, "trusted");
                 let parsed = lookup(&d, op, path);
                 match (&raw, &parsed) {
-                    (Ok(r), Ok(p)) if op == LookupOp::Get => {
+                    (Ok(r), Ok(p)) if op == SubdocOp::Get => {
                         let rv: Value = serde_json::from_slice(r).unwrap();
                         let pv: Value = serde_json::from_slice(p).unwrap();
                         assert_eq!(rv, pv, "{op:?} {}", String::from_utf8_lossy(path));
@@ -1041,19 +1008,19 @@ mod tests {
         }
         // The value's text as written.
         assert_eq!(
-            lookup_raw(text, LookupOp::Get, b"tags", false).unwrap(),
+            lookup_raw(text, SubdocOp::Get, b"tags", false).unwrap(),
             br#"["a", "b"]"#
         );
         assert_eq!(
-            lookup_raw(b"{\"a\":1", LookupOp::Get, b"a", false),
+            lookup_raw(b"{\"a\":1", SubdocOp::Get, b"a", false),
             Err(SubdocError::DocNotJson)
         );
         assert_eq!(
-            lookup_raw(b"{\"a\":1} x", LookupOp::Exists, b"a", false),
+            lookup_raw(b"{\"a\":1} x", SubdocOp::Exists, b"a", false),
             Err(SubdocError::DocNotJson)
         );
         assert_eq!(
-            lookup_raw(b"[1,2]", LookupOp::Get, b"", false).unwrap(),
+            lookup_raw(b"[1,2]", SubdocOp::Get, b"", false).unwrap(),
             b"[1,2]"
         );
     }
@@ -1061,68 +1028,68 @@ mod tests {
     #[test]
     fn mutations_change_only_their_path_and_keep_key_order() {
         let mut d = doc();
-        mutate(&mut d, MutateOp::DictUpsert, b"name", b"\"car\"", false).unwrap();
-        mutate(&mut d, MutateOp::DictAdd, b"new", b"{\"k\":true}", false).unwrap();
+        mutate(&mut d, SubdocOp::DictUpsert, b"name", b"\"car\"", false).unwrap();
+        mutate(&mut d, SubdocOp::DictAdd, b"new", b"{\"k\":true}", false).unwrap();
         assert_eq!(
-            mutate(&mut d, MutateOp::DictAdd, b"new", b"1", false),
+            mutate(&mut d, SubdocOp::DictAdd, b"new", b"1", false),
             Err(SubdocError::PathExists)
         );
         assert_eq!(
-            mutate(&mut d, MutateOp::DictUpsert, b"x.y.z", b"1", false),
+            mutate(&mut d, SubdocOp::DictUpsert, b"x.y.z", b"1", false),
             Err(SubdocError::PathNotFound)
         );
-        mutate(&mut d, MutateOp::DictUpsert, b"x.y.z", b"1", true).unwrap();
+        mutate(&mut d, SubdocOp::DictUpsert, b"x.y.z", b"1", true).unwrap();
         mutate(
             &mut d,
-            MutateOp::ArrayPushLast,
+            SubdocOp::ArrayPushLast,
             b"tags",
             b"\"c\",\"d\"",
             false,
         )
         .unwrap();
-        mutate(&mut d, MutateOp::ArrayPushFirst, b"tags", b"\"z\"", false).unwrap();
-        mutate(&mut d, MutateOp::ArrayInsert, b"tags[1]", b"\"i\"", false).unwrap();
+        mutate(&mut d, SubdocOp::ArrayPushFirst, b"tags", b"\"z\"", false).unwrap();
+        mutate(&mut d, SubdocOp::ArrayInsert, b"tags[1]", b"\"i\"", false).unwrap();
         assert_eq!(
-            mutate(&mut d, MutateOp::ArrayAddUnique, b"tags", b"\"a\"", false),
+            mutate(&mut d, SubdocOp::ArrayAddUnique, b"tags", b"\"a\"", false),
             Err(SubdocError::PathExists)
         );
-        mutate(&mut d, MutateOp::ArrayAddUnique, b"tags", b"\"u\"", false).unwrap();
-        mutate(&mut d, MutateOp::Delete, b"list[0]", b"", false).unwrap();
-        mutate(&mut d, MutateOp::Replace, b"d.n", b"[1,2]", false).unwrap();
+        mutate(&mut d, SubdocOp::ArrayAddUnique, b"tags", b"\"u\"", false).unwrap();
+        mutate(&mut d, SubdocOp::Delete, b"list[0]", b"", false).unwrap();
+        mutate(&mut d, SubdocOp::Replace, b"d.n", b"[1,2]", false).unwrap();
         assert_eq!(
-            mutate(&mut d, MutateOp::Replace, b"d.missing", b"1", false),
+            mutate(&mut d, SubdocOp::Replace, b"d.missing", b"1", false),
             Err(SubdocError::PathNotFound)
         );
         assert_eq!(
-            mutate(&mut d, MutateOp::DictUpsert, b"name", b"not json", false),
+            mutate(&mut d, SubdocOp::DictUpsert, b"name", b"not json", false),
             Err(SubdocError::ValueCantInsert)
         );
         assert_eq!(
-            mutate(&mut d, MutateOp::Counter, b"hits", b"5", false).unwrap(),
+            mutate(&mut d, SubdocOp::Counter, b"hits", b"5", false).unwrap(),
             b"5"
         );
         assert_eq!(
-            mutate(&mut d, MutateOp::Counter, b"hits", b"-7", false).unwrap(),
+            mutate(&mut d, SubdocOp::Counter, b"hits", b"-7", false).unwrap(),
             b"-2"
         );
         assert_eq!(
-            mutate(&mut d, MutateOp::Counter, b"hits", b"0", false),
+            mutate(&mut d, SubdocOp::Counter, b"hits", b"0", false),
             Err(SubdocError::DeltaInvalid)
         );
         assert_eq!(
-            mutate(&mut d, MutateOp::Counter, b"name", b"1", false),
+            mutate(&mut d, SubdocOp::Counter, b"name", b"1", false),
             Err(SubdocError::PathMismatch)
         );
         mutate(
             &mut d,
-            MutateOp::DictUpsert,
+            SubdocOp::DictUpsert,
             b"big",
             b"9223372036854775807",
             false,
         )
         .unwrap();
         assert_eq!(
-            mutate(&mut d, MutateOp::Counter, b"big", b"1", false),
+            mutate(&mut d, SubdocOp::Counter, b"big", b"1", false),
             Err(SubdocError::NumRange)
         );
         let text = String::from_utf8(serde_json::to_vec(&d).unwrap()).unwrap();
@@ -1134,11 +1101,11 @@ mod tests {
 
     #[test]
     fn created_documents_start_from_the_root_their_first_operation_needs() {
-        assert_eq!(empty_root(MutateOp::ArrayPushLast, b""), json!([]));
-        assert_eq!(empty_root(MutateOp::ArrayPushLast, b"a"), json!({}));
-        assert_eq!(empty_root(MutateOp::DictUpsert, b"a"), json!({}));
-        let mut d = empty_root(MutateOp::ArrayPushFirst, b"");
-        mutate(&mut d, MutateOp::ArrayPushFirst, b"", b"1", false).unwrap();
+        assert_eq!(empty_root(SubdocOp::ArrayPushLast, b""), json!([]));
+        assert_eq!(empty_root(SubdocOp::ArrayPushLast, b"a"), json!({}));
+        assert_eq!(empty_root(SubdocOp::DictUpsert, b"a"), json!({}));
+        let mut d = empty_root(SubdocOp::ArrayPushFirst, b"");
+        mutate(&mut d, SubdocOp::ArrayPushFirst, b"", b"1", false).unwrap();
         assert_eq!(d, json!([1]));
     }
 
@@ -1149,7 +1116,7 @@ mod tests {
         assert_eq!(parse_doc(b"{not json"), Err(SubdocError::DocNotJson));
         let mut d = json!({});
         assert_eq!(
-            mutate(&mut d, MutateOp::DictUpsert, b"a", deep.as_bytes(), false),
+            mutate(&mut d, SubdocOp::DictUpsert, b"a", deep.as_bytes(), false),
             Err(SubdocError::ValueTooDeep)
         );
     }
@@ -1206,12 +1173,12 @@ mod tests {
             #[test]
             fn text_lookups_match_the_parsed_document(doc in value(), p in path(), pretty in any::<bool>()) {
                 let text = if pretty { serde_json::to_vec_pretty(&doc) } else { serde_json::to_vec(&doc) }.unwrap();
-                for op in [LookupOp::Get, LookupOp::Exists, LookupOp::GetCount] {
+                for op in [SubdocOp::Get, SubdocOp::Exists, SubdocOp::GetCount] {
                     let parsed = lookup(&doc, op, p.as_bytes());
                     for trusted in [false, true] {
                         let raw = lookup_raw(&text, op, p.as_bytes(), trusted);
                         match (&raw, &parsed) {
-                            (Ok(r), Ok(q)) if op == LookupOp::Get => {
+                            (Ok(r), Ok(q)) if op == SubdocOp::Get => {
                                 let rv: Value = serde_json::from_slice(r).unwrap();
                                 let qv: Value = serde_json::from_slice(q).unwrap();
                                 prop_assert_eq!(rv, qv);
@@ -1237,9 +1204,9 @@ mod tests {
                 let last = keys.last().unwrap().clone();
                 let mut mine = doc.clone();
                 let result = match op {
-                    0 => mutate(&mut mine, MutateOp::DictUpsert, path.as_bytes(), n.to_string().as_bytes(), false),
-                    1 => mutate(&mut mine, MutateOp::Delete, path.as_bytes(), b"", false),
-                    _ => mutate(&mut mine, MutateOp::Counter, path.as_bytes(), n.to_string().as_bytes(), false),
+                    0 => mutate(&mut mine, SubdocOp::DictUpsert, path.as_bytes(), n.to_string().as_bytes(), false),
+                    1 => mutate(&mut mine, SubdocOp::Delete, path.as_bytes(), b"", false),
+                    _ => mutate(&mut mine, SubdocOp::Counter, path.as_bytes(), n.to_string().as_bytes(), false),
                 };
                 let mut model = doc.clone();
                 let expect_ok = match (op, model.pointer_mut(&parent)) {

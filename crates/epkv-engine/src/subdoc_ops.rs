@@ -7,40 +7,16 @@ use crate::Bucket;
 use crate::bucket::{LazyNow, check_durability, check_lock_and_cas};
 use crate::ops::plain_value;
 use crate::stats::Counter;
-use crate::subdoc::{self, LookupOp, MutateOp};
+use crate::subdoc;
 use epkv_engine_api::{
     EngineResult, EngineStatus, Expiry, SubdocError, SubdocLookup, SubdocMutated, SubdocMutation,
-    SubdocOp, SubdocSpec,
+    SubdocSpec,
 };
 use epkv_hashtable::{ItemMeta, StoredValue};
 use epkv_types::{Cas, Datatype, Vbid};
 
 /// Documents up to this size are searched under the key's lock rather than copied out.
 const SEARCH_UNDER_LOCK_BYTES: usize = 16 * 1024;
-
-fn lookup_op(op: SubdocOp) -> Option<LookupOp> {
-    Some(match op {
-        SubdocOp::Get => LookupOp::Get,
-        SubdocOp::Exists => LookupOp::Exists,
-        SubdocOp::GetCount => LookupOp::GetCount,
-        _ => return None,
-    })
-}
-
-fn mutate_op(op: SubdocOp) -> Option<MutateOp> {
-    Some(match op {
-        SubdocOp::DictAdd => MutateOp::DictAdd,
-        SubdocOp::DictUpsert => MutateOp::DictUpsert,
-        SubdocOp::Delete => MutateOp::Delete,
-        SubdocOp::Replace => MutateOp::Replace,
-        SubdocOp::ArrayPushLast => MutateOp::ArrayPushLast,
-        SubdocOp::ArrayPushFirst => MutateOp::ArrayPushFirst,
-        SubdocOp::ArrayInsert => MutateOp::ArrayInsert,
-        SubdocOp::ArrayAddUnique => MutateOp::ArrayAddUnique,
-        SubdocOp::Counter => MutateOp::Counter,
-        _ => return None,
-    })
-}
 
 impl Bucket {
     /// Sub-document lookups (see [`epkv_engine_api::Engine::subdoc_lookup`]).
@@ -66,10 +42,9 @@ impl Bucket {
                 .then(|| subdoc::virtual_attributes(m, plain));
             specs
                 .iter()
-                .map(|s| match (lookup_op(s.op), &vattrs) {
-                    (Some(op), Some(v)) if s.xattr => subdoc::lookup_xattr(v, op, s.path),
-                    (Some(op), _) => subdoc::lookup_raw(plain, op, s.path, trusted),
-                    (None, _) => Err(SubdocError::PathInvalid),
+                .map(|s| match &vattrs {
+                    Some(v) if s.xattr => subdoc::lookup_xattr(v, s.op, s.path),
+                    _ => subdoc::lookup_raw(plain, s.op, s.path, trusted),
                 })
                 .collect()
         };
@@ -147,17 +122,13 @@ impl Bucket {
                 },
                 None => {
                     let first = req.specs[0];
-                    subdoc::empty_root(
-                        mutate_op(first.op).ok_or(EngineStatus::Invalid)?,
-                        first.path,
-                    )
+                    subdoc::empty_root(first.op, first.path)
                 }
             };
             let mut values = Vec::new();
             for (i, s) in req.specs.iter().enumerate() {
                 let index = u8::try_from(i).map_err(|_| EngineStatus::Invalid)?;
-                let op = mutate_op(s.op).ok_or(EngineStatus::Invalid)?;
-                match subdoc::mutate(&mut doc, op, s.path, s.value, s.mkdir_p || create) {
+                match subdoc::mutate(&mut doc, s.op, s.path, s.value, s.mkdir_p || create) {
                     Ok(v) if !v.is_empty() => values.push((index, v)),
                     Ok(_) => {}
                     Err(error) => return Ok(SubdocMutated::Failed { index, error }),
