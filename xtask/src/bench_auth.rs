@@ -221,13 +221,7 @@ fn phase(
 
 /// Runs the bench and writes its report.
 pub(crate) fn bench_auth(opts: &AuthOptions) -> Result<()> {
-    let bin = match &opts.epkv_bin {
-        Some(b) => b.clone(),
-        None => {
-            util::run(util::cargo().args(["build", "--release", "-p", "epkv-server"]))?;
-            process::epkv_server_bin("release")
-        }
-    };
+    let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
     let secs = opts.secs.unwrap_or(if opts.quick { 3 } else { 10 }).max(1);
     let out_dir = util::target_dir().join("bench");
     std::fs::create_dir_all(&out_dir)?;

@@ -266,13 +266,7 @@ pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
     let rounds = opts.rounds.unwrap_or(if opts.quick { 2 } else { 5 }).max(1);
     let server_threads = opts.server_threads.unwrap_or_else(util::cores);
     let client_threads = opts.client_threads.unwrap_or_else(util::cores);
-    let bin = match &opts.epkv_bin {
-        Some(bin) => bin.clone(),
-        None => {
-            util::run(util::cargo().args(["build", "--release", "-p", "epkv-server"]))?;
-            process::epkv_server_bin("release")
-        }
-    };
+    let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
     let out_dir = util::target_dir().join("bench");
     std::fs::create_dir_all(&out_dir)?;
     let ticks = process::clock_ticks_per_sec() as f64;

@@ -97,13 +97,7 @@ fn sequential(
 
 /// Runs the bench and writes its report.
 pub(crate) fn bench_subdoc(opts: &SubdocOptions) -> Result<()> {
-    let bin = match &opts.epkv_bin {
-        Some(b) => b.clone(),
-        None => {
-            util::run(util::cargo().args(["build", "--release", "-p", "epkv-server"]))?;
-            process::epkv_server_bin("release")
-        }
-    };
+    let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
     let secs = opts.secs.unwrap_or(if opts.quick { 3 } else { 10 }).max(1);
     let out_dir = util::target_dir().join("bench");
     std::fs::create_dir_all(&out_dir)?;
@@ -122,6 +116,7 @@ pub(crate) fn bench_subdoc(opts: &SubdocOptions) -> Result<()> {
             &key(i),
             &document(i),
             epkv_types::Datatype::JSON,
+            epkv_types::Cas::ANY,
             0,
         )?;
     }
@@ -147,7 +142,14 @@ pub(crate) fn bench_subdoc(opts: &SubdocOptions) -> Result<()> {
         for f in ["f1", "f2", "f3", "f4"] {
             doc[f]["count"] = json!(i);
         }
-        c.queue_set_datatype_cas(Opcode::Set, &k, &doc.to_string().into_bytes(), got.cas, 2)?;
+        c.queue_set_datatype(
+            Opcode::Set,
+            &k,
+            &doc.to_string().into_bytes(),
+            epkv_types::Datatype::JSON,
+            got.cas,
+            2,
+        )?;
         c.flush()?;
         let r = c.recv()?;
         if r.status != 0 {

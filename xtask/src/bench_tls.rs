@@ -175,14 +175,8 @@ pub(crate) fn bench_tls(opts: &TlsOptions) -> Result<()> {
         "--bin",
         "epkv-pipeload",
     ]))?;
-    if opts.epkv_bin.is_none() {
-        // Separately: `--bin` would otherwise limit every package to that binary.
-        util::run(util::cargo().args(["build", "--release", "-p", "epkv-server"]))?;
-    }
-    let bin = opts
-        .epkv_bin
-        .clone()
-        .unwrap_or_else(|| process::epkv_server_bin("release"));
+    // Built separately: `--bin` would otherwise limit every package to that binary.
+    let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
     let secs = opts.secs.unwrap_or(if opts.quick { 5 } else { 10 }).max(1);
     let rounds = opts.rounds.unwrap_or(if opts.quick { 2 } else { 5 }).max(1);
     let threads = opts.server_threads.unwrap_or_else(util::cores);

@@ -57,6 +57,21 @@ pub(crate) fn epkv_server_bin(profile: &str) -> PathBuf {
     util::target_dir().join(profile).join("epkv-server")
 }
 
+/// The server binary a bench runs: `given` (its `--epkv-bin`), or a freshly built
+/// `target/release/epkv-server`.
+///
+/// # Errors
+/// The release build failed.
+pub(crate) fn release_server_bin(given: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(b) => Ok(b.clone()),
+        None => {
+            util::run(util::cargo().args(["build", "--release", "-p", "epkv-server"]))?;
+            Ok(epkv_server_bin("release"))
+        }
+    }
+}
+
 impl ServerProcess {
     /// Starts `bin --port 0 <args>` and waits until it prints its listening line.
     ///

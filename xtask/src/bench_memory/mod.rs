@@ -115,13 +115,7 @@ pub(crate) fn bench_memory(opts: &MemoryOptions) -> Result<()> {
             );
         }
     }
-    let bin = match &opts.epkv_bin {
-        Some(bin) => bin.clone(),
-        None => {
-            util::run(util::cargo().args(["build", "--release", "-p", "epkv-server"]))?;
-            process::epkv_server_bin("release")
-        }
-    };
+    let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
     let out_dir = util::target_dir().join("bench");
     std::fs::create_dir_all(&out_dir)?;
     let total = Stopwatch::start();

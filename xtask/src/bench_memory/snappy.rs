@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::{Result, bail};
 use epkv_protocol::Opcode;
-use epkv_types::Datatype;
+use epkv_types::{Cas, Datatype};
 
 use serde_json::json;
 
@@ -117,7 +117,7 @@ fn load(server: &ServerProcess, case: &'static str, items: u64) -> Result<Load> 
             };
             doc_total += doc.len() as u64;
             stored_total += value.len() as u64;
-            c.queue_set_datatype(Opcode::SetQ, &key(i), &value, dt, 0)?;
+            c.queue_set_datatype(Opcode::SetQ, &key(i), &value, dt, Cas::ANY, 0)?;
         }
         let failed = c.fence()?;
         if let Some(r) = failed.first() {

@@ -112,68 +112,43 @@ impl BinClient {
         value: &[u8],
         opaque: u32,
     ) -> Result<()> {
-        let vbucket = if self.vbuckets && !key.is_empty() && opcode != Opcode::Stat {
-            epkv_types::vbucket_for_key(key, NUM_VBUCKETS)
-        } else {
-            Vbid(0)
-        };
-        RequestBuilder::new(opcode)
+        let b = RequestBuilder::new(opcode)
             .key(key)
             .extras(extras)
             .value(value)
-            .vbucket(vbucket)
-            .opaque(opaque)
-            .encode(&mut self.conn.out)
-            .with_context(|| format!("encode {}", opcode.name()))
+            .opaque(opaque);
+        self.push(opcode, key, b)
     }
 
-    /// Queues a SET (or SETQ) with flags 0, no expiry and datatype `datatype`.
+    /// Queues a SET (or SETQ) with flags 0, no expiry, datatype `datatype` and the CAS
+    /// it must match (`Cas::ANY` for none).
     pub(crate) fn queue_set_datatype(
         &mut self,
         opcode: Opcode,
         key: &[u8],
         value: &[u8],
         datatype: epkv_types::Datatype,
+        cas: epkv_types::Cas,
         opaque: u32,
     ) -> Result<()> {
-        let vbucket = if self.vbuckets {
-            epkv_types::vbucket_for_key(key, NUM_VBUCKETS)
-        } else {
-            Vbid(0)
-        };
-        RequestBuilder::new(opcode)
+        let b = RequestBuilder::new(opcode)
             .key(key)
             .extras(&[0; 8])
             .value(value)
             .datatype(datatype)
-            .vbucket(vbucket)
-            .opaque(opaque)
-            .encode(&mut self.conn.out)
-            .with_context(|| format!("encode {}", opcode.name()))
+            .cas(cas)
+            .opaque(opaque);
+        self.push(opcode, key, b)
     }
 
-    /// Queues a SET with datatype JSON that must match `cas`.
-    pub(crate) fn queue_set_datatype_cas(
-        &mut self,
-        opcode: Opcode,
-        key: &[u8],
-        value: &[u8],
-        cas: epkv_types::Cas,
-        opaque: u32,
-    ) -> Result<()> {
-        let vbucket = if self.vbuckets {
+    /// Encodes `b` into the output buffer, with the key's vBucket when asked for.
+    fn push(&mut self, opcode: Opcode, key: &[u8], b: RequestBuilder<'_>) -> Result<()> {
+        let vbucket = if self.vbuckets && !key.is_empty() && opcode != Opcode::Stat {
             epkv_types::vbucket_for_key(key, NUM_VBUCKETS)
         } else {
             Vbid(0)
         };
-        RequestBuilder::new(opcode)
-            .key(key)
-            .extras(&[0; 8])
-            .value(value)
-            .datatype(epkv_types::Datatype::JSON)
-            .cas(cas)
-            .vbucket(vbucket)
-            .opaque(opaque)
+        b.vbucket(vbucket)
             .encode(&mut self.conn.out)
             .with_context(|| format!("encode {}", opcode.name()))
     }
