@@ -483,7 +483,7 @@ impl Bucket {
             return Ok(());
         }
         if let Some(full) = &vb.full {
-            full.sub_evicted();
+            full.sub_evicted(1);
         }
         e.raise_mfu(epkv_hashtable::mfu::INITIAL);
         if value {

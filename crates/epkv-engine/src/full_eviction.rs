@@ -182,12 +182,12 @@ impl FullState {
         self.evicted.fetch_add(n, Relaxed);
     }
 
-    /// One evicted document is in memory again, or was found to be the older version of
-    /// a key written since without a lookup.
-    pub(crate) fn sub_evicted(&self) {
+    /// `n` evicted documents are in memory again, or were found to be the older versions
+    /// of keys written since without a lookup.
+    pub(crate) fn sub_evicted(&self, n: u64) {
         let _ = self
             .evicted
-            .fetch_update(Relaxed, Relaxed, |n| Some(n.saturating_sub(1)));
+            .fetch_update(Relaxed, Relaxed, |e| Some(e.saturating_sub(n)));
     }
 
     /// FLUSH: nothing is on disk any more.
@@ -419,10 +419,10 @@ mod tests {
     #[test]
     fn evicted_count_never_goes_below_zero() {
         let s = FullState::new();
-        s.sub_evicted();
+        s.sub_evicted(1);
         assert_eq!(s.evicted(), 0);
         s.add_evicted(2);
-        s.sub_evicted();
+        s.sub_evicted(1);
         assert_eq!(s.evicted(), 1);
         s.reset();
         assert_eq!(s.evicted(), 0);

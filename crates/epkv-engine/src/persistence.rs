@@ -490,9 +490,7 @@ impl Persistence {
                         });
                     }
                     if let Some(full) = &vb.full {
-                        for _ in 0..live {
-                            full.sub_evicted();
-                        }
+                        full.sub_evicted(live);
                     }
                     out.items += c.docs.len();
                     out.vbuckets += 1;
