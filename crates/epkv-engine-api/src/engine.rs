@@ -101,8 +101,9 @@ pub trait Engine: Send + Sync + 'static {
         vbid: Vbid,
         key: &[u8],
         specs: &[crate::SubdocSpec<'_>],
+        access_deleted: bool,
     ) -> EngineResult<crate::SubdocLookup> {
-        let _ = (vbid, key, specs);
+        let _ = (vbid, key, specs, access_deleted);
         Err(EngineStatus::NotSupported)
     }
 

@@ -194,6 +194,13 @@ pub enum SubdocOp {
     ArrayAddUnique,
     /// Add a signed delta to a number (created at 0).
     Counter,
+    /// Replace the whole body (MULTI_MUTATION's SET, 0x01, with an empty path).
+    SetDoc,
+    /// Delete the document (MULTI_MUTATION's DELETE, 0x04, with an empty path): its
+    /// user attributes and body go, its system attributes stay in the tombstone.
+    DeleteDoc,
+    /// Replace the body with the value of an extended attribute (0xd3).
+    ReplaceBodyWithXattr,
 }
 
 impl SubdocOp {
@@ -215,9 +222,12 @@ pub struct SubdocSpec<'a> {
     pub path: &'a [u8],
     /// The value (empty for lookups and DELETE).
     pub value: &'a [u8],
-    /// The path is an extended attribute (path flag `XATTR`; lookups of the virtual
-    /// `$document` and `$XTOC` only, for now).
+    /// The path is an extended attribute (path flag `XATTR`): its first component is
+    /// the attribute's key.
     pub xattr: bool,
+    /// Expand the macros `${Mutation.CAS}`, `${Mutation.seqno}` and
+    /// `${Mutation.value_crc32c}` in the value (path flag `EXPAND_MACROS`, with `xattr`).
+    pub expand_macros: bool,
 }
 
 /// Why one sub-document path failed (statuses 0xc0-0xca).
@@ -247,6 +257,15 @@ pub enum SubdocError {
     ValueTooDeep,
     /// The path names a virtual attribute that does not exist.
     UnknownVattr,
+    /// A mutation of a virtual attribute (they are read-only).
+    CantModifyVattr,
+    /// A `${...}` macro that does not exist.
+    UnknownMacro,
+    /// REVIVE of a document that is not deleted.
+    CanOnlyReviveDeleted,
+    /// A deleted document (created or changed with its tombstone kept) cannot have a
+    /// body.
+    DeletedDocCantHaveValue,
 }
 
 /// What a sub-document lookup found: the document's CAS and each path's outcome, in
@@ -255,6 +274,8 @@ pub enum SubdocError {
 pub struct SubdocLookup {
     /// The document's CAS.
     pub cas: Cas,
+    /// The document is deleted (a tombstone read with ACCESS_DELETED).
+    pub deleted: bool,
     /// Each path's value (empty for EXISTS) or error.
     pub results: Vec<Result<Vec<u8>, SubdocError>>,
 }
@@ -278,6 +299,13 @@ pub struct SubdocMutation<'a> {
     pub mkdoc: bool,
     /// Create the document, which must not exist (doc flag `ADD`).
     pub add: bool,
+    /// Operate on the document's tombstone if it is deleted (doc flag `ACCESS_DELETED`).
+    pub access_deleted: bool,
+    /// With `mkdoc` or `add`: create the document deleted, with attributes and no body
+    /// (doc flag `CREATE_AS_DELETED`).
+    pub create_as_deleted: bool,
+    /// With `access_deleted`: make a deleted document live again (doc flag `REVIVE`).
+    pub revive: bool,
     /// Durability requirements.
     pub durability: Option<crate::DurabilityRequirements>,
 }
@@ -292,7 +320,13 @@ pub enum SubdocMutated {
         info: MutationInfo,
         /// `(spec index, value)` for each path that returns a value.
         values: Vec<(u8, Vec<u8>)>,
+        /// The document is deleted after it (CREATE_AS_DELETED, a whole-document DELETE,
+        /// or a tombstone's attributes changed with ACCESS_DELETED).
+        deleted: bool,
     },
+    /// The request cannot apply to the document as it is (REVIVE of a live document,
+    /// a body for a deleted one); nothing changed. The error is the command's status.
+    Refused(SubdocError),
     /// A path failed; nothing changed.
     Failed {
         /// The index of the first spec that failed.

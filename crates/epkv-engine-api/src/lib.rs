@@ -27,6 +27,7 @@ mod engine;
 mod item;
 mod request;
 mod status;
+pub mod xattr;
 
 pub use engine::{Engine, FetchedCallback, PersistedCallback, StatSink};
 pub use item::{

@@ -466,7 +466,13 @@ impl Bucket {
                     flags: 0,
                     ..meta_of(d)
                 });
-                (StoredValue::new_deleted(key, meta), meta.by_seqno.0, false)
+                // A tombstone keeps its value: the system extended attributes.
+                let value = other.as_ref().map_or(&[][..], |d| &d.value[..]);
+                (
+                    StoredValue::new_tombstone(key, value, meta),
+                    meta.by_seqno.0,
+                    false,
+                )
             }
         };
         let sv = sv.map_err(|err| {

@@ -9,7 +9,7 @@ use crate::{BucketConfig, EngineClock, Result};
 use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, Item, MutationInfo};
 use epkv_executor::{Clock, OffsetClock};
 use epkv_hashtable::{Entry, ItemMeta, MemoryTracker, StoredValue};
-use epkv_types::{Cas, DurabilityLevel, VBucketState, Vbid, vbucket_for_key};
+use epkv_types::{Cas, Datatype, DurabilityLevel, VBucketState, Vbid, vbucket_for_key};
 use parking_lot::RwLockReadGuard;
 use std::cell::Cell;
 use std::fmt;
@@ -151,9 +151,9 @@ pub(crate) fn document_of(
     rev: u64,
     expiry: Option<u32>,
 ) -> epkv_storage::Document {
-    let (value, m) = match e.get() {
-        Some(sv) => (sv.value().to_vec(), *sv.meta()),
-        None => (Vec::new(), ItemMeta::default()),
+    let (value, m, deleted) = match e.committed() {
+        Some(sv) => (sv.value().to_vec(), *sv.meta(), sv.is_deleted()),
+        None => (Vec::new(), ItemMeta::default(), false),
     };
     epkv_storage::Document {
         key: e.key().to_vec(),
@@ -164,8 +164,22 @@ pub(crate) fn document_of(
         flags: m.flags,
         expiry: expiry.unwrap_or(m.expiry),
         datatype: m.datatype.0,
-        deleted: false,
+        deleted,
     }
+}
+
+/// The system extended attributes of a live item (an empty section when it has none, or
+/// when its value is not in memory).
+pub(crate) fn system_section(sv: &StoredValue) -> Vec<u8> {
+    let m = sv.meta();
+    if !m.datatype.contains(Datatype::XATTR) || !sv.is_resident() {
+        return Vec::new();
+    }
+    let Ok(plain) = crate::ops::plain_value(sv.value(), m.datatype) else {
+        return Vec::new();
+    };
+    epkv_engine_api::xattr::system_only(epkv_engine_api::xattr::section(&plain, m.datatype))
+        .unwrap_or_default()
 }
 
 /// Schedules a task of `bucket` that holds it only weakly: each run upgrades the
@@ -759,7 +773,10 @@ impl Bucket {
                 continue;
             }
             let now = LazyNow::new(&*self.clock);
-            if vb.is_persistent() {
+            // A memory-only vBucket whose documents may have extended attributes takes
+            // this path too: its deletions may leave tombstones (system attributes),
+            // which the next pass drops.
+            if vb.is_persistent() || vb.may_contain_xattrs() {
                 // A deletion leaves a tombstone in its place (see `remove_deleted`),
                 // which `retain` cannot: find the expired keys, then expire each one.
                 // Persisted tombstones (and keys found absent on disk) go, as
@@ -835,23 +852,84 @@ impl Bucket {
     /// Removes the entry's item if it has expired, giving the removal a seqno, as KV-Engine
     /// does when a client touches an expired document. Afterwards the entry is either
     /// live or empty.
-    pub(crate) fn expire_on_access(&self, vb: &VBucket, e: &mut Entry<'_>, now: &LazyNow<'_>) {
+    ///
+    /// An expired document with extended attributes is read back first (WouldBlock), so
+    /// that its tombstone keeps the system attributes.
+    pub(crate) fn expire_on_access(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        now: &LazyNow<'_>,
+    ) -> EngineResult<()> {
+        if e.get().is_some_and(|sv| {
+            expired(sv.meta(), now)
+                && sv.meta().datatype.contains(Datatype::XATTR)
+                && !sv.is_resident()
+        }) {
+            self.fetch_if_evicted(vb, e)?;
+        }
         if self.expire_entry(vb, e, now) {
             self.counters.incr(Counter::ExpiredAccess);
         }
+        Ok(())
     }
 
     /// Removes the entry's item if it has expired (a deletion with a seqno); returns
     /// whether it did.
+    ///
+    /// A document with extended attributes whose value is not in memory is left for an
+    /// access to expire (which reads the value back first): its system attributes must
+    /// stay in the tombstone.
     fn expire_entry(&self, vb: &VBucket, e: &mut Entry<'_>, now: &LazyNow<'_>) -> bool {
-        let rev = match e.get() {
-            Some(sv) if expired(sv.meta(), now) => sv.meta().rev_seqno,
+        match e.get() {
+            Some(sv) if expired(sv.meta(), now) => {
+                if sv.meta().datatype.contains(Datatype::XATTR) && !sv.is_resident() {
+                    return false;
+                }
+            }
             _ => return false,
-        };
-        let (a, woke) = vb.assign_deletion_queued(now.nanos(), rev + 1, e.key());
-        Self::remove_deleted(vb, e, &a, rev + 1);
-        self.queued(vb, woke);
+        }
+        self.delete_entry(vb, e, now);
         true
+    }
+
+    /// Deletes the entry's live document (whose value, when it has extended attributes,
+    /// is resident): a tombstone with its system attributes if it has any (kept in
+    /// memory until persisted, or in a memory-only bucket until the next expiry pass),
+    /// else as [`Self::remove_deleted`].
+    pub(crate) fn delete_entry(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        now: &LazyNow<'_>,
+    ) -> Assigned {
+        let (meta, kept) = match e.get() {
+            Some(sv) => (*sv.meta(), system_section(sv)),
+            None => (ItemMeta::default(), Vec::new()),
+        };
+        if !kept.is_empty() {
+            let tomb = ItemMeta {
+                datatype: Datatype::XATTR,
+                ..ItemMeta::default()
+            };
+            // Never larger than the document it replaces.
+            let stored = StoredValue::new_tombstone(e.key(), &kept, tomb)
+                .ok()
+                .and_then(|t| e.insert(t).ok());
+            if stored.is_some() {
+                let none = crate::xattrs::Patches::default();
+                let a = self.commit_stored(vb, e, now, Some(meta.rev_seqno), &none);
+                if !vb.is_persistent() {
+                    e.mark_clean(a.seqno);
+                }
+                return a;
+            }
+            tracing::error!(vbid = %vb.id, "cannot keep a deleted document's system attributes in memory; they are dropped");
+        }
+        let (a, woke) = vb.assign_deletion_queued(now.nanos(), meta.rev_seqno + 1, e.key());
+        Self::remove_deleted(vb, e, &a, meta.rev_seqno + 1);
+        self.queued(vb, woke);
+        a
     }
 
     /// Makes sure the entry's item has its value in memory (see [`Self::fetch_for`]):
@@ -914,10 +992,44 @@ impl Bucket {
         now: &LazyNow<'_>,
         old_rev: Option<u64>,
     ) -> Assigned {
-        Self::note_written(vb, e.key());
-        let (a, woke) = vb.assign_mutation_queued(now.nanos(), |a| {
+        self.commit_stored(vb, e, now, old_rev, &crate::xattrs::Patches::default())
+    }
+
+    /// [`Self::commit_version`] of a version that may be a tombstone (a deleted document
+    /// that keeps extended attributes) and whose value has macros to write (`patches`)
+    /// once its CAS and seqno are known, before the flusher's copy is taken.
+    pub(crate) fn commit_stored(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        now: &LazyNow<'_>,
+        old_rev: Option<u64>,
+        patches: &crate::xattrs::Patches,
+    ) -> Assigned {
+        let deleted = e.committed().is_some_and(StoredValue::is_deleted);
+        if let Some(sv) = e.committed() {
+            vb.note_xattrs(sv.meta().datatype);
+        }
+        if !deleted {
+            Self::note_written(vb, e.key());
+        }
+        let patch = |e: &mut Entry<'_>, a: &Assigned| {
+            if !patches.is_empty()
+                && let Some(v) = e.value_mut()
+            {
+                patches.apply(v, a);
+            }
+        };
+        let mut patched = false;
+        let deleted_rev = old_rev.map(|r| r + 1).filter(|_| deleted);
+        let (a, woke) = vb.assign_queued(now.nanos(), deleted_rev, |a| {
+            patch(e, a);
+            patched = true;
             document_of(e, a, old_rev.map_or(a.new_key_rev, |r| r + 1), None)
         });
+        if !patched {
+            patch(e, &a);
+        }
         if let Some(m) = e.meta_mut() {
             m.by_seqno = a.seqno;
             m.cas = a.cas;

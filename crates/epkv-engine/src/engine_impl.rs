@@ -53,8 +53,9 @@ impl Engine for Bucket {
         vbid: Vbid,
         key: &[u8],
         specs: &[epkv_engine_api::SubdocSpec<'_>],
+        access_deleted: bool,
     ) -> EngineResult<epkv_engine_api::SubdocLookup> {
-        self.op_subdoc_lookup(vbid, key, specs)
+        self.op_subdoc_lookup(vbid, key, specs, access_deleted)
     }
 
     fn subdoc_mutate(

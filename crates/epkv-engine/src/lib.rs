@@ -195,6 +195,7 @@ mod stats;
 mod subdoc;
 mod subdoc_ops;
 mod vbucket;
+mod xattrs;
 
 /// Entry points for the fuzz targets (`fuzz/fuzz_targets/subdoc.rs`); not a stable API.
 #[doc(hidden)]

@@ -8,6 +8,7 @@ use crate::bucket::{LazyNow, check_durability, check_lock_and_cas, item_of, lock
 use crate::counter_value;
 use crate::stats::Counter;
 use crate::vbucket::{Assigned, VBucket};
+use epkv_engine_api::xattr;
 use epkv_engine_api::{
     ArithmeticOp, ArithmeticRequest, DocMeta, EngineResult, EngineStatus, Expiry, Item, KeyState,
     MutationInfo, RemoveRequest, StoreOp, StoreRequest,
@@ -33,6 +34,18 @@ pub(crate) fn plain_value(
         .decompress_vec(value)
         .map(std::borrow::Cow::Owned)
         .map_err(|_| EngineStatus::Invalid)
+}
+
+/// Whether a value a client sent with datatype XATTR holds a valid attribute section
+/// (true for any value without the bit).
+fn valid_with_attrs(value: &[u8], datatype: Datatype) -> bool {
+    if !datatype.contains(Datatype::XATTR) {
+        return true;
+    }
+    let Ok(plain) = plain_value(value, datatype) else {
+        return false;
+    };
+    xattr::split(&plain).is_ok_and(|(s, _)| crate::xattrs::valid_section(s))
 }
 
 fn json_or_raw(value: &[u8]) -> Datatype {
@@ -61,7 +74,7 @@ impl Bucket {
         let (vb, _state) = self.client_vbucket(vbid, key)?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
-            self.expire_on_access(vb, e, &now);
+            self.expire_on_access(vb, e, &now)?;
             self.fetch_if_evicted(vb, e)?;
             e.track_reference();
             let sv = e.get().ok_or(EngineStatus::KeyNotFound)?;
@@ -133,7 +146,7 @@ impl Bucket {
         self.check_disk()?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
-            self.expire_on_access(vb, e, &now);
+            self.expire_on_access(vb, e, &now)?;
             self.fetch_if_evicted(vb, e)?;
             let a = self.touch_entry(vb, e, expiry_raw, &now)?;
             let sv = e.get().ok_or(EngineStatus::Internal)?;
@@ -155,7 +168,7 @@ impl Bucket {
         self.check_disk()?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
-            self.expire_on_access(vb, e, &now);
+            self.expire_on_access(vb, e, &now)?;
             self.fetch_if_evicted(vb, e)?;
             let a = self.touch_entry(vb, e, expiry_raw, &now)?;
             Ok(Self::mutation_info(vb, a))
@@ -181,7 +194,7 @@ impl Bucket {
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
             self.fetch_meta_if_evicted(vb, e)?;
-            self.expire_on_access(vb, e, &now);
+            self.expire_on_access(vb, e, &now)?;
             let meta = *e.get().ok_or(EngineStatus::KeyNotFound)?.meta();
             if locked(&meta, &now) {
                 return Err(EngineStatus::Locked);
@@ -213,7 +226,7 @@ impl Bucket {
         let (vb, _state) = self.client_vbucket(vbid, key)?;
         let now = LazyNow::new(&*self.clock);
         vb.table.with_entry(key, |e| {
-            self.expire_on_access(vb, e, &now);
+            self.expire_on_access(vb, e, &now)?;
             self.fetch_meta_if_evicted(vb, e)?;
             if e.committed().is_none() && vb.is_persistent() && vb.full.is_none() {
                 return Err(self.look_up_on_disk(vb, e, false));
@@ -265,7 +278,7 @@ impl Bucket {
         let now = LazyNow::new(&*self.clock);
         vb.table.with_entry(key, |e| {
             self.fetch_meta_if_evicted(vb, e)?;
-            self.expire_on_access(vb, e, &now);
+            self.expire_on_access(vb, e, &now)?;
             if e.get().is_none() {
                 return Err(EngineStatus::KeyNotFound);
             }
@@ -332,16 +345,28 @@ impl Bucket {
         req: &StoreRequest<'_>,
         now: &LazyNow<'_>,
     ) -> EngineResult<MutationInfo> {
-        self.expire_on_access(vb, e, now);
+        self.expire_on_access(vb, e, now)?;
         let mut existence_unknown = false;
+        // A write of the body alone keeps the document's extended attributes.
+        let keep_attrs = !req.datatype.contains(Datatype::XATTR);
         match req.op {
             // The only writes that keep the old value.
             StoreOp::Append | StoreOp::Prepend => self.fetch_if_evicted(vb, e)?,
-            // Replaces whatever is there: no disk read to find out what that is.
-            StoreOp::Set if req.cas.is_any() => {
+            // Replaces whatever is there: no disk read to find out what that is, unless
+            // it may have attributes to keep.
+            StoreOp::Set if req.cas.is_any() && !(keep_attrs && vb.may_contain_xattrs()) => {
                 existence_unknown = Self::existence_unknown(vb, e);
             }
             _ => self.fetch_meta_if_evicted(vb, e)?,
+        }
+        if keep_attrs
+            && e.get()
+                .is_some_and(|sv| sv.meta().datatype.contains(Datatype::XATTR) && !sv.is_resident())
+        {
+            self.fetch_if_evicted(vb, e)?;
+        }
+        if !keep_attrs && !valid_with_attrs(req.value, req.datatype) {
+            return Err(EngineStatus::Invalid);
         }
         let existing = match e.get() {
             Some(sv) => {
@@ -370,36 +395,60 @@ impl Bucket {
         let (sv, old_rev) = match (req.op, existing) {
             (StoreOp::Append | StoreOp::Prepend, Some((old, meta))) => {
                 let old = plain_value(old, meta.datatype)?;
+                let attrs = xattr::section(&old, meta.datatype);
+                let old = xattr::body(&old, meta.datatype);
                 let new = plain_value(req.value, req.datatype)?;
-                let (old, new) = (old.as_ref(), new.as_ref());
-                let total = old.len().saturating_add(new.len());
+                let new = new.as_ref();
+                let total = attrs
+                    .len()
+                    .saturating_add(old.len())
+                    .saturating_add(new.len());
                 if total > self.config.max_item_size_bytes {
                     return Err(EngineStatus::TooBig);
                 }
-                let parts: [&[u8]; 2] = if req.op == StoreOp::Append {
-                    [old, new]
+                let parts: [&[u8]; 3] = if req.op == StoreOp::Append {
+                    [attrs, old, new]
                 } else {
-                    [new, old]
+                    [attrs, new, old]
                 };
                 let mut sv = StoredValue::with_value_parts(req.key, &parts, ItemMeta::default())
                     .map_err(|_| EngineStatus::Invalid)?;
-                let datatype = json_or_raw(sv.value());
+                let mut datatype = json_or_raw(&sv.value()[attrs.len()..]);
+                if !attrs.is_empty() {
+                    datatype = datatype.union(Datatype::XATTR);
+                }
                 let meta_new = new_meta(meta.flags, meta.expiry, datatype);
                 sv = sv.with_meta(meta_new);
                 (sv, Some(meta.rev_seqno))
             }
-            (_, Some((_, meta))) => {
+            (_, Some((old, meta))) => {
                 let expiry = if req.preserve_ttl {
                     meta.expiry
                 } else {
                     req.expiry.to_unix_secs(now.secs())
                 };
-                let meta_new = new_meta(req.flags, expiry, req.datatype);
-                (
-                    StoredValue::new(req.key, req.value, meta_new)
-                        .map_err(|_| EngineStatus::Invalid)?,
-                    Some(meta.rev_seqno),
-                )
+                let sv = if keep_attrs && meta.datatype.contains(Datatype::XATTR) {
+                    // The old attributes, then the new body (stored uncompressed).
+                    let old = plain_value(old, meta.datatype)?;
+                    let attrs = xattr::section(&old, meta.datatype);
+                    let body = plain_value(req.value, req.datatype)?;
+                    if attrs.len().saturating_add(body.len()) > self.config.max_item_size_bytes {
+                        return Err(EngineStatus::TooBig);
+                    }
+                    let datatype = req
+                        .datatype
+                        .without(Datatype::SNAPPY)
+                        .union(Datatype::XATTR);
+                    let meta_new = new_meta(req.flags, expiry, datatype);
+                    StoredValue::with_value_parts(req.key, &[attrs, &body], meta_new)
+                } else {
+                    StoredValue::new(
+                        req.key,
+                        req.value,
+                        new_meta(req.flags, expiry, req.datatype),
+                    )
+                };
+                (sv.map_err(|_| EngineStatus::Invalid)?, Some(meta.rev_seqno))
             }
             (_, None) => {
                 let expiry = req.expiry.to_unix_secs(now.secs());
@@ -427,12 +476,14 @@ impl Bucket {
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(req.key, |e| {
             self.fetch_meta_if_evicted(vb, e)?;
-            self.expire_on_access(vb, e, &now);
+            self.expire_on_access(vb, e, &now)?;
             let meta = *e.get().ok_or(EngineStatus::KeyNotFound)?.meta();
             check_lock_and_cas(&meta, req.cas, &now)?;
-            let (a, woke) = vb.assign_deletion_queued(now.nanos(), meta.rev_seqno + 1, req.key);
-            Self::remove_deleted(vb, e, &a, meta.rev_seqno + 1);
-            self.queued(vb, woke);
+            // The tombstone keeps the system attributes: the value must be read.
+            if meta.datatype.contains(Datatype::XATTR) {
+                self.fetch_if_evicted(vb, e)?;
+            }
+            let a = self.delete_entry(vb, e, &now);
             Ok(Self::mutation_info(vb, a))
         });
         match &result {
@@ -477,7 +528,7 @@ impl Bucket {
         req: &ArithmeticRequest<'_>,
         now: &LazyNow<'_>,
     ) -> EngineResult<(u64, MutationInfo)> {
-        self.expire_on_access(vb, e, now);
+        self.expire_on_access(vb, e, now)?;
         self.fetch_if_evicted(vb, e)?;
         let (sv, result, old_rev) = match e.get() {
             None => {
@@ -501,21 +552,28 @@ impl Bucket {
             Some(sv) => {
                 let old = *sv.meta();
                 check_lock_and_cas(&old, req.cas, now)?;
-                let current = counter_value::parse(&plain_value(sv.value(), old.datatype)?)
+                let plain = plain_value(sv.value(), old.datatype)?;
+                let current = counter_value::parse(xattr::body(&plain, old.datatype))
                     .ok_or(EngineStatus::DeltaBadValue)?;
+                let attrs = xattr::section(&plain, old.datatype).to_vec();
                 let next = match req.op {
                     ArithmeticOp::Increment => current.wrapping_add(req.delta),
                     ArithmeticOp::Decrement => current.saturating_sub(req.delta),
                 };
+                let datatype = if attrs.is_empty() {
+                    Datatype::JSON
+                } else {
+                    Datatype::JSON.union(Datatype::XATTR)
+                };
                 let meta = ItemMeta {
                     flags: old.flags,
                     expiry: old.expiry,
-                    datatype: Datatype::JSON,
+                    datatype,
                     ..ItemMeta::default()
                 };
                 let value = counter_value::format(next);
                 (
-                    StoredValue::new(sv.key(), value.as_ref(), meta)
+                    StoredValue::with_value_parts(sv.key(), &[&attrs, value.as_ref()], meta)
                         .map_err(|_| EngineStatus::Invalid)?,
                     next,
                     Some(old.rev_seqno),

@@ -739,6 +739,7 @@ impl Persistence {
             full.filter.reset_for(live.saturating_add(live / 4));
         }
         shard.store.scan_by_seqno(vbid, 0, u64::MAX, &mut |d| {
+            vb.note_xattrs(epkv_types::Datatype(d.datatype));
             if d.deleted {
                 max_deleted_rev = max_deleted_rev.max(d.rev_seqno);
                 return ScanControl::Continue;

@@ -155,7 +155,7 @@ fn parse_value(v: &[u8], multi: bool) -> Result<Vec<Value>, SubdocError> {
     Ok(parsed)
 }
 
-fn depth(v: &Value) -> usize {
+pub(crate) fn depth(v: &Value) -> usize {
     match v {
         Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
         Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
@@ -665,15 +665,23 @@ pub(crate) fn lookup_raw(
 }
 
 /// The virtual extended attributes of a document (kv_engine `docs/Document.md`):
-/// `$document` (its metadata) and `$XTOC` (the names of its user attributes: none, since
-/// epkv does not store extended attributes yet).
-pub(crate) fn virtual_attributes(m: &epkv_hashtable::ItemMeta, plain: &[u8]) -> Value {
+/// `$document` (its metadata; `body` is its body, without attributes) and `$XTOC` (the
+/// keys of its stored attributes).
+pub(crate) fn virtual_attributes(
+    m: &epkv_hashtable::ItemMeta,
+    body: &[u8],
+    deleted: bool,
+    xtoc: Vec<String>,
+) -> Value {
     let mut datatype = Vec::new();
     if m.datatype.contains(epkv_types::Datatype::JSON) {
         datatype.push("json");
     }
     if m.datatype.contains(epkv_types::Datatype::SNAPPY) {
         datatype.push("snappy");
+    }
+    if m.datatype.contains(epkv_types::Datatype::XATTR) {
+        datatype.push("xattr");
     }
     if datatype.is_empty() {
         datatype.push("raw");
@@ -684,30 +692,38 @@ pub(crate) fn virtual_attributes(m: &epkv_hashtable::ItemMeta, plain: &[u8]) -> 
             "seqno": format!("0x{:016x}", m.by_seqno.0),
             "revid": m.rev_seqno.to_string(),
             "exptime": m.expiry,
-            "value_bytes": plain.len(),
+            "value_bytes": body.len(),
             "datatype": datatype,
-            "deleted": false,
+            "deleted": deleted,
             "flags": m.flags,
             // The CAS is a hybrid logical clock in nanoseconds.
             "last_modified": (m.cas.0 / 1_000_000_000).to_string(),
-            "value_crc32c": format!("0x{:08x}", crc32c::crc32c(plain)),
+            "value_crc32c": format!("0x{:08x}", crc32c::crc32c(body)),
         },
-        "$XTOC": [],
+        "$XTOC": xtoc,
     })
 }
 
-/// A lookup of an extended-attribute path: the virtual ones are answered from `vattrs`;
-/// another `$` name is unknown; a user attribute does not exist.
+/// A lookup of an extended-attribute path: the virtual ones are answered from `vattrs`,
+/// another `$` name is unknown, and the stored ones are read from `attrs` (an object
+/// of the document's attributes).
 pub(crate) fn lookup_xattr(
     vattrs: &Value,
+    attrs: &Value,
     op: SubdocOp,
     path: &[u8],
 ) -> Result<Vec<u8>, SubdocError> {
-    let parsed = parse_path(path)?;
-    match parsed.first() {
-        Some(Component::Key(k)) if k == "$document" || k == "$XTOC" => lookup(vattrs, op, path),
-        Some(Component::Key(k)) if k.starts_with('$') => Err(SubdocError::UnknownVattr),
-        Some(Component::Key(_)) => Err(SubdocError::PathNotFound),
+    match first_key(path)? {
+        k if k == "$document" || k == "$XTOC" => lookup(vattrs, op, path),
+        k if k.starts_with('$') => Err(SubdocError::UnknownVattr),
+        _ => lookup(attrs, op, path),
+    }
+}
+
+/// The first component of an extended-attribute path: the attribute's key.
+pub(crate) fn first_key(path: &[u8]) -> Result<String, SubdocError> {
+    match parse_path(path)?.into_iter().next() {
+        Some(Component::Key(k)) => Ok(k),
         _ => Err(SubdocError::PathInvalid),
     }
 }
@@ -743,8 +759,13 @@ pub(crate) fn mutate(
 ) -> Result<Vec<u8>, SubdocError> {
     let parsed = parse_path(path)?;
     match op {
-        // Not a mutation.
-        SubdocOp::Get | SubdocOp::Exists | SubdocOp::GetCount => {
+        // Not a mutation of a path (the whole-document ones are the caller's).
+        SubdocOp::Get
+        | SubdocOp::Exists
+        | SubdocOp::GetCount
+        | SubdocOp::SetDoc
+        | SubdocOp::DeleteDoc
+        | SubdocOp::ReplaceBodyWithXattr => {
             return Err(SubdocError::PathInvalid);
         }
         SubdocOp::DictAdd | SubdocOp::DictUpsert => {

@@ -8,7 +8,8 @@ use epkv_storage::Document;
 use epkv_types::{Cas, Seqno, VBucketState, Vbid};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 /// Most failover entries kept per vBucket (KV-Engine `max_failover_entries`).
 const MAX_FAILOVER_ENTRIES: usize = 25;
@@ -122,6 +123,10 @@ pub(crate) struct VBucket {
     /// Numbers placeholders (kept in their CAS, which nothing else reads): a fetch
     /// restores only over the placeholder that was there when its read began.
     placeholders: AtomicU64,
+    /// Some document of this vBucket has (or had) extended attributes: a SET that does
+    /// not know what it replaces (full eviction, key not in memory) must then read the
+    /// old version, to keep its attributes (KV-Engine's `mayContainXattrs`).
+    may_contain_xattrs: AtomicBool,
 }
 
 fn new_failover_uuid() -> u64 {
@@ -155,7 +160,20 @@ impl VBucket {
             state_hint: AtomicU8::new(state as u8),
             full: None,
             placeholders: AtomicU64::new(0),
+            may_contain_xattrs: AtomicBool::new(false),
         })
+    }
+
+    /// Whether some document of this vBucket may have extended attributes.
+    pub(crate) fn may_contain_xattrs(&self) -> bool {
+        self.may_contain_xattrs.load(Relaxed)
+    }
+
+    /// Notes a document with extended attributes (it never goes back to false).
+    pub(crate) fn note_xattrs(&self, datatype: epkv_types::Datatype) {
+        if datatype.contains(epkv_types::Datatype::XATTR) && !self.may_contain_xattrs() {
+            self.may_contain_xattrs.store(true, Relaxed);
+        }
     }
 
     /// True when the bucket persists (mutations are queued for the flusher).
@@ -336,7 +354,22 @@ impl VBucket {
         now_nanos: u64,
         make: impl FnOnce(&Assigned) -> Document,
     ) -> (Assigned, bool) {
+        self.assign_queued(now_nanos, None, make)
+    }
+
+    /// The ordering point of a mutation or (with `deleted_rev`, the tombstone's revision)
+    /// a deletion, queueing the document `make` builds when persistent. Returns whether
+    /// the queue was empty.
+    pub(crate) fn assign_queued(
+        &self,
+        now_nanos: u64,
+        deleted_rev: Option<u64>,
+        make: impl FnOnce(&Assigned) -> Document,
+    ) -> (Assigned, bool) {
         let mut o = self.order.lock();
+        if let Some(rev) = deleted_rev {
+            o.max_deleted_rev = o.max_deleted_rev.max(rev);
+        }
         o.high_seqno += 1;
         o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
         let a = Assigned {
@@ -356,28 +389,17 @@ impl VBucket {
         deleted_rev: u64,
         key: &[u8],
     ) -> (Assigned, bool) {
-        let mut o = self.order.lock();
-        o.max_deleted_rev = o.max_deleted_rev.max(deleted_rev);
-        o.high_seqno += 1;
-        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
-        let a = Assigned {
-            seqno: Seqno(o.high_seqno),
-            cas: Cas(o.max_cas),
-            new_key_rev: o.max_deleted_rev + 1,
-        };
-        let woke = self.persistent
-            && self.persist.queue(Document {
-                key: key.to_vec(),
-                value: Vec::new(),
-                seqno: a.seqno.0,
-                cas: a.cas.0,
-                rev_seqno: deleted_rev,
-                flags: 0,
-                expiry: 0,
-                datatype: 0,
-                deleted: true,
-            });
-        (a, woke)
+        self.assign_queued(now_nanos, Some(deleted_rev), |a| Document {
+            key: key.to_vec(),
+            value: Vec::new(),
+            seqno: a.seqno.0,
+            cas: a.cas.0,
+            rev_seqno: deleted_rev,
+            flags: 0,
+            expiry: 0,
+            datatype: 0,
+            deleted: true,
+        })
     }
 
     /// Hands out a CAS without a seqno (the CAS of a GET_LOCKED lock).

@@ -69,8 +69,9 @@ pub(crate) enum DurableReply {
     Counter(u64),
     /// TOUCH: the CAS only, as its immediate reply.
     Touch,
-    /// Sub-document mutations: the mutation extras and this value (possibly empty).
-    Body(Vec<u8>),
+    /// Sub-document mutations: the mutation extras and this value (possibly empty), with
+    /// Success or (the document is deleted after it) SubdocSuccessDeleted.
+    Body(Vec<u8>, Status),
 }
 
 /// The timeout of a write that must be persisted before it is acknowledged, or `None` for
@@ -123,6 +124,9 @@ pub(crate) struct Session {
     /// The client negotiated Snappy: it may send compressed values and gets stored ones
     /// as they are; others get them decompressed.
     pub(crate) snappy: bool,
+    /// The client negotiated extended attributes (HELLO Xattr): it may store a value
+    /// with its attributes (datatype XATTR).
+    pub(crate) xattr: bool,
     /// The agent name the client gave in HELLO, for logs.
     pub(crate) agent: Option<String>,
     /// A TCP_NODELAY change HELLO asked for, applied by the connection after the batch.
@@ -189,6 +193,7 @@ impl Session {
             json: false,
             xerror: false,
             snappy: false,
+            xattr: false,
             agent: None,
             nodelay_change: None,
             local,
@@ -278,17 +283,14 @@ impl Session {
                 put_success(out, p.to, p.info.cas, Datatype::RAW, &extras[..n], &[], &[]);
             }
             DurableReply::Touch => put_success(out, p.to, p.info.cas, Datatype::RAW, &[], &[], &[]),
-            DurableReply::Body(body) => {
-                put_success(
-                    out,
-                    p.to,
-                    p.info.cas,
-                    Datatype::RAW,
-                    &extras[..n],
-                    &[],
-                    &body,
-                );
-            }
+            DurableReply::Body(body, status) => put(
+                out,
+                &p.to
+                    .reply(status)
+                    .with_cas(p.info.cas)
+                    .with_extras(&extras[..n])
+                    .with_value(&body),
+            ),
         }
         false
     }
@@ -321,11 +323,17 @@ impl Session {
             }
             None => {
                 let (extras, n) = self.mutation_extras(&info);
-                let value = match &body {
-                    DurableReply::Body(v) => v.as_slice(),
-                    _ => &[],
+                let (value, status) = match &body {
+                    DurableReply::Body(v, status) => (v.as_slice(), *status),
+                    _ => (&[][..], Status::Success),
                 };
-                put_success(out, to, info.cas, Datatype::RAW, &extras[..n], &[], value);
+                put(
+                    out,
+                    &to.reply(status)
+                        .with_cas(info.cas)
+                        .with_extras(&extras[..n])
+                        .with_value(value),
+                );
             }
         }
     }
@@ -477,6 +485,7 @@ impl Session {
         self.json = false;
         self.xerror = false;
         self.snappy = false;
+        self.xattr = false;
         let mut agreed: Vec<Feature> = Vec::with_capacity(features.len());
         for f in features.known() {
             if !f.is_implemented() || agreed.contains(&f) {
@@ -489,6 +498,7 @@ impl Session {
                 Feature::Json => self.json = true,
                 Feature::Xerror => self.xerror = true,
                 Feature::Snappy => self.snappy = true,
+                Feature::Xattr => self.xattr = true,
                 // AltRequestSupport, SyncReplication, SelectBucket and PreserveTtl are
                 // informational (as in kv_engine): magic 0x08, durability and PreserveTtl
                 // frames and SELECT_BUCKET are accepted either way.
@@ -725,6 +735,12 @@ impl Session {
                 preserve_ttl,
                 quiet,
             } => {
+                if datatype.contains(Datatype::XATTR) && !self.xattr {
+                    // Attributes from a client that did not negotiate them (kv_engine's
+                    // validator refuses any datatype bit not agreed to).
+                    self.fail_wire(out, to, Status::Einval, &[]);
+                    return;
+                }
                 if datatype.contains(Datatype::SNAPPY) && !valid_snappy(self.snappy, value) {
                     // Compressed by a client that did not negotiate Snappy, or not valid
                     // Snappy: refused, never stored (as kv_engine's validator does).
@@ -1064,13 +1080,39 @@ impl Session {
 
     fn put_item(&self, out: &mut BytesMut, to: ReplyTo, item: &ItemView<'_>, with_key: bool) {
         let key: &[u8] = if with_key { item.key } else { &[] };
+        if item.datatype.contains(Datatype::XATTR) {
+            // GET returns the body only (uncompressed, as KV-Engine sends it).
+            let plain = if item.datatype.contains(Datatype::SNAPPY) {
+                snap::raw::Decoder::new()
+                    .decompress_vec(item.value)
+                    .map(std::borrow::Cow::Owned)
+                    .unwrap_or_default()
+            } else {
+                std::borrow::Cow::Borrowed(item.value)
+            };
+            let body = epkv_engine_api::xattr::body(&plain, item.datatype);
+            let dt = item
+                .datatype
+                .without(Datatype::SNAPPY)
+                .without(Datatype::XATTR);
+            put_success(
+                out,
+                to,
+                item.cas,
+                self.datatype_out(dt),
+                &item.flags.to_be_bytes(),
+                key,
+                body,
+            );
+            return;
+        }
         if item.datatype.contains(Datatype::SNAPPY) && !self.snappy {
             // Stored compressed, for a client that cannot read Snappy. The value was
             // checked when it was stored, so it decompresses.
             let plain = snap::raw::Decoder::new()
                 .decompress_vec(item.value)
                 .unwrap_or_default();
-            let dt = Datatype(item.datatype.0 & !Datatype::SNAPPY.0);
+            let dt = item.datatype.without(Datatype::SNAPPY);
             put_success(
                 out,
                 to,

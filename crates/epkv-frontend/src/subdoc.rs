@@ -19,8 +19,9 @@ use epkv_engine_api::{
     Engine, EngineStatus, SubdocError, SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec,
 };
 use epkv_protocol::{
-    DOC_FLAG_ADD, DOC_FLAG_MKDOC, DurabilityRequirement, Opcode, PATH_FLAG_MKDIR_P,
-    PATH_FLAG_XATTR, Response, Status,
+    DOC_FLAG_ACCESS_DELETED, DOC_FLAG_ADD, DOC_FLAG_CREATE_AS_DELETED, DOC_FLAG_MKDOC,
+    DOC_FLAG_REVIVE, DOC_FLAGS, DurabilityRequirement, Opcode, PATH_FLAG_EXPAND_MACROS,
+    PATH_FLAG_MKDIR_P, PATH_FLAG_XATTR, Response, Status,
 };
 use epkv_types::{Cas, Datatype, Vbid};
 
@@ -39,6 +40,9 @@ fn op_of(op: Opcode) -> Option<SubdocOp> {
         Opcode::SubdocArrayInsert => SubdocOp::ArrayInsert,
         Opcode::SubdocArrayAddUnique => SubdocOp::ArrayAddUnique,
         Opcode::SubdocCounter => SubdocOp::Counter,
+        Opcode::Set => SubdocOp::SetDoc,
+        Opcode::Delete => SubdocOp::DeleteDoc,
+        Opcode::SubdocReplaceBodyWithXattr => SubdocOp::ReplaceBodyWithXattr,
         _ => return None,
     })
 }
@@ -58,20 +62,46 @@ pub(crate) fn subdoc_status(e: SubdocError) -> Status {
         SubdocError::PathExists => Status::SubdocPathEexists,
         SubdocError::ValueTooDeep => Status::SubdocValueEtoodeep,
         SubdocError::UnknownVattr => Status::SubdocXattrUnknownVattr,
+        SubdocError::CantModifyVattr => Status::SubdocXattrCantModifyVattr,
+        SubdocError::UnknownMacro => Status::SubdocXattrUnknownMacro,
+        SubdocError::CanOnlyReviveDeleted => Status::SubdocCanOnlyReviveDeletedDocuments,
+        SubdocError::DeletedDocCantHaveValue => Status::SubdocDeletedDocumentCantHaveValue,
     }
 }
 
-/// Checks doc flags: MKDOC and ADD (mutations only, not both); the others are not
-/// supported yet (they concern deleted documents and extended attributes).
-fn doc_flags(flags: u8, mutation: bool) -> Result<(bool, bool), Status> {
-    if flags & !(DOC_FLAG_MKDOC | DOC_FLAG_ADD) != 0 {
-        return Err(Status::NotSupported);
-    }
-    let (mkdoc, add) = (flags & DOC_FLAG_MKDOC != 0, flags & DOC_FLAG_ADD != 0);
-    if (mkdoc || add) && !mutation || (mkdoc && add) {
+/// A request's doc flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct DocFlags {
+    mkdoc: bool,
+    add: bool,
+    access_deleted: bool,
+    create_as_deleted: bool,
+    revive: bool,
+}
+
+/// Checks doc flags (kv_engine's validator): unknown bits, MKDOC with ADD, the
+/// mutation-only flags on a lookup, CREATE_AS_DELETED without MKDOC or ADD, and REVIVE
+/// without ACCESS_DELETED are EINVAL.
+fn doc_flags(flags: u8, mutation: bool) -> Result<DocFlags, Status> {
+    if flags & !DOC_FLAGS != 0 {
         return Err(Status::Einval);
     }
-    Ok((mkdoc, add))
+    let f = DocFlags {
+        mkdoc: flags & DOC_FLAG_MKDOC != 0,
+        add: flags & DOC_FLAG_ADD != 0,
+        access_deleted: flags & DOC_FLAG_ACCESS_DELETED != 0,
+        create_as_deleted: flags & DOC_FLAG_CREATE_AS_DELETED != 0,
+        revive: flags & DOC_FLAG_REVIVE != 0,
+    };
+    let mutation_only = f.mkdoc || f.add || f.create_as_deleted || f.revive;
+    if mutation_only && !mutation
+        || f.mkdoc && f.add
+        || f.create_as_deleted && !(f.mkdoc || f.add)
+        || f.revive && !f.access_deleted
+    {
+        return Err(Status::Einval);
+    }
+    Ok(f)
 }
 
 /// The parts of one sub-document mutation request.
@@ -97,6 +127,7 @@ impl Session {
                     op: op_of(s.opcode)?,
                     mkdir_p: s.flags & PATH_FLAG_MKDIR_P != 0,
                     xattr: s.flags & PATH_FLAG_XATTR != 0,
+                    expand_macros: s.flags & PATH_FLAG_EXPAND_MACROS != 0,
                     path: s.path,
                     value: s.value,
                 })
@@ -118,19 +149,24 @@ impl Session {
         flags: u8,
         multi: bool,
     ) {
-        if let Err(s) = doc_flags(flags, false) {
-            self.fail_wire(out, to, s, &[]);
-            return;
-        }
-        let found = match engine.subdoc_lookup(vbid, key, specs) {
+        let flags = match doc_flags(flags, false) {
+            Ok(f) => f,
+            Err(s) => return self.fail_wire(out, to, s, &[]),
+        };
+        let found = match engine.subdoc_lookup(vbid, key, specs, flags.access_deleted) {
             Ok(f) => f,
             Err(e) => return self.fail(shared, out, to, e, &[]),
+        };
+        let success = if found.deleted {
+            Status::SubdocSuccessDeleted
+        } else {
+            Status::Success
         };
         if !multi {
             match found.results.into_iter().next() {
                 Some(Ok(v)) => put(
                     out,
-                    &Response::new(to.opcode, Status::Success, to.opaque)
+                    &Response::new(to.opcode, success, to.opaque)
                         .with_cas(found.cas)
                         .with_datatype(self.json_if(!v.is_empty()))
                         .with_value(&v),
@@ -154,10 +190,10 @@ impl Session {
             body.extend_from_slice(&u32::try_from(v.len()).unwrap_or(u32::MAX).to_be_bytes());
             body.extend_from_slice(v);
         }
-        let status = if all_ok {
-            Status::Success
-        } else {
-            Status::SubdocMultiPathFailure
+        let status = match (all_ok, found.deleted) {
+            (true, _) => success,
+            (false, false) => Status::SubdocMultiPathFailure,
+            (false, true) => Status::SubdocMultiPathFailureDeleted,
         };
         put(
             out,
@@ -177,7 +213,7 @@ impl Session {
         vbid: Vbid,
         req: &MutationRequest<'_>,
     ) {
-        let (mkdoc, add) = match doc_flags(req.doc_flags, true) {
+        let flags = match doc_flags(req.doc_flags, true) {
             Ok(f) => f,
             Err(s) => return self.fail_wire(out, to, s, &[]),
         };
@@ -189,12 +225,19 @@ impl Session {
             cas: req.cas,
             expiry_raw: req.expiry,
             preserve_ttl: req.preserve_ttl,
-            mkdoc,
-            add,
+            mkdoc: flags.mkdoc,
+            add: flags.add,
+            access_deleted: flags.access_deleted,
+            create_as_deleted: flags.create_as_deleted,
+            revive: flags.revive,
             durability: to_requirements(req.durability),
         });
         match result {
-            Ok(SubdocMutated::Done { info, values }) => {
+            Ok(SubdocMutated::Done {
+                info,
+                values,
+                deleted,
+            }) => {
                 let body = if req.multi {
                     let mut body = Vec::new();
                     for (index, v) in &values {
@@ -220,10 +263,18 @@ impl Session {
                     to,
                     vbid,
                     info,
-                    DurableReply::Body(body),
+                    DurableReply::Body(
+                        body,
+                        if deleted {
+                            Status::SubdocSuccessDeleted
+                        } else {
+                            Status::Success
+                        },
+                    ),
                     persist,
                 );
             }
+            Ok(SubdocMutated::Refused(error)) => self.fail_wire(out, to, subdoc_status(error), &[]),
             Ok(SubdocMutated::Failed { index, error }) => {
                 let status = subdoc_status(error);
                 if req.multi {

@@ -692,6 +692,12 @@ impl Entry<'_> {
         self.committed_mut().map(|slot| slot.meta_mut())
     }
 
+    /// Returns the committed version's value (tombstones included) for in-place change
+    /// of its bytes; its length cannot change.
+    pub fn value_mut(&mut self) -> Option<&mut [u8]> {
+        self.committed_mut().map(|slot| slot.value_mut())
+    }
+
     /// Returns the prepared version's metadata for in-place change.
     pub fn prepared_meta_mut(&mut self) -> Option<&mut ItemMeta> {
         self.prepared

@@ -360,7 +360,16 @@ impl StoredValue {
     /// # Errors
     /// [`Error::KeyTooLong`] for a key longer than [`Self::MAX_KEY_LEN`].
     pub fn new_deleted(key: &[u8], meta: ItemMeta) -> Result<Self> {
-        let mut sv = Self::new(key, &[], meta)?;
+        Self::new_tombstone(key, &[], meta)
+    }
+
+    /// Creates a committed tombstone that keeps a value: a deleted document's system
+    /// extended attributes (datatype XATTR in `meta`).
+    ///
+    /// # Errors
+    /// As [`Self::new`].
+    pub fn new_tombstone(key: &[u8], value: &[u8], meta: ItemMeta) -> Result<Self> {
+        let mut sv = Self::new(key, value, meta)?;
         sv.header_mut().bits |= DELETED;
         Ok(sv)
     }
@@ -430,6 +439,20 @@ impl StoredValue {
     #[must_use]
     pub fn value(&self) -> &[u8] {
         &self.data()[usize::from(self.header().key_len)..]
+    }
+
+    /// The value for in-place change of its bytes (its length cannot change): the engine
+    /// writes a mutation's CAS and seqno into the macros of its extended attributes once
+    /// they are known.
+    #[allow(unsafe_code)]
+    pub fn value_mut(&mut self) -> &mut [u8] {
+        let h = self.header();
+        let (start, len) = (usize::from(h.key_len), h.value_len as usize);
+        // SAFETY: as `data`: the allocation holds `start + len` initialised bytes after
+        // the header, and `&mut self` makes the access exclusive.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast::<u8>().add(HEADER + start), len)
+        }
     }
 
     /// Returns a copy of the value as [`Bytes`]; empty when there is none.
@@ -527,6 +550,22 @@ impl StoredValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tombstone_keeps_a_value_that_can_change_in_place() {
+        let meta = ItemMeta {
+            datatype: epkv_types::Datatype::XATTR,
+            ..ItemMeta::default()
+        };
+        let mut sv = StoredValue::new_tombstone(b"key", b"attrs", meta).unwrap();
+        assert!(sv.is_deleted() && sv.is_resident());
+        assert_eq!(sv.value(), b"attrs");
+        sv.value_mut()[1..3].copy_from_slice(b"XY");
+        assert_eq!(sv.value(), b"aXYrs");
+        assert_eq!(sv.key(), b"key");
+        let mut empty = StoredValue::new_deleted(b"k", ItemMeta::default()).unwrap();
+        assert!(empty.value_mut().is_empty());
+    }
 
     #[test]
     fn a_placeholder_is_deleted_clean_and_not_resident_unlike_a_tombstone() {

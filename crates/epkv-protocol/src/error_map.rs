@@ -134,7 +134,33 @@ pub fn entry(status: Status) -> (&'static str, &'static [ErrorAttribute]) {
         Status::SubdocValueEtoodeep => ("SUBDOC_VALUE_ETOODEEP", &[A::InvalidInput]),
         Status::SubdocInvalidCombo => ("SUBDOC_INVALID_COMBO", &[A::InvalidInput]),
         Status::SubdocMultiPathFailure => ("SUBDOC_MULTI_PATH_FAILURE", &[A::ItemOnly]),
+        Status::SubdocSuccessDeleted => ("SUBDOC_SUCCESS_DELETED", &[A::Success]),
+        Status::SubdocXattrInvalidFlagCombo => {
+            ("SUBDOC_XATTR_INVALID_FLAG_COMBO", &[A::InvalidInput])
+        }
+        Status::SubdocXattrInvalidKeyCombo => {
+            ("SUBDOC_XATTR_INVALID_KEY_COMBO", &[A::InvalidInput])
+        }
+        Status::SubdocXattrUnknownMacro => ("SUBDOC_XATTR_UNKNOWN_MACRO", &[A::InvalidInput]),
         Status::SubdocXattrUnknownVattr => ("SUBDOC_XATTR_UNKNOWN_VATTR", &[A::InvalidInput]),
+        Status::SubdocXattrCantModifyVattr => {
+            ("SUBDOC_XATTR_CANT_MODIFY_VATTR", &[A::InvalidInput])
+        }
+        Status::SubdocMultiPathFailureDeleted => {
+            ("SUBDOC_MULTI_PATH_FAILURE_DELETED", &[A::ItemOnly])
+        }
+        Status::SubdocInvalidXattrOrder => ("SUBDOC_INVALID_XATTR_ORDER", &[A::InvalidInput]),
+        Status::SubdocXattrUnknownVattrMacro => {
+            ("SUBDOC_XATTR_UNKNOWN_VATTR_MACRO", &[A::InvalidInput])
+        }
+        Status::SubdocCanOnlyReviveDeletedDocuments => (
+            "SUBDOC_CAN_ONLY_REVIVE_DELETED_DOCUMENTS",
+            &[A::InvalidInput],
+        ),
+        Status::SubdocDeletedDocumentCantHaveValue => (
+            "SUBDOC_DELETED_DOCUMENT_CANT_HAVE_VALUE",
+            &[A::InvalidInput],
+        ),
     }
 }
 

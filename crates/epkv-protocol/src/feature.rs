@@ -60,7 +60,7 @@ features! {
     /// Clear TCP_NODELAY.
     TcpDelay = 0x05, "TCP delay", true;
     /// Extended attributes.
-    Xattr = 0x06, "XATTR", false;
+    Xattr = 0x06, "XATTR", true;
     /// Extended error codes: the client understands every status in the error map
     /// (without it, statuses a classic client does not know are remapped).
     Xerror = 0x07, "XERROR", true;

@@ -174,6 +174,9 @@ opcodes! {
     SubdocMultiMutation = 0xd1, "SUBDOC_MULTI_MUTATION", true;
     /// Sub-document: the number of elements at a path.
     SubdocGetCount = 0xd2, "SUBDOC_GET_COUNT", true;
+    /// Sub-document: replace the body with an extended attribute's value (in
+    /// MULTI_MUTATION only).
+    SubdocReplaceBodyWithXattr = 0xd3, "SUBDOC_REPLACE_BODY_WITH_XATTR", false;
     /// Test-only: shift the server clock (allowed only when the server runs in testing mode).
     AdjustTimeofday = 0xfc, "ADJUST_TIMEOFDAY", true;
     /// Read the error map.

@@ -122,8 +122,28 @@ statuses! {
     SubdocInvalidCombo = 0xcb, "Subdoc: Invalid combination for multi-path command";
     /// Sub-document: some paths of a multi-path command failed (see the body).
     SubdocMultiPathFailure = 0xcc, "Subdoc: One or more paths in a multi-path command failed";
+    /// Sub-document: success on a deleted document (ACCESS_DELETED).
+    SubdocSuccessDeleted = 0xcd, "Subdoc: Operation completed successfully on a deleted document";
+    /// Sub-document: EXPAND_MACROS without XATTR, or another invalid path flag mix.
+    SubdocXattrInvalidFlagCombo = 0xce, "Subdoc: Invalid combination of xattr flags";
+    /// Sub-document: an invalid combination of extended attribute keys.
+    SubdocXattrInvalidKeyCombo = 0xcf, "Subdoc: Invalid combination of xattr keys";
+    /// Sub-document: a macro that does not exist.
+    SubdocXattrUnknownMacro = 0xd0, "Subdoc: Unknown xattr macro";
     /// Sub-document: the path names a virtual attribute that does not exist.
     SubdocXattrUnknownVattr = 0xd1, "Subdoc: Unknown virtual extended attribute";
+    /// Sub-document: virtual attributes cannot be changed.
+    SubdocXattrCantModifyVattr = 0xd2, "Subdoc: Can't modify virtual attributes";
+    /// Sub-document: some paths failed, on a deleted document.
+    SubdocMultiPathFailureDeleted = 0xd3, "Subdoc: One or more paths in a multi-path command failed on a deleted document";
+    /// Sub-document: extended attribute paths must come before body paths.
+    SubdocInvalidXattrOrder = 0xd4, "Subdoc: Invalid XATTR order (xattrs should come first)";
+    /// Sub-document: a macro of a virtual attribute that does not exist.
+    SubdocXattrUnknownVattrMacro = 0xd5, "Subdoc: The virtual attribute macro does not exist";
+    /// Sub-document: REVIVE of a document that is not deleted.
+    SubdocCanOnlyReviveDeletedDocuments = 0xd6, "Subdoc: Only deleted documents can be revived";
+    /// Sub-document: a deleted document cannot have a body.
+    SubdocDeletedDocumentCantHaveValue = 0xd7, "Subdoc: A deleted document can't have a user value";
 }
 
 #[cfg(test)]

@@ -16,14 +16,26 @@ pub const MAX_SUBDOC_SPECS: usize = 16;
 
 /// Path flag: create missing intermediate objects.
 pub const PATH_FLAG_MKDIR_P: u8 = 0x01;
-/// Path flag: the path is an extended attribute (not supported yet).
+/// Path flag: the path is an extended attribute.
 pub const PATH_FLAG_XATTR: u8 = 0x04;
-/// Path flag: expand macros in an extended attribute (not supported yet).
+/// Path flag: expand macros in an extended attribute's value (with `XATTR` only).
 pub const PATH_FLAG_EXPAND_MACROS: u8 = 0x10;
 /// Doc flag: create the document if missing (upsert semantics).
 pub const DOC_FLAG_MKDOC: u8 = 0x01;
 /// Doc flag: create the document, which must not exist (insert semantics).
 pub const DOC_FLAG_ADD: u8 = 0x02;
+/// Doc flag: operate on the document's tombstone when it is deleted.
+pub const DOC_FLAG_ACCESS_DELETED: u8 = 0x04;
+/// Doc flag: with MKDOC or ADD, create the document deleted (attributes only).
+pub const DOC_FLAG_CREATE_AS_DELETED: u8 = 0x08;
+/// Doc flag: with ACCESS_DELETED, make a deleted document live again.
+pub const DOC_FLAG_REVIVE: u8 = 0x10;
+/// Every doc flag.
+pub const DOC_FLAGS: u8 = DOC_FLAG_MKDOC
+    | DOC_FLAG_ADD
+    | DOC_FLAG_ACCESS_DELETED
+    | DOC_FLAG_CREATE_AS_DELETED
+    | DOC_FLAG_REVIVE;
 
 /// One path of a sub-document command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,20 +76,46 @@ pub fn is_subdoc_mutation(op: Opcode) -> bool {
     )
 }
 
-/// Checks one spec's flags: unknown bits are EINVAL. Extended attributes may be read
-/// (lookups: the virtual `$document` and `$XTOC`); writing them and macros are not
-/// supported yet (NotSupported).
+/// Checks one spec's flags: unknown bits, and MKDIR_P or EXPAND_MACROS on a lookup, are
+/// EINVAL; EXPAND_MACROS without XATTR is SubdocXattrInvalidFlagCombo.
 pub(crate) fn check_path_flags(flags: u8, lookup: bool) -> Result<(), Status> {
     if flags & !(PATH_FLAG_MKDIR_P | PATH_FLAG_XATTR | PATH_FLAG_EXPAND_MACROS) != 0 {
         return Err(Status::Einval);
     }
-    let unsupported = if lookup {
-        PATH_FLAG_EXPAND_MACROS
-    } else {
-        PATH_FLAG_XATTR | PATH_FLAG_EXPAND_MACROS
-    };
-    if flags & unsupported != 0 {
-        return Err(Status::NotSupported);
+    if lookup && flags & PATH_FLAG_EXPAND_MACROS != 0 {
+        return Err(Status::Einval);
+    }
+    if flags & PATH_FLAG_EXPAND_MACROS != 0 && flags & PATH_FLAG_XATTR == 0 {
+        return Err(Status::SubdocXattrInvalidFlagCombo);
+    }
+    Ok(())
+}
+
+/// Checks a multi-path command's specs as a whole: extended attribute paths come before
+/// body paths (SubdocInvalidXattrOrder), and a whole-document SET or DELETE has no other
+/// body path beside it (SubdocInvalidCombo).
+///
+/// # Errors
+/// The command's status.
+pub fn check_spec_order(specs: &[SubdocSpec<'_>]) -> Result<(), Status> {
+    let mut seen_body = false;
+    for s in specs {
+        let xattr = s.flags & PATH_FLAG_XATTR != 0;
+        if xattr && seen_body {
+            return Err(Status::SubdocInvalidXattrOrder);
+        }
+        seen_body |= !xattr;
+    }
+    let whole = specs
+        .iter()
+        .filter(|s| matches!(s.opcode, Opcode::Set | Opcode::Delete))
+        .count();
+    let body = specs
+        .iter()
+        .filter(|s| s.flags & PATH_FLAG_XATTR == 0)
+        .count();
+    if whole > 1 || (whole == 1 && body > 1) {
+        return Err(Status::SubdocInvalidCombo);
     }
     Ok(())
 }
@@ -94,9 +132,14 @@ pub fn parse_specs(mut v: &[u8], mutations: bool) -> Result<Vec<SubdocSpec<'_>>,
         let head = if mutations { 8 } else { 4 };
         let h = v.get(..head).ok_or(Status::Einval)?;
         let opcode = Opcode::from_u8(h[0]).ok_or(Status::SubdocInvalidCombo)?;
-        // GET (0x00) in a lookup reads the whole document (its path is empty).
+        // GET (0x00) in a lookup reads the whole document (its path is empty); SET
+        // (0x01) and DELETE (0x04) in a mutation replace or delete the whole document.
         let kind_ok = if mutations {
             is_subdoc_mutation(opcode)
+                || matches!(
+                    opcode,
+                    Opcode::Set | Opcode::Delete | Opcode::SubdocReplaceBodyWithXattr
+                )
         } else {
             is_subdoc_lookup(opcode) || opcode == Opcode::Get
         };
@@ -117,7 +160,11 @@ pub fn parse_specs(mut v: &[u8], mutations: bool) -> Result<Vec<SubdocSpec<'_>>,
             .ok_or(Status::Einval)?;
         let body = v.get(head..end).ok_or(Status::Einval)?;
         check_path_flags(flags, !mutations)?;
-        if opcode == Opcode::Get && path_len != 0 {
+        let whole_doc = matches!(opcode, Opcode::Get | Opcode::Set | Opcode::Delete);
+        if whole_doc && (path_len != 0 || flags & PATH_FLAG_XATTR != 0) {
+            return Err(Status::Einval);
+        }
+        if opcode == Opcode::SubdocReplaceBodyWithXattr && flags & PATH_FLAG_XATTR == 0 {
             return Err(Status::Einval);
         }
         out.push(SubdocSpec {
@@ -134,6 +181,7 @@ pub fn parse_specs(mut v: &[u8], mutations: bool) -> Result<Vec<SubdocSpec<'_>>,
     if out.is_empty() {
         return Err(Status::SubdocInvalidCombo);
     }
+    check_spec_order(&out)?;
     Ok(out)
 }
 
@@ -199,7 +247,49 @@ mod tests {
             b"a",
             b"1",
         );
-        assert_eq!(parse_specs(&xm, true), Err(Status::NotSupported));
+        assert_eq!(parse_specs(&xm, true).unwrap()[0].flags, PATH_FLAG_XATTR);
+        // Extended attribute paths come first.
+        let mut late = Vec::new();
+        put_mutation_spec(&mut late, Opcode::SubdocDictUpsert, 0, b"b", b"1");
+        put_mutation_spec(
+            &mut late,
+            Opcode::SubdocDictUpsert,
+            PATH_FLAG_XATTR,
+            b"a",
+            b"1",
+        );
+        assert_eq!(
+            parse_specs(&late, true),
+            Err(Status::SubdocInvalidXattrOrder)
+        );
+        // Macros only in extended attributes; whole-document specs have no path.
+        let mut mac = Vec::new();
+        put_mutation_spec(
+            &mut mac,
+            Opcode::SubdocDictUpsert,
+            PATH_FLAG_EXPAND_MACROS,
+            b"a",
+            b"1",
+        );
+        assert_eq!(
+            parse_specs(&mac, true),
+            Err(Status::SubdocXattrInvalidFlagCombo)
+        );
+        let mut whole = Vec::new();
+        put_mutation_spec(
+            &mut whole,
+            Opcode::SubdocDictUpsert,
+            PATH_FLAG_XATTR,
+            b"a",
+            b"1",
+        );
+        put_mutation_spec(&mut whole, Opcode::Set, 0, b"", b"{}");
+        assert_eq!(parse_specs(&whole, true).unwrap().len(), 2);
+        put_mutation_spec(&mut whole, Opcode::SubdocDictUpsert, 0, b"b", b"1");
+        assert_eq!(parse_specs(&whole, true), Err(Status::SubdocInvalidCombo));
+        let mut pathed = Vec::new();
+        put_mutation_spec(&mut pathed, Opcode::Delete, 0, b"a", b"");
+        assert_eq!(parse_specs(&pathed, true), Err(Status::Einval));
         let mut odd = Vec::new();
         put_lookup_spec(&mut odd, Opcode::SubdocGet, 0x80, b"a");
         assert_eq!(parse_specs(&odd, false), Err(Status::Einval));

@@ -34,4 +34,16 @@ impl Datatype {
     pub fn intersect(self, mask: Datatype) -> Datatype {
         Datatype(self.0 & mask.0)
     }
+
+    /// Returns the bits of `self` and of `other`.
+    #[must_use]
+    pub fn union(self, other: Datatype) -> Datatype {
+        Datatype(self.0 | other.0)
+    }
+
+    /// Returns `self` without the bits of `other`.
+    #[must_use]
+    pub fn without(self, other: Datatype) -> Datatype {
+        Datatype(self.0 & !other.0)
+    }
 }

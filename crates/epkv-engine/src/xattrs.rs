@@ -1,0 +1,338 @@
+//! Extended attributes in the engine: a document's attribute section parsed for change
+//! ([`Attrs`]), validation of a section a client sends, and macro expansion
+//! (`${Mutation.CAS}`, `${Mutation.seqno}`, `${Mutation.value_crc32c}`).
+//!
+//! A macro's CAS and seqno are not known until the write's ordering point, after the
+//! new version is built and stored. So an expanded macro is first written as a
+//! placeholder of the final width (`"0x"` and 16 zeros), its offset in the value is kept
+//! in [`Patches`], and the digits are written in place at the ordering point, before the
+//! flusher's copy is taken (as KV-Engine expands them in the stored item).
+//!
+//! CAS and seqno are written as KV-Engine writes them: the 8 bytes in network order read
+//! as a little-endian number, in hex (what Sync Gateway's `HexCasToUint64` decodes). The
+//! CRC32C is the body's, in hex.
+
+use crate::vbucket::Assigned;
+use epkv_engine_api::{EngineStatus, SubdocError, xattr};
+use serde_json::{Map, Value};
+
+/// Attribute values nest at most this deep (as document bodies).
+const MAX_DEPTH: usize = crate::subdoc::MAX_DEPTH;
+
+/// Marks where a macro goes while the section is built; `NUL` cannot appear unescaped
+/// in serialized JSON, and [`Attrs::expand_macros`] refuses input that holds the marker.
+const MARK: &str = "\u{0}epkv-macro:";
+/// The marker as serde_json writes it.
+const MARK_ESCAPED: &[u8] = b"\"\\u0000epkv-macro:";
+
+/// A macro a mutation expands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Macro {
+    /// `${Mutation.CAS}`: the mutation's CAS.
+    Cas,
+    /// `${Mutation.seqno}`: the mutation's seqno.
+    Seqno,
+    /// `${Mutation.value_crc32c}`: the CRC32C of the new body.
+    ValueCrc32c,
+}
+
+impl Macro {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "${Mutation.CAS}" => Self::Cas,
+            "${Mutation.seqno}" => Self::Seqno,
+            "${Mutation.value_crc32c}" => Self::ValueCrc32c,
+            _ => return None,
+        })
+    }
+
+    fn tag(self) -> char {
+        match self {
+            Self::Cas => 'c',
+            Self::Seqno => 's',
+            Self::ValueCrc32c => 'v',
+        }
+    }
+
+    fn from_tag(b: u8) -> Option<Self> {
+        Some(match b {
+            b'c' => Self::Cas,
+            b's' => Self::Seqno,
+            b'v' => Self::ValueCrc32c,
+            _ => return None,
+        })
+    }
+}
+
+/// Where the CAS and seqno macros of a new value go: offsets of 16 hex digits.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Patches(Vec<(usize, Macro)>);
+
+impl Patches {
+    /// Whether there is nothing to write.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Writes the mutation's CAS and seqno into `value`.
+    pub(crate) fn apply(&self, value: &mut [u8], a: &Assigned) {
+        for &(at, m) in &self.0 {
+            let n = match m {
+                Macro::Cas => a.cas.0,
+                Macro::Seqno => a.seqno.0,
+                Macro::ValueCrc32c => continue,
+            };
+            let digits = format!("{:016x}", u64::from_le_bytes(n.to_be_bytes()));
+            if let Some(dst) = value.get_mut(at..at + 16) {
+                dst.copy_from_slice(digits.as_bytes());
+            }
+        }
+    }
+}
+
+/// A document's extended attributes, parsed, in their stored order.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct Attrs(pub(crate) Map<String, Value>);
+
+impl Attrs {
+    /// Parses an attribute section (empty for none).
+    ///
+    /// # Errors
+    /// `Internal` for a malformed section (a stored one never is).
+    pub(crate) fn parse(section: &[u8]) -> Result<Self, EngineStatus> {
+        let mut map = Map::new();
+        for pair in xattr::pairs(section) {
+            let (k, v) = pair.map_err(|_| EngineStatus::Internal)?;
+            let k = std::str::from_utf8(k).map_err(|_| EngineStatus::Internal)?;
+            let v: Value = serde_json::from_slice(v).map_err(|_| EngineStatus::Internal)?;
+            map.insert(k.to_owned(), v);
+        }
+        Ok(Self(map))
+    }
+
+    /// Keeps only the system attributes (what a deletion leaves in the tombstone).
+    pub(crate) fn retain_system(&mut self) {
+        self.0.retain(|k, _| xattr::is_system_key(k.as_bytes()));
+    }
+
+    /// The attribute section (empty when there are no attributes), with the CRC32C
+    /// macro written (`body_crc`) and the offsets of the CAS and seqno macros, counted
+    /// from the start of the section, added to `patches`.
+    pub(crate) fn to_section(&self, body_crc: u32, patches: &mut Patches) -> Vec<u8> {
+        let mut values = Vec::with_capacity(self.0.len());
+        for v in self.0.values() {
+            values.push(serde_json::to_vec(v).unwrap_or_else(|_| b"null".to_vec()));
+        }
+        let section = xattr::encode(
+            self.0
+                .keys()
+                .zip(&values)
+                .map(|(k, v)| (k.as_bytes(), v.as_slice())),
+        );
+        if memchr::memmem::find(&section, MARK_ESCAPED).is_none() {
+            return section;
+        }
+        // Rebuild with each marker replaced by its final text, pair by pair (the pair
+        // lengths change).
+        let mut pairs: Vec<(&[u8], Vec<u8>)> = Vec::with_capacity(values.len());
+        for (k, v) in self.0.keys().zip(&values) {
+            pairs.push((k.as_bytes(), expand_markers(v, body_crc)));
+        }
+        let mut section = xattr::encode(pairs.iter().map(|(k, v)| (*k, v.as_slice())));
+        find_placeholders(&mut section, patches);
+        section
+    }
+
+    /// Replaces, in a value about to be written at an attribute path, every string that
+    /// is exactly a macro with its marker. Returns the value to write.
+    ///
+    /// # Errors
+    /// UnknownMacro for a `${...}` string that is no macro (or that holds the marker).
+    pub(crate) fn expand_macros(value: &[u8]) -> Result<Vec<u8>, SubdocError> {
+        let mut v: Value =
+            serde_json::from_slice(value).map_err(|_| SubdocError::ValueCantInsert)?;
+        mark(&mut v)?;
+        serde_json::to_vec(&v).map_err(|_| SubdocError::ValueCantInsert)
+    }
+}
+
+fn mark(v: &mut Value) -> Result<(), SubdocError> {
+    match v {
+        Value::String(s) => {
+            if s.contains(MARK) {
+                return Err(SubdocError::UnknownMacro);
+            }
+            if s.starts_with("${") {
+                let m = Macro::parse(s).ok_or(SubdocError::UnknownMacro)?;
+                *s = format!("{MARK}{}\u{0}", m.tag());
+            }
+            Ok(())
+        }
+        Value::Array(a) => a.iter_mut().try_for_each(mark),
+        Value::Object(o) => o.values_mut().try_for_each(mark),
+        _ => Ok(()),
+    }
+}
+
+/// The placeholder a CAS or seqno macro is written as, then patched.
+const PLACEHOLDER: &[u8] = b"\"0x0000000000000000\"";
+
+/// `v` (serialized JSON) with each marker replaced: the CRC32C by its value, the CAS and
+/// seqno by a placeholder tagged with a trailing marker byte that
+/// [`find_placeholders`] removes.
+fn expand_markers(v: &[u8], body_crc: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len());
+    let mut rest = v;
+    while let Some(at) = memchr::memmem::find(rest, MARK_ESCAPED) {
+        out.extend_from_slice(&rest[..at]);
+        let after = &rest[at + MARK_ESCAPED.len()..];
+        // after: tag, `\u0000`, `"`.
+        let tag = after.first().copied().and_then(Macro::from_tag);
+        let tail = b"\\u0000\"";
+        match tag {
+            Some(m) if after.get(1..1 + tail.len()) == Some(&tail[..]) => {
+                match m {
+                    Macro::ValueCrc32c => {
+                        out.extend_from_slice(format!("\"0x{body_crc:08x}\"").as_bytes());
+                    }
+                    Macro::Cas | Macro::Seqno => {
+                        // Recorded by position after encoding: a NUL cannot occur in
+                        // serialized JSON, so it tags the placeholder unambiguously.
+                        out.push(0);
+                        out.push(m.tag() as u8);
+                        out.extend_from_slice(PLACEHOLDER);
+                    }
+                }
+                rest = &after[1 + tail.len()..];
+            }
+            _ => {
+                out.extend_from_slice(&rest[..at + MARK_ESCAPED.len()]);
+                rest = after;
+            }
+        }
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
+/// Removes the tags [`expand_markers`] left in `section` and records each placeholder's
+/// digits in `patches`. The tags are two bytes each, so the section shrinks and pair
+/// lengths must be fixed: done by re-encoding.
+fn find_placeholders(section: &mut Vec<u8>, patches: &mut Patches) {
+    // Values hold NUL tags, which `xattr::pairs` refuses: split by hand.
+    let mut out = vec![0u8; 4];
+    let mut rest = section.get(4..).unwrap_or_default();
+    let mut found = Vec::new();
+    while rest.len() >= 4 {
+        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let Some(body) = rest.get(4..4 + len) else {
+            break;
+        };
+        let Some(nul) = body.iter().position(|&b| b == 0) else {
+            break;
+        };
+        let (key, value) = (&body[..nul], &body[nul + 1..body.len().saturating_sub(1)]);
+        let pair_start = out.len();
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(key);
+        out.push(0);
+        let mut v = value;
+        while let Some(at) = v.iter().position(|&b| b == 0) {
+            out.extend_from_slice(&v[..at]);
+            if let Some(m) = v.get(at + 1).copied().and_then(Macro::from_tag) {
+                // The digits start after `"0x`.
+                found.push((out.len() + 3, m));
+            }
+            v = v.get(at + 2..).unwrap_or_default();
+        }
+        out.extend_from_slice(v);
+        out.push(0);
+        let pair_len = u32::try_from(out.len() - pair_start - 4).unwrap_or(u32::MAX);
+        out[pair_start..pair_start + 4].copy_from_slice(&pair_len.to_be_bytes());
+        rest = &rest[4 + len..];
+    }
+    let total = u32::try_from(out.len() - 4).unwrap_or(u32::MAX);
+    out[..4].copy_from_slice(&total.to_be_bytes());
+    *section = out;
+    patches.0.extend(found);
+}
+
+/// Checks an attribute section a client sent with its value (datatype XATTR): well
+/// formed, keys valid and distinct, values JSON no deeper than documents may be.
+#[must_use]
+pub(crate) fn valid_section(section: &[u8]) -> bool {
+    let mut keys: Vec<&[u8]> = Vec::new();
+    for pair in xattr::pairs(section) {
+        let Ok((k, v)) = pair else { return false };
+        if xattr::is_virtual_key(k) || keys.contains(&k) {
+            return false;
+        }
+        match serde_json::from_slice::<Value>(v) {
+            Ok(v) if crate::subdoc::depth(&v) <= MAX_DEPTH => {}
+            _ => return false,
+        }
+        keys.push(k);
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use epkv_types::{Cas, Seqno};
+
+    #[test]
+    fn parse_and_encode_round_trip_and_system_attributes_survive() {
+        let section = xattr::encode([(&b"_sync"[..], &b"{\"rev\":\"1-a\"}"[..]), (b"u", b"[1,2]")]);
+        let mut a = Attrs::parse(&section).unwrap();
+        assert_eq!(a.to_section(0, &mut Patches::default()), section);
+        a.retain_system();
+        assert_eq!(
+            a.to_section(0, &mut Patches::default()),
+            xattr::encode([(&b"_sync"[..], &b"{\"rev\":\"1-a\"}"[..])])
+        );
+        assert!(valid_section(&section));
+        assert!(!valid_section(&xattr::encode([(&b"a"[..], &b"{"[..])])));
+        assert!(!valid_section(&xattr::encode([
+            (&b"a"[..], &b"1"[..]),
+            (b"a", b"2")
+        ])));
+    }
+
+    #[test]
+    fn macros_are_written_at_the_ordering_point() {
+        let v = Attrs::expand_macros(
+            br#"{"cas":"${Mutation.CAS}","s":["${Mutation.seqno}"],"c":"${Mutation.value_crc32c}","x":"$x"}"#,
+        )
+        .unwrap();
+        let mut a = Attrs::default();
+        a.0.insert("_t".into(), serde_json::from_slice(&v).unwrap());
+        let mut patches = Patches::default();
+        let mut section = a.to_section(0xdead_beef, &mut patches);
+        assert_eq!(patches.0.len(), 2);
+        let assigned = Assigned {
+            seqno: Seqno(0x0102),
+            cas: Cas(0x1122_3344_5566_7788),
+            new_key_rev: 1,
+        };
+        patches.apply(&mut section, &assigned);
+        let back = Attrs::parse(&section).unwrap();
+        assert_eq!(
+            back.0["_t"],
+            serde_json::json!({
+                "cas": "0x8877665544332211",
+                "s": ["0x0201000000000000"],
+                "c": "0xdeadbeef",
+                "x": "$x"
+            })
+        );
+        assert_eq!(
+            Attrs::expand_macros(br#""${Mutation.nope}""#),
+            Err(SubdocError::UnknownMacro)
+        );
+        assert_eq!(
+            Attrs::expand_macros("\"\\u0000epkv-macro:c\\u0000\"".as_bytes()),
+            Err(SubdocError::UnknownMacro)
+        );
+    }
+}
