@@ -147,7 +147,7 @@ async fn subdoc_commands_answer_in_kv_engines_formats() {
     assert_eq!(s.value.as_ref(), b"\"x\"", "nothing applied");
 
     // The virtual extended attribute `$document` can be read; an unknown `$` name is
-    // 0xd1; writing extended attributes is not supported yet.
+    // 0xd1; virtual attributes cannot be written (0xd2).
     let vattr = run(
         &mut c,
         &single(Opcode::SubdocGet, k, b"$document.revid", 15, 0x04),
@@ -159,10 +159,307 @@ async fn subdoc_commands_answer_in_kv_engines_formats() {
     assert_eq!(unknown.status(), Some(Status::SubdocXattrUnknownVattr));
     let write = run(
         &mut c,
-        &single(Opcode::SubdocDictUpsert, k, b"ux1", 2, 0x04),
+        &single(Opcode::SubdocDictUpsert, k, b"$document.x1", 12, 0x04),
         k,
     )
     .await;
-    assert_eq!(write.status(), Some(Status::NotSupported));
+    assert_eq!(write.status(), Some(Status::SubdocXattrCantModifyVattr));
     assert!(c.get(k).await.unwrap().is_success());
+}
+
+fn multi_mutation<'a>(key: &'a [u8], doc_flags: u8, specs: &'a [u8], cas: Cas) -> Command<'a> {
+    Command::SubdocMultiMutation {
+        key,
+        doc_flags,
+        expiry: 0,
+        specs,
+        cas,
+        durability: None,
+        preserve_ttl: false,
+    }
+}
+
+fn multi_lookup<'a>(key: &'a [u8], doc_flags: u8, specs: &'a [u8]) -> Command<'a> {
+    Command::SubdocMultiLookup {
+        key,
+        doc_flags,
+        specs,
+    }
+}
+
+/// The values of a MULTI_LOOKUP body: `(status, value)` per spec.
+fn lookup_results(body: &[u8]) -> Vec<(u16, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while rest.len() >= 6 {
+        let status = u16::from_be_bytes([rest[0], rest[1]]);
+        let len = u32::from_be_bytes([rest[2], rest[3], rest[4], rest[5]]) as usize;
+        out.push((status, rest[6..6 + len].to_vec()));
+        rest = &rest[6 + len..];
+    }
+    out
+}
+
+/// Extended attributes through their life: written with a body and a macro, kept by body
+/// writes, hidden from GET, system ones kept by a deletion (readable with ACCESS_DELETED,
+/// across a restart, so from disk), a document created deleted and revived, and the
+/// errors for bad flags and order.
+#[tokio::test]
+async fn extended_attributes_live_beside_the_body_and_system_ones_survive_deletion() {
+    if skip_if_external("subdoc") {
+        return;
+    }
+    let dir = crate::harness::TestDir::new();
+    let server = Server::spawn_in(dir.path(), &[]);
+    server.wait_warmed_up().await;
+    let mut c = server.client().await;
+    c.hello(
+        "e2e-xattr",
+        &[Feature::Xerror, Feature::Json, Feature::Xattr],
+    )
+    .await
+    .unwrap();
+    let k = b"xa-doc";
+    // A user and a system attribute (with the CAS macro) and the body, in one command.
+    let mut specs = Vec::new();
+    put_mutation_spec(
+        &mut specs,
+        Opcode::SubdocDictUpsert,
+        0x04 | 0x01,
+        b"meta.by",
+        b"\"ann\"",
+    );
+    put_mutation_spec(
+        &mut specs,
+        Opcode::SubdocDictUpsert,
+        0x04 | 0x10,
+        b"_sys.cas",
+        b"\"${Mutation.CAS}\"",
+    );
+    put_mutation_spec(&mut specs, Opcode::Set, 0, b"", br#"{"v":1}"#);
+    let made = run(&mut c, &multi_mutation(k, 0x01, &specs, Cas::ANY), k).await;
+    assert_eq!(made.status(), Some(Status::Success), "{made:?}");
+    // The macro holds the mutation's CAS (its 8 network-order bytes read little-endian).
+    let mut specs = Vec::new();
+    put_lookup_spec(&mut specs, Opcode::SubdocGet, 0x04, b"_sys.cas");
+    put_lookup_spec(&mut specs, Opcode::SubdocGet, 0x04, b"meta");
+    put_lookup_spec(&mut specs, Opcode::SubdocGet, 0x04, b"$XTOC");
+    put_lookup_spec(&mut specs, Opcode::Get, 0, b"");
+    let got = run(&mut c, &multi_lookup(k, 0, &specs), k).await;
+    assert_eq!(got.status(), Some(Status::Success), "{got:?}");
+    let r = lookup_results(&got.value);
+    let expected_cas = format!(
+        "\"0x{:016x}\"",
+        u64::from_le_bytes(made.cas.0.to_be_bytes())
+    );
+    assert_eq!(String::from_utf8_lossy(&r[0].1), expected_cas);
+    assert_eq!(r[1].1, br#"{"by":"ann"}"#);
+    assert_eq!(r[2].1, br#"["meta","_sys"]"#);
+    assert_eq!(r[3].1, br#"{"v":1}"#);
+    // GET returns the body only, without the XATTR bit.
+    let g = c.get(k).await.unwrap();
+    assert_eq!(g.value.as_ref(), br#"{"v":1}"#);
+    assert_eq!(g.datatype, Datatype::JSON);
+    // A body write keeps the attributes; so do APPEND-style writes of the body.
+    assert!(
+        c.set(
+            k,
+            br#"{"v":2}"#,
+            StoreOptions::new().datatype(Datatype::JSON)
+        )
+        .await
+        .unwrap()
+        .is_success()
+    );
+    let a = run(
+        &mut c,
+        &single(Opcode::SubdocGet, k, b"meta.by", 7, 0x04),
+        k,
+    )
+    .await;
+    assert_eq!(a.value.as_ref(), b"\"ann\"");
+    assert_eq!(c.get(k).await.unwrap().value.as_ref(), br#"{"v":2}"#);
+
+    // DELETE keeps the system attribute only; the document reads as absent, and with
+    // ACCESS_DELETED its tombstone's attributes are readable (0xcd / 0xd3).
+    assert!(c.delete(k, Cas::ANY).await.unwrap().is_success());
+    assert_eq!(c.get(k).await.unwrap().status(), Some(Status::KeyEnoent));
+    let mut specs = Vec::new();
+    put_lookup_spec(&mut specs, Opcode::SubdocGet, 0x04, b"_sys.cas");
+    put_lookup_spec(&mut specs, Opcode::SubdocGet, 0x04, b"$document.deleted");
+    let plain = run(&mut c, &multi_lookup(k, 0, &specs), k).await;
+    assert_eq!(plain.status(), Some(Status::KeyEnoent));
+    let dead = run(&mut c, &multi_lookup(k, 0x04, &specs), k).await;
+    assert_eq!(
+        dead.status(),
+        Some(Status::SubdocSuccessDeleted),
+        "{dead:?}"
+    );
+    let r = lookup_results(&dead.value);
+    assert_eq!(String::from_utf8_lossy(&r[0].1), expected_cas);
+    assert_eq!(r[1].1, b"true");
+    let mut user = Vec::new();
+    put_lookup_spec(&mut user, Opcode::SubdocGet, 0x04, b"meta");
+    let gone = run(&mut c, &multi_lookup(k, 0x04, &user), k).await;
+    assert_eq!(gone.status(), Some(Status::SubdocMultiPathFailureDeleted));
+
+    // A document created deleted, with an attribute; REVIVE makes it live.
+    let t = b"xa-txn";
+    let mut specs = Vec::new();
+    put_mutation_spec(
+        &mut specs,
+        Opcode::SubdocDictUpsert,
+        0x04,
+        b"txn",
+        br#"{"id":7}"#,
+    );
+    let created = run(&mut c, &multi_mutation(t, 0x02 | 0x08, &specs, Cas::ANY), t).await;
+    assert_eq!(
+        created.status(),
+        Some(Status::SubdocSuccessDeleted),
+        "{created:?}"
+    );
+    assert_eq!(c.get(t).await.unwrap().status(), Some(Status::KeyEnoent));
+    let mut body = Vec::new();
+    put_mutation_spec(&mut body, Opcode::SubdocDictUpsert, 0, b"x", b"1");
+    let refused = run(
+        &mut c,
+        &multi_mutation(b"xa-other", 0x02 | 0x08, &body, Cas::ANY),
+        b"xa-other",
+    )
+    .await;
+    assert_eq!(
+        refused.status(),
+        Some(Status::SubdocDeletedDocumentCantHaveValue)
+    );
+    let not_dead = run(
+        &mut c,
+        &multi_mutation(b"xa-doc2", 0x04 | 0x10, &body, Cas::ANY),
+        b"xa-doc2",
+    )
+    .await;
+    assert_eq!(not_dead.status(), Some(Status::KeyEnoent));
+    let mut revive = Vec::new();
+    put_mutation_spec(
+        &mut revive,
+        Opcode::SubdocReplaceBodyWithXattr,
+        0x04,
+        b"txn",
+        b"",
+    );
+    let revived = run(
+        &mut c,
+        &multi_mutation(t, 0x04 | 0x10, &revive, Cas::ANY),
+        t,
+    )
+    .await;
+    assert_eq!(revived.status(), Some(Status::Success), "{revived:?}");
+    assert_eq!(c.get(t).await.unwrap().value.as_ref(), br#"{"id":7}"#);
+    let again = run(
+        &mut c,
+        &multi_mutation(t, 0x04 | 0x10, &revive, Cas::ANY),
+        t,
+    )
+    .await;
+    assert_eq!(
+        again.status(),
+        Some(Status::SubdocCanOnlyReviveDeletedDocuments)
+    );
+
+    // Bad requests: attributes after body paths, a macro on a body path, an unknown
+    // macro, a bad attribute key, a value with attributes from a client that did not
+    // negotiate them.
+    let mut late = Vec::new();
+    put_mutation_spec(&mut late, Opcode::SubdocDictUpsert, 0, b"a", b"1");
+    put_mutation_spec(&mut late, Opcode::SubdocDictUpsert, 0x04, b"b", b"1");
+    let r = run(&mut c, &multi_mutation(t, 0, &late, Cas::ANY), t).await;
+    assert_eq!(r.status(), Some(Status::SubdocInvalidXattrOrder));
+    let r = run(
+        &mut c,
+        &single(Opcode::SubdocDictUpsert, t, b"a${Mutation.CAS}", 1, 0x10),
+        t,
+    )
+    .await;
+    assert_eq!(r.status(), Some(Status::SubdocXattrInvalidFlagCombo));
+    let r = run(
+        &mut c,
+        &single(
+            Opcode::SubdocDictUpsert,
+            t,
+            b"a\"${Mutation.nope}\"",
+            1,
+            0x14,
+        ),
+        t,
+    )
+    .await;
+    assert_eq!(r.status(), Some(Status::SubdocXattrUnknownMacro));
+    let r = run(
+        &mut c,
+        &single(Opcode::SubdocDictUpsert, t, b"#a1", 2, 0x04),
+        t,
+    )
+    .await;
+    assert_eq!(r.status(), Some(Status::SubdocPathEinval));
+    let mut plain_client = server.client().await;
+    let with_attrs = [0u8, 0, 0, 8, 0, 0, 0, 4, b'a', 0, b'1', 0, b'{', b'}'];
+    let r = plain_client
+        .set(
+            b"xa-raw",
+            &with_attrs,
+            StoreOptions::new().datatype(Datatype::XATTR),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status(), Some(Status::Einval));
+    // One that negotiated them may store a value with its attributes; a malformed
+    // section is refused.
+    let r = c
+        .set(
+            b"xa-raw",
+            &with_attrs,
+            StoreOptions::new().datatype(Datatype::XATTR),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status(), Some(Status::Success));
+    assert_eq!(c.get(b"xa-raw").await.unwrap().value.as_ref(), b"{}");
+    let bad = [0u8, 0, 0, 9, 0, 0, 0, 4, b'a', 0, b'1', 0, b'{', b'}'];
+    let r = c
+        .set(
+            b"xa-bad",
+            &bad,
+            StoreOptions::new().datatype(Datatype::XATTR),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status(), Some(Status::Einval));
+
+    // After a restart (clean), the tombstone's system attribute is read back from disk.
+    drop(c);
+    drop(plain_client);
+    let _ = server.terminate();
+    let server = Server::spawn_in(dir.path(), &[]);
+    server.wait_warmed_up().await;
+    let mut c = server.client().await;
+    c.hello(
+        "e2e-xattr",
+        &[Feature::Xerror, Feature::Json, Feature::Xattr],
+    )
+    .await
+    .unwrap();
+    let mut specs = Vec::new();
+    put_lookup_spec(&mut specs, Opcode::SubdocGet, 0x04, b"_sys.cas");
+    let dead = run(&mut c, &multi_lookup(k, 0x04, &specs), k).await;
+    assert_eq!(
+        dead.status(),
+        Some(Status::SubdocSuccessDeleted),
+        "{dead:?}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&lookup_results(&dead.value)[0].1),
+        expected_cas
+    );
+    let a = run(&mut c, &single(Opcode::SubdocGet, t, b"txn.id", 6, 0x04), t).await;
+    assert_eq!(a.value.as_ref(), b"7");
 }

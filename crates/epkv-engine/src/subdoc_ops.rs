@@ -217,7 +217,7 @@ impl Bucket {
             for (i, s) in req.specs.iter().enumerate() {
                 let index = u8::try_from(i).map_err(|_| EngineStatus::Invalid)?;
                 let mkdir = s.mkdir_p || create;
-                let done = if s.xattr {
+                let done = if s.xattr && s.op != SubdocOp::ReplaceBodyWithXattr {
                     mutate_attr(&mut attrs, s, mkdir)
                 } else {
                     mutate_body(&mut body, &mut attrs, &mut deleted, s, mkdir, create)

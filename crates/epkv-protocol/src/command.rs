@@ -319,6 +319,9 @@ const RAW_JSON: u8 = Datatype::JSON.0;
 /// Values that may arrive Snappy-compressed (the front end refuses the bit from a client
 /// that did not negotiate Snappy).
 const RAW_JSON_SNAPPY: u8 = Datatype::JSON.0 | Datatype::SNAPPY.0;
+/// Values that may also carry extended attributes (SET, ADD, REPLACE; the front end
+/// refuses the XATTR bit from a client that did not negotiate it).
+const ANY_DATATYPE: u8 = Datatype::ALL.0;
 
 const fn spec(extras: ExtrasRule, key: Presence, value: Presence, cas: CasRule) -> Spec {
     Spec {
@@ -355,11 +358,11 @@ fn spec_for(op: Opcode) -> Option<Spec> {
     let get = spec(E::Exactly(0), P::NonZero, P::Zero, C::NotSet);
     let store = with_datatype(
         spec(E::Exactly(8), P::NonZero, P::Any, C::Any),
-        RAW_JSON_SNAPPY,
+        ANY_DATATYPE,
     );
     let add = with_datatype(
         spec(E::Exactly(8), P::NonZero, P::Any, C::NotSet),
-        RAW_JSON_SNAPPY,
+        ANY_DATATYPE,
     );
     let concat = with_datatype(
         spec(E::Exactly(0), P::NonZero, P::Any, C::Any),

@@ -265,18 +265,24 @@ fn json_datatype_is_accepted_on_stores_only() {
 }
 
 #[test]
-fn snappy_is_accepted_on_stores_and_xattr_is_einval() {
-    // Snappy is checked further by the front end (negotiated, and a valid stream);
-    // xattrs are not supported yet.
+fn snappy_is_accepted_on_stores_and_xattr_on_set_and_add_only() {
+    // Snappy and XATTR are checked further by the front end (negotiated; a valid stream;
+    // a valid attribute section).
     for op in [Opcode::Set, Opcode::Add, Opcode::Append] {
         let b = RequestBuilder::from_command(&sample(op)).datatype(Datatype::SNAPPY);
         assert_eq!(status_of(b), Ok(()), "{op:?}");
     }
     let get = RequestBuilder::from_command(&sample(Opcode::Get)).datatype(Datatype::SNAPPY);
     assert_eq!(status_of(get), Err(Status::Einval));
-    for dt in [Datatype::XATTR, Datatype::ALL] {
-        let b = RequestBuilder::from_command(&sample(Opcode::Set)).datatype(dt);
-        assert_eq!(status_of(b), Err(Status::Einval));
+    for op in [Opcode::Set, Opcode::Add, Opcode::Replace] {
+        for dt in [Datatype::XATTR, Datatype::ALL] {
+            let b = RequestBuilder::from_command(&sample(op)).datatype(dt);
+            assert_eq!(status_of(b), Ok(()), "{op:?} {dt:?}");
+        }
+    }
+    for op in [Opcode::Append, Opcode::Prepend] {
+        let b = RequestBuilder::from_command(&sample(op)).datatype(Datatype::XATTR);
+        assert_eq!(status_of(b), Err(Status::Einval), "{op:?}");
     }
 }
 
