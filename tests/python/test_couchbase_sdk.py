@@ -45,9 +45,13 @@ from couchbase.exceptions import (  # noqa: E402
     CouchbaseException,
     DocumentExistsException,
     DocumentNotFoundException,
+    DocumentNotJsonException,
     PathExistsException,
+    PathInvalidException,
     PathMismatchException,
     PathNotFoundException,
+    PathTooBigException,
+    ValueTooDeepException,
 )
 from couchbase.options import (  # noqa: E402
     ClusterOptions,
@@ -57,6 +61,7 @@ from couchbase.options import (  # noqa: E402
     GetOptions,
     IncrementOptions,
     InsertOptions,
+    MutateInOptions,
     RemoveOptions,
     ReplaceOptions,
     SignedInt64,
@@ -357,6 +362,113 @@ def test_get_with_expiry_reads_the_document_virtual_attribute(coll, doc_id):
     assert res.content_as[int](2) == 1
     with pytest.raises(PathNotFoundException):
         coll.lookup_in(doc_id, [SD.get("user_attr", xattr=True)]).content_as[str](0)
+
+
+def _le_hex(n):
+    """A CAS or seqno as the server's macros write it: its 8 network-order bytes, read as a
+    little-endian number, in hex."""
+    return "0x" + struct.pack(">Q", n)[::-1].hex()
+
+
+def test_extended_attributes_with_macros_survive_body_writes_and_system_ones_deletion(
+        coll, doc_id):
+    """User and system extended attributes through `mutate_in(xattr=True)`, the mutation
+    macros, `$XTOC`, GET returning the body only, and `access_deleted` reads of a deleted
+    document's system attributes."""
+    import couchbase.subdocument as SD
+    from couchbase.options import LookupInOptions
+    coll.upsert(doc_id, {"v": 1})
+    res = coll.mutate_in(doc_id, [
+        SD.upsert("meta.by", "ann", xattr=True, create_parents=True),
+        SD.upsert("_sys.cas", SD.MutationMacro.cas(), xattr=True, create_parents=True),
+        SD.upsert("_sys.seq", SD.MutationMacro.seq_no(), xattr=True),
+        SD.upsert("_sys.crc", SD.MutationMacro.value_crc32c(), xattr=True),
+        SD.array_append("meta.tags", "t1", xattr=True, create_parents=True),
+        SD.upsert("w", 2),
+    ])
+    got = coll.lookup_in(doc_id, [
+        SD.get("meta", xattr=True), SD.get("_sys", xattr=True),
+        SD.get("$document.value_crc32c", xattr=True), SD.get("$document.seqno", xattr=True),
+        SD.get("$XTOC", xattr=True), SD.exists("meta.nope", xattr=True), SD.get("w"),
+    ])
+    assert got.content_as[dict](0) == {"by": "ann", "tags": ["t1"]}
+    sys_attrs = got.content_as[dict](1)
+    assert sys_attrs["cas"] == _le_hex(res.cas)
+    assert sys_attrs["crc"] == got.content_as[str](2)
+    seqno = int(got.content_as[str](3), 16)
+    assert sys_attrs["seq"] == _le_hex(seqno)
+    assert sorted(got.content_as[list](4)) == ["_sys", "meta"]
+    assert not got.exists(5)
+    assert got.content_as[int](6) == 2
+    # GET returns the body only; a body write keeps the attributes.
+    assert coll.get(doc_id).content_as[dict] == {"v": 1, "w": 2}
+    coll.upsert(doc_id, {"v": 3})
+    again = coll.lookup_in(doc_id, [SD.get("meta.by", xattr=True)])
+    assert again.content_as[str](0) == "ann"
+    # Removing attributes, and a virtual one cannot be written.
+    coll.mutate_in(doc_id, [SD.remove("meta.tags", xattr=True)])
+    assert coll.lookup_in(doc_id, [SD.get("meta", xattr=True)]).content_as[dict](0) == {
+        "by": "ann"}
+    with pytest.raises(CouchbaseException):
+        coll.mutate_in(doc_id, [SD.upsert("$document.x", 1, xattr=True)])
+    # Deletion: the document is gone, its system attribute stays in the tombstone.
+    coll.remove(doc_id)
+    with pytest.raises(DocumentNotFoundException):
+        coll.get(doc_id)
+    with pytest.raises(DocumentNotFoundException):
+        coll.lookup_in(doc_id, [SD.get("_sys.cas", xattr=True)])
+    dead = coll.lookup_in(doc_id, [SD.get("_sys.cas", xattr=True),
+                                   SD.get("$document.deleted", xattr=True)],
+                          LookupInOptions(access_deleted=True))
+    assert dead.content_as[str](0) == _le_hex(res.cas)
+    assert dead.content_as[bool](1) is True
+    gone = coll.lookup_in(doc_id, [SD.get("meta", xattr=True)],
+                          LookupInOptions(access_deleted=True))
+    assert not gone.exists(0)
+    # A tombstone's attributes can change with access_deleted; it stays deleted.
+    coll.mutate_in(doc_id, [SD.upsert("_sys.note", "kept", xattr=True)],
+                   MutateInOptions(access_deleted=True))
+    with pytest.raises(DocumentNotFoundException):
+        coll.get(doc_id)
+    note = coll.lookup_in(doc_id, [SD.get("_sys.note", xattr=True)],
+                          LookupInOptions(access_deleted=True))
+    assert note.content_as[str](0) == "kept"
+
+
+def test_mutate_in_creates_a_document_deleted(coll, doc_id):
+    """`create_as_deleted` (transactions' staged inserts): the document exists only as a
+    tombstone with its attributes."""
+    import couchbase.subdocument as SD
+    from couchbase.options import LookupInOptions
+    from couchbase.subdocument import StoreSemantics
+    coll.mutate_in(doc_id, [SD.upsert("txn", {"id": 7}, xattr=True)],
+                   MutateInOptions(store_semantics=StoreSemantics.INSERT, access_deleted=True,
+                                   create_as_deleted=True))
+    with pytest.raises(DocumentNotFoundException):
+        coll.get(doc_id)
+    assert not coll.exists(doc_id).exists
+    staged = coll.lookup_in(doc_id, [SD.get("txn.id", xattr=True)],
+                            LookupInOptions(access_deleted=True))
+    assert staged.content_as[int](0) == 7
+
+
+def test_sub_document_errors_are_typed(coll, doc_id):
+    import couchbase.subdocument as SD
+    coll.upsert(doc_id, {"a": {"b": 1}})
+    with pytest.raises(PathInvalidException):
+        coll.lookup_in(doc_id, [SD.get("a..b")]).content_as[int](0)
+    with pytest.raises(PathMismatchException):
+        coll.mutate_in(doc_id, [SD.upsert("a.b.c", 1)])
+    deep = 1
+    for _ in range(40):
+        deep = [deep]
+    with pytest.raises(ValueTooDeepException):
+        coll.mutate_in(doc_id, [SD.upsert("d", deep)])
+    with pytest.raises(PathTooBigException):
+        coll.lookup_in(doc_id, [SD.get(".".join(["p"] * 40))]).content_as[int](0)
+    coll.upsert(doc_id + "-raw", b"not json", UpsertOptions(transcoder=RawBinaryTranscoder()))
+    with pytest.raises(DocumentNotJsonException):
+        coll.mutate_in(doc_id + "-raw", [SD.upsert("a", 1)])
 
 
 def test_a_counter_driven_through_mutate_in_from_several_threads_ends_exact(coll, doc_id):

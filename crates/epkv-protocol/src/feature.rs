@@ -90,15 +90,15 @@ features! {
     /// Preserve TTL frame info.
     PreserveTtl = 0x14, "PreserveTtl", true;
     /// Virtual attributes.
-    VAttr = 0x15, "VAttr", false;
+    VAttr = 0x15, "VAttr", true;
     /// Point-in-time recovery.
     PiTR = 0x16, "PiTR", false;
     /// Subdoc create-as-deleted.
-    SubdocCreateAsDeleted = 0x17, "SubdocCreateAsDeleted", false;
+    SubdocCreateAsDeleted = 0x17, "SubdocCreateAsDeleted", true;
     /// Subdoc document macro support.
     SubdocDocumentMacroSupport = 0x18, "SubdocDocumentMacroSupport", false;
     /// Subdoc replace body with xattr.
-    SubdocReplaceBodyWithXattr = 0x19, "SubdocReplaceBodyWithXattr", false;
+    SubdocReplaceBodyWithXattr = 0x19, "SubdocReplaceBodyWithXattr", true;
     /// Report unit usage.
     ReportUnitUsage = 0x1a, "ReportUnitUsage", false;
     /// Non-blocking throttling.
@@ -112,7 +112,7 @@ features! {
     /// Brief cluster map change notifications.
     ClustermapChangeNotificationBrief = 0x1f, "ClustermapChangeNotificationBrief", false;
     /// Subdoc multiple xattr keys.
-    SubdocAllowsAccessOnMultipleXattrKeys = 0x20, "SubdocAllowsAccessOnMultipleXattrKeys", false;
+    SubdocAllowsAccessOnMultipleXattrKeys = 0x20, "SubdocAllowsAccessOnMultipleXattrKeys", true;
     /// Subdoc binary xattr.
     SubdocBinaryXattr = 0x21, "SubdocBinaryXattr", false;
 }
