@@ -9,8 +9,8 @@ use crate::util;
 
 /// The cargo-fuzz targets the smoke runs (`fuzz/fuzz_targets/<name>.rs`), each with the
 /// divisor of `--secs` it gets: the request decoder gets the full time, the storage record
-/// decoder, the client's response decoder, the SASL server and the sub-document
-/// operations a third each (at least
+/// decoder, the client's response decoder, the SASL server, the sub-document
+/// operations and the extended-attribute checks a third each (at least
 /// 5 s), so CI stays short.
 pub(crate) const TARGETS: &[(&str, u64)] = &[
     ("decode_request", 1),
@@ -18,6 +18,7 @@ pub(crate) const TARGETS: &[(&str, u64)] = &[
     ("decode_response", 3),
     ("sasl_server", 3),
     ("subdoc", 3),
+    ("xattr", 3),
 ];
 
 /// Seconds a target with `divisor` runs when the smoke is given `secs`.

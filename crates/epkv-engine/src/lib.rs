@@ -252,6 +252,42 @@ pub mod fuzzing {
             }
         }
     }
+
+    /// Runs a value a client sends with datatype XATTR through the attribute checks and,
+    /// when it passes, through parsing, macro expansion of its first attribute and
+    /// encoding. Panics if an accepted section does not read back the same.
+    pub fn xattr_value(value: &[u8]) {
+        use crate::xattrs::{Attrs, Patches, valid_section};
+        let Ok((section, _body)) = epkv_engine_api::xattr::split(value) else {
+            return;
+        };
+        if !valid_section(section) {
+            return;
+        }
+        let attrs = Attrs::parse(section).expect("an accepted section parses");
+        let mut patches = Patches::default();
+        let again = attrs.to_section(0, &mut patches);
+        let back = Attrs::parse(&again).expect("an encoded section parses");
+        assert_eq!(back, attrs, "attributes survive encoding");
+        if let Some(v) = attrs.0.values().next()
+            && let Ok(text) = serde_json::to_vec(v)
+            && let Ok(expanded) = Attrs::expand_macros(&text)
+        {
+            let mut with = attrs.clone();
+            if let Some(first) = with.0.values_mut().next() {
+                *first = serde_json::from_slice(&expanded).expect("expanded value is JSON");
+            }
+            let mut patches = Patches::default();
+            let mut section = with.to_section(0, &mut patches);
+            let a = crate::vbucket::Assigned {
+                seqno: epkv_types::Seqno(1),
+                cas: epkv_types::Cas(2),
+                new_key_rev: 1,
+            };
+            patches.apply(&mut section, &a);
+            Attrs::parse(&section).expect("a section with macros written parses");
+        }
+    }
 }
 
 pub use bucket::Bucket;

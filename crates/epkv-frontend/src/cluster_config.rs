@@ -84,7 +84,7 @@ pub(crate) fn bucket_config(
          \"nodeLocator\":\"vbucket\",\"nodesExt\":{},\
          \"vBucketServerMap\":{{\"hashAlgorithm\":\"CRC\",\"numReplicas\":0,\
          \"serverList\":[\"{server}\"],\"vBucketMap\":[{map}]}},\
-         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\"],\
+         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\"],\
          \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
         nodes_ext(local, ports)
     );
