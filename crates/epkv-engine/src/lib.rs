@@ -256,6 +256,7 @@ pub mod fuzzing {
     /// Runs a value a client sends with datatype XATTR through the attribute checks and,
     /// when it passes, through parsing, macro expansion of its first attribute and
     /// encoding. Panics if an accepted section does not read back the same.
+    #[expect(clippy::expect_used, reason = "a fuzz target's failures are panics")]
     pub fn xattr_value(value: &[u8]) {
         use crate::xattrs::{Attrs, Patches, valid_section};
         let Ok((section, _body)) = epkv_engine_api::xattr::split(value) else {
