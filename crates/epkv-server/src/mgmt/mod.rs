@@ -92,6 +92,15 @@ impl Reply {
         }
     }
 
+    /// A 404 whose body is a JSON string, as Couchbase answers for an unknown user (the
+    /// SDKs match the text `Unknown user` at its start).
+    fn unknown_user() -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            body: Some(Value::String("Unknown user.".into())),
+        }
+    }
+
     fn not_found(what: impl Into<String>) -> Self {
         Self::error(StatusCode::NOT_FOUND, what)
     }
@@ -282,7 +291,9 @@ fn route(
                 }
                 match m.buckets.get(name) {
                     Some((p, b)) => Reply::json(pools::bucket(&m.facts(), local, &p, &b)),
-                    None => Reply::not_found(format!("bucket {name:?} not found")),
+                    None => Reply::not_found(format!(
+                        "Requested resource not found: no bucket {name:?}"
+                    )),
                 }
             }
             Method::DELETE if !admin => Reply::forbidden(&format!("cluster.bucket[{name}]!delete")),
@@ -303,7 +314,9 @@ fn route(
                 return Reply::forbidden(&format!("cluster.bucket[{name}]!flush"));
             }
             let Some((params, bucket)) = m.buckets.get(name) else {
-                return Reply::not_found(format!("bucket {name:?} not found"));
+                return Reply::not_found(format!(
+                    "Requested resource not found: no bucket {name:?}"
+                ));
             };
             if !params.flush_enabled {
                 return Reply::invalid("_", "Flush is disabled for the bucket");
@@ -324,7 +337,9 @@ fn route(
                 return Reply::forbidden(&format!("cluster.bucket[{name}].collections!write"));
             }
             if m.buckets.get(name).is_none() {
-                return Reply::not_found(format!("bucket {name:?} not found"));
+                return Reply::not_found(format!(
+                    "Requested resource not found: no bucket {name:?}"
+                ));
             }
             m.collections.handle(name, method, &owned[5..], form)
         }
@@ -337,7 +352,9 @@ fn route(
                     Ok(v) => Reply::json(v),
                     Err(e) => Reply::error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
                 },
-                None => Reply::not_found(format!("bucket {name:?} not found")),
+                None => {
+                    Reply::not_found(format!("Requested resource not found: no bucket {name:?}"))
+                }
             }
         }
         ["settings", "rbac", "users"] | ["settings", "rbac", "users", "local"] if get => {
@@ -358,7 +375,7 @@ fn route(
             match *method {
                 Method::GET | Method::HEAD => match m.users.current().access(name) {
                     Some(a) => Reply::json(rbac::user_json(name, a)),
-                    None => Reply::not_found("User was not found."),
+                    None => Reply::unknown_user(),
                 },
                 Method::PUT => upsert_user(m, name, form),
                 Method::DELETE => match m.users.remove(name) {
@@ -392,7 +409,7 @@ fn change_error(e: ChangeError) -> Reply {
 
 fn user_error(e: rbac::UserChangeError) -> Reply {
     match e {
-        rbac::UserChangeError::NotFound => Reply::not_found("User was not found."),
+        rbac::UserChangeError::NotFound => Reply::unknown_user(),
         rbac::UserChangeError::Invalid(field, msg) => Reply::invalid(field, msg),
         rbac::UserChangeError::Failed(msg) => {
             tracing::error!(error = %msg, "user change failed");
