@@ -134,6 +134,9 @@ impl Server {
     fn spawn_on(args: &[&str], env: &[(&str, &str)], data_dir: &std::path::Path) -> Server {
         let data_dir = data_dir.to_owned();
         let mut child = Command::new(server_binary())
+            // A free management port (8091 may be taken; tests run side by side); a
+            // test's own --mgmt-port comes later and wins.
+            .args(["--mgmt-port", "0"])
             .args(args)
             .arg("--data-dir")
             .arg(&data_dir)
@@ -186,6 +189,9 @@ impl Server {
     pub(crate) fn spawn_exact_expecting_failure(args: &[&str]) -> (ExitStatus, String) {
         let data_dir = fresh_data_dir();
         let mut child = Command::new(server_binary())
+            // A free management port (8091 may be taken; tests run side by side); a
+            // test's own --mgmt-port comes later and wins.
+            .args(["--mgmt-port", "0"])
             .args(args)
             .arg("--data-dir")
             .arg(&data_dir)
@@ -329,6 +335,13 @@ fn wait_bounded(child: &mut Child, limit: Duration) -> ExitStatus {
 }
 
 impl Server {
+    /// The management REST address, from the `, mgmt http://HOST:PORT` part of the
+    /// startup line (every spawned server gets `--mgmt-port 0` unless a test says else).
+    pub(crate) fn mgmt_addr(&self) -> SocketAddr {
+        parse_mgmt_addr(&self.listening_line)
+            .unwrap_or_else(|| panic!("no management address in {:?}", self.listening_line))
+    }
+
     /// The TLS listener's address, from the `..., tls HOST:PORT)` end of the startup
     /// line of a server started with `--tls-cert` and `--tls-key`.
     pub(crate) fn tls_addr(&self) -> SocketAddr {
@@ -346,6 +359,67 @@ impl Server {
             .expect("kill");
         assert!(rc.success(), "kill -{name} {pid} failed");
     }
+}
+
+/// An HTTP/1.1 response (read to the end of the connection).
+pub(crate) struct HttpReply {
+    pub(crate) status: u16,
+    pub(crate) head: String,
+    pub(crate) body: String,
+}
+
+/// `METHOD path` with optional Basic credentials and an optional form body, over a fresh
+/// connection (`Connection: close`).
+pub(crate) fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    basic: Option<(&str, &str)>,
+    form: Option<&str>,
+) -> HttpReply {
+    use base64::Engine as _;
+    use std::io::{Read, Write};
+    let mut s =
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let auth = basic.map_or_else(String::new, |(u, p)| {
+        format!(
+            "Authorization: Basic {}\r\n",
+            base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
+        )
+    });
+    let body = form.unwrap_or("");
+    let content = form.map_or_else(String::new, |f| {
+        format!(
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+            f.len()
+        )
+    });
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}{content}Connection: close\r\n\r\n{body}"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read the reply");
+    let text = String::from_utf8(raw).expect("utf-8 reply");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a header block");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line in {head:?}"));
+    HttpReply {
+        status,
+        head: head.to_owned(),
+        body: body.to_owned(),
+    }
+}
+
+/// The `mgmt http://HOST:PORT` part of the startup line, if any.
+pub(crate) fn parse_mgmt_addr(line: &str) -> Option<SocketAddr> {
+    let rest = line.split(", mgmt http://").nth(1)?;
+    rest.split([',', ')', ' ']).next()?.parse().ok()
 }
 
 /// The `tls HOST:PORT` part of the startup line, if any.

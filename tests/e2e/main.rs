@@ -20,6 +20,7 @@ mod expiry;
 mod malformed;
 mod meta;
 mod metrics;
+mod mgmt;
 mod persistence;
 mod pipelining;
 mod process;

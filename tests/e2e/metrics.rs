@@ -6,7 +6,7 @@
 //! in CI (`CI` or `EPKV_CI` set, as `cargo xtask ci` does), where it fails: the suite
 //! must not silently lose a check there.
 
-use crate::harness::{Server, skip_if_external};
+use crate::harness::{HttpReply, Server, http_request, skip_if_external};
 use epkv_client::StoreOptions;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -27,43 +27,9 @@ fn metrics_addr(server: &Server) -> SocketAddr {
         .unwrap_or_else(|| panic!("no metrics address in {line:?}"))
 }
 
-/// An HTTP/1.1 response.
-struct Reply {
-    status: u16,
-    head: String,
-    body: String,
-}
-
 /// `GET path` with optional Basic credentials, over a fresh connection.
-fn http_get(addr: SocketAddr, path: &str, basic: Option<(&str, &str)>) -> Reply {
-    use base64::Engine as _;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let auth = basic.map_or_else(String::new, |(u, p)| {
-        format!(
-            "Authorization: Basic {}\r\n",
-            base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
-        )
-    });
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).expect("read the reply");
-    let text = String::from_utf8(raw).expect("utf-8 reply");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a header block");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("bad status line in {head:?}"));
-    Reply {
-        status,
-        head: head.to_owned(),
-        body: body.to_owned(),
-    }
+fn http_get(addr: SocketAddr, path: &str, basic: Option<(&str, &str)>) -> HttpReply {
+    http_request(addr, "GET", path, basic, None)
 }
 
 /// The value of the series `series` (name and labels exactly as written) in `text`.

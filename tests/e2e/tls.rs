@@ -296,11 +296,12 @@ async fn get_and_set_over_tls_13_and_12_and_the_map_advertises_kv_ssl() {
         assert!(replies.iter().all(|r| r.status() == Some(Status::Success)));
     }
 
-    // The cluster map names both ports, on either listener.
+    // The cluster map names both ports (and the management port), on either listener.
     let want = format!(
-        "\"services\":{{\"kv\":{},\"kvSSL\":{}}}",
+        "\"services\":{{\"kv\":{},\"kvSSL\":{},\"mgmt\":{}}}",
         server.addr.port(),
-        tls_addr.port()
+        tls_addr.port(),
+        server.mgmt_addr().port()
     );
     let mut plain = server.client().await;
     let map = plain.get_cluster_config(None).await.unwrap();

@@ -28,6 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on (\S+?):(\d+)")
 # The end of the same line when TLS is on: ``..., tls HOST:PORT)``.
 TLS_LISTENING = re.compile(r", tls (\S+?):(\d+)\)")
+# The management port on the same line: ``..., mgmt http://HOST:PORT``.
+MGMT_LISTENING = re.compile(r", mgmt http://(\S+?):(\d+)")
 START_TIMEOUT_SECS = 30
 STOP_TIMEOUT_SECS = 10
 
@@ -45,9 +47,11 @@ def _server_bin() -> Path:
 class Server:
     """A running epkv-server process and the address it listens on."""
 
-    def __init__(self, proc, addr, log_path, data_dir, tls_addr=None):
+    def __init__(self, proc, addr, log_path, data_dir, tls_addr=None, mgmt_addr=None):
         self.proc = proc
         self.addr = addr
+        # HOST:PORT of the management REST API, when it is on.
+        self.mgmt_addr = mgmt_addr
         # HOST:PORT of the TLS listener, for a server started with --tls-cert/--tls-key.
         self.tls_addr = tls_addr
         self.log_path = log_path
@@ -76,8 +80,10 @@ def _start_server_with(tmp_path_factory, args, port=0, data_dir=None):
     log_path = tmp_path_factory.mktemp("epkv-log") / "epkv-server.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(
+        # --mgmt-port 0: every server gets a free management port (8091 may be taken, and
+        # tests run servers side by side); a test may override it in ``args``.
         [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--data-dir", str(data_dir),
-         *args],
+         "--mgmt-port", "0", *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=log,
@@ -97,6 +103,9 @@ def _start_server_with(tmp_path_factory, args, port=0, data_dir=None):
                     tls = TLS_LISTENING.search(line)
                     if tls:
                         found["tls_addr"] = f"{tls.group(1)}:{tls.group(2)}"
+                    mgmt = MGMT_LISTENING.search(line)
+                    if mgmt:
+                        found["mgmt_addr"] = f"{mgmt.group(1)}:{mgmt.group(2)}"
                     ready.set()
                 else:
                     seen.append(line.rstrip())
@@ -115,7 +124,8 @@ def _start_server_with(tmp_path_factory, args, port=0, data_dir=None):
             f"(exit code {proc.returncode}); stdout: {seen}; log:\n{tail}"
         )
     _wait_accepting(found["addr"])
-    return Server(proc, found["addr"], log_path, data_dir, found.get("tls_addr")), log
+    return Server(proc, found["addr"], log_path, data_dir, found.get("tls_addr"),
+                  found.get("mgmt_addr")), log
 
 
 def _wait_accepting(addr):

@@ -86,7 +86,8 @@ impl ServerProcess {
         }
         let stderr = File::create(&log).with_context(|| format!("create {}", log.display()))?;
         let mut cmd = Command::new(bin);
-        cmd.arg("--port").arg("0").args(args);
+        // A free management port: 8091 may be taken by another server on the machine.
+        cmd.args(["--port", "0", "--mgmt-port", "0"]).args(args);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr);

@@ -10,6 +10,8 @@
 //! Key types:
 //! - [`UserStore`]: users, SCRAM verifiers (salt, iterations, `StoredKey`, `ServerKey`
 //!   per hash) and [`BucketAccess`]; load / parse / save the users file.
+//! - [`UserDirectory`]: the current [`UserStore`] shared by the KV and HTTP ports, replaced
+//!   as a whole when users change at run time.
 //! - [`SaslServer`]: one authentication attempt; [`SaslServer::start`] for `SASL_AUTH`,
 //!   [`SaslServer::step`] for `SASL_STEP`, each answering a [`SaslStep`].
 //! - [`AuthError`]: everything that can fail; [`AuthError::is_auth_failure`] selects
@@ -26,8 +28,8 @@
 //! - An unknown user gets a stable fake salt and the usual iteration count, so a SCRAM
 //!   exchange does not reveal whether the user exists; it fails at the final message.
 //! - [`UserStore`] has no interior mutability and no locks; share it as
-//!   `Arc<UserStore>` and replace the `Arc` to change it. [`SaslServer`] is owned by one
-//!   connection.
+//!   `Arc<UserStore>` and replace the `Arc` to change it ([`UserDirectory`] does that).
+//!   [`SaslServer`] is owned by one connection.
 //!
 //! Dependencies: RustCrypto `sha1`, `sha2`, `hmac`, `pbkdf2`, `subtle`; `base64`, `rand`,
 //! `serde`, `toml`, `thiserror`. It depends on no other epkv crate and must never depend on
@@ -64,12 +66,14 @@ mod mechanism;
 mod plain;
 mod sasl_server;
 mod scram;
+mod user_directory;
 mod user_store;
 
 pub use error::{AuthError, Result};
 pub use mechanism::{MECHANISMS, Mechanism, ScramHash};
 pub use sasl_server::{SaslServer, SaslStep};
+pub use user_directory::UserDirectory;
 pub use user_store::{
     BucketAccess, DEFAULT_ITERATIONS, MAX_BUCKET_NAME_LEN, MAX_ITERATIONS, MAX_USER_NAME_LEN,
-    UserStore,
+    UserStore, write_file_atomically,
 };

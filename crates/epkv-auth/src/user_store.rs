@@ -229,6 +229,34 @@ impl UserStore {
         );
     }
 
+    /// Copies user `name` (credentials and access) from `other`, replacing one of the same
+    /// name here; returns whether `other` had the user. Nothing is derived again.
+    pub fn copy_user_from(&mut self, other: &UserStore, name: &str) -> bool {
+        match other.users.get(name) {
+            Some(u) => {
+                self.users.insert(name.to_owned(), u.clone());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Changes the bucket access of an existing user, keeping their credentials; returns
+    /// whether the user exists.
+    ///
+    /// # Errors
+    /// [`AuthError::InvalidUser`] if a bucket name is not acceptable.
+    pub fn set_access(&mut self, name: &str, access: BucketAccess) -> Result<bool> {
+        access.validate().map_err(AuthError::InvalidUser)?;
+        Ok(match self.users.get_mut(name) {
+            Some(u) => {
+                u.access = access;
+                true
+            }
+            None => false,
+        })
+    }
+
     /// Removes a user; returns whether it existed.
     pub fn remove(&mut self, name: &str) -> bool {
         self.users.remove(name).is_some()
@@ -355,56 +383,66 @@ impl UserStore {
     /// # Errors
     /// [`AuthError::Io`] naming the file that could not be written.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let text = self.to_toml()?;
-        let io_err = |p: &Path| {
-            let p = p.to_owned();
-            move |source| AuthError::Io { path: p, source }
-        };
-        let file_name = path.file_name().ok_or_else(|| AuthError::Io {
-            path: path.to_owned(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
-        })?;
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(file_name);
-        tmp_name.push(format!(".tmp-{}", std::process::id()));
-        let tmp = dir.join(tmp_name);
-
-        // A leftover from a crash may have other permissions; start from nothing so the
-        // mode below applies.
-        match std::fs::remove_file(&tmp) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&tmp)(e)),
-            _ => {}
-        }
-        let write = || -> std::io::Result<()> {
-            let mut opts = std::fs::OpenOptions::new();
-            opts.write(true).create_new(true);
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::OpenOptionsExt;
-                opts.mode(0o600);
-            }
-            let mut f = opts.open(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()
-        };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io_err(&tmp)(e));
-        }
-        if let Err(e) = std::fs::rename(&tmp, path) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io_err(path)(e));
-        }
-        #[cfg(unix)]
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(dir))?;
-        Ok(())
+        write_file_atomically(path, self.to_toml()?.as_bytes())
     }
+}
+
+/// Writes `contents` to `path` atomically: a temporary file in the same directory created
+/// with mode 0600, fsynced, renamed over `path`, then the directory fsynced, so a crash
+/// leaves either the old file or the new one. The users file and the server's other
+/// small state files are written this way.
+///
+/// # Errors
+/// [`AuthError::Io`] naming the file that could not be written.
+pub fn write_file_atomically(path: &Path, contents: &[u8]) -> Result<()> {
+    let io_err = |p: &Path| {
+        let p = p.to_owned();
+        move |source| AuthError::Io { path: p, source }
+    };
+    let file_name = path.file_name().ok_or_else(|| AuthError::Io {
+        path: path.to_owned(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"),
+    })?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(file_name);
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+
+    // A leftover from a crash may have other permissions; start from nothing so the
+    // mode below applies.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&tmp)(e)),
+        _ => {}
+    }
+    let write = || -> std::io::Result<()> {
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        let mut f = opts.open(&tmp)?;
+        f.write_all(contents)?;
+        f.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_err(&tmp)(e));
+    }
+    if let Err(e) = std::fs::rename(&tmp, path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io_err(path)(e));
+    }
+    #[cfg(unix)]
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))?;
+    Ok(())
 }
 
 /// Checks a user name: 1..=[`MAX_USER_NAME_LEN`] bytes, no control characters.

@@ -13,7 +13,9 @@
 //! `nodesExt[].services` names the plain KV port as `kv` and, when TLS is on, the TLS
 //! port as `kvSSL`: Couchbase SDKs connecting with `couchbases://` read `kvSSL`
 //! (couchbase-cxx-client's `services_tls.key_value`) and open their data connections
-//! there. `serverList` keeps the plain port, as Couchbase Server's does.
+//! there. `serverList` keeps the plain port, as Couchbase Server's does. The management
+//! REST port, when served, is `mgmt`: the SDKs send bucket and user management there.
+//! There is no TLS management port, so `mgmtSSL` is never advertised.
 
 use epkv_engine_api::Engine;
 use epkv_types::{NUM_VBUCKETS, VBucketState, Vbid};
@@ -31,6 +33,8 @@ pub(crate) struct NodePorts {
     pub(crate) kv: u16,
     /// The TLS port (`kvSSL`), when TLS is on.
     pub(crate) kv_ssl: Option<u16>,
+    /// The management REST port (`mgmt`), when served.
+    pub(crate) mgmt: Option<u16>,
 }
 
 /// `hostname` and `serverList` forms of the address a client connected to, with the
@@ -47,10 +51,13 @@ fn host_and_server(local: SocketAddr, kv: u16) -> (String, String) {
 /// The `nodesExt` array for this single node.
 fn nodes_ext(local: SocketAddr, ports: NodePorts) -> String {
     let (host, _) = host_and_server(local, ports.kv);
-    let tls = match ports.kv_ssl {
+    let mut tls = match ports.kv_ssl {
         Some(p) => format!(",\"kvSSL\":{p}"),
         None => String::new(),
     };
+    if let Some(p) = ports.mgmt {
+        let _ = write!(tls, ",\"mgmt\":{p}");
+    }
     format!(
         "[{{\"hostname\":\"{host}\",\"services\":{{\"kv\":{}{tls}}},\"thisNode\":true}}]",
         ports.kv
@@ -107,6 +114,7 @@ mod tests {
     const PLAIN: NodePorts = NodePorts {
         kv: 4000,
         kv_ssl: None,
+        mgmt: None,
     };
 
     #[test]
@@ -131,6 +139,21 @@ mod tests {
         assert!(g.contains("\"services\":{\"kv\":4000}"));
         assert!(g.contains("\"thisNode\":true"));
         assert!(!g.contains("kvSSL"));
+        assert!(!g.contains("mgmt"));
+    }
+
+    #[test]
+    fn the_management_port_is_advertised_as_mgmt() {
+        let ports = NodePorts {
+            mgmt: Some(8091),
+            ..PLAIN
+        };
+        let g = global_config(1, "127.0.0.1:4000".parse().unwrap(), ports);
+        assert!(
+            g.contains("\"services\":{\"kv\":4000,\"mgmt\":8091}"),
+            "{g}"
+        );
+        assert!(!g.contains("mgmtSSL"));
     }
 
     #[test]
@@ -138,6 +161,7 @@ mod tests {
         let ports = NodePorts {
             kv: 4000,
             kv_ssl: Some(4001),
+            mgmt: None,
         };
         // A client on the TLS port gets the same ports as one on the plain port.
         for local in ["127.0.0.1:4000", "127.0.0.1:4001"] {

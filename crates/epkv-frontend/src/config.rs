@@ -2,7 +2,7 @@
 
 use crate::error::{FrontendError, Result};
 use crate::tls::TlsConfig;
-use epkv_auth::UserStore;
+use epkv_auth::UserDirectory;
 use epkv_executor::{Clock, SystemClock};
 use epkv_protocol::Limits;
 use std::fmt;
@@ -46,8 +46,12 @@ pub struct FrontendConfig {
     pub clock: Arc<dyn Clock>,
     /// The users that may authenticate with SASL, and the buckets each may use. Empty
     /// (the default) on a loopback address means the open mode: no authentication, every
-    /// connection on `default`.
-    pub users: Arc<UserStore>,
+    /// connection on `default`. The open mode is decided when the front end binds; users
+    /// added later through the directory need authentication but do not end it.
+    pub users: UserDirectory,
+    /// The management (REST) port to advertise as `mgmt` in the cluster map's
+    /// `nodesExt`, when one is served; SDKs send bucket and user management there.
+    pub mgmt_port: Option<u16>,
     /// Threads that check SASL PLAIN passwords (the PBKDF2 derivation), off the
     /// front-end threads. Default: half the CPU cores, at least 1.
     pub auth_threads: usize,
@@ -82,7 +86,8 @@ impl Default for FrontendConfig {
             shutdown_timeout: Duration::from_secs(10),
             version: wire_version(env!("CARGO_PKG_VERSION")),
             clock: Arc::new(SystemClock),
-            users: Arc::new(UserStore::empty()),
+            users: UserDirectory::default(),
+            mgmt_port: None,
             auth_threads: std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             tls: None,
         }
@@ -101,7 +106,8 @@ impl fmt::Debug for FrontendConfig {
             .field("testing", &self.testing)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("version", &self.version)
-            .field("users", &self.users.len())
+            .field("users", &self.users.current().len())
+            .field("mgmt_port", &self.mgmt_port)
             .field("auth_threads", &self.auth_threads)
             .field("tls", &self.tls)
             .finish_non_exhaustive()

@@ -9,7 +9,7 @@ use crate::stats::ConnectionStats;
 use crate::timings::WorkerTimings;
 use crate::tls::TlsReloader;
 use crate::worker::{Accepted, ConnectionSlot, Worker};
-use epkv_auth::UserStore;
+use epkv_auth::UserDirectory;
 use epkv_engine_api::Engine;
 use epkv_protocol::Limits;
 use std::future::Future;
@@ -25,8 +25,9 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// What every worker and connection shares.
 pub(crate) struct Shared {
     pub(crate) buckets: Buckets,
-    /// The users that may authenticate (empty when none are configured).
-    pub(crate) users: Arc<UserStore>,
+    /// The users that may authenticate (empty when none are configured); changes at run
+    /// time through the management API.
+    pub(crate) users: UserDirectory,
     /// The zero-configuration loopback mode: no users and a loopback listener, so every
     /// connection starts on `default` without authenticating.
     pub(crate) open_default: bool,
@@ -58,7 +59,75 @@ impl Shared {
 
     /// Whether `user` may use bucket `bucket`.
     pub(crate) fn may_access(&self, user: &str, bucket: &str) -> bool {
-        self.users.may_access(user, bucket)
+        self.users.current().may_access(user, bucket)
+    }
+}
+
+/// What the management REST API needs of a running front end: its buckets and users
+/// (shared, so changes take effect at once), the cluster map and the KV ports.
+#[derive(Clone)]
+pub struct FrontendHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for FrontendHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontendHandle")
+            .field("buckets", &self.shared.buckets)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FrontendHandle {
+    /// The buckets served (shared with the connections).
+    #[must_use]
+    pub fn buckets(&self) -> &Buckets {
+        &self.shared.buckets
+    }
+
+    /// The users (shared with the connections).
+    #[must_use]
+    pub fn users(&self) -> &UserDirectory {
+        &self.shared.users
+    }
+
+    /// Whether connections on loopback use `default` without authenticating.
+    #[must_use]
+    pub fn is_open(&self) -> bool {
+        self.shared.open_default
+    }
+
+    /// The plain KV port.
+    #[must_use]
+    pub fn kv_port(&self) -> u16 {
+        self.shared.ports.kv
+    }
+
+    /// The TLS KV port, when TLS is on.
+    #[must_use]
+    pub fn kv_ssl_port(&self) -> Option<u16> {
+        self.shared.ports.kv_ssl
+    }
+
+    /// The terse bucket config of `name` (the GET_CLUSTER_CONFIG JSON), for a client that
+    /// reached this node at `local` (its IP is the node's hostname in the config), or
+    /// `None` if there is no such bucket.
+    #[must_use]
+    pub fn bucket_config(&self, name: &str, local: SocketAddr) -> Option<String> {
+        let engine = self.shared.buckets.get(name)?;
+        Some(crate::cluster_config::bucket_config(
+            name,
+            self.shared.cluster_rev(),
+            local,
+            self.shared.ports,
+            &*engine,
+        ))
+    }
+
+    /// Records a change of the cluster map (a bucket created or dropped), so clients that
+    /// poll it see a new revision.
+    pub fn bump_cluster_rev(&self) {
+        self.shared.bump_cluster_rev();
     }
 }
 
@@ -144,6 +213,7 @@ impl Frontend {
         let ports = NodePorts {
             kv: local_addr.port(),
             kv_ssl: tls.as_ref().map(|t| t.local_addr.port()),
+            mgmt: config.mgmt_port,
         };
         let timings = (0..config.threads)
             .map(|_| Arc::new(WorkerTimings::new()))
@@ -157,8 +227,8 @@ impl Frontend {
             local_addr,
             tls,
             shared: Arc::new(Shared {
-                open_default: config.users.is_empty() && config.bind.ip().is_loopback(),
-                users: Arc::clone(&config.users),
+                open_default: config.users.current().is_empty() && config.bind.ip().is_loopback(),
+                users: config.users.clone(),
                 buckets,
                 cluster_rev: AtomicI64::new(1),
                 config,
@@ -191,6 +261,15 @@ impl Frontend {
     #[must_use]
     pub fn tls_local_addr(&self) -> Option<SocketAddr> {
         self.tls.as_ref().map(|t| t.local_addr)
+    }
+
+    /// The handle the management API works through; it stays valid while the front end
+    /// runs.
+    #[must_use]
+    pub fn handle(&self) -> FrontendHandle {
+        FrontendHandle {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     /// The handle that reloads the TLS certificate and key (on SIGHUP), if TLS is

@@ -88,7 +88,7 @@ mod worker;
 pub use buckets::{Buckets, DEFAULT_BUCKET, MAX_BUCKET_NAME_LEN, is_valid_bucket_name};
 pub use config::{FrontendConfig, PROTOCOL_LEVEL, wire_version};
 pub use error::{FrontendError, Result};
-pub use frontend::Frontend;
+pub use frontend::{Frontend, FrontendHandle};
 pub use stats::{AuthCounts, ConnectionCounts, FrontendStats};
 pub use status_map::{engine_status_to_wire, status_for_client};
 pub use timings::CommandTiming;

@@ -20,7 +20,6 @@ use epkv_auth::{AuthError, MECHANISMS, SaslServer, SaslStep};
 use epkv_protocol::{Response, Status};
 use epkv_types::{Cas, Datatype};
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 use tokio::sync::oneshot;
@@ -59,7 +58,7 @@ impl PendingAuth {
                         break;
                     };
                     let (tx, rx) = oneshot::channel();
-                    let users = Arc::clone(&shared.users);
+                    let users = shared.users.current();
                     let submitted = shared.auth.run(move || {
                         // The connection may be gone; then nobody waits.
                         let _ = tx.send(SaslServer::start(users, &mechanism, &data));
@@ -121,7 +120,7 @@ impl Session {
             });
             return Flow::Continue;
         }
-        let result = SaslServer::start(Arc::clone(&shared.users), mechanism, data);
+        let result = SaslServer::start(shared.users.current(), mechanism, data);
         let mechanism = String::from_utf8_lossy(mechanism);
         self.sasl_outcome(shared, &mechanism, result, out, to)
     }

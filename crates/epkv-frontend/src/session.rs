@@ -106,6 +106,8 @@ pub(crate) struct BlockedOn {
 pub(crate) struct SelectedBucket {
     pub(crate) name: Arc<str>,
     pub(crate) engine: Arc<dyn Engine>,
+    /// Raised when the bucket is dropped: the connection closes at its next request.
+    pub(crate) dropped: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Per-connection protocol state: features negotiated by HELLO, the authenticated user
@@ -177,13 +179,11 @@ impl Session {
     /// A new connection's session. In the open mode it starts on the `default` bucket.
     pub(crate) fn new(shared: &Shared, local: SocketAddr, peer: IpAddr) -> Self {
         let bucket = if shared.open_default {
-            shared
-                .buckets
-                .get(DEFAULT_BUCKET)
-                .map(|engine| SelectedBucket {
-                    name: Arc::from(DEFAULT_BUCKET),
-                    engine: Arc::clone(engine),
-                })
+            shared.buckets.live(DEFAULT_BUCKET).map(|b| SelectedBucket {
+                name: Arc::from(DEFAULT_BUCKET),
+                engine: b.engine,
+                dropped: b.dropped,
+            })
         } else {
             None
         };
@@ -455,6 +455,11 @@ impl Session {
                 Flow::Continue
             }
             cmd => match &self.bucket {
+                Some(bucket) if bucket.dropped.load(std::sync::atomic::Ordering::Relaxed) => {
+                    // As Couchbase Server: connections on a deleted bucket are closed.
+                    tracing::info!(bucket = %bucket.name, "bucket dropped; closing the connection");
+                    Flow::Disconnect
+                }
                 Some(bucket) => {
                     self.execute_data(shared, bucket, req, cmd, out, to);
                     Flow::Continue
@@ -525,8 +530,8 @@ impl Session {
     fn select_bucket(&mut self, shared: &Shared, name: &[u8], out: &mut BytesMut, to: ReplyTo) {
         let found = std::str::from_utf8(name)
             .ok()
-            .and_then(|n| shared.buckets.get(n).map(|e| (n, e)));
-        let Some((name, engine)) = found else {
+            .and_then(|n| shared.buckets.live(n).map(|e| (n, e)));
+        let Some((name, live)) = found else {
             tracing::debug!(bucket = %String::from_utf8_lossy(name), user = self.user.as_deref().unwrap_or(""), "SELECT_BUCKET: no such bucket");
             put_error_text(out, to, Status::Eaccess);
             return;
@@ -542,7 +547,8 @@ impl Session {
         }
         self.bucket = Some(SelectedBucket {
             name: Arc::from(name),
-            engine: Arc::clone(engine),
+            engine: live.engine,
+            dropped: live.dropped,
         });
         put_status(out, to, Status::Success, &[]);
     }

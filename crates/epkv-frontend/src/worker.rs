@@ -217,7 +217,7 @@ async fn serve_tls(
     };
     shared.conns.tls_total.fetch_add(1, Ordering::Relaxed);
     let user = match stream.get_ref().1.peer_certificates() {
-        Some([leaf, ..]) => match user_for_certificate(leaf, &shared.users) {
+        Some([leaf, ..]) => match user_for_certificate(leaf, &shared.users.current()) {
             Ok(user) => {
                 tracing::info!(conn = id, %peer, user = %format_args!("<ud>{user}</ud>"), mechanism = %"client-certificate", "authenticated");
                 Some(user)

@@ -15,6 +15,12 @@
 //! `--metrics-port PORT` also serves Prometheus metrics at `http://BIND:PORT/metrics`
 //! (`metrics.rs`; the line then ends with `, metrics http://ADDR/metrics`).
 //!
+//! `--mgmt-port PORT` (default 8091, `off` to turn it off) serves the management REST
+//! subset the Couchbase SDKs use (`mgmt/`, docs/rest.md; the line then says
+//! `, mgmt http://ADDR`). Buckets and users created through it are kept in the data
+//! directory (`bucket_manager.rs`, `users.rs`). `epkv-server bucket create|drop` call it
+//! on a running server (`bucket_cli.rs`).
+//!
 //! Access: with no users configured and a loopback address, clients use `default` without
 //! authenticating. `--admin-user`/`--admin-password` (or `EPKV_ADMIN_USER` /
 //! `EPKV_ADMIN_PASSWORD`) and `--users-file` (written by `epkv-server user add`) configure
@@ -35,23 +41,27 @@
 //! SIGINT/SIGTERM and shuts down gracefully (exit code 0). A second signal exits at once.
 
 mod alloc;
+mod bucket_cli;
 mod bucket_list;
+mod bucket_manager;
 mod byte_size;
+mod http_auth;
+mod http_server;
 mod metrics;
+mod mgmt;
 mod rlimit;
 mod settings;
 mod thp;
 mod users;
 
 use anyhow::{Context, Result, bail};
-use bucket_list::BucketSpec;
+use bucket_manager::BucketManager;
 use clap::Parser;
-use epkv_engine::{Bucket, BucketConfig, EngineClock};
+use epkv_auth::UserDirectory;
+use epkv_engine::EngineClock;
 use epkv_executor::{OffsetClock, SystemClock};
-use epkv_frontend::{
-    Buckets, DEFAULT_BUCKET, Frontend, FrontendConfig, FrontendError, TlsReloader,
-};
-use settings::{LogFormat, Resolved, SettingFlags, Settings};
+use epkv_frontend::{Frontend, FrontendConfig, FrontendError, TlsReloader};
+use settings::{LogFormat, Resolved, SettingFlags};
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -100,6 +110,9 @@ enum CliCommand {
     /// Manage the users file (`--users-file`)
     #[command(subcommand)]
     User(users::UserCommand),
+    /// Create or drop a bucket on a running server, through its management REST API
+    #[command(subcommand)]
+    Bucket(bucket_cli::BucketCommand),
 }
 
 fn main() -> ExitCode {
@@ -110,6 +123,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Some(CliCommand::User(cmd)) => users::run(cmd),
+        Some(CliCommand::Bucket(cmd)) => bucket_cli::run(&cmd),
         None => run(cli),
     };
     match result {
@@ -156,9 +170,15 @@ fn run(cli: Cli) -> Result<()> {
     if cli.testing_manual_flush {
         tracing::warn!("testing mode: no flusher; writes are persisted only at shutdown");
     }
-    let (buckets, engines) = build_buckets(s, &engine_clock, cli.testing_manual_flush)?;
-    let users = Arc::new(users::configured_users(s)?);
+    let manager = Arc::new(BucketManager::start(
+        s,
+        &engine_clock,
+        cli.testing_manual_flush,
+    )?);
+    let start_users = users::configured_users(s)?;
+    let users = UserDirectory::new(start_users.live.clone());
     let tls = settings::tls_config(s).map_err(anyhow::Error::msg)?;
+    let mgmt_listener = bind_mgmt(&resolved)?;
 
     let config = FrontendConfig {
         bind: SocketAddr::new(s.bind, s.port),
@@ -171,7 +191,8 @@ fn run(cli: Cli) -> Result<()> {
         shutdown_timeout: Duration::from_secs(s.shutdown_timeout),
         version: epkv_frontend::wire_version(env!("CARGO_PKG_VERSION")),
         clock: Arc::new(SystemClock),
-        users: Arc::clone(&users),
+        users: users.clone(),
+        mgmt_port: mgmt_listener.as_ref().map(|l| l.local_addr().port()),
         auth_threads: if s.auth_threads == 0 {
             FrontendConfig::default().auth_threads
         } else {
@@ -179,34 +200,40 @@ fn run(cli: Cli) -> Result<()> {
         },
         tls,
     };
-    let frontend = Frontend::bind_buckets(config, buckets).map_err(explain_bind_error)?;
+    let frontend =
+        Frontend::bind_buckets(config, manager.buckets().clone()).map_err(explain_bind_error)?;
     let addr = frontend.local_addr();
+    let access = Arc::new(http_auth::Access::new(
+        users.clone(),
+        frontend.handle().is_open(),
+        Arc::new(SystemClock),
+    ));
+    let user_count = users.current().len();
     let metrics = match s.metrics_port.0 {
         None => None,
         Some(port) => {
             let metrics_addr = SocketAddr::new(s.bind, port);
-            let access = metrics::Access::new(
-                Arc::clone(&users),
-                users.is_empty() && addr.ip().is_loopback(),
-                Arc::new(SystemClock),
-            );
             let open = access.is_open();
-            if !open && users.is_empty() {
+            if !open && user_count == 0 {
                 tracing::warn!(
                     "no users configured and not listening on loopback: every metrics request \
                      is refused (401); configure --admin-user/--admin-password or --users-file"
                 );
             }
             let sources = metrics::Sources {
-                buckets: engines,
+                buckets: Arc::clone(&manager),
                 frontend: frontend.stats(),
             };
-            let endpoint = metrics::MetricsEndpoint::bind(metrics_addr, sources, access)
-                .with_context(|| {
-                    format!(
-                        "cannot listen for metrics on {metrics_addr}; choose another --metrics-port"
-                    )
-                })?;
+            let endpoint = metrics::MetricsEndpoint::bind(
+                metrics_addr,
+                sources,
+                Arc::clone(&access),
+            )
+            .with_context(|| {
+                format!(
+                    "cannot listen for metrics on {metrics_addr}; choose another --metrics-port"
+                )
+            })?;
             tracing::info!(
                 addr = %endpoint.local_addr(),
                 authentication = !open,
@@ -217,12 +244,34 @@ fn run(cli: Cli) -> Result<()> {
         }
     };
     let tls_addr = frontend.tls_local_addr();
+    let mgmt_addr = mgmt_listener
+        .as_ref()
+        .map(http_server::HttpListener::local_addr);
+    let mgmt = mgmt_listener.map(|listener| {
+        let state = mgmt::Mgmt::new(
+            Arc::clone(&access),
+            Arc::clone(&manager),
+            mgmt::UserAdmin::new(
+                users.clone(),
+                start_users.saved,
+                start_users.path,
+                start_users.admin,
+            ),
+            frontend.handle(),
+            epkv_frontend::wire_version(env!("CARGO_PKG_VERSION")),
+            Arc::new(SystemClock),
+        );
+        (state, listener)
+    });
+    if let Some(a) = mgmt_addr {
+        tracing::info!(addr = %a, "management REST API at http://{a}");
+    }
 
-    let bucket_names = bucket_names(s);
+    let bucket_names = manager.names().join(",");
     tracing::info!(
         %addr,
         buckets = %bucket_names,
-        users = users.len(),
+        users = user_count,
         data_dir = %s.data_dir.display(),
         threads,
         max_connections,
@@ -239,12 +288,12 @@ fn run(cli: Cli) -> Result<()> {
              lost at exit; the persist durability levels are refused"
         );
     }
-    if users.is_empty() && addr.ip().is_loopback() {
+    if user_count == 0 && addr.ip().is_loopback() {
         tracing::info!(
             "no users configured: clients on this loopback address use bucket \"default\" \
              without authenticating"
         );
-    } else if users.is_empty() {
+    } else if user_count == 0 {
         tracing::warn!(
             %addr,
             "no users configured and not listening on loopback: no client can use any bucket; \
@@ -262,21 +311,22 @@ fn run(cli: Cli) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     writeln!(
         stdout,
-        "epkv listening on {addr} (buckets {bucket_names}, {}, {}{}{})",
+        "epkv listening on {addr} (buckets {bucket_names}, {}, {}{}{}{})",
         if s.persistence {
             format!("data {}", s.data_dir.display())
         } else {
             "memory only".to_owned()
         },
-        if users.is_empty() {
+        if user_count == 0 {
             "no authentication".to_owned()
         } else {
-            format!("{} users", users.len())
+            format!("{user_count} users")
         },
         match &metrics {
             Some(m) => format!(", metrics http://{}/metrics", m.local_addr()),
             None => String::new(),
         },
+        mgmt_addr.map_or_else(String::new, |a| format!(", mgmt http://{a}")),
         tls_addr.map_or_else(String::new, |a| format!(", tls {a}"))
     )
     .and_then(|()| stdout.flush())
@@ -294,6 +344,11 @@ fn run(cli: Cli) -> Result<()> {
         if let Some(m) = metrics {
             m.spawn().context("cannot serve metrics")?;
         }
+        if let Some((state, listener)) = mgmt {
+            state
+                .spawn(listener)
+                .context("cannot serve the management API")?;
+        }
         if let Some(reloader) = reloader {
             let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
                 .context("cannot install the SIGHUP handler")?;
@@ -308,86 +363,25 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
-/// The bucket names, `default` first, comma separated.
-fn bucket_names(s: &Settings) -> String {
-    let mut names = vec![DEFAULT_BUCKET];
-    names.extend(
-        s.buckets
-            .0
-            .iter()
-            .map(|b| b.name.as_str())
-            .filter(|n| *n != DEFAULT_BUCKET),
-    );
-    names.join(",")
-}
-
-/// Creates `default` and every configured bucket, each with its own engine, quota and
-/// (when persistent) data directory `DATA_DIR/NAME`; memory-only buckets create no
-/// directory. All share the engine clock, so ADJUST_TIMEOFDAY moves them together.
-/// Returns them for the front end and, by name, as buckets (for the metrics).
-fn build_buckets(
-    s: &Settings,
-    clock: &EngineClock,
-    manual_flush: bool,
-) -> Result<(Buckets, metrics::NamedBuckets)> {
-    let mut specs = vec![BucketSpec {
-        name: DEFAULT_BUCKET.to_owned(),
-        quota: None,
-        eviction: None,
-    }];
-    for b in &s.buckets.0 {
-        match specs.iter_mut().find(|d| d.name == b.name) {
-            Some(existing) => {
-                existing.quota = b.quota;
-                existing.eviction = b.eviction;
-            }
-            None => specs.push(b.clone()),
+/// Binds the management port: `None` when it is off, or when it was left at its default
+/// and that port is taken (logged; the server runs without it). An explicit port that
+/// cannot be bound is an error.
+fn bind_mgmt(resolved: &Resolved) -> Result<Option<http_server::HttpListener>> {
+    let s = &resolved.settings;
+    let Some(port) = s.mgmt_port.0 else {
+        return Ok(None);
+    };
+    let addr = SocketAddr::new(s.bind, port);
+    match http_server::HttpListener::bind(addr) {
+        Ok(l) => Ok(Some(l)),
+        Err(e) if !resolved.is_explicit("mgmt_port") => {
+            tracing::warn!(%addr, error = %e, "cannot listen on the default management port; running without the management REST API (set --mgmt-port to another port, or off)");
+            Ok(None)
         }
+        Err(e) => Err(e).with_context(|| {
+            format!("cannot listen for the management API on {addr}; choose another --mgmt-port")
+        }),
     }
-    let mut buckets = Buckets::new();
-    let mut engines = Vec::new();
-    for spec in specs {
-        let dir = s.data_dir.join(&spec.name);
-        if s.persistence {
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create data directory {}", dir.display()))?;
-        }
-        let quota = spec.quota.unwrap_or(s.memory_quota);
-        let config = BucketConfig {
-            name: spec.name.clone(),
-            memory_quota_bytes: quota.bytes(),
-            mem_high_wat_percent: s.mem_high_wat,
-            mem_low_wat_percent: s.mem_low_wat,
-            ephemeral_full_policy: s.ephemeral_full_policy.0,
-            eviction_policy: spec.eviction.unwrap_or(s.eviction_policy).0,
-            flush_enabled: s.flush_enabled,
-            persistence: s.persistence.then(|| epkv_engine::PersistenceConfig {
-                flusher: if manual_flush {
-                    epkv_engine::FlusherMode::Manual
-                } else {
-                    epkv_engine::FlusherMode::Tasks
-                },
-                journal: if s.journal {
-                    epkv_engine::JournalMode::On
-                } else {
-                    epkv_engine::JournalMode::Off
-                },
-                fd_budget: (s.fd_budget > 0).then_some(s.fd_budget),
-                writer_threads: s.writer_threads,
-                ..epkv_engine::PersistenceConfig::new(&dir)
-            }),
-            ..BucketConfig::default()
-        };
-        let bucket = Bucket::new(config, clock.clone())
-            .with_context(|| format!("cannot create bucket {:?}", spec.name))?;
-        tracing::info!(bucket = %spec.name, memory_quota = %quota, persistent = s.persistence, data_dir = %dir.display(), "bucket created");
-        buckets.insert(
-            &spec.name,
-            Arc::clone(&bucket) as Arc<dyn epkv_engine_api::Engine>,
-        )?;
-        engines.push((spec.name, bucket));
-    }
-    Ok((buckets, engines))
 }
 
 /// Resolves on the first SIGINT or SIGTERM; a second one exits at once.

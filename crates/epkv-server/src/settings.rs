@@ -97,12 +97,12 @@ impl<'de> serde::Deserialize<'de> for Eviction {
     }
 }
 
-/// The metrics port: off (the default, written as an empty string or `off`) or a TCP
-/// port, 0 picking a free one.
+/// An optional listener port (metrics, management): off (written as an empty string or
+/// `off`) or a TCP port, 0 picking a free one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct MetricsPort(pub(crate) Option<u16>);
+pub(crate) struct OptionalPort(pub(crate) Option<u16>);
 
-impl FromStr for MetricsPort {
+impl FromStr for OptionalPort {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -111,12 +111,12 @@ impl FromStr for MetricsPort {
             p => p
                 .parse()
                 .map(|p| Self(Some(p)))
-                .map_err(|_| format!("invalid metrics port {p:?}: use 0-65535 or off")),
+                .map_err(|_| format!("invalid port {p:?}: use 0-65535 or off")),
         }
     }
 }
 
-impl<'de> serde::Deserialize<'de> for MetricsPort {
+impl<'de> serde::Deserialize<'de> for OptionalPort {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(serde::Deserialize)]
         #[serde(untagged)]
@@ -352,8 +352,10 @@ settings! {
     admin_password: Secret = "", unit = "password",
         help = "Password of admin-user, kept only as salted hashes in memory; also EPKV_ADMIN_PASSWORD",
         clap(env = "EPKV_ADMIN_PASSWORD", hide_env_values = true);
-    metrics_port: MetricsPort = "", unit = "port",
+    metrics_port: OptionalPort = "", unit = "port",
         help = "Serve Prometheus metrics (text format) at http://BIND:PORT/metrics; off unless set, 0 picks a free port (the startup line names it). Same address and authentication as the KV port: with users configured, HTTP Basic auth with a user's password";
+    mgmt_port: OptionalPort = "8091", unit = "port",
+        help = "Serve the management REST subset the Couchbase SDKs and tools use (/pools, buckets, users; see docs/rest.md) at http://BIND:PORT, advertised to SDKs as `mgmt`; 0 picks a free port (the startup line names it), off turns it off. Same users and access as the KV port (HTTP Basic auth). When left at its default and 8091 is taken, the server starts without it and logs a warning";
     tls_cert: PathBuf = "", unit = "path",
         help = "PEM file with the server's TLS certificate chain, leaf first. With tls-key it turns on a second listener serving the same protocol over TLS 1.2/1.3 on tls-port (same address as bind), advertised to Couchbase SDKs as kvSSL so that couchbases:// clients work. SIGHUP reloads the certificate and key from the same paths (new connections get them; a bad file keeps the old ones)";
     tls_key: PathBuf = "", unit = "path",
@@ -511,8 +513,17 @@ mod tests {
         assert_eq!(d.idle_timeout, 0);
         assert_eq!(
             d.metrics_port,
-            MetricsPort(None),
+            OptionalPort(None),
             "metrics are off by default"
+        );
+        assert_eq!(
+            d.mgmt_port,
+            OptionalPort(Some(8091)),
+            "management on Couchbase's port"
+        );
+        assert_eq!(
+            flags(&["--mgmt-port", "off"]).mgmt_port,
+            Some(OptionalPort(None))
         );
     }
 
@@ -520,14 +531,14 @@ mod tests {
     fn metrics_port_comes_from_a_flag_or_the_file() {
         assert_eq!(
             flags(&["--metrics-port", "0"]).metrics_port,
-            Some(MetricsPort(Some(0)))
+            Some(OptionalPort(Some(0)))
         );
         let (s, _) =
             Settings::merge(&flags(&[]), parse_file("metrics-port = 9091\n").unwrap()).unwrap();
-        assert_eq!(s.metrics_port, MetricsPort(Some(9091)));
+        assert_eq!(s.metrics_port, OptionalPort(Some(9091)));
         let (s, _) =
             Settings::merge(&flags(&[]), parse_file("metrics_port = \"off\"\n").unwrap()).unwrap();
-        assert_eq!(s.metrics_port, MetricsPort(None));
+        assert_eq!(s.metrics_port, OptionalPort(None));
         assert!(parse_file("metrics-port = 70000").is_err());
         assert!(parse_file("metrics-port = \"x\"").is_err());
     }

@@ -82,26 +82,57 @@ pub(crate) fn run(cmd: UserCommand) -> Result<()> {
     Ok(())
 }
 
-/// The users the server starts with: the users file, if one is set, plus the admin user,
-/// if one is set (it replaces a file user of the same name).
-pub(crate) fn configured_users(s: &Settings) -> Result<UserStore> {
-    let mut store = if s.users_file.as_os_str().is_empty() {
-        UserStore::empty()
+/// The users the server starts with.
+pub(crate) struct StartUsers {
+    /// The users file's users (without the admin user): what the REST API edits and saves.
+    pub(crate) saved: UserStore,
+    /// Every user: the file's plus the admin user.
+    pub(crate) live: UserStore,
+    /// Where REST changes are saved: `--users-file` if set, else `DATA_DIR/users.toml`
+    /// when the server persists, else nowhere (they last until exit).
+    pub(crate) path: Option<PathBuf>,
+    /// The admin user's name, if one is set.
+    pub(crate) admin: Option<String>,
+}
+
+/// The users file name in the data directory, used when `--users-file` is not set.
+pub(crate) const DATA_DIR_USERS_FILE: &str = "users.toml";
+
+/// The users the server starts with: the users file (`--users-file`, or the one the REST
+/// API keeps in the data directory), if there is one, plus the admin user, if one is set
+/// (it replaces a file user of the same name).
+pub(crate) fn configured_users(s: &Settings) -> Result<StartUsers> {
+    let path = if !s.users_file.as_os_str().is_empty() {
+        Some(s.users_file.clone())
+    } else if s.persistence {
+        Some(s.data_dir.join(DATA_DIR_USERS_FILE))
     } else {
-        UserStore::load(&s.users_file).context("cannot load the users file")?
+        None
     };
+    let saved = match &path {
+        Some(p) if !s.users_file.as_os_str().is_empty() || p.exists() => {
+            UserStore::load(p).context("cannot load the users file")?
+        }
+        _ => UserStore::empty(),
+    };
+    let mut live = saved.clone();
     let password = s.admin_password.expose();
-    match (s.admin_user.is_empty(), password.is_empty()) {
-        (true, true) => {}
+    let admin = match (s.admin_user.is_empty(), password.is_empty()) {
+        (true, true) => None,
         (false, false) => {
-            store
-                .insert_with_password(&s.admin_user, password, BucketAccess::All)
+            live.insert_with_password(&s.admin_user, password, BucketAccess::All)
                 .context("invalid admin-user")?;
+            Some(s.admin_user.clone())
         }
         (false, true) => bail!("admin-user is set but admin-password is not"),
         (true, false) => bail!("admin-password is set but admin-user is not"),
-    }
-    Ok(store)
+    };
+    Ok(StartUsers {
+        saved,
+        live,
+        path,
+        admin,
+    })
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@
 //! few walks over the 1024 vBuckets inside the STAT groups.
 
 use super::names::{EXPORTED, GROUPS, Kind};
-use epkv_engine::Bucket;
 use epkv_engine_api::Engine;
 use epkv_executor::{HISTOGRAM_BUCKETS, Histogram as TaskHistogram, TaskInfo};
 use epkv_frontend::{CommandTiming, ConnectionCounts, FrontendStats};
@@ -38,13 +37,10 @@ fn task_bounds() -> impl Iterator<Item = Duration> {
     (0..HISTOGRAM_BUCKETS / 2).map(|k| Duration::from_nanos(1u64 << (10 + 2 * k)))
 }
 
-/// Buckets by name, as created (the concrete type, for their task lists).
-pub(crate) type NamedBuckets = Vec<(String, Arc<Bucket>)>;
-
 /// What a scrape reads.
 pub(crate) struct Sources {
-    /// The buckets by name.
-    pub(crate) buckets: NamedBuckets,
+    /// The buckets, as they are at each scrape (they change at run time).
+    pub(crate) buckets: Arc<crate::bucket_manager::BucketManager>,
     /// The front end's counters and timings.
     pub(crate) frontend: FrontendStats,
 }
@@ -53,11 +49,17 @@ impl Sources {
     /// The whole exposition, with the buckets `may_see` accepts.
     pub(crate) fn exposition(&self, may_see: &dyn Fn(&str) -> bool) -> String {
         let mut f = Families::default();
-        for (name, bucket) in self.buckets.iter().filter(|(n, _)| may_see(n)) {
-            bucket_stats(&mut f, name, bucket.as_ref());
+        let buckets: Vec<_> = self
+            .buckets
+            .snapshot()
+            .into_iter()
+            .filter(|(p, _)| may_see(&p.name))
+            .collect();
+        for (p, bucket) in &buckets {
+            bucket_stats(&mut f, &p.name, bucket.as_ref());
         }
-        for (name, bucket) in self.buckets.iter().filter(|(n, _)| may_see(n)) {
-            bucket_tasks(&mut f, name, &bucket.tasks());
+        for (p, bucket) in &buckets {
+            bucket_tasks(&mut f, &p.name, &bucket.tasks());
         }
         connections(&mut f, self.frontend.connections());
         auth(&mut f, self.frontend.auth());
@@ -324,6 +326,7 @@ pub(crate) fn command_timings(f: &mut Families, timings: &[CommandTiming], bound
 #[cfg(test)]
 mod tests {
     use super::*;
+    use epkv_engine::Bucket;
     use epkv_engine::{BucketConfig, EngineClock};
     use epkv_engine_api::{Expiry, StoreOp, StoreRequest};
     use epkv_types::{Cas, Datatype, NUM_VBUCKETS, vbucket_for_key};

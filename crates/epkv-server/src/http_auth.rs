@@ -1,4 +1,5 @@
-//! Who may scrape: the KV port's rules over HTTP Basic auth.
+//! Who may use the HTTP endpoints (Prometheus metrics, the management REST API): the KV
+//! port's users and rules over HTTP Basic auth.
 //!
 //! - The open zero-configuration mode (no users and a loopback address) needs no
 //!   credentials, as the KV port.
@@ -13,11 +14,13 @@
 //! - a successful check is remembered for [`CACHE_TTL`] under an HMAC-SHA256 of the
 //!   name and password with a key drawn at start, so a scrape every 15 s derives once a
 //!   minute. The password itself is never stored, and the key makes the cached digests
-//!   useless for guessing passwords offline. Failures are not remembered.
+//!   useless for guessing passwords offline. Failures are not remembered, and a change
+//!   of users through the management API forgets everything ([`Access::forget`]), so a
+//!   removed user or an old password stops working at once.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use epkv_auth::{SaslServer, UserStore};
+use epkv_auth::{BucketAccess, SaslServer, UserDirectory};
 use epkv_executor::Clock;
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
@@ -44,9 +47,9 @@ pub(crate) enum Verdict {
     Denied,
 }
 
-/// The scrape access rules and the cache of verified credentials.
+/// The access rules and the cache of verified credentials.
 pub(crate) struct Access {
-    users: Arc<UserStore>,
+    users: UserDirectory,
     open: bool,
     clock: Arc<dyn Clock>,
     key: [u8; 32],
@@ -56,7 +59,7 @@ pub(crate) struct Access {
 
 impl Access {
     /// The rules for `users`; `open` is the zero-configuration mode (no users, loopback).
-    pub(crate) fn new(users: Arc<UserStore>, open: bool, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(users: UserDirectory, open: bool, clock: Arc<dyn Clock>) -> Self {
         let mut key = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut key);
         Self {
@@ -78,9 +81,25 @@ impl Access {
     pub(crate) fn may_see(&self, verdict: &Verdict, bucket: &str) -> bool {
         match verdict {
             Verdict::Open => true,
-            Verdict::User(u) => self.users.may_access(u, bucket),
+            Verdict::User(u) => self.users.current().may_access(u, bucket),
             Verdict::Denied => false,
         }
+    }
+
+    /// Whether `verdict` is a cluster administrator: the open mode, or a user with access
+    /// to every bucket (`*`), as `--admin-user` is.
+    pub(crate) fn is_admin(&self, verdict: &Verdict) -> bool {
+        match verdict {
+            Verdict::Open => true,
+            Verdict::User(u) => self.users.current().access(u) == Some(&BucketAccess::All),
+            Verdict::Denied => false,
+        }
+    }
+
+    /// Drops every remembered credential, so a changed or removed user must present a
+    /// valid password again.
+    pub(crate) fn forget(&self) {
+        self.verified.lock().clear();
     }
 
     /// Checks a request's `Authorization` header value.
@@ -102,7 +121,7 @@ impl Access {
         if let Some(user) = self.cached(&digest) {
             return Verdict::User(user);
         }
-        let users = Arc::clone(&self.users);
+        let users = self.users.current();
         let name = user.clone();
         let ok = tokio::task::spawn_blocking(move || {
             let mut message = Vec::with_capacity(name.len() + password.len() + 2);
@@ -115,7 +134,7 @@ impl Access {
         .await
         .unwrap_or(false);
         if !ok {
-            tracing::info!(user, "metrics request with a wrong user or password");
+            tracing::info!(user, "HTTP request with a wrong user or password");
             return Verdict::Denied;
         }
         self.remember(digest, &user);
@@ -178,7 +197,7 @@ fn parse_basic(header: &[u8]) -> Option<(String, Vec<u8>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use epkv_auth::BucketAccess;
+    use epkv_auth::UserStore;
     use epkv_executor::ManualClock;
 
     fn basic(user: &str, password: &str) -> Vec<u8> {
@@ -190,7 +209,7 @@ mod tests {
         users
             .insert_with_password("ops", "pw", BucketAccess::only(["default"]))
             .unwrap();
-        Access::new(Arc::new(users), false, clock)
+        Access::new(UserDirectory::new(users), false, clock)
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -218,7 +237,7 @@ mod tests {
     #[test]
     fn the_open_mode_needs_nothing() {
         let a = Access::new(
-            Arc::new(UserStore::empty()),
+            UserDirectory::default(),
             true,
             Arc::new(ManualClock::new(Duration::ZERO)),
         );
@@ -245,6 +264,9 @@ mod tests {
         let ok = rt.block_on(a.check(Some(&basic("ops", "pw"))));
         assert_eq!(ok, Verdict::User("ops".into()));
         assert!(a.may_see(&ok, "default") && !a.may_see(&ok, "travel"));
+        assert!(!a.is_admin(&ok) && !a.is_admin(&Verdict::Denied));
+        a.forget();
+        assert_eq!(a.cached_entries(), 0);
         assert!(!a.may_see(&Verdict::Denied, "default"));
     }
 

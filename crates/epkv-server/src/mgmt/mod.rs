@@ -1,0 +1,632 @@
+//! The management REST subset on `--mgmt-port` (default 8091): what the Couchbase SDKs'
+//! cluster, bucket and user managers and Couchbase's tools call. See `docs/rest.md`.
+//!
+//! - [`pools`]: the JSON of `/pools`, `/pools/default`, `/pools/nodes` and the buckets;
+//! - [`rbac`]: users (`/settings/rbac/users`), roles mapped onto bucket access;
+//! - [`form`]: form-encoded bodies and percent-encoded paths;
+//! - [`scopes`]: the hook where scopes and collections will be served.
+//!
+//! Access is the KV port's, over HTTP Basic auth ([`crate::http_auth`]): reading the
+//! cluster needs any user; reading a bucket needs access to it; changing buckets or users
+//! needs an administrator (a user with access to every bucket). No credentials: 401 with
+//! `WWW-Authenticate`; not allowed: 403 with a JSON body. Every error has a JSON body;
+//! anything unknown is 404. Building, dropping and flushing buckets and deriving password
+//! verifiers run on Tokio's blocking pool, never on the thread that serves HTTP and
+//! accepts KV connections.
+
+mod form;
+mod pools;
+mod rbac;
+mod scopes;
+
+pub(crate) use rbac::UserAdmin;
+
+use crate::bucket_manager::{BucketManager, BucketParams, BucketType, ChangeError, EvictionMode};
+use crate::http_auth::{Access, Verdict};
+use crate::http_server::{HttpListener, HttpResponse, reply};
+use epkv_engine_api::{Engine, EngineStatus};
+use epkv_executor::Clock;
+use epkv_frontend::FrontendHandle;
+use form::Form;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
+use hyper::{Method, Request, StatusCode};
+use pools::NodeFacts;
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Largest request body read (forms are a few hundred bytes).
+const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// An answer before it becomes an HTTP response: a status and a JSON body (or none).
+#[derive(Debug)]
+pub(crate) struct Reply {
+    status: StatusCode,
+    body: Option<Value>,
+}
+
+impl Reply {
+    fn json(body: Value) -> Self {
+        Self {
+            status: StatusCode::OK,
+            body: Some(body),
+        }
+    }
+
+    fn empty(status: StatusCode) -> Self {
+        Self { status, body: None }
+    }
+
+    /// An error with `{"error": message}`.
+    pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            body: Some(json!({ "error": message.into() })),
+        }
+    }
+
+    /// A 400 with Couchbase's validation shape, `{"errors": {field: message}}`.
+    fn invalid(field: &str, message: impl Into<String>) -> Self {
+        let mut errors = serde_json::Map::new();
+        errors.insert(field.to_owned(), Value::String(message.into()));
+        Self::invalid_all(errors)
+    }
+
+    fn invalid_all(errors: serde_json::Map<String, Value>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            body: Some(json!({ "errors": errors, "summaries": {} })),
+        }
+    }
+
+    fn forbidden(permission: &str) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            body: Some(json!({
+                "message": "Forbidden. User needs the following permissions",
+                "permissions": [permission],
+            })),
+        }
+    }
+
+    /// A 404 whose body is a JSON string, as Couchbase answers for an unknown user (the
+    /// SDKs match the text `Unknown user` at its start).
+    fn unknown_user() -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            body: Some(Value::String("Unknown user.".into())),
+        }
+    }
+
+    fn not_found(what: impl Into<String>) -> Self {
+        Self::error(StatusCode::NOT_FOUND, what)
+    }
+
+    fn into_response(self) -> HttpResponse {
+        let Some(body) = self.body else {
+            return reply(self.status, "");
+        };
+        let mut r = reply(self.status, body.to_string());
+        r.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        r
+    }
+}
+
+/// What the endpoint serves from.
+pub(crate) struct Mgmt {
+    access: Arc<Access>,
+    buckets: Arc<BucketManager>,
+    users: UserAdmin,
+    frontend: FrontendHandle,
+    collections: Box<dyn scopes::CollectionsApi>,
+    version: String,
+    uuid: String,
+    clock: Arc<dyn Clock>,
+    started: Instant,
+}
+
+impl Mgmt {
+    /// The endpoint's state.
+    pub(crate) fn new(
+        access: Arc<Access>,
+        buckets: Arc<BucketManager>,
+        users: UserAdmin,
+        frontend: FrontendHandle,
+        version: String,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let mut uuid = [0u8; 16];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut uuid);
+        let started = clock.now();
+        Self {
+            access,
+            buckets,
+            users,
+            frontend,
+            collections: Box::new(scopes::NoCollections),
+            version,
+            uuid: uuid.iter().map(|b| format!("{b:02x}")).collect(),
+            clock,
+            started,
+        }
+    }
+
+    /// Serves on `listener` (on the current Tokio runtime).
+    ///
+    /// # Errors
+    /// When the listener cannot be registered with the runtime.
+    pub(crate) fn spawn(self, listener: HttpListener) -> std::io::Result<()> {
+        let state = Arc::new(self);
+        listener.spawn("mgmt", move |req, local| {
+            let state = Arc::clone(&state);
+            async move { handle(state, req, local).await }
+        })
+    }
+
+    fn facts(&self) -> NodeFacts {
+        NodeFacts {
+            version: self.version.clone(),
+            uuid: self.uuid.clone(),
+            kv_port: self.frontend.kv_port(),
+            kv_ssl_port: self.frontend.kv_ssl_port(),
+            uptime_secs: self
+                .clock
+                .now()
+                .saturating_duration_since(self.started)
+                .as_secs(),
+        }
+    }
+}
+
+async fn handle(state: Arc<Mgmt>, req: Request<Incoming>, local: SocketAddr) -> HttpResponse {
+    let authorization = req.headers().get(AUTHORIZATION).map(HeaderValue::as_bytes);
+    let verdict = state.access.check(authorization).await;
+    if verdict == Verdict::Denied {
+        let mut r =
+            Reply::error(StatusCode::UNAUTHORIZED, "authentication required").into_response();
+        r.headers_mut().insert(
+            WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"epkv\""),
+        );
+        return r;
+    }
+    let method = req.method().clone();
+    let segments: Option<Vec<String>> = req
+        .uri()
+        .path()
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(|s| form::percent_decode(s, false))
+        .collect();
+    let Some(segments) = segments else {
+        return Reply::not_found("no such resource").into_response();
+    };
+    let form = if method == Method::POST || method == Method::PUT {
+        match http_body_util::Limited::new(req.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+        {
+            Ok(body) => match Form::parse(&body.to_bytes()) {
+                Ok(f) => f,
+                Err(e) => return Reply::invalid("_", e).into_response(),
+            },
+            Err(_) => {
+                return Reply::error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the body is larger than {MAX_BODY_BYTES} bytes or was cut off"),
+                )
+                .into_response();
+            }
+        }
+    } else {
+        Form::default()
+    };
+    let state2 = Arc::clone(&state);
+    let answered = tokio::task::spawn_blocking(move || {
+        let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+        route(&state2, &verdict, &method, &segs, &segments, &form, local)
+    })
+    .await;
+    match answered {
+        Ok(r) => r.into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "management request failed");
+            Reply::error(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+        }
+    }
+}
+
+fn method_not_allowed(allowed: &str) -> Reply {
+    Reply::error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method not allowed here; use {allowed}"),
+    )
+}
+
+/// Answers one request. Runs on the blocking pool.
+fn route(
+    m: &Mgmt,
+    verdict: &Verdict,
+    method: &Method,
+    segs: &[&str],
+    owned: &[String],
+    form: &Form,
+    local: SocketAddr,
+) -> Reply {
+    let admin = m.access.is_admin(verdict);
+    let get = method == Method::GET || method == Method::HEAD;
+    match segs {
+        ["pools"] if get => Reply::json(pools::pools(&m.facts(), admin)),
+        ["pools", "default"] if get => Reply::json(pools::pools_default(
+            &m.facts(),
+            local,
+            &m.buckets.snapshot(),
+        )),
+        ["pools", "nodes"] if get => Reply::json(pools::pools_nodes(&m.facts(), local)),
+        ["pools"] | ["pools", "default" | "nodes"] => method_not_allowed("GET"),
+        ["pools", "default", "buckets"] => match *method {
+            Method::GET | Method::HEAD => {
+                let facts = m.facts();
+                let list: Vec<Value> = m
+                    .buckets
+                    .snapshot()
+                    .iter()
+                    .filter(|(p, _)| m.access.may_see(verdict, &p.name))
+                    .map(|(p, b)| pools::bucket(&facts, local, p, b))
+                    .collect();
+                Reply::json(Value::Array(list))
+            }
+            Method::POST if !admin => Reply::forbidden("cluster.buckets!create"),
+            Method::POST => create_bucket(m, form),
+            _ => method_not_allowed("GET, POST"),
+        },
+        ["pools", "default", "buckets", name] => match *method {
+            Method::GET | Method::HEAD => {
+                if !m.access.may_see(verdict, name) {
+                    return Reply::forbidden(&format!("cluster.bucket[{name}].settings!read"));
+                }
+                match m.buckets.get(name) {
+                    Some((p, b)) => Reply::json(pools::bucket(&m.facts(), local, &p, &b)),
+                    None => Reply::not_found(format!(
+                        "Requested resource not found: no bucket {name:?}"
+                    )),
+                }
+            }
+            Method::DELETE if !admin => Reply::forbidden(&format!("cluster.bucket[{name}]!delete")),
+            Method::DELETE => match m.buckets.drop_bucket(name) {
+                Ok(()) => {
+                    m.frontend.bump_cluster_rev();
+                    Reply::empty(StatusCode::OK)
+                }
+                Err(e) => change_error(e),
+            },
+            _ => method_not_allowed("GET, DELETE"),
+        },
+        ["pools", "default", "buckets", name, "controller", "doFlush"] => {
+            if *method != Method::POST {
+                return method_not_allowed("POST");
+            }
+            if !admin {
+                return Reply::forbidden(&format!("cluster.bucket[{name}]!flush"));
+            }
+            let Some((params, bucket)) = m.buckets.get(name) else {
+                return Reply::not_found(format!(
+                    "Requested resource not found: no bucket {name:?}"
+                ));
+            };
+            if !params.flush_enabled {
+                return Reply::invalid("_", "Flush is disabled for the bucket");
+            }
+            match bucket.flush() {
+                Ok(()) => Reply::empty(StatusCode::OK),
+                Err(EngineStatus::NotSupported) => {
+                    Reply::invalid("_", "Flush is disabled for the bucket")
+                }
+                Err(e) => Reply::error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("flush failed: {e:?}"),
+                ),
+            }
+        }
+        ["pools", "default", "buckets", name, "scopes", ..] => {
+            if !admin {
+                return Reply::forbidden(&format!("cluster.bucket[{name}].collections!write"));
+            }
+            if m.buckets.get(name).is_none() {
+                return Reply::not_found(format!(
+                    "Requested resource not found: no bucket {name:?}"
+                ));
+            }
+            m.collections.handle(name, method, &owned[5..], form)
+        }
+        ["pools", "default", "b", name] if get => {
+            if !m.access.may_see(verdict, name) {
+                return Reply::forbidden(&format!("cluster.bucket[{name}].settings!read"));
+            }
+            match m.frontend.bucket_config(name, local) {
+                Some(text) => match serde_json::from_str(&text) {
+                    Ok(v) => Reply::json(v),
+                    Err(e) => Reply::error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                },
+                None => {
+                    Reply::not_found(format!("Requested resource not found: no bucket {name:?}"))
+                }
+            }
+        }
+        ["settings", "rbac", "users"] | ["settings", "rbac", "users", "local"] if get => {
+            if !admin {
+                return Reply::forbidden("cluster.admin.security!read");
+            }
+            let users = m.users.current();
+            let list: Vec<Value> = users
+                .user_names()
+                .filter_map(|n| users.access(n).map(|a| rbac::user_json(n, a)))
+                .collect();
+            Reply::json(Value::Array(list))
+        }
+        ["settings", "rbac", "users", "local", name] => {
+            if !admin {
+                return Reply::forbidden("cluster.admin.security!write");
+            }
+            match *method {
+                Method::GET | Method::HEAD => match m.users.current().access(name) {
+                    Some(a) => Reply::json(rbac::user_json(name, a)),
+                    None => Reply::unknown_user(),
+                },
+                Method::PUT => upsert_user(m, name, form),
+                Method::DELETE => match m.users.remove(name) {
+                    Ok(()) => {
+                        m.access.forget();
+                        Reply::empty(StatusCode::OK)
+                    }
+                    Err(e) => user_error(e),
+                },
+                _ => method_not_allowed("GET, PUT, DELETE"),
+            }
+        }
+        _ => Reply::not_found(format!(
+            "no such resource: {method} /{}; see docs/rest.md for what epkv serves",
+            segs.join("/")
+        )),
+    }
+}
+
+fn change_error(e: ChangeError) -> Reply {
+    match e {
+        ChangeError::Exists => Reply::invalid("name", e.to_string()),
+        ChangeError::NotFound => Reply::not_found(e.to_string()),
+        ChangeError::Invalid(field, msg) => Reply::invalid(field, msg),
+        ChangeError::Failed(e) => {
+            tracing::error!(error = %format!("{e:#}"), "bucket change failed");
+            Reply::error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"))
+        }
+    }
+}
+
+fn user_error(e: rbac::UserChangeError) -> Reply {
+    match e {
+        rbac::UserChangeError::NotFound => Reply::unknown_user(),
+        rbac::UserChangeError::Invalid(field, msg) => Reply::invalid(field, msg),
+        rbac::UserChangeError::Failed(msg) => {
+            tracing::error!(error = %msg, "user change failed");
+            Reply::error(StatusCode::INTERNAL_SERVER_ERROR, msg)
+        }
+    }
+}
+
+fn upsert_user(m: &Mgmt, name: &str, form: &Form) -> Reply {
+    let access = match rbac::parse_roles(form.get("roles").unwrap_or("")) {
+        Ok(a) => a,
+        Err(e) => return Reply::invalid("roles", e),
+    };
+    match m.users.upsert(name, form.get("password"), access) {
+        Ok(()) => {
+            m.access.forget();
+            Reply::empty(StatusCode::OK)
+        }
+        Err(e) => user_error(e),
+    }
+}
+
+/// Parses a non-negative integer field.
+fn int_field(form: &Form, names: &[&str]) -> Result<Option<u64>, ()> {
+    match form.first_of(names) {
+        None => Ok(None),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| ()),
+    }
+}
+
+/// Validates a create form into the bucket's parameters, every bad field reported.
+fn bucket_params(form: &Form, default_quota: u64) -> Result<BucketParams, Reply> {
+    let mut errors = serde_json::Map::new();
+    let mut bad = |field: &str, msg: &str| {
+        errors.insert(field.to_owned(), Value::String(msg.to_owned()));
+    };
+    let name = form.get("name").unwrap_or("").to_owned();
+    if name.is_empty() {
+        bad("name", "Bucket name cannot be empty");
+    } else if !epkv_frontend::is_valid_bucket_name(&name) {
+        bad(
+            "name",
+            "Bucket name can only contain characters in range A-Z, a-z, 0-9 as well as \
+             underscore, period, dash & percent, must not start with a period and must be at \
+             most 100 characters long",
+        );
+    }
+    let bucket_type = match form.get("bucketType").unwrap_or("membase") {
+        "membase" | "couchbase" => Some(BucketType::Membase),
+        "ephemeral" => Some(BucketType::Ephemeral),
+        _ => {
+            bad(
+                "bucketType",
+                "invalid bucket type: use couchbase (membase) or ephemeral",
+            );
+            None
+        }
+    };
+    let quota = match int_field(form, &["ramQuotaMB", "ramQuota"]) {
+        Ok(Some(mb)) if (1..=u64::MAX >> 20).contains(&mb) => mb << 20,
+        Ok(None) => default_quota,
+        _ => {
+            bad(
+                "ramQuota",
+                "The RAM Quota must be specified and must be a positive integer (MiB).",
+            );
+            0
+        }
+    };
+    match int_field(form, &["replicaNumber"]) {
+        Ok(None | Some(0)) => {}
+        Ok(Some(_)) => bad(
+            "replicaNumber",
+            "epkv has no replication: the replica number must be 0",
+        ),
+        Err(()) => bad(
+            "replicaNumber",
+            "The replica number must be specified and must be a non-negative integer.",
+        ),
+    }
+    let flush_enabled = match form.get("flushEnabled") {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(_) => {
+            bad("flushEnabled", "flushEnabled can only be 1 or 0");
+            false
+        }
+    };
+    match form.get("durabilityMinLevel") {
+        None | Some("none") => {}
+        Some(_) => bad(
+            "durabilityMinLevel",
+            "only durabilityMinLevel none is supported: a bucket minimum durability level is not implemented",
+        ),
+    }
+    match int_field(form, &["maxTTL"]) {
+        Ok(None | Some(0)) => {}
+        Ok(Some(_)) => bad(
+            "maxTTL",
+            "only maxTTL 0 is supported: a bucket maximum TTL is not implemented",
+        ),
+        Err(()) => bad(
+            "maxTTL",
+            "Max TTL must be an integer between 0 and 2147483647",
+        ),
+    }
+    let eviction = match (form.get("evictionPolicy"), bucket_type) {
+        (None, Some(BucketType::Ephemeral)) => Some(EvictionMode::NoEviction),
+        (None, _) => Some(EvictionMode::ValueOnly),
+        (Some(e), t) => match (EvictionMode::parse(e), t) {
+            (Some(e), Some(t)) if e.fits(t) => Some(e),
+            (Some(_), None) => None,
+            _ => {
+                bad(
+                    "evictionPolicy",
+                    "Eviction policy must be either 'valueOnly' or 'fullEviction' for \
+                     couchbase buckets and 'noEviction' or 'nruEviction' for ephemeral buckets",
+                );
+                None
+            }
+        },
+    };
+    match (bucket_type, eviction) {
+        (Some(bucket_type), Some(eviction_policy)) if errors.is_empty() => Ok(BucketParams {
+            name,
+            bucket_type,
+            quota_bytes: quota,
+            eviction_policy,
+            flush_enabled,
+        }),
+        _ => Err(Reply::invalid_all(errors)),
+    }
+}
+
+fn create_bucket(m: &Mgmt, form: &Form) -> Reply {
+    let default_quota = m
+        .buckets
+        .get(epkv_frontend::DEFAULT_BUCKET)
+        .map_or(1 << 30, |(p, _)| p.quota_bytes);
+    let params = match bucket_params(form, default_quota) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    match m.buckets.create(params) {
+        Ok(()) => {
+            m.frontend.bump_cluster_rev();
+            Reply::empty(StatusCode::ACCEPTED)
+        }
+        Err(e) => change_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(body: &str) -> Result<BucketParams, Value> {
+        bucket_params(&Form::parse(body.as_bytes()).unwrap(), 7 << 20).map_err(|r| {
+            assert_eq!(r.status, StatusCode::BAD_REQUEST);
+            r.body.unwrap()["errors"].clone()
+        })
+    }
+
+    #[test]
+    fn a_minimal_form_makes_a_persistent_value_eviction_bucket() {
+        let p = params("name=travel").unwrap();
+        assert_eq!(p.bucket_type, BucketType::Membase);
+        assert_eq!(
+            p.quota_bytes,
+            7 << 20,
+            "the server's quota when none is given"
+        );
+        assert_eq!(p.eviction_policy, EvictionMode::ValueOnly);
+        assert!(!p.flush_enabled);
+        let p = params(
+            "name=t&ramQuotaMB=100&bucketType=ephemeral&flushEnabled=1&replicaNumber=0&\
+             durabilityMinLevel=none&maxTTL=0",
+        )
+        .unwrap();
+        assert_eq!(p.quota_bytes, 100 << 20);
+        assert_eq!(p.eviction_policy, EvictionMode::NoEviction);
+        assert!(p.flush_enabled);
+        assert_eq!(params("name=t&ramQuota=5").unwrap().quota_bytes, 5 << 20);
+    }
+
+    #[test]
+    fn every_bad_field_is_reported_by_name() {
+        let e = params(
+            "name=.x&ramQuotaMB=abc&replicaNumber=1&flushEnabled=yes&durabilityMinLevel=majority&\
+             maxTTL=x&bucketType=memcached",
+        )
+        .unwrap_err();
+        for f in [
+            "name",
+            "ramQuota",
+            "replicaNumber",
+            "flushEnabled",
+            "durabilityMinLevel",
+            "maxTTL",
+            "bucketType",
+        ] {
+            assert!(e.get(f).is_some(), "{f} in {e}");
+        }
+        let e = params("name=a&evictionPolicy=noEviction").unwrap_err();
+        assert!(e.get("evictionPolicy").is_some(), "{e}");
+        assert!(params("").unwrap_err().get("name").is_some());
+        assert!(
+            params("name=a&ramQuotaMB=0")
+                .unwrap_err()
+                .get("ramQuota")
+                .is_some()
+        );
+        assert!(
+            params("name=a&replicaNumber=-1")
+                .unwrap_err()
+                .get("replicaNumber")
+                .is_some()
+        );
+    }
+}

@@ -1,0 +1,217 @@
+"""The Couchbase Python SDK's management APIs against a real epkv-server: the SDK
+bootstraps over the KV port, finds the management REST port as ``mgmt`` in the cluster
+map's ``nodesExt`` and sends cluster info, bucket and user management there
+(docs/rest.md). Plain HTTP checks cover what the SDK does not send: bad forms, unknown
+resources and requests without credentials.
+"""
+
+import base64
+import json
+import os
+import signal
+import urllib.error
+import urllib.request
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from conftest import _start_server_with, _stop_server
+
+couchbase = pytest.importorskip("couchbase")
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get("EPKV_PYTEST_ADDR")),
+    reason="needs a server of its own, with an administrator",
+)
+
+from couchbase.auth import PasswordAuthenticator  # noqa: E402
+from couchbase.cluster import Cluster  # noqa: E402
+from couchbase.exceptions import (  # noqa: E402
+    BucketAlreadyExistsException,
+    BucketNotFoundException,
+    CouchbaseException,
+    UserNotFoundException,
+)
+from couchbase.management.buckets import CreateBucketSettings  # noqa: E402
+from couchbase.management.users import Role, User  # noqa: E402
+from couchbase.options import ClusterOptions, ClusterTimeoutOptions  # noqa: E402
+
+ADMIN = ("Administrator", "password")
+TEST_ALARM_SECS = 60
+TIMEOUT = timedelta(seconds=10)
+
+
+@pytest.fixture(autouse=True)
+def _bounded():
+    def expired(_signum, _frame):
+        raise TimeoutError(f"test exceeded {TEST_ALARM_SECS}s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(TEST_ALARM_SECS)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture(scope="module")
+def mgmt_server(tmp_path_factory):
+    server, log = _start_server_with(
+        tmp_path_factory,
+        ["--admin-user", ADMIN[0], "--admin-password", ADMIN[1], "--memory-quota", "64MiB"],
+    )
+    try:
+        assert server.mgmt_addr, "the startup line names the management address"
+        yield server
+    finally:
+        alive = server.proc.poll() is None
+        _stop_server(server, log)
+        if not alive:
+            pytest.fail(f"epkv-server died during the tests; log:\n{server.log_tail()}")
+
+
+def _connect(addr, user=ADMIN[0], password=ADMIN[1]):
+    opts = ClusterOptions(
+        PasswordAuthenticator(user, password),
+        timeout_options=ClusterTimeoutOptions(
+            kv_timeout=TIMEOUT, connect_timeout=TIMEOUT, bootstrap_timeout=TIMEOUT,
+            management_timeout=TIMEOUT,
+        ),
+        enable_app_telemetry=False,
+    )
+    c = Cluster(f"couchbase://{addr}", opts)
+    c.wait_until_ready(TIMEOUT)
+    return c
+
+
+@pytest.fixture(scope="module")
+def cluster(mgmt_server):
+    c = _connect(mgmt_server.addr)
+    yield c
+    c.close()
+
+
+def _http(server, method, path, body=None, auth=ADMIN):
+    """One request to the management port; returns (status, parsed JSON body or text)."""
+    req = urllib.request.Request(f"http://{server.mgmt_addr}{path}", method=method)
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    data = None
+    if body is not None:
+        data = body.encode()
+        req.add_header("Content-Type", "application/x-www-form-urlencoded")
+    try:
+        with urllib.request.urlopen(req, data=data, timeout=10) as r:
+            status, raw, headers = r.status, r.read(), r.headers
+    except urllib.error.HTTPError as e:
+        status, raw, headers = e.code, e.read(), e.headers
+    text = raw.decode()
+    try:
+        return status, json.loads(text) if text else None, headers
+    except ValueError:
+        return status, text, headers
+
+
+def _name(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def test_cluster_info_reports_this_node(cluster):
+    info = cluster.cluster_info()
+    nodes = info.nodes
+    assert len(nodes) == 1
+    assert nodes[0]["status"] == "healthy"
+    assert nodes[0]["services"] == ["kv"]
+
+
+def test_get_bucket_reports_no_replicas(cluster):
+    settings = cluster.buckets().get_bucket("default")
+    assert settings.name == "default"
+    assert settings.num_replicas == 0
+    assert settings.ram_quota_mb == 64
+    with pytest.raises(BucketNotFoundException):
+        cluster.buckets().get_bucket("no-such-bucket")
+
+
+def test_create_use_and_drop_a_bucket(mgmt_server, cluster):
+    name = _name("sdk")
+    mgr = cluster.buckets()
+    mgr.create_bucket(CreateBucketSettings(
+        name=name, ram_quota_mb=32, num_replicas=0, flush_enabled=True))
+    with pytest.raises(BucketAlreadyExistsException):
+        mgr.create_bucket(CreateBucketSettings(name=name, ram_quota_mb=32, num_replicas=0))
+    got = mgr.get_bucket(name)
+    assert (got.ram_quota_mb, got.num_replicas, got.flush_enabled) == (32, 0, True)
+    assert name in [b.name for b in mgr.get_all_buckets()]
+    coll = cluster.bucket(name).default_collection()
+    coll.upsert("k", {"v": 1})
+    assert coll.get("k").content_as[dict] == {"v": 1}
+    mgr.flush_bucket(name)
+    assert _http(mgmt_server, "GET", f"/pools/default/buckets/{name}")[1]["basicStats"][
+        "itemCount"] == 0
+    mgr.drop_bucket(name)
+    with pytest.raises(BucketNotFoundException):
+        mgr.get_bucket(name)
+    with pytest.raises(BucketNotFoundException):
+        mgr.drop_bucket(name)
+    assert not (mgmt_server.data_dir / name).exists(), "a dropped bucket's data is removed"
+
+
+def test_replicas_are_refused(cluster):
+    with pytest.raises(CouchbaseException):
+        cluster.buckets().create_bucket(
+            CreateBucketSettings(name=_name("rep"), ram_quota_mb=32, num_replicas=1))
+
+
+def test_users_upsert_get_and_drop(mgmt_server, cluster):
+    users = cluster.users()
+    name = _name("user")
+    users.upsert_user(User(username=name, password="s3cret-pw",
+                           roles=[Role(name="data_reader", bucket="default")]))
+    got = users.get_user(name)
+    assert got.user.username == name
+    assert [(r.name, r.bucket) for r in got.user.roles] == [("bucket_full_access", "default")]
+    assert name in [u.user.username for u in users.get_all_users()]
+    # The new user works on the KV port at once.
+    c = _connect(mgmt_server.addr, name, "s3cret-pw")
+    try:
+        c.bucket("default").default_collection().upsert(f"by-{name}", "x")
+    finally:
+        c.close()
+    users.drop_user(name)
+    with pytest.raises(UserNotFoundException):
+        users.get_user(name)
+    with pytest.raises(UserNotFoundException):
+        users.drop_user(name)
+    text = (mgmt_server.data_dir / "users.toml").read_text()
+    assert name not in text
+
+
+def test_bad_forms_name_the_field(mgmt_server):
+    status, body, _ = _http(mgmt_server, "POST", "/pools/default/buckets",
+                            "name=x&ramQuotaMB=lots&flushEnabled=maybe&maxTTL=-")
+    assert status == 400
+    assert {"ramQuota", "flushEnabled", "maxTTL"} <= set(body["errors"])
+    status, body, _ = _http(mgmt_server, "PUT", "/settings/rbac/users/local/u1",
+                            "password=long-enough&roles=ro_admin")
+    assert status == 400 and "roles" in body["errors"]
+
+
+def test_unknown_paths_and_buckets_are_json_404s(mgmt_server):
+    for path in ["/nothing/here", "/pools/default/buckets/nope", "/pools/default/b/nope",
+                 "/pools/default/buckets/default/scopes"]:
+        status, body, headers = _http(mgmt_server, "GET", path)
+        assert status == 404, path
+        assert headers["Content-Type"] == "application/json"
+        assert "error" in body
+
+
+def test_requests_without_credentials_get_401(mgmt_server):
+    status, _, headers = _http(mgmt_server, "GET", "/pools", auth=None)
+    assert status == 401
+    assert headers["WWW-Authenticate"].startswith("Basic")
+    status, _, _ = _http(mgmt_server, "GET", "/pools", auth=("Administrator", "wrong"))
+    assert status == 401
