@@ -602,11 +602,10 @@ mod fast {
 /// [`lookup_raw`]'s fast path for a document stored as JSON: `None` when the text held a
 /// surprise (the checking scanner then answers).
 fn lookup_fast(
-    text: &str,
+    b: &[u8],
     op: SubdocOp,
     path: &[Component],
 ) -> Option<Result<Vec<u8>, SubdocError>> {
-    let b = text.as_bytes();
     let (mut start, mut end) = (0, b.len());
     for c in path {
         match fast::find(&b[start..end], c)? {
@@ -619,11 +618,11 @@ fn lookup_fast(
             fast::Found::Mismatch => return Some(Err(SubdocError::PathMismatch)),
         }
     }
-    let v = &text[start..end];
+    let v = &b[start..end];
     Some(match op {
-        SubdocOp::Get => Ok(v.trim().as_bytes().to_vec()),
+        SubdocOp::Get => Ok(v.trim_ascii().to_vec()),
         SubdocOp::Exists => Ok(Vec::new()),
-        SubdocOp::GetCount => match fast::count(v.as_bytes())? {
+        SubdocOp::GetCount => match fast::count(v)? {
             Some(n) => Ok(n.to_string().into_bytes()),
             None => Err(SubdocError::PathMismatch),
         },
@@ -641,13 +640,15 @@ pub(crate) fn lookup_raw(
     trusted: bool,
 ) -> Result<Vec<u8>, SubdocError> {
     let path = parse_path(path)?;
-    let text = std::str::from_utf8(doc).map_err(|_| SubdocError::DocNotJson)?;
+    // A document stored as JSON was checked when it was stored: its bytes are scanned
+    // without checking them as UTF-8 again.
     if trusted
         && !path.is_empty()
-        && let Some(answer) = lookup_fast(text, op, &path)
+        && let Some(answer) = lookup_fast(doc, op, &path)
     {
         return answer;
     }
+    let text = std::str::from_utf8(doc).map_err(|_| SubdocError::DocNotJson)?;
     if path.is_empty() {
         // The whole document: check it, and hand it back as it is.
         scan(text, serde::de::IgnoredAny)?;
