@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import signal
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -30,7 +31,10 @@ from couchbase.cluster import Cluster  # noqa: E402
 from couchbase.exceptions import (  # noqa: E402
     BucketAlreadyExistsException,
     BucketNotFoundException,
+    CollectionAlreadyExistsException,
     CouchbaseException,
+    ScopeAlreadyExistsException,
+    ScopeNotFoundException,
     UserNotFoundException,
 )
 from couchbase.management.buckets import CreateBucketSettings  # noqa: E402
@@ -202,7 +206,8 @@ def test_bad_forms_name_the_field(mgmt_server):
 
 def test_unknown_paths_and_buckets_are_json_404s(mgmt_server):
     for path in ["/nothing/here", "/pools/default/buckets/nope", "/pools/default/b/nope",
-                 "/pools/default/buckets/default/scopes"]:
+                 "/pools/default/buckets/nope/scopes",
+                 "/pools/default/buckets/default/scopes/x/y/z"]:
         status, body, headers = _http(mgmt_server, "GET", path)
         assert status == 404, path
         assert headers["Content-Type"] == "application/json"
@@ -215,3 +220,73 @@ def test_requests_without_credentials_get_401(mgmt_server):
     assert headers["WWW-Authenticate"].startswith("Basic")
     status, _, _ = _http(mgmt_server, "GET", "/pools", auth=("Administrator", "wrong"))
     assert status == 401
+
+
+def test_scopes_and_collections_hold_their_own_documents(cluster):
+    """`bucket.collections()` creates a scope and collections; CRUD, sub-document and
+    counters work in them, apart from the default collection's documents; maxTTL gives
+    documents written without an expiry one; dropping a collection leaves the others
+    alone and a new collection of the same name starts empty."""
+    import couchbase.subdocument as SD
+    from couchbase.management.logic.collection_mgmt_req_types import CreateCollectionSettings
+    from couchbase.options import GetOptions, IncrementOptions, SignedInt64
+    bucket = cluster.bucket("default")
+    mgr = bucket.collections()
+    scope = "inv" + uuid.uuid4().hex[:8]
+    mgr.create_scope(scope)
+    with pytest.raises(ScopeAlreadyExistsException):
+        mgr.create_scope(scope)
+    mgr.create_collection(scope, "airline")
+    mgr.create_collection(scope, "hotel")
+    mgr.create_collection(scope, "ttl", CreateCollectionSettings(max_expiry=timedelta(seconds=600)))
+    with pytest.raises(CollectionAlreadyExistsException):
+        mgr.create_collection(scope, "airline")
+    names = {s.name: sorted(c.name for c in s.collections) for s in mgr.get_all_scopes()}
+    assert names[scope] == ["airline", "hotel", "ttl"]
+    assert "_default" in names["_default"]
+
+    airline = bucket.scope(scope).collection("airline")
+    hotel = bucket.scope(scope).collection("hotel")
+    default = bucket.default_collection()
+    default.upsert("k1", {"where": "default"})
+    airline.upsert("k1", {"where": "airline"})
+    hotel.upsert("k1", {"where": "hotel"})
+    assert airline.get("k1").content_as[dict] == {"where": "airline"}
+    assert hotel.get("k1").content_as[dict] == {"where": "hotel"}
+    assert default.get("k1").content_as[dict] == {"where": "default"}
+    airline.mutate_in("k1", [SD.upsert("n", 1), SD.upsert("meta.by", "ann", xattr=True,
+                                                           create_parents=True)])
+    got = airline.lookup_in("k1", [SD.get("n"), SD.get("meta.by", xattr=True)])
+    assert got.content_as[int](0) == 1 and got.content_as[str](1) == "ann"
+    first = airline.binary().increment("ctr", IncrementOptions(initial=SignedInt64(5)))
+    assert first.content == 5
+    assert airline.binary().increment("ctr").content == 6
+    assert not hotel.exists("ctr").exists
+    airline.remove("k1")
+    assert not airline.exists("k1").exists
+    assert hotel.exists("k1").exists
+
+    ttl = bucket.scope(scope).collection("ttl")
+    ttl.upsert("t1", {"t": 1})
+    expiry = ttl.get("t1", GetOptions(with_expiry=True)).expiry_time
+    assert expiry is not None
+    left = expiry.timestamp() - time.time()
+    assert 0 < left <= 601
+
+    hotel.upsert("k2", {"h": 2})
+    mgr.drop_collection(scope, "hotel")
+    names = {s.name: sorted(c.name for c in s.collections) for s in mgr.get_all_scopes()}
+    assert names[scope] == ["airline", "ttl"]
+    with pytest.raises(CouchbaseException):
+        hotel.get("k2", GetOptions(timeout=timedelta(seconds=2)))
+    assert default.get("k1").content_as[dict] == {"where": "default"}
+    assert airline.binary().increment("ctr").content == 7
+    # Created again, the collection has a new id and none of the old documents.
+    mgr.create_collection(scope, "hotel")
+    again = bucket.scope(scope).collection("hotel")
+    assert not again.exists("k2").exists
+    mgr.drop_scope(scope)
+    with pytest.raises(ScopeNotFoundException):
+        mgr.drop_scope(scope)
+    with pytest.raises(CouchbaseException):
+        airline.get("ctr", GetOptions(timeout=timedelta(seconds=2)))

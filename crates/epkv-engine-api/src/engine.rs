@@ -107,6 +107,77 @@ pub trait Engine: Send + Sync + 'static {
         Err(EngineStatus::NotSupported)
     }
 
+    /// The uid of the bucket's collections manifest (0 for an engine without
+    /// collections).
+    fn manifest_uid(&self) -> u64 {
+        0
+    }
+
+    /// The collections manifest as JSON (GET_COLLECTIONS_MANIFEST).
+    ///
+    /// # Errors
+    /// `NotSupported` for an engine without collections (the default).
+    fn collections_manifest(&self) -> EngineResult<String> {
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// The manifest uid and the id of the collection at `path` (`scope.collection`).
+    ///
+    /// # Errors
+    /// `Invalid`, `UnknownScope`, `UnknownCollection`; `NotSupported` (the default).
+    fn collection_id(&self, path: &str) -> EngineResult<(u64, u32)> {
+        let _ = path;
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// The manifest uid and the id of scope `path`.
+    ///
+    /// # Errors
+    /// `Invalid`, `UnknownScope`; `NotSupported` (the default).
+    fn scope_id(&self, path: &str) -> EngineResult<(u64, u32)> {
+        let _ = path;
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Creates a scope; returns the new manifest uid.
+    ///
+    /// # Errors
+    /// `Invalid` (name), `KeyExists`, `TooBig` (limit); `NotSupported` (the default).
+    fn create_scope(&self, name: &str) -> EngineResult<u64> {
+        let _ = name;
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Drops a scope and its collections; returns the new manifest uid.
+    ///
+    /// # Errors
+    /// `Invalid` (the default scope), `UnknownScope`; `NotSupported` (the default).
+    fn drop_scope(&self, name: &str) -> EngineResult<u64> {
+        let _ = name;
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Creates a collection with a `max_ttl` in seconds (0 = none); returns the new
+    /// manifest uid.
+    ///
+    /// # Errors
+    /// `Invalid` (name), `UnknownScope`, `KeyExists`, `TooBig`; `NotSupported` (the
+    /// default).
+    fn create_collection(&self, scope: &str, name: &str, max_ttl: u32) -> EngineResult<u64> {
+        let _ = (scope, name, max_ttl);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Drops a collection (its documents go in the background); returns the new
+    /// manifest uid.
+    ///
+    /// # Errors
+    /// `UnknownScope`, `UnknownCollection`; `NotSupported` (the default).
+    fn drop_collection(&self, scope: &str, name: &str) -> EngineResult<u64> {
+        let _ = (scope, name);
+        Err(EngineStatus::NotSupported)
+    }
+
     /// Applies sub-document mutations to one document, all or none (the single-path
     /// mutations and MULTI_MUTATION).
     ///

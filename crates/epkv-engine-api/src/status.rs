@@ -43,6 +43,11 @@ pub enum EngineStatus {
     SyncWriteAmbiguous,
     /// The stat group does not exist.
     UnknownStatGroup,
+    /// The key's collection does not exist (the client refreshes its manifest, whose uid
+    /// [`crate::Engine::manifest_uid`] gives).
+    UnknownCollection,
+    /// The scope does not exist.
+    UnknownScope,
     /// A logic error inside the engine; logged by the engine with detail.
     Internal,
     /// The operation needs data that is not in memory (an evicted value): the engine has
@@ -64,6 +69,8 @@ impl fmt::Display for EngineStatus {
             Self::DeltaBadValue => "non-numeric value for arithmetic",
             Self::NotMyVbucket => "not my vbucket",
             Self::Locked => "key is locked",
+            Self::UnknownCollection => "unknown collection",
+            Self::UnknownScope => "unknown scope",
             Self::WouldBlock => "would block: background fetch queued",
             Self::NotLocked => "key is not locked",
             Self::TempFail => "temporary failure",

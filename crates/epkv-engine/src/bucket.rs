@@ -45,6 +45,11 @@ pub struct Bucket {
     /// The executor the bucket's tasks run on (its own, or the one it was given); set
     /// once the tasks are scheduled. Read for the task list ([`Bucket::tasks`]).
     pub(crate) task_executor: std::sync::OnceLock<epkv_executor::ExecutorHandle>,
+    /// Scopes and collections.
+    pub(crate) collections: crate::collections::Collections,
+    /// The bucket itself, for background work started by a request (the purge of a
+    /// dropped collection).
+    pub(crate) self_ref: std::sync::OnceLock<std::sync::Weak<Bucket>>,
 }
 
 impl fmt::Debug for Bucket {
@@ -299,8 +304,14 @@ impl Bucket {
             }
             None => None,
         };
+        let collections = crate::collections::Collections::open(
+            config.persistence.as_ref().map(|p| p.data_dir.clone()),
+        )
+        .map_err(crate::Error::Collections)?;
         let interval = config.expiry_pager_interval;
         let bucket = Arc::new(Bucket {
+            collections,
+            self_ref: std::sync::OnceLock::new(),
             clock: clock.clock(),
             testing_clock: clock.testing().cloned(),
             config,
@@ -313,6 +324,7 @@ impl Bucket {
             bg_times: crate::bg_fetcher::BgFetchTimes::default(),
             task_executor: std::sync::OnceLock::new(),
         });
+        let _ = bucket.self_ref.set(Arc::downgrade(&bucket));
         Self::start_tasks(&bucket, executor)?;
         if !interval.is_zero() {
             ExpiryPager::start(&bucket, interval)?;
@@ -363,6 +375,7 @@ impl Bucket {
             &self.vbuckets,
             &self.memory,
             self.config.low_wat_bytes(),
+            &self.collections,
         );
         // Loading may have dirtied the vBucket's state (a new failover branch after an
         // unclean shutdown). A write to a vBucket whose queue is already non-empty does
@@ -837,9 +850,12 @@ impl Bucket {
             .vbuckets
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
-        if vbucket_for_key(key, self.config.num_vbuckets) != vbid {
+        // Clients hash the key without its collection.
+        let (_, raw) = epkv_types::doc_key::decode(key);
+        if vbucket_for_key(raw, self.config.num_vbuckets) != vbid {
             return Err(EngineStatus::NotMyVbucket);
         }
+        self.collections.check_key(key)?;
         vb.check_warm()?;
         let state = vb.state();
         match *state {

@@ -65,6 +65,42 @@ impl Engine for Bucket {
         self.op_subdoc_mutate(&req)
     }
 
+    fn manifest_uid(&self) -> u64 {
+        self.collections.uid()
+    }
+
+    fn collections_manifest(&self) -> EngineResult<String> {
+        Ok(self.collections.manifest().to_json().to_string())
+    }
+
+    fn collection_id(&self, path: &str) -> EngineResult<(u64, u32)> {
+        self.collections.collection_id(path)
+    }
+
+    fn scope_id(&self, path: &str) -> EngineResult<(u64, u32)> {
+        self.collections.scope_id(path)
+    }
+
+    fn create_scope(&self, name: &str) -> EngineResult<u64> {
+        self.collections.create_scope(name)
+    }
+
+    fn drop_scope(&self, name: &str) -> EngineResult<u64> {
+        let uid = self.collections.drop_scope(name)?;
+        self.start_purge();
+        Ok(uid)
+    }
+
+    fn create_collection(&self, scope: &str, name: &str, max_ttl: u32) -> EngineResult<u64> {
+        self.collections.create_collection(scope, name, max_ttl)
+    }
+
+    fn drop_collection(&self, scope: &str, name: &str) -> EngineResult<u64> {
+        let uid = self.collections.drop_collection(scope, name)?;
+        self.start_purge();
+        Ok(uid)
+    }
+
     fn evict_key(&self, vbid: Vbid, key: &[u8]) -> EngineResult<bool> {
         Bucket::evict_key(self, vbid, key)
     }

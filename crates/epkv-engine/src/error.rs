@@ -25,6 +25,9 @@ pub enum Error {
     /// The flusher executor could not be started.
     #[error("could not start the flusher executor")]
     Executor(#[from] epkv_executor::Error),
+    /// The collections manifest could not be read.
+    #[error("collections manifest: {0}")]
+    Collections(String),
 }
 
 /// Result alias for this crate.

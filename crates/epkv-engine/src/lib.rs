@@ -180,6 +180,7 @@
 mod bg_fetcher;
 mod bucket;
 mod clock;
+pub mod collections;
 mod config;
 mod counter_value;
 mod engine_impl;

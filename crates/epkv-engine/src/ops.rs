@@ -425,7 +425,7 @@ impl Bucket {
                 let expiry = if req.preserve_ttl {
                     meta.expiry
                 } else {
-                    req.expiry.to_unix_secs(now.secs())
+                    self.collection_expiry(req.key, req.expiry.to_unix_secs(now.secs()), now.secs())
                 };
                 let sv = if keep_attrs && meta.datatype.contains(Datatype::XATTR) {
                     // The old attributes, then the new body (stored uncompressed).
@@ -451,7 +451,11 @@ impl Bucket {
                 (sv.map_err(|_| EngineStatus::Invalid)?, Some(meta.rev_seqno))
             }
             (_, None) => {
-                let expiry = req.expiry.to_unix_secs(now.secs());
+                let expiry = self.collection_expiry(
+                    req.key,
+                    req.expiry.to_unix_secs(now.secs()),
+                    now.secs(),
+                );
                 let meta_new = new_meta(req.flags, expiry, req.datatype);
                 (
                     StoredValue::new(req.key, req.value, meta_new)
@@ -537,7 +541,11 @@ impl Bucket {
                 }
                 // A created counter holds `initial`; the delta is not applied.
                 let meta = ItemMeta {
-                    expiry: Expiry::from_wire(req.expiry_raw).to_unix_secs(now.secs()),
+                    expiry: self.collection_expiry(
+                        req.key,
+                        Expiry::from_wire(req.expiry_raw).to_unix_secs(now.secs()),
+                        now.secs(),
+                    ),
                     datatype: Datatype::JSON,
                     ..ItemMeta::default()
                 };

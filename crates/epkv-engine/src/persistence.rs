@@ -660,6 +660,7 @@ impl Persistence {
         vbuckets: &[VBucket],
         mem: &MemoryTracker,
         low_wat: usize,
+        collections: &crate::collections::Collections,
     ) -> bool {
         let Some(vbid) = self
             .warmup
@@ -676,7 +677,7 @@ impl Persistence {
         else {
             return true;
         };
-        match self.load_vbucket(sh, vb, mem, low_wat) {
+        match self.load_vbucket(sh, vb, mem, low_wat, collections) {
             Ok(()) => {
                 vb.set_warmup_phase(WarmupPhase::Ready);
                 self.warmup.vbuckets_done.fetch_add(1, Relaxed);
@@ -719,6 +720,7 @@ impl Persistence {
         vb: &VBucket,
         mem: &MemoryTracker,
         low_wat: usize,
+        collections: &crate::collections::Collections,
     ) -> Result<(), epkv_storage::Error> {
         let vbid = vb.id;
         let Some(state) = shard.store.vbucket_state(vbid)? else {
@@ -740,6 +742,10 @@ impl Persistence {
         }
         shard.store.scan_by_seqno(vbid, 0, u64::MAX, &mut |d| {
             vb.note_xattrs(epkv_types::Datatype(d.datatype));
+            // A dropped collection's documents are not loaded (compaction removes them).
+            if !collections.is_live(epkv_types::doc_key::collection_of(&d.key)) {
+                return ScanControl::Continue;
+            }
             if d.deleted {
                 max_deleted_rev = max_deleted_rev.max(d.rev_seqno);
                 return ScanControl::Continue;

@@ -601,11 +601,7 @@ mod fast {
 
 /// [`lookup_raw`]'s fast path for a document stored as JSON: `None` when the text held a
 /// surprise (the checking scanner then answers).
-fn lookup_fast(
-    b: &[u8],
-    op: SubdocOp,
-    path: &[Component],
-) -> Option<Result<Vec<u8>, SubdocError>> {
+fn lookup_fast(b: &[u8], op: SubdocOp, path: &[Component]) -> Option<Result<Vec<u8>, SubdocError>> {
     let (mut start, mut end) = (0, b.len());
     for c in path {
         match fast::find(&b[start..end], c)? {

@@ -255,7 +255,11 @@ impl Bucket {
             let expiry = match old {
                 _ if deleted => 0,
                 Some(m) if req.preserve_ttl && !was_deleted => m.expiry,
-                _ => Expiry::from_wire(req.expiry_raw).to_unix_secs(now.secs()),
+                _ => self.collection_expiry(
+                    req.key,
+                    Expiry::from_wire(req.expiry_raw).to_unix_secs(now.secs()),
+                    now.secs(),
+                ),
             };
             let meta = ItemMeta {
                 flags: old.map_or(0, |m| m.flags),

@@ -5,8 +5,9 @@
 //! Fields are the ones the real clients require (`../shared/design/protocol-compat.md`
 //! §2): `rev`, `revEpoch`, `name`, `nodeLocator: "vbucket"`, `nodesExt[].services.kv`,
 //! `vBucketServerMap` with `numReplicas` and a non-empty `vBucketMap`, and
-//! `bucketCapabilities` with `durableWrite` (libcouchbase refuses SyncWrites without it)
-//! but without `collections` (HELLO 0x12 is not agreed; the two must match). The node's
+//! `bucketCapabilities` with `durableWrite` (libcouchbase refuses SyncWrites without it),
+//! `xattr` and `collections` (HELLO 0x12 is agreed; the two must match), and
+//! `collectionsManifestUid`, the uid of the bucket's collections manifest. The node's
 //! address is the one the client connected to, so a client that reached the server
 //! through one interface is never sent another.
 //!
@@ -83,15 +84,17 @@ pub(crate) fn bucket_config(
         let active = engine.vbucket_state(Vbid(vb)) == Some(VBucketState::Active);
         map.push_str(if active { "[0]" } else { "[-1]" });
     }
+    let uid = engine.manifest_uid();
     let mut s = String::with_capacity(map.len() + 512);
     // Writing to a String cannot fail.
     let _ = write!(
         s,
         "{{\"rev\":{rev},\"revEpoch\":{REV_EPOCH},\"name\":\"{name}\",\
          \"nodeLocator\":\"vbucket\",\"nodesExt\":{},\
+         \"collectionsManifestUid\":\"{uid:x}\",\
          \"vBucketServerMap\":{{\"hashAlgorithm\":\"CRC\",\"numReplicas\":0,\
          \"serverList\":[\"{server}\"],\"vBucketMap\":[{map}]}},\
-         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\"],\
+         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\",\"collections\"],\
          \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
         nodes_ext(local, ports)
     );

@@ -20,6 +20,7 @@ use epkv_protocol::{
     Command, DurabilityRequirement, Feature, HelloFeatures, ObserveState, Request, Status,
     error_map_json,
 };
+use epkv_types::doc_key::{self, DocKeyBuf};
 use epkv_types::{Cas, Datatype, DurabilityLevel, NUM_VBUCKETS, Seqno, Vbid, vbucket_for_key};
 use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
@@ -129,6 +130,9 @@ pub(crate) struct Session {
     /// The client negotiated extended attributes (HELLO Xattr): it may store a value
     /// with its attributes (datatype XATTR).
     pub(crate) xattr: bool,
+    /// The client negotiated collections (HELLO Collections): its keys start with their
+    /// collection id in LEB128.
+    pub(crate) collections: bool,
     /// The agent name the client gave in HELLO, for logs.
     pub(crate) agent: Option<String>,
     /// A TCP_NODELAY change HELLO asked for, applied by the connection after the batch.
@@ -194,6 +198,7 @@ impl Session {
             xerror: false,
             snappy: false,
             xattr: false,
+            collections: false,
             agent: None,
             nodelay_change: None,
             local,
@@ -491,6 +496,7 @@ impl Session {
         self.xerror = false;
         self.snappy = false;
         self.xattr = false;
+        self.collections = false;
         let mut agreed: Vec<Feature> = Vec::with_capacity(features.len());
         for f in features.known() {
             if !f.is_implemented() || agreed.contains(&f) {
@@ -504,6 +510,7 @@ impl Session {
                 Feature::Xerror => self.xerror = true,
                 Feature::Snappy => self.snappy = true,
                 Feature::Xattr => self.xattr = true,
+                Feature::Collections => self.collections = true,
                 // AltRequestSupport, SyncReplication, SelectBucket and PreserveTtl are
                 // informational (as in kv_engine): magic 0x08, durability and PreserveTtl
                 // frames and SELECT_BUCKET are accepted either way.
@@ -640,6 +647,22 @@ impl Session {
             );
             return;
         }
+        if matches!(wire, Status::UnknownCollection | Status::UnknownScope)
+            && let Some(b) = &self.bucket
+            && let Some(status) = status_for_client(wire, to.opcode, self.xerror)
+        {
+            // The manifest the answer came from, so the client knows whether to refresh
+            // (kv_engine's error context: the uid in hex without 0x).
+            let context = format!("{{\"manifest_uid\":\"{:x}\"}}", b.engine.manifest_uid());
+            put(
+                out,
+                &to.reply(status)
+                    .with_datatype(self.datatype_out(Datatype::JSON))
+                    .with_key(key)
+                    .with_value(context.as_bytes()),
+            );
+            return;
+        }
         self.fail_wire(out, to, wire, key);
     }
 
@@ -669,9 +692,18 @@ impl Session {
         out: &mut BytesMut,
         to: ReplyTo,
     ) {
-        let doc_key = cmd.document_key();
+        // The engine gets the key encoded with its collection; the vBucket comes from the
+        // key without it.
+        let mut buf = DocKeyBuf::new();
+        let (cmd, doc_key, raw_key) = match cmd.document_key() {
+            Some(wire) => match self.engine_key(wire, &mut buf) {
+                Ok((key, raw)) => (cmd.with_document_key(key), Some(key), raw),
+                Err(status) => return self.fail_wire(out, to, status, &[]),
+            },
+            None => (cmd, None, &[][..]),
+        };
         let vbid = match doc_key {
-            Some(key) if !self.vbucket_aware => vbucket_for_key(key, NUM_VBUCKETS),
+            Some(_) if !self.vbucket_aware => vbucket_for_key(raw_key, NUM_VBUCKETS),
             _ => req.header.vbucket,
         };
         if let Some(e) = self.fail_next.take() {
@@ -727,7 +759,15 @@ impl Session {
             }) {
                 Ok(()) => {}
                 Err(EngineStatus::KeyNotFound) if quiet => {}
-                Err(e) => self.fail(shared, out, to, e, if with_key { key } else { &[] }),
+                Err(e) => {
+                    let mut buf = DocKeyBuf::new();
+                    let key = if with_key {
+                        self.wire_key(key, &mut buf)
+                    } else {
+                        &[]
+                    };
+                    self.fail(shared, out, to, e, key);
+                }
             },
             Command::Store {
                 op,
@@ -861,7 +901,12 @@ impl Session {
                 let mut value = Vec::new();
                 for entry in epkv_protocol::ObserveKeys::new(keys) {
                     // The decoder checked every entry.
-                    let Ok((entry_vbid, key)) = entry else { break };
+                    let Ok((entry_vbid, wire)) = entry else { break };
+                    let mut buf = DocKeyBuf::new();
+                    let key = match self.engine_key(wire, &mut buf) {
+                        Ok((key, _)) => key,
+                        Err(status) => return self.fail_wire(out, to, status, &[]),
+                    };
                     match engine.observe(entry_vbid, key) {
                         Ok((state, cas)) => {
                             let state = match state {
@@ -871,7 +916,7 @@ impl Session {
                                 KeyState::LogicallyDeleted => ObserveState::LogicallyDeleted,
                             };
                             epkv_protocol::put_observe_entry(
-                                &mut value, entry_vbid, key, state, cas.0,
+                                &mut value, entry_vbid, wire, state, cas.0,
                             );
                         }
                         Err(e) => {
@@ -1056,6 +1101,38 @@ impl Session {
                     Err(e) => self.fail(shared, out, to, e, &[]),
                 }
             }
+            Command::GetCollectionsManifest => match engine.collections_manifest() {
+                Ok(json) => put_success(
+                    out,
+                    to,
+                    Cas::ANY,
+                    self.datatype_out(Datatype::JSON),
+                    &[],
+                    &[],
+                    json.as_bytes(),
+                ),
+                Err(e) => self.fail(shared, out, to, e, &[]),
+            },
+            Command::GetCollectionId { path } | Command::GetScopeId { path } => {
+                let Ok(path) = std::str::from_utf8(path) else {
+                    return self.fail_wire(out, to, Status::Einval, &[]);
+                };
+                let found = if matches!(cmd, Command::GetCollectionId { .. }) {
+                    engine.collection_id(path)
+                } else {
+                    engine.scope_id(path)
+                };
+                match found {
+                    // Extras: manifest uid (u64), then the id (u32).
+                    Ok((uid, id)) => {
+                        let mut extras = [0u8; 12];
+                        extras[..8].copy_from_slice(&uid.to_be_bytes());
+                        extras[8..].copy_from_slice(&id.to_be_bytes());
+                        put_success(out, to, Cas::ANY, Datatype::RAW, &extras, &[], &[]);
+                    }
+                    Err(e) => self.fail(shared, out, to, e, &[]),
+                }
+            }
             // `Command` is non-exhaustive: a command the codec learns to decode before the
             // front end learns to execute it is unknown to this server.
             _ => put_error_text(out, to, Status::UnknownCommand),
@@ -1084,8 +1161,48 @@ impl Session {
         (extras, 16)
     }
 
+    /// The engine key of a key from the wire (with the raw key, without its collection):
+    /// the client's LEB128 collection prefix when it negotiated collections, else the
+    /// default collection.
+    ///
+    /// # Errors
+    /// EINVAL for a prefix that is not canonical LEB128 of at most 5 bytes, or with no key
+    /// after it.
+    fn engine_key<'k>(
+        &self,
+        wire: &'k [u8],
+        buf: &'k mut DocKeyBuf,
+    ) -> Result<(&'k [u8], &'k [u8]), Status> {
+        if !self.collections {
+            return Ok((
+                doc_key::encode(doc_key::DEFAULT_COLLECTION, wire, buf),
+                wire,
+            ));
+        }
+        let (cid, n) = doc_key::leb128_decode(wire).ok_or(Status::Einval)?;
+        let raw = &wire[n..];
+        if raw.is_empty() {
+            return Err(Status::Einval);
+        }
+        Ok((doc_key::encode(cid, raw, buf), raw))
+    }
+
+    /// The key to send back for engine key `key`: as the client sent it.
+    fn wire_key<'k>(&self, key: &'k [u8], buf: &'k mut DocKeyBuf) -> &'k [u8] {
+        let (cid, raw) = doc_key::decode(key);
+        if !self.collections {
+            return raw;
+        }
+        buf.put_wire(cid, raw)
+    }
+
     fn put_item(&self, out: &mut BytesMut, to: ReplyTo, item: &ItemView<'_>, with_key: bool) {
-        let key: &[u8] = if with_key { item.key } else { &[] };
+        let mut buf = DocKeyBuf::new();
+        let key: &[u8] = if with_key {
+            self.wire_key(item.key, &mut buf)
+        } else {
+            &[]
+        };
         if item.datatype.contains(Datatype::XATTR) {
             // GET returns the body only (uncompressed, as KV-Engine sends it).
             let plain = if item.datatype.contains(Datatype::SNAPPY) {

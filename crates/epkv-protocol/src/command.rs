@@ -275,6 +275,19 @@ pub enum Command<'a> {
         /// The requested version.
         version: u16,
     },
+    /// GET_COLLECTIONS_MANIFEST: the selected bucket's manifest (JSON).
+    GetCollectionsManifest,
+    /// GET_COLLECTION_ID: the path `scope.collection` is the value (or, as newer clients
+    /// send it, the key).
+    GetCollectionId {
+        /// The path.
+        path: &'a [u8],
+    },
+    /// GET_SCOPE_ID: the path `scope` is the value (or the key).
+    GetScopeId {
+        /// The path.
+        path: &'a [u8],
+    },
 }
 
 /// Extras-length rule of an opcode.
@@ -420,6 +433,10 @@ fn spec_for(op: Opcode) -> Option<Spec> {
         Opcode::ObserveSeqno => spec(E::Exactly(0), P::Zero, P::NonZero, C::NotSet),
         Opcode::GetClusterConfig => spec(E::ZeroOr(16), P::Zero, P::Zero, C::NotSet),
         Opcode::GetErrorMap => spec(E::Exactly(0), P::Zero, P::NonZero, C::NotSet),
+        Opcode::GetCollectionsManifest => bare,
+        Opcode::GetCollectionId | Opcode::GetScopeId => {
+            spec(E::Exactly(0), P::Any, P::Any, C::NotSet)
+        }
         _ => return None,
     })
 }
@@ -702,6 +719,15 @@ impl<'a> Command<'a> {
                     )
                 }),
             },
+            Opcode::GetCollectionsManifest => Command::GetCollectionsManifest,
+            Opcode::GetCollectionId | Opcode::GetScopeId => {
+                let path = if req.value.is_empty() { key } else { req.value };
+                if op == Opcode::GetCollectionId {
+                    Command::GetCollectionId { path }
+                } else {
+                    Command::GetScopeId { path }
+                }
+            }
             Opcode::GetErrorMap => {
                 let version = match *req.value {
                     [hi, lo] => u16::from_be_bytes([hi, lo]),
@@ -791,7 +817,37 @@ impl<'a> Command<'a> {
             Command::ObserveSeqno { .. } => Opcode::ObserveSeqno,
             Command::GetClusterConfig { .. } => Opcode::GetClusterConfig,
             Command::GetErrorMap { .. } => Opcode::GetErrorMap,
+            Command::GetCollectionsManifest => Opcode::GetCollectionsManifest,
+            Command::GetCollectionId { .. } => Opcode::GetCollectionId,
+            Command::GetScopeId { .. } => Opcode::GetScopeId,
         }
+    }
+
+    /// The same command addressing `new` instead of its document key (the front end
+    /// gives the engine keys encoded with their collection); unchanged without one.
+    #[must_use]
+    pub fn with_document_key<'b>(&self, new: &'b [u8]) -> Command<'b>
+    where
+        'a: 'b,
+    {
+        let mut c: Command<'b> = *self;
+        match &mut c {
+            Command::Get { key, .. }
+            | Command::Store { key, .. }
+            | Command::Delete { key, .. }
+            | Command::Arithmetic { key, .. }
+            | Command::Touch { key, .. }
+            | Command::Gat { key, .. }
+            | Command::GetLocked { key, .. }
+            | Command::UnlockKey { key, .. }
+            | Command::EvictKey { key }
+            | Command::GetMeta { key, .. }
+            | Command::Subdoc { key, .. }
+            | Command::SubdocMultiLookup { key, .. }
+            | Command::SubdocMultiMutation { key, .. } => *key = new,
+            _ => {}
+        }
+        c
     }
 
     /// Returns the key the command addresses, if it addresses a document (used to route

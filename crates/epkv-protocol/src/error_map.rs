@@ -113,6 +113,8 @@ pub fn entry(status: Status) -> (&'static str, &'static [ErrorAttribute]) {
         Status::Einternal => ("EINTERNAL", &[A::Internal]),
         Status::Ebusy => ("EBUSY", &[A::Temp, A::RetryLater]),
         Status::Etmpfail => ("ETMPFAIL", &[A::Temp, A::RetryLater]),
+        Status::UnknownCollection => ("UNKNOWN_COLLECTION", &[A::ItemOnly, A::FetchConfig]),
+        Status::UnknownScope => ("UNKNOWN_SCOPE", &[A::ItemOnly, A::FetchConfig]),
         Status::DurabilityInvalidLevel => ("DURABILITY_INVALID_LEVEL", &[A::InvalidInput]),
         Status::DurabilityImpossible => ("DURABILITY_IMPOSSIBLE", &[A::Temp]),
         Status::SyncWriteInProgress => ("SYNC_WRITE_IN_PROGRESS", &[A::Temp, A::RetryLater]),

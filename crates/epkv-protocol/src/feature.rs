@@ -84,7 +84,7 @@ features! {
     /// way).
     SyncReplication = 0x11, "SyncReplication", true;
     /// Collection-prefixed keys.
-    Collections = 0x12, "Collections", false;
+    Collections = 0x12, "Collections", true;
     /// Snappy everywhere.
     SnappyEverywhere = 0x13, "SnappyEverywhere", false;
     /// Preserve TTL frame info.

@@ -146,6 +146,12 @@ opcodes! {
     GetqMeta = 0xa1, "GETQ_META", true;
     /// Read the cluster map.
     GetClusterConfig = 0xb5, "GET_CLUSTER_CONFIG", true;
+    /// The bucket's collections manifest (JSON).
+    GetCollectionsManifest = 0xba, "GET_COLLECTIONS_MANIFEST", true;
+    /// The id of a collection by its path `scope.collection`.
+    GetCollectionId = 0xbb, "GET_COLLECTION_ID", true;
+    /// The id of a scope by its name.
+    GetScopeId = 0xbc, "GET_SCOPE_ID", true;
     /// Sub-document: the value at a path.
     SubdocGet = 0xc5, "SUBDOC_GET", true;
     /// Sub-document: whether a path exists.

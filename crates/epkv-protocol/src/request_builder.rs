@@ -281,6 +281,8 @@ impl<'a> RequestBuilder<'a> {
             Command::GetErrorMap { version } => {
                 b.inline_value(Extras::from_parts(&[&version.to_be_bytes()]))
             }
+            Command::GetCollectionsManifest => b,
+            Command::GetCollectionId { path } | Command::GetScopeId { path } => b.value(path),
         }
     }
 

@@ -86,6 +86,10 @@ statuses! {
     Ebusy = 0x85, "System is busy";
     /// Temporary failure.
     Etmpfail = 0x86, "Temporary failure";
+    /// The key's collection does not exist (the value carries the manifest uid).
+    UnknownCollection = 0x88, "Unknown Collection";
+    /// The scope does not exist (the value carries the manifest uid).
+    UnknownScope = 0x8c, "Unknown Scope";
     /// Invalid durability level.
     DurabilityInvalidLevel = 0xa0, "Invalid durability level";
     /// Durability impossible.

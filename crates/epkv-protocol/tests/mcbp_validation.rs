@@ -196,6 +196,9 @@ fn sample(op: Opcode) -> Command<'static> {
             known_version: Some((1, 42)),
         },
         Opcode::GetErrorMap => Command::GetErrorMap { version: 2 },
+        Opcode::GetCollectionsManifest => Command::GetCollectionsManifest,
+        Opcode::GetCollectionId => Command::GetCollectionId { path: b"s.c" },
+        Opcode::GetScopeId => Command::GetScopeId { path: b"s" },
         other => panic!("no sample for implemented opcode {other:?}"),
     }
 }
@@ -334,7 +337,12 @@ fn key_rules() {
                 op,
                 Opcode::SaslAuth | Opcode::SaslStep | Opcode::SelectBucket
             );
-        let takes_key = needs_key || matches!(op, Opcode::Stat | Opcode::Hello);
+        // GET_COLLECTION_ID and GET_SCOPE_ID take their path as the key or the value.
+        let takes_key = needs_key
+            || matches!(
+                op,
+                Opcode::Stat | Opcode::Hello | Opcode::GetCollectionId | Opcode::GetScopeId
+            );
         let b = RequestBuilder::from_command(&cmd).key(&[]);
         if needs_key {
             assert_eq!(status_of(b), Err(Status::Einval), "{op:?} without key");
@@ -376,6 +384,8 @@ fn value_rules() {
                 | Command::SaslStep { .. }
                 // The value is the path (then the value): "vvv" is a path.
                 | Command::Subdoc { .. }
+                | Command::GetCollectionId { .. }
+                | Command::GetScopeId { .. }
         );
         let value: &[u8] = if op == Opcode::Hello { b"vv" } else { b"vvv" };
         let b = RequestBuilder::from_command(&cmd).value(value);

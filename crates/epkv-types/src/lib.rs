@@ -20,6 +20,7 @@
 #![deny(rustdoc::broken_intra_doc_links)]
 
 mod datatype;
+pub mod doc_key;
 mod ids;
 mod ops;
 mod thread_shard;

@@ -141,13 +141,16 @@ impl Mgmt {
     ) -> Self {
         let mut uuid = [0u8; 16];
         rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut uuid);
+        let collections_of = Arc::clone(&buckets);
         let started = clock.now();
         Self {
             access,
             buckets,
             users,
             frontend,
-            collections: Box::new(scopes::NoCollections),
+            collections: Box::new(scopes::EngineCollections {
+                buckets: Arc::clone(&collections_of),
+            }),
             version,
             uuid: uuid.iter().map(|b| format!("{b:02x}")).collect(),
             clock,

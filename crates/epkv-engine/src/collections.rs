@@ -1,0 +1,647 @@
+//! Scopes and collections (kv_engine `docs/Collections.md`): a bucket's manifest, its
+//! changes, and where documents meet it.
+//!
+//! - The manifest names scopes and their collections, each with an id, and has a uid that
+//!   grows with every change. `_default` (scope and collection, id 0) exists from the
+//!   start; the default collection may be dropped (and then its documents are gone), the
+//!   default scope may not. New ids start at 8 (0-7 are reserved) and are never reused,
+//!   so a collection created again under an old name gets a new id and none of the old
+//!   documents.
+//! - Keys reach the engine encoded with their collection ([`epkv_types::doc_key`]); every
+//!   client operation checks the collection exists (`UnknownCollection`, and the client
+//!   reads the manifest uid to refresh).
+//! - A dropped collection's documents leave memory in the background, one vBucket at a
+//!   time ([`crate::Bucket::purge_dropped`]); warmup skips them and compaction removes
+//!   them from the data files (the manifest, persisted beside them, says which are
+//!   dropped).
+//! - A collection's `maxTTL` applies to writes without an expiry and caps longer ones.
+//! - The manifest is kept in `collections.json` in the bucket's data directory, written
+//!   atomically (temporary file, fsync, rename, fsync of the directory).
+
+use epkv_engine_api::{EngineResult, EngineStatus};
+use epkv_types::doc_key::{self, DEFAULT_COLLECTION};
+use parking_lot::{Mutex, RwLock};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+/// The first id handed to a new scope or collection (0-7 are reserved).
+const FIRST_ID: u32 = 8;
+/// Most scopes, and most collections, a bucket may have.
+pub const MAX_SCOPES: usize = 1000;
+/// Most collections a bucket may have.
+pub const MAX_COLLECTIONS: usize = 1000;
+/// The manifest file in a bucket's data directory.
+pub const MANIFEST_FILE: &str = "collections.json";
+
+/// One collection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectionEntry {
+    /// Its id (the key prefix clients send).
+    pub id: u32,
+    /// Its name, unique in its scope.
+    pub name: String,
+    /// Seconds of life of documents written without an expiry (and the most any may
+    /// have); `None` for no limit.
+    pub max_ttl: Option<u32>,
+}
+
+/// One scope and its collections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeEntry {
+    /// Its id.
+    pub id: u32,
+    /// Its name, unique in the bucket.
+    pub name: String,
+    /// Its collections.
+    pub collections: Vec<CollectionEntry>,
+}
+
+/// A bucket's scopes and collections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    /// Grows with every change.
+    pub uid: u64,
+    /// The scopes (the default scope first).
+    pub scopes: Vec<ScopeEntry>,
+    /// The next id a scope or collection gets (ids are never reused).
+    pub next_id: u32,
+    /// Collections dropped whose documents may still be on disk (compaction removes
+    /// them; warmup skips them).
+    pub dropped: Vec<u32>,
+}
+
+impl Default for Manifest {
+    fn default() -> Self {
+        Self {
+            uid: 0,
+            scopes: vec![ScopeEntry {
+                id: 0,
+                name: "_default".into(),
+                collections: vec![CollectionEntry {
+                    id: DEFAULT_COLLECTION,
+                    name: "_default".into(),
+                    max_ttl: None,
+                }],
+            }],
+            next_id: FIRST_ID,
+            dropped: Vec::new(),
+        }
+    }
+}
+
+/// Whether `name` may name a scope or collection a user creates: 1-251 bytes of
+/// `A-Z a-z 0-9 _ - %`, not starting with `_` or `%` (Couchbase's rule).
+#[must_use]
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 251
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'%'))
+        && !name.starts_with(['_', '%'])
+}
+
+fn hex(v: u64) -> String {
+    format!("{v:x}")
+}
+
+impl Manifest {
+    /// The collection with id `cid`, and its scope.
+    #[must_use]
+    pub fn collection(&self, cid: u32) -> Option<(&ScopeEntry, &CollectionEntry)> {
+        self.scopes
+            .iter()
+            .find_map(|s| s.collections.iter().find(|c| c.id == cid).map(|c| (s, c)))
+    }
+
+    fn scope(&self, name: &str) -> Option<&ScopeEntry> {
+        self.scopes.iter().find(|s| s.name == name)
+    }
+
+    fn scope_mut(&mut self, name: &str) -> Option<&mut ScopeEntry> {
+        self.scopes.iter_mut().find(|s| s.name == name)
+    }
+
+    fn collection_count(&self) -> usize {
+        self.scopes.iter().map(|s| s.collections.len()).sum()
+    }
+
+    /// The manifest as kv_engine's GET_COLLECTIONS_MANIFEST returns it (ids and uid in
+    /// hex strings without `0x`).
+    #[must_use]
+    pub fn to_json(&self) -> Value {
+        let scopes: Vec<Value> = self
+            .scopes
+            .iter()
+            .map(|s| {
+                let collections: Vec<Value> = s
+                    .collections
+                    .iter()
+                    .map(|c| {
+                        let mut v = json!({"name": c.name, "uid": hex(u64::from(c.id))});
+                        if let Some(ttl) = c.max_ttl {
+                            v["maxTTL"] = json!(ttl);
+                        }
+                        v
+                    })
+                    .collect();
+                json!({"name": s.name, "uid": hex(u64::from(s.id)), "collections": collections})
+            })
+            .collect();
+        json!({"uid": hex(self.uid), "scopes": scopes})
+    }
+
+    /// The manifest as its file keeps it: [`Self::to_json`] plus the next id and the
+    /// dropped collections still to purge.
+    #[must_use]
+    pub fn to_file_json(&self) -> Value {
+        let mut v = self.to_json();
+        v["next_id"] = json!(self.next_id);
+        v["dropped"] = json!(self.dropped);
+        v
+    }
+
+    /// Reads a manifest file.
+    ///
+    /// # Errors
+    /// A description of what is malformed.
+    pub fn from_file_json(v: &Value) -> Result<Self, String> {
+        let parse_hex = |v: &Value, what: &str| -> Result<u64, String> {
+            v.as_str()
+                .and_then(|s| u64::from_str_radix(s, 16).ok())
+                .ok_or_else(|| format!("{what} is not a hex string"))
+        };
+        let uid = parse_hex(&v["uid"], "uid")?;
+        let mut scopes = Vec::new();
+        for s in v["scopes"].as_array().ok_or("no scopes")? {
+            let mut collections = Vec::new();
+            for c in s["collections"]
+                .as_array()
+                .ok_or("scope without collections")?
+            {
+                collections.push(CollectionEntry {
+                    id: u32::try_from(parse_hex(&c["uid"], "collection uid")?)
+                        .map_err(|_| "collection uid out of range")?,
+                    name: c["name"]
+                        .as_str()
+                        .ok_or("collection without a name")?
+                        .into(),
+                    max_ttl: c["maxTTL"].as_u64().and_then(|t| u32::try_from(t).ok()),
+                });
+            }
+            scopes.push(ScopeEntry {
+                id: u32::try_from(parse_hex(&s["uid"], "scope uid")?)
+                    .map_err(|_| "scope uid out of range")?,
+                name: s["name"].as_str().ok_or("scope without a name")?.into(),
+                collections,
+            });
+        }
+        let next_id = v["next_id"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or("no next_id")?;
+        let dropped = v["dropped"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|d| d.as_u64().and_then(|d| u32::try_from(d).ok()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !scopes.iter().any(|s| s.id == 0) {
+            return Err("no default scope".into());
+        }
+        Ok(Self {
+            uid,
+            scopes,
+            next_id,
+            dropped,
+        })
+    }
+}
+
+/// A bucket's collections: the manifest, and where it is kept.
+pub struct Collections {
+    manifest: RwLock<Arc<Manifest>>,
+    /// The default collection exists (the common case, checked without the lock).
+    default_exists: AtomicBool,
+    /// Some collection other than the default exists.
+    any_named: AtomicBool,
+    /// Where the manifest is kept; `None` in a memory-only bucket.
+    file: Option<PathBuf>,
+    /// Serializes changes (and their file writes).
+    change: Mutex<()>,
+}
+
+impl std::fmt::Debug for Collections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Collections")
+            .field("manifest", &*self.manifest.read())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Collections {
+    /// Loads the manifest of the bucket whose data directory is `dir` (a fresh one when
+    /// there is no file), or a memory-only bucket's (`None`).
+    ///
+    /// # Errors
+    /// A manifest file that cannot be read or parsed (the bucket does not start: its
+    /// documents' collections would be unknown).
+    pub fn open(dir: Option<PathBuf>) -> Result<Self, String> {
+        let file = dir.map(|d| d.join(MANIFEST_FILE));
+        let manifest = match &file {
+            Some(f) if f.exists() => {
+                let text = std::fs::read(f).map_err(|e| format!("{}: {e}", f.display()))?;
+                let v: Value =
+                    serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", f.display()))?;
+                Manifest::from_file_json(&v).map_err(|e| format!("{}: {e}", f.display()))?
+            }
+            _ => Manifest::default(),
+        };
+        let c = Self {
+            manifest: RwLock::new(Arc::new(Manifest::default())),
+            default_exists: AtomicBool::new(true),
+            any_named: AtomicBool::new(false),
+            file,
+            change: Mutex::new(()),
+        };
+        c.install(manifest);
+        Ok(c)
+    }
+
+    fn install(&self, m: Manifest) {
+        self.default_exists
+            .store(m.collection(DEFAULT_COLLECTION).is_some(), Relaxed);
+        self.any_named.store(m.collection_count() > 1, Relaxed);
+        *self.manifest.write() = Arc::new(m);
+    }
+
+    /// The current manifest.
+    #[must_use]
+    pub fn manifest(&self) -> Arc<Manifest> {
+        self.manifest.read().clone()
+    }
+
+    /// The manifest uid.
+    #[must_use]
+    pub fn uid(&self) -> u64 {
+        self.manifest.read().uid
+    }
+
+    /// Checks that the collection of engine key `key` exists.
+    ///
+    /// # Errors
+    /// `UnknownCollection`.
+    #[inline]
+    pub fn check_key(&self, key: &[u8]) -> EngineResult<()> {
+        let cid = doc_key::collection_of(key);
+        if cid == DEFAULT_COLLECTION {
+            if self.default_exists.load(Relaxed) {
+                return Ok(());
+            }
+            return Err(EngineStatus::UnknownCollection);
+        }
+        if self.any_named.load(Relaxed) && self.manifest.read().collection(cid).is_some() {
+            return Ok(());
+        }
+        Err(EngineStatus::UnknownCollection)
+    }
+
+    /// The `maxTTL` of the collection of engine key `key`, if it has one.
+    #[must_use]
+    pub fn max_ttl(&self, key: &[u8]) -> Option<u32> {
+        // The default collection has no maxTTL (it is never created with one).
+        let cid = doc_key::collection_of(key);
+        if cid == DEFAULT_COLLECTION {
+            return None;
+        }
+        self.manifest
+            .read()
+            .collection(cid)
+            .and_then(|(_, c)| c.max_ttl)
+    }
+
+    /// Collection ids dropped whose documents may remain on disk.
+    #[must_use]
+    pub fn dropped(&self) -> Vec<u32> {
+        self.manifest.read().dropped.clone()
+    }
+
+    /// Whether documents of collection `cid` are to be kept (it exists).
+    #[must_use]
+    pub fn is_live(&self, cid: u32) -> bool {
+        if cid == DEFAULT_COLLECTION {
+            return self.default_exists.load(Relaxed);
+        }
+        self.manifest.read().collection(cid).is_some()
+    }
+
+    /// GET_COLLECTION_ID: the manifest uid and the id of the collection at `path`
+    /// (`scope.collection`; an empty part is `_default`).
+    ///
+    /// # Errors
+    /// `Invalid` for a path without one dot; `UnknownScope`, `UnknownCollection`.
+    pub fn collection_id(&self, path: &str) -> EngineResult<(u64, u32)> {
+        let (scope, collection) = path.split_once('.').ok_or(EngineStatus::Invalid)?;
+        if collection.contains('.') {
+            return Err(EngineStatus::Invalid);
+        }
+        let or_default = |s: &'_ str| if s.is_empty() { "_default" } else { s }.to_owned();
+        let (scope, collection) = (or_default(scope), or_default(collection));
+        let m = self.manifest.read();
+        let s = m.scope(&scope).ok_or(EngineStatus::UnknownScope)?;
+        let c = s
+            .collections
+            .iter()
+            .find(|c| c.name == collection)
+            .ok_or(EngineStatus::UnknownCollection)?;
+        Ok((m.uid, c.id))
+    }
+
+    /// GET_SCOPE_ID: the manifest uid and the id of the scope at `path` (`scope`, or
+    /// `scope.collection` whose collection part is ignored; empty is `_default`).
+    ///
+    /// # Errors
+    /// `Invalid` for more than one dot; `UnknownScope`.
+    pub fn scope_id(&self, path: &str) -> EngineResult<(u64, u32)> {
+        let mut parts = path.split('.');
+        let scope = parts.next().unwrap_or_default();
+        let _ = parts.next();
+        if parts.next().is_some() {
+            return Err(EngineStatus::Invalid);
+        }
+        let scope = if scope.is_empty() { "_default" } else { scope };
+        let m = self.manifest.read();
+        let s = m.scope(scope).ok_or(EngineStatus::UnknownScope)?;
+        Ok((m.uid, s.id))
+    }
+
+    /// Applies `change` to a copy of the manifest, persists it, then installs it;
+    /// returns the new uid.
+    fn update(&self, change: impl FnOnce(&mut Manifest) -> EngineResult<()>) -> EngineResult<u64> {
+        let _one_at_a_time = self.change.lock();
+        let mut m = (*self.manifest()).clone();
+        change(&mut m)?;
+        m.uid += 1;
+        if let Some(f) = &self.file {
+            write_atomically(f, &serde_json::to_vec_pretty(&m.to_file_json()).unwrap_or_default())
+                .map_err(|e| {
+                    tracing::error!(file = %f.display(), error = %e, "cannot write the collections manifest");
+                    EngineStatus::TempFail
+                })?;
+        }
+        let uid = m.uid;
+        self.install(m);
+        Ok(uid)
+    }
+
+    /// Creates scope `name`.
+    ///
+    /// # Errors
+    /// `Invalid` for a bad name, `KeyExists` if it exists, `TooBig` past [`MAX_SCOPES`].
+    pub fn create_scope(&self, name: &str) -> EngineResult<u64> {
+        if !valid_name(name) {
+            return Err(EngineStatus::Invalid);
+        }
+        self.update(|m| {
+            if m.scope(name).is_some() {
+                return Err(EngineStatus::KeyExists);
+            }
+            if m.scopes.len() >= MAX_SCOPES {
+                return Err(EngineStatus::TooBig);
+            }
+            m.scopes.push(ScopeEntry {
+                id: m.next_id,
+                name: name.into(),
+                collections: Vec::new(),
+            });
+            m.next_id += 1;
+            Ok(())
+        })
+    }
+
+    /// Drops scope `name` and its collections.
+    ///
+    /// # Errors
+    /// `Invalid` for the default scope, `UnknownScope`.
+    pub fn drop_scope(&self, name: &str) -> EngineResult<u64> {
+        if name == "_default" {
+            return Err(EngineStatus::Invalid);
+        }
+        self.update(|m| {
+            let i = m
+                .scopes
+                .iter()
+                .position(|s| s.name == name)
+                .ok_or(EngineStatus::UnknownScope)?;
+            let s = m.scopes.remove(i);
+            m.dropped.extend(s.collections.iter().map(|c| c.id));
+            Ok(())
+        })
+    }
+
+    /// Creates collection `name` in scope `scope`, with `max_ttl` seconds (0 = none).
+    ///
+    /// # Errors
+    /// `Invalid` for a bad name, `UnknownScope`, `KeyExists` if it exists, `TooBig` past
+    /// [`MAX_COLLECTIONS`].
+    pub fn create_collection(&self, scope: &str, name: &str, max_ttl: u32) -> EngineResult<u64> {
+        if !valid_name(name) {
+            return Err(EngineStatus::Invalid);
+        }
+        self.update(|m| {
+            if m.collection_count() >= MAX_COLLECTIONS {
+                return Err(EngineStatus::TooBig);
+            }
+            let id = m.next_id;
+            let s = m.scope_mut(scope).ok_or(EngineStatus::UnknownScope)?;
+            if s.collections.iter().any(|c| c.name == name) {
+                return Err(EngineStatus::KeyExists);
+            }
+            s.collections.push(CollectionEntry {
+                id,
+                name: name.into(),
+                max_ttl: (max_ttl > 0).then_some(max_ttl),
+            });
+            m.next_id += 1;
+            Ok(())
+        })
+    }
+
+    /// Drops collection `name` of scope `scope`.
+    ///
+    /// # Errors
+    /// `UnknownScope`, `UnknownCollection`.
+    pub fn drop_collection(&self, scope: &str, name: &str) -> EngineResult<u64> {
+        self.update(|m| {
+            let s = m.scope_mut(scope).ok_or(EngineStatus::UnknownScope)?;
+            let i = s
+                .collections
+                .iter()
+                .position(|c| c.name == name)
+                .ok_or(EngineStatus::UnknownCollection)?;
+            let c = s.collections.remove(i);
+            m.dropped.push(c.id);
+            Ok(())
+        })
+    }
+
+    /// Forgets dropped collections whose documents are gone from disk too.
+    pub fn forget_dropped(&self, purged: &[u32]) {
+        if purged.is_empty() {
+            return;
+        }
+        let _ = self.update(|m| {
+            m.dropped.retain(|d| !purged.contains(d));
+            Ok(())
+        });
+    }
+}
+
+/// Writes `bytes` to `path` so that a crash leaves the old file or the new one.
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("json.tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+impl crate::Bucket {
+    /// Removes from memory the documents of collections that no longer exist, one
+    /// vBucket at a time (each a stripe at a time: no request waits long), then, in a
+    /// memory-only bucket, forgets them. A persistent bucket keeps them listed as dropped
+    /// until compaction has removed them from the data files. Returns the documents
+    /// removed.
+    pub fn purge_dropped(&self) -> usize {
+        let mut removed = 0;
+        for vb in &self.vbuckets {
+            removed += vb
+                .table
+                .retain(|sv| self.collections.is_live(doc_key::collection_of(sv.key())));
+            std::thread::yield_now();
+        }
+        if self.persistence.is_none() {
+            self.collections.forget_dropped(&self.collections.dropped());
+        }
+        removed
+    }
+
+    /// Starts [`Self::purge_dropped`] on a thread of its own (a drop answers at once).
+    pub(crate) fn start_purge(&self) {
+        let Some(weak) = self.self_ref.get().cloned() else {
+            self.purge_dropped();
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("epkv-collection-purge".into())
+            .spawn(move || {
+                let Some(bucket) = weak.upgrade() else {
+                    return;
+                };
+                let started = bucket.clock.now();
+                let removed = bucket.purge_dropped();
+                tracing::info!(
+                    bucket = %bucket.config.name,
+                    removed,
+                    millis = bucket.clock.now().saturating_duration_since(started).as_millis(),
+                    "dropped collections purged from memory"
+                );
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the purge of dropped collections; it runs now");
+            self.purge_dropped();
+        }
+    }
+
+    /// The expiry a write gets in the collection of engine key `key`: its `maxTTL`
+    /// applies to a write without an expiry and caps a longer one.
+    pub(crate) fn collection_expiry(&self, key: &[u8], expiry_unix: u32, now_secs: u32) -> u32 {
+        match self.collections.max_ttl(key) {
+            Some(ttl) => {
+                let limit = now_secs.saturating_add(ttl);
+                if expiry_unix == 0 || expiry_unix > limit {
+                    limit
+                } else {
+                    expiry_unix
+                }
+            }
+            None => expiry_unix,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_changes_bump_the_uid_and_ids_are_never_reused() {
+        let c = Collections::open(None).unwrap();
+        assert_eq!(c.uid(), 0);
+        assert_eq!(c.create_scope("inventory"), Ok(1));
+        assert_eq!(c.create_collection("inventory", "airline", 0), Ok(2));
+        assert_eq!(c.collection_id("inventory.airline"), Ok((2, 9)));
+        assert_eq!(c.collection_id("."), Ok((2, 0)));
+        assert_eq!(c.collection_id("_default._default"), Ok((2, 0)));
+        assert_eq!(c.scope_id("inventory"), Ok((2, 8)));
+        assert_eq!(
+            c.collection_id("inventory.nope"),
+            Err(EngineStatus::UnknownCollection)
+        );
+        assert_eq!(c.collection_id("nope.x"), Err(EngineStatus::UnknownScope));
+        assert_eq!(c.collection_id("nodot"), Err(EngineStatus::Invalid));
+        assert_eq!(
+            c.create_collection("inventory", "airline", 0),
+            Err(EngineStatus::KeyExists)
+        );
+        assert_eq!(
+            c.create_collection("inventory", "_bad", 0),
+            Err(EngineStatus::Invalid)
+        );
+        let mut buf = epkv_types::doc_key::DocKeyBuf::new();
+        let key = doc_key::encode(9, b"k", &mut buf).to_vec();
+        assert_eq!(c.check_key(&key), Ok(()));
+        assert_eq!(c.check_key(b"plain"), Ok(()));
+        assert_eq!(c.drop_collection("inventory", "airline"), Ok(3));
+        assert_eq!(c.check_key(&key), Err(EngineStatus::UnknownCollection));
+        assert_eq!(c.dropped(), vec![9]);
+        // Created again: a new id.
+        assert_eq!(c.create_collection("inventory", "airline", 60), Ok(4));
+        assert_eq!(c.collection_id("inventory.airline"), Ok((4, 10)));
+        let mut buf = epkv_types::doc_key::DocKeyBuf::new();
+        assert_eq!(c.max_ttl(doc_key::encode(10, b"k", &mut buf)), Some(60));
+        assert_eq!(c.max_ttl(b"k"), None);
+        assert_eq!(c.drop_scope("_default"), Err(EngineStatus::Invalid));
+        assert_eq!(c.drop_collection("_default", "_default"), Ok(5));
+        assert_eq!(c.check_key(b"plain"), Err(EngineStatus::UnknownCollection));
+    }
+
+    #[test]
+    fn the_manifest_file_round_trips() {
+        let dir = std::env::temp_dir().join(format!("epkv-coll-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = Collections::open(Some(dir.clone())).unwrap();
+        c.create_scope("s1").unwrap();
+        c.create_collection("s1", "c1", 5).unwrap();
+        c.create_collection("s1", "c2", 0).unwrap();
+        c.drop_collection("s1", "c2").unwrap();
+        let again = Collections::open(Some(dir.clone())).unwrap();
+        assert_eq!(*again.manifest(), *c.manifest());
+        assert_eq!(again.manifest().dropped, vec![10]);
+        let j = again.manifest().to_json();
+        assert_eq!(j["uid"], "4");
+        assert_eq!(j["scopes"][1]["collections"][0]["maxTTL"], 5);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
