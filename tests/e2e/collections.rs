@@ -1,0 +1,252 @@
+//! Scopes and collections on the wire (issue 21): HELLO Collections and LEB128 key
+//! prefixes, GET_COLLECTIONS_MANIFEST / GET_COLLECTION_ID / GET_SCOPE_ID,
+//! UnknownCollection with the manifest uid, the same key in different collections, a
+//! classic client reaching the default collection, bad prefixes, and a SIGKILL with
+//! several collections: every collection comes back with its documents and a dropped one
+//! stays dropped. The SDK's collection manager is tested in tests/python.
+
+use crate::harness::{Server, TestDir, http_request, skip_if_external};
+use epkv_client::{Client, Response, StoreOptions};
+use epkv_protocol::{Command, DurabilityRequirement, Feature, Opcode, RequestBuilder, Status};
+use epkv_types::doc_key::DocKeyBuf;
+use epkv_types::{DurabilityLevel, NUM_VBUCKETS, vbucket_for_key};
+use std::time::Duration;
+
+const ADMIN: (&str, &str) = ("Administrator", "password");
+
+fn args() -> Vec<&'static str> {
+    vec!["--admin-user", ADMIN.0, "--admin-password", ADMIN.1]
+}
+
+/// A client that negotiated collections, logged in with `default` selected.
+async fn collections_client(server: &Server) -> Client {
+    let mut c = server.client().await;
+    let agreed = c
+        .hello(
+            "e2e-collections",
+            &[
+                Feature::Xerror,
+                Feature::Json,
+                Feature::Collections,
+                Feature::MutationSeqno,
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(agreed.contains(&Feature::Collections.as_u16()));
+    c.auth_plain(ADMIN.0, ADMIN.1).await.unwrap();
+    assert!(c.select_bucket("default").await.unwrap().is_success());
+    // Warmup (after the restart) answers TMPFAIL until done.
+    for _ in 0..3000 {
+        let stats = c.stat("warmup").await.unwrap();
+        match stats.iter().find(|(k, _)| k == "ep_warmup_state") {
+            Some((_, v)) if v != "done" => tokio::time::sleep(Duration::from_millis(10)).await,
+            _ => break,
+        }
+    }
+    c
+}
+
+/// The wire key of `key` in collection `cid`.
+fn key_in(cid: u32, key: &[u8]) -> Vec<u8> {
+    DocKeyBuf::new().put_wire(cid, key).to_vec()
+}
+
+/// Sends `req` for `raw` key (whose vBucket it goes to) with the wire key `wire`.
+async fn send(c: &mut Client, op: Opcode, wire: &[u8], raw: &[u8], value: &[u8]) -> Response {
+    let vb = vbucket_for_key(raw, NUM_VBUCKETS);
+    let mut req = RequestBuilder::new(op).key(wire).vbucket(vb);
+    if op == Opcode::Set {
+        // Persisted before it is acknowledged, so that the SIGKILL below keeps it.
+        req = req
+            .extras(&[0; 8])
+            .value(value)
+            .durability(DurabilityRequirement {
+                level: DurabilityLevel::PersistToMajority,
+                timeout: Some(Duration::from_secs(20)),
+            });
+    }
+    c.request(req).await.unwrap()
+}
+
+fn mgmt(server: &Server, method: &str, path: &str, form: Option<&str>) -> serde_json::Value {
+    let r = http_request(server.mgmt_addr(), method, path, Some(ADMIN), form);
+    assert_eq!(r.status, 200, "{method} {path}: {}", r.body);
+    serde_json::from_str(&r.body).unwrap()
+}
+
+async fn collection_id(c: &mut Client, path: &str) -> (Option<Status>, u64, u32) {
+    let cmd = Command::GetCollectionId {
+        path: path.as_bytes(),
+    };
+    let r = c.request(RequestBuilder::from_command(&cmd)).await.unwrap();
+    if r.extras.len() == 12 {
+        let uid = u64::from_be_bytes(r.extras[..8].try_into().unwrap());
+        let id = u32::from_be_bytes(r.extras[8..].try_into().unwrap());
+        (r.status(), uid, id)
+    } else {
+        (r.status(), 0, 0)
+    }
+}
+
+#[tokio::test]
+async fn collections_keep_documents_apart_and_survive_sigkill() {
+    if skip_if_external("collections") {
+        return;
+    }
+    let dir = TestDir::new();
+    let server = Server::spawn_in(dir.path(), &args());
+    mgmt(
+        &server,
+        "POST",
+        "/pools/default/buckets/default/scopes",
+        Some("name=inventory"),
+    );
+    for name in ["airline", "hotel", "gone"] {
+        mgmt(
+            &server,
+            "POST",
+            "/pools/default/buckets/default/scopes/inventory/collections",
+            Some(&format!("name={name}")),
+        );
+    }
+    let mut c = collections_client(&server).await;
+    let (status, uid, airline) = collection_id(&mut c, "inventory.airline").await;
+    assert_eq!((status, uid), (Some(Status::Success), 4));
+    let (_, _, hotel) = collection_id(&mut c, "inventory.hotel").await;
+    let (_, _, gone) = collection_id(&mut c, "inventory.gone").await;
+    assert_eq!(collection_id(&mut c, ".").await.2, 0);
+    let (status, _, _) = collection_id(&mut c, "inventory.nope").await;
+    assert_eq!(status, Some(Status::UnknownCollection));
+    let (status, _, _) = collection_id(&mut c, "nope.x").await;
+    assert_eq!(status, Some(Status::UnknownScope));
+    let manifest = c
+        .request(RequestBuilder::from_command(
+            &Command::GetCollectionsManifest,
+        ))
+        .await
+        .unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&manifest.value).unwrap();
+    assert_eq!(m["uid"], "4");
+    assert_eq!(m["scopes"][1]["name"], "inventory");
+
+    // The same key in four collections.
+    for (cid, value) in [
+        (0, "default"),
+        (airline, "airline"),
+        (hotel, "hotel"),
+        (gone, "gone"),
+    ] {
+        let r = send(
+            &mut c,
+            Opcode::Set,
+            &key_in(cid, b"doc"),
+            b"doc",
+            value.as_bytes(),
+        )
+        .await;
+        assert_eq!(r.status(), Some(Status::Success), "{cid}");
+    }
+    for (cid, value) in [(0, "default"), (airline, "airline"), (hotel, "hotel")] {
+        let r = send(&mut c, Opcode::Get, &key_in(cid, b"doc"), b"doc", b"").await;
+        assert_eq!(r.value.as_ref(), value.as_bytes(), "{cid}");
+    }
+    // An unknown collection: 0x88 with the manifest uid.
+    let r = send(&mut c, Opcode::Get, &key_in(77, b"doc"), b"doc", b"").await;
+    assert_eq!(r.status(), Some(Status::UnknownCollection));
+    let body: serde_json::Value = serde_json::from_slice(&r.value).unwrap();
+    assert_eq!(body["manifest_uid"], "4");
+    // Bad prefixes: non-canonical, six bytes, nothing after the id.
+    for wire in [
+        &[0x81u8, 0x00, b'k'][..],
+        &[0x80, 0x80, 0x80, 0x80, 0x80, 0x00, b'k'],
+        &[0x08],
+    ] {
+        let r = send(&mut c, Opcode::Get, wire, b"k", b"").await;
+        assert_eq!(r.status(), Some(Status::Einval), "{wire:?}");
+    }
+    // A classic client (no HELLO) reaches the default collection.
+    let mut classic = server.client().await;
+    classic.auth_plain(ADMIN.0, ADMIN.1).await.unwrap();
+    assert!(classic.select_bucket("default").await.unwrap().is_success());
+    assert_eq!(
+        classic.get(b"doc").await.unwrap().value.as_ref(),
+        b"default"
+    );
+    // A key that starts with a zero byte stays in the default collection.
+    let durable = StoreOptions::new().durability(DurabilityRequirement {
+        level: DurabilityLevel::PersistToMajority,
+        timeout: Some(Duration::from_secs(20)),
+    });
+    assert!(
+        classic
+            .set(b"\0\x08doc", b"zero", durable)
+            .await
+            .unwrap()
+            .is_success()
+    );
+    let r = send(
+        &mut c,
+        Opcode::Get,
+        &key_in(0, b"\0\x08doc"),
+        b"\0\x08doc",
+        b"",
+    )
+    .await;
+    assert_eq!(r.value.as_ref(), b"zero");
+    let r = send(&mut c, Opcode::Get, &key_in(8, b"doc"), b"doc", b"").await;
+    assert_ne!(
+        r.value.as_ref(),
+        b"zero",
+        "collection 8 is the scope's id, not a collection"
+    );
+
+    // Drop one collection: its document is gone at once.
+    mgmt(
+        &server,
+        "DELETE",
+        "/pools/default/buckets/default/scopes/inventory/collections/gone",
+        None,
+    );
+    let r = send(&mut c, Opcode::Get, &key_in(gone, b"doc"), b"doc", b"").await;
+    assert_eq!(r.status(), Some(Status::UnknownCollection));
+    drop(c);
+    drop(classic);
+    let _log = server.kill();
+
+    let server = Server::spawn_in(dir.path(), &args());
+    let mut c = collections_client(&server).await;
+    let (status, uid, id) = collection_id(&mut c, "inventory.airline").await;
+    assert_eq!((status, uid, id), (Some(Status::Success), 5, airline));
+    for (cid, value) in [(0, "default"), (airline, "airline"), (hotel, "hotel")] {
+        let r = send(&mut c, Opcode::Get, &key_in(cid, b"doc"), b"doc", b"").await;
+        assert_eq!(
+            r.value.as_ref(),
+            value.as_bytes(),
+            "{cid} after the restart"
+        );
+    }
+    let (status, _, _) = collection_id(&mut c, "inventory.gone").await;
+    assert_eq!(status, Some(Status::UnknownCollection));
+    // Created again, it is empty: the old documents stay dropped.
+    mgmt(
+        &server,
+        "POST",
+        "/pools/default/buckets/default/scopes/inventory/collections",
+        Some("name=gone"),
+    );
+    let (_, _, again) = collection_id(&mut c, "inventory.gone").await;
+    assert_ne!(again, gone);
+    let r = send(&mut c, Opcode::Get, &key_in(again, b"doc"), b"doc", b"").await;
+    assert_eq!(r.status(), Some(Status::KeyEnoent));
+    // The zero-byte key of the default collection came back too.
+    let r = send(
+        &mut c,
+        Opcode::Get,
+        &key_in(0, b"\0\x08doc"),
+        b"\0\x08doc",
+        b"",
+    )
+    .await;
+    assert_eq!(r.value.as_ref(), b"zero");
+}
