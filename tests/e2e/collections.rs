@@ -151,6 +151,19 @@ async fn collections_keep_documents_apart_and_survive_sigkill() {
         let r = send(&mut c, Opcode::Get, &key_in(cid, b"doc"), b"doc", b"").await;
         assert_eq!(r.value.as_ref(), value.as_bytes(), "{cid}");
     }
+    // STAT collections and scopes count each collection's documents and operations.
+    let stats: std::collections::HashMap<String, String> =
+        c.stat("collections").await.unwrap().into_iter().collect();
+    let p = format!("0x8:{airline:#x}:");
+    assert_eq!(stats[&format!("{p}name")], "airline");
+    assert_eq!(stats[&format!("{p}items")], "1");
+    assert_eq!(stats[&format!("{p}ops_store")], "1");
+    assert_eq!(stats[&format!("{p}ops_get")], "1");
+    assert_eq!(stats["manifest_uid"], "4");
+    let scopes: std::collections::HashMap<String, String> =
+        c.stat("scopes").await.unwrap().into_iter().collect();
+    assert_eq!(scopes["0x8:collections"], "3");
+    assert_eq!(scopes["0x8:items"], "3");
     // An unknown collection: 0x88 with the manifest uid.
     let r = send(&mut c, Opcode::Get, &key_in(77, b"doc"), b"doc", b"").await;
     assert_eq!(r.status(), Some(Status::UnknownCollection));

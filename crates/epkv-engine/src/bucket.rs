@@ -47,6 +47,8 @@ pub struct Bucket {
     pub(crate) task_executor: std::sync::OnceLock<epkv_executor::ExecutorHandle>,
     /// Scopes and collections.
     pub(crate) collections: crate::collections::Collections,
+    /// Operation counts per collection.
+    pub(crate) collection_ops: crate::collections::CollectionOps,
     /// The bucket itself, for background work started by a request (the purge of a
     /// dropped collection).
     pub(crate) self_ref: std::sync::OnceLock<std::sync::Weak<Bucket>>,
@@ -311,6 +313,7 @@ impl Bucket {
         let interval = config.expiry_pager_interval;
         let bucket = Arc::new(Bucket {
             collections,
+            collection_ops: crate::collections::CollectionOps::default(),
             self_ref: std::sync::OnceLock::new(),
             clock: clock.clock(),
             testing_clock: clock.testing().cloned(),

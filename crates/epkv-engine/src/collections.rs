@@ -24,7 +24,7 @@ use parking_lot::{Mutex, RwLock};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 /// The first id handed to a new scope or collection (0-7 are reserved).
 const FIRST_ID: u32 = 8;
@@ -517,6 +517,52 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
     Ok(())
 }
 
+/// Operation counts per collection (`STAT collections`): GETs, stores and deletions. Ids
+/// past the table share its last slot (ids grow with every collection created; the
+/// first 4,095 get their own).
+pub struct CollectionOps(Box<[[AtomicU64; 3]]>);
+
+/// Slots of [`CollectionOps`].
+const OPS_SLOTS: usize = 4096;
+
+/// What a [`CollectionOps`] count is of.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Op {
+    Get = 0,
+    Store = 1,
+    Delete = 2,
+}
+
+impl Default for CollectionOps {
+    fn default() -> Self {
+        Self(
+            (0..OPS_SLOTS)
+                .map(|_| [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)])
+                .collect(),
+        )
+    }
+}
+
+impl CollectionOps {
+    fn slot(&self, cid: u32) -> &[AtomicU64; 3] {
+        let i = usize::try_from(cid)
+            .unwrap_or(usize::MAX)
+            .min(OPS_SLOTS - 1);
+        &self.0[i]
+    }
+
+    /// Counts one `op` on engine key `key`.
+    #[inline]
+    pub(crate) fn count(&self, key: &[u8], op: Op) {
+        self.slot(doc_key::collection_of(key))[op as usize].fetch_add(1, Relaxed);
+    }
+
+    fn get(&self, cid: u32) -> [u64; 3] {
+        let s = self.slot(cid);
+        [s[0].load(Relaxed), s[1].load(Relaxed), s[2].load(Relaxed)]
+    }
+}
+
 impl crate::Bucket {
     /// Removes from memory the documents of collections that no longer exist, one
     /// vBucket at a time (each a stripe at a time: no request waits long), then, in a
@@ -535,6 +581,66 @@ impl crate::Bucket {
             self.collections.forget_dropped(&self.collections.dropped());
         }
         removed
+    }
+
+    /// Items and memory of each collection, counted over memory (under full eviction,
+    /// documents only on disk are not counted).
+    fn collection_usage(&self) -> std::collections::HashMap<u32, (u64, u64)> {
+        let mut usage: std::collections::HashMap<u32, (u64, u64)> =
+            std::collections::HashMap::new();
+        for vb in &self.vbuckets {
+            vb.table.for_each(|sv| {
+                if !sv.is_deleted() {
+                    let u = usage.entry(doc_key::collection_of(sv.key())).or_default();
+                    u.0 += 1;
+                    u.1 += sv.footprint() as u64;
+                }
+            });
+        }
+        usage
+    }
+
+    /// `STAT collections`: the manifest uid, then for each collection
+    /// `SCOPE_ID:COLLECTION_ID:` `name`, `scope_name`, `items`, `mem_used`, `maxTTL`,
+    /// `ops_get`, `ops_store`, `ops_delete` (ids in hex with `0x`, as KV-Engine).
+    pub(crate) fn emit_collections(&self, sink: epkv_engine_api::StatSink<'_>) {
+        let m = self.collections.manifest();
+        let usage = self.collection_usage();
+        sink("manifest_uid", &m.uid.to_string());
+        for s in &m.scopes {
+            for c in &s.collections {
+                let p = format!("{:#x}:{:#x}:", s.id, c.id);
+                let (items, mem) = usage.get(&c.id).copied().unwrap_or_default();
+                let [gets, stores, deletes] = self.collection_ops.get(c.id);
+                sink(&format!("{p}name"), &c.name);
+                sink(&format!("{p}scope_name"), &s.name);
+                sink(&format!("{p}items"), &items.to_string());
+                sink(&format!("{p}mem_used"), &mem.to_string());
+                sink(&format!("{p}maxTTL"), &c.max_ttl.unwrap_or(0).to_string());
+                sink(&format!("{p}ops_get"), &gets.to_string());
+                sink(&format!("{p}ops_store"), &stores.to_string());
+                sink(&format!("{p}ops_delete"), &deletes.to_string());
+            }
+        }
+    }
+
+    /// `STAT scopes`: the manifest uid, then for each scope `SCOPE_ID:` `name`,
+    /// `collections` (how many) and `items`.
+    pub(crate) fn emit_scopes(&self, sink: epkv_engine_api::StatSink<'_>) {
+        let m = self.collections.manifest();
+        let usage = self.collection_usage();
+        sink("manifest_uid", &m.uid.to_string());
+        for s in &m.scopes {
+            let p = format!("{:#x}:", s.id);
+            let items: u64 = s
+                .collections
+                .iter()
+                .map(|c| usage.get(&c.id).map_or(0, |u| u.0))
+                .sum();
+            sink(&format!("{p}name"), &s.name);
+            sink(&format!("{p}collections"), &s.collections.len().to_string());
+            sink(&format!("{p}items"), &items.to_string());
+        }
     }
 
     /// Starts [`Self::purge_dropped`] on a thread of its own (a drop answers at once).

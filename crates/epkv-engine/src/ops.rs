@@ -72,6 +72,7 @@ impl Bucket {
     ) -> EngineResult<R> {
         self.counters.incr(Counter::CmdGet);
         let (vb, _state) = self.client_vbucket(vbid, key)?;
+        self.collection_ops.count(key, crate::collections::Op::Get);
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
             self.expire_on_access(vb, e, &now)?;
@@ -312,6 +313,8 @@ impl Bucket {
             return Err(EngineStatus::Invalid);
         }
         let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        self.collection_ops
+            .count(req.key, crate::collections::Op::Store);
         self.check_disk()?;
         check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);
@@ -475,6 +478,8 @@ impl Bucket {
     /// DELETE.
     pub(crate) fn op_remove(&self, req: &RemoveRequest<'_>) -> EngineResult<MutationInfo> {
         let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        self.collection_ops
+            .count(req.key, crate::collections::Op::Delete);
         self.check_disk()?;
         check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);
@@ -507,6 +512,8 @@ impl Bucket {
         req: &ArithmeticRequest<'_>,
     ) -> EngineResult<(u64, MutationInfo)> {
         let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        self.collection_ops
+            .count(req.key, crate::collections::Op::Store);
         self.check_disk()?;
         check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);

@@ -333,6 +333,14 @@ impl Bucket {
                 self.emit_warmup(sink);
                 Ok(())
             }
+            "collections" => {
+                self.emit_collections(sink);
+                Ok(())
+            }
+            "scopes" => {
+                self.emit_scopes(sink);
+                Ok(())
+            }
             g => {
                 if let Some(id) = g.strip_prefix("vbucket-details ") {
                     let id = id.trim().parse().map_err(|_| EngineStatus::Invalid)?;

@@ -74,6 +74,7 @@ impl Bucket {
             return Err(EngineStatus::Invalid);
         }
         let (vb, _state) = self.client_vbucket(vbid, key)?;
+        self.collection_ops.count(key, crate::collections::Op::Get);
         let now = LazyNow::new(&*self.clock);
         let search = |plain: &[u8], m: &ItemMeta, deleted: bool| {
             let (section, body) = if m.datatype.contains(Datatype::XATTR) {
@@ -153,6 +154,8 @@ impl Bucket {
             return Err(EngineStatus::Invalid);
         }
         let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        self.collection_ops
+            .count(req.key, crate::collections::Op::Store);
         self.check_disk()?;
         check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);
