@@ -254,3 +254,48 @@ async fn the_bucket_subcommands_create_and_drop_on_a_running_server() {
     let out = cli(&["drop", "cli-b"]);
     assert!(!out.status.success());
 }
+
+#[tokio::test]
+async fn the_scope_and_collection_subcommands_change_the_manifest() {
+    if skip_if_external("mgmt_collection_cli") {
+        return;
+    }
+    let server = Server::spawn(&admin_args());
+    let port = server.mgmt_addr().port().to_string();
+    let cli = |args: &[&str]| {
+        std::process::Command::new(server_binary())
+            .args(args)
+            .args(["--port", &port, "--user", ADMIN.0, "--password", ADMIN.1])
+            .output()
+            .unwrap()
+    };
+    let out = cli(&["scope", "create", "default", "app"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = cli(&["collection", "create", "default", "app.users", "--max-ttl", "60"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = cli(&["collection", "create", "default", "app.users"]);
+    assert!(!out.status.success(), "a second create fails");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    let out = cli(&["collection", "create", "default", "no-dot"]);
+    assert!(!out.status.success());
+    let m = json(
+        &http_request(
+            server.mgmt_addr(),
+            "GET",
+            "/pools/default/buckets/default/scopes",
+            Some(ADMIN),
+            None,
+        )
+        .body,
+    );
+    assert_eq!(m["scopes"][1]["name"], "app");
+    assert_eq!(m["scopes"][1]["collections"][0]["name"], "users");
+    assert_eq!(m["scopes"][1]["collections"][0]["maxTTL"], 60);
+    let out = cli(&["collection", "drop", "default", "app.users"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = cli(&["collection", "drop", "default", "app.users"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+    let out = cli(&["scope", "drop", "default", "app"]);
+    assert!(out.status.success(), "{out:?}");
+}

@@ -1,6 +1,8 @@
-//! `epkv-server bucket create|drop NAME`: calls the management REST API of a running
-//! server (`POST /pools/default/buckets`, `DELETE /pools/default/buckets/NAME`) with a
-//! small blocking HTTP/1.1 client (one request per connection).
+//! `epkv-server bucket create|drop NAME` and `epkv-server collection create|drop
+//! BUCKET SCOPE.COLLECTION` (and `scope create|drop BUCKET SCOPE`): call the management
+//! REST API of a running server (`/pools/default/buckets[/NAME]`,
+//! `/pools/default/buckets/NAME/scopes[/...]`) with a small blocking HTTP/1.1 client (one
+//! request per connection).
 
 use anyhow::{Context, Result, bail};
 use base64::Engine as _;
@@ -63,6 +65,138 @@ pub(crate) enum BucketCommand {
         #[command(flatten)]
         target: Target,
     },
+}
+
+/// `epkv-server collection ...`.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum CollectionCommand {
+    /// Create a collection in an existing scope
+    Create {
+        /// The bucket
+        bucket: String,
+        /// The collection, as SCOPE.COLLECTION
+        path: String,
+        /// Seconds of life of documents written without an expiry (0: none)
+        #[arg(long, default_value_t = 0)]
+        max_ttl: u32,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Drop a collection and its documents
+    Drop {
+        /// The bucket
+        bucket: String,
+        /// The collection, as SCOPE.COLLECTION
+        path: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// `epkv-server scope ...`.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum ScopeCommand {
+    /// Create a scope
+    Create {
+        /// The bucket
+        bucket: String,
+        /// The scope's name
+        name: String,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Drop a scope with its collections and their documents
+    Drop {
+        /// The bucket
+        bucket: String,
+        /// The scope's name
+        name: String,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// Sends a management request and fails with the server's answer unless it succeeded.
+fn call(target: &Target, method: &str, path: &str, form: &str, what: &str) -> Result<()> {
+    let (status, body) = request(target, method, path, form)?;
+    if !(200..300).contains(&status) {
+        bail!("the server refused to {what} ({status}): {body}");
+    }
+    println!("{what}: done ({body})");
+    Ok(())
+}
+
+/// Runs a `collection` subcommand.
+pub(crate) fn run_collection(cmd: &CollectionCommand) -> Result<()> {
+    let (bucket, path, target) = match cmd {
+        CollectionCommand::Create {
+            bucket,
+            path,
+            target,
+            ..
+        }
+        | CollectionCommand::Drop {
+            bucket,
+            path,
+            target,
+        } => (bucket, path, target),
+    };
+    let Some((scope, name)) = path.split_once('.') else {
+        bail!("the collection must be written SCOPE.COLLECTION, not {path:?}");
+    };
+    let base = format!(
+        "/pools/default/buckets/{}/scopes/{}/collections",
+        encode(bucket),
+        encode(scope)
+    );
+    match cmd {
+        CollectionCommand::Create { max_ttl, .. } => call(
+            target,
+            "POST",
+            &base,
+            &format!("name={}&maxTTL={max_ttl}", encode(name)),
+            &format!("create collection {path:?} in bucket {bucket:?}"),
+        ),
+        CollectionCommand::Drop { .. } => call(
+            target,
+            "DELETE",
+            &format!("{base}/{}", encode(name)),
+            "",
+            &format!("drop collection {path:?} of bucket {bucket:?}"),
+        ),
+    }
+}
+
+/// Runs a `scope` subcommand.
+pub(crate) fn run_scope(cmd: &ScopeCommand) -> Result<()> {
+    match cmd {
+        ScopeCommand::Create {
+            bucket,
+            name,
+            target,
+        } => call(
+            target,
+            "POST",
+            &format!("/pools/default/buckets/{}/scopes", encode(bucket)),
+            &format!("name={}", encode(name)),
+            &format!("create scope {name:?} in bucket {bucket:?}"),
+        ),
+        ScopeCommand::Drop {
+            bucket,
+            name,
+            target,
+        } => call(
+            target,
+            "DELETE",
+            &format!(
+                "/pools/default/buckets/{}/scopes/{}",
+                encode(bucket),
+                encode(name)
+            ),
+            "",
+            &format!("drop scope {name:?} of bucket {bucket:?}"),
+        ),
+    }
 }
 
 /// Percent-encodes a form value or path segment (unreserved characters stay).

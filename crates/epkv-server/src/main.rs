@@ -113,6 +113,12 @@ enum CliCommand {
     /// Create or drop a bucket on a running server, through its management REST API
     #[command(subcommand)]
     Bucket(bucket_cli::BucketCommand),
+    /// Create or drop a scope on a running server
+    #[command(subcommand)]
+    Scope(bucket_cli::ScopeCommand),
+    /// Create or drop a collection on a running server
+    #[command(subcommand)]
+    Collection(bucket_cli::CollectionCommand),
 }
 
 fn main() -> ExitCode {
@@ -124,6 +130,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(CliCommand::User(cmd)) => users::run(cmd),
         Some(CliCommand::Bucket(cmd)) => bucket_cli::run(&cmd),
+        Some(CliCommand::Scope(cmd)) => bucket_cli::run_scope(&cmd),
+        Some(CliCommand::Collection(cmd)) => bucket_cli::run_collection(&cmd),
         None => run(cli),
     };
     match result {
