@@ -263,3 +263,22 @@ async fn collections_keep_documents_apart_and_survive_sigkill() {
     .await;
     assert_eq!(r.value.as_ref(), b"zero");
 }
+
+#[tokio::test]
+async fn collections_declared_in_the_settings_exist_at_startup() {
+    if skip_if_external("collections_setting") {
+        return;
+    }
+    let mut a = args();
+    a.extend(["--collections", "default:app.users=60,default:_default.extra"]);
+    let server = Server::spawn(&a);
+    let mut c = collections_client(&server).await;
+    let (status, _, users) = collection_id(&mut c, "app.users").await;
+    assert_eq!(status, Some(Status::Success));
+    assert!(users >= 8);
+    let (status, _, _) = collection_id(&mut c, "_default.extra").await;
+    assert_eq!(status, Some(Status::Success));
+    let stats: std::collections::HashMap<String, String> =
+        c.stat("collections").await.unwrap().into_iter().collect();
+    assert_eq!(stats[&format!("0x8:{users:#x}:maxTTL")], "60");
+}

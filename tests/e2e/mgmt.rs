@@ -271,7 +271,14 @@ async fn the_scope_and_collection_subcommands_change_the_manifest() {
     };
     let out = cli(&["scope", "create", "default", "app"]);
     assert!(out.status.success(), "{out:?}");
-    let out = cli(&["collection", "create", "default", "app.users", "--max-ttl", "60"]);
+    let out = cli(&[
+        "collection",
+        "create",
+        "default",
+        "app.users",
+        "--max-ttl",
+        "60",
+    ]);
     assert!(out.status.success(), "{out:?}");
     let out = cli(&["collection", "create", "default", "app.users"]);
     assert!(!out.status.success(), "a second create fails");

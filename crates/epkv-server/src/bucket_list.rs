@@ -171,3 +171,106 @@ mod tests {
         assert_eq!(s.expose(), "hunter2");
     }
 }
+
+/// One configured collection: `BUCKET:SCOPE.COLLECTION[=MAXTTL]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CollectionSpec {
+    /// The bucket.
+    pub(crate) bucket: String,
+    /// The scope (created if missing).
+    pub(crate) scope: String,
+    /// The collection.
+    pub(crate) name: String,
+    /// Its maxTTL in seconds (0: none).
+    pub(crate) max_ttl: u32,
+}
+
+/// The collections to create at startup if missing, written
+/// `BUCKET:SCOPE.COLLECTION[=MAXTTL],...` (for example
+/// `travel:inventory.airline,travel:inventory.hotel=3600`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct CollectionList(pub(crate) Vec<CollectionSpec>);
+
+impl FromStr for CollectionList {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (path, ttl) = match part.split_once('=') {
+                Some((p, t)) => (
+                    p.trim(),
+                    t.trim()
+                        .parse::<u32>()
+                        .map_err(|_| format!("{part:?}: the maxTTL must be whole seconds"))?,
+                ),
+                None => (part, 0),
+            };
+            let (bucket, rest) = path
+                .split_once(':')
+                .ok_or_else(|| format!("{part:?}: write BUCKET:SCOPE.COLLECTION"))?;
+            let (scope, name) = rest
+                .split_once('.')
+                .ok_or_else(|| format!("{part:?}: write BUCKET:SCOPE.COLLECTION"))?;
+            let valid = |n: &str| n == "_default" || epkv_engine::collections::valid_name(n);
+            if !valid(scope) || !epkv_engine::collections::valid_name(name) {
+                return Err(format!(
+                    "{part:?}: scope and collection names are 1-251 characters of A-Z, a-z, \
+                     0-9, _, - and %, not starting with _ or %"
+                ));
+            }
+            out.push(CollectionSpec {
+                bucket: bucket.trim().to_owned(),
+                scope: scope.to_owned(),
+                name: name.to_owned(),
+                max_ttl: ttl,
+            });
+        }
+        Ok(Self(out))
+    }
+}
+
+impl fmt::Display for CollectionList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, c) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{}:{}.{}", c.bucket, c.scope, c.name)?;
+            if c.max_ttl > 0 {
+                write!(f, "={}", c.max_ttl)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for CollectionList {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod collection_list_tests {
+    use super::*;
+
+    #[test]
+    fn collection_lists_parse_and_print_back() {
+        let l: CollectionList = "travel:inventory.airline, travel:inventory.hotel=3600"
+            .parse()
+            .unwrap();
+        assert_eq!(l.0.len(), 2);
+        assert_eq!(l.0[1].max_ttl, 3600);
+        assert_eq!(
+            l.to_string(),
+            "travel:inventory.airline,travel:inventory.hotel=3600"
+        );
+        assert!("nocolon.x".parse::<CollectionList>().is_err());
+        assert!("b:nodot".parse::<CollectionList>().is_err());
+        assert!("b:s._bad".parse::<CollectionList>().is_err());
+        assert!("b:s.c=soon".parse::<CollectionList>().is_err());
+        assert!("b:_default.c".parse::<CollectionList>().is_ok());
+    }
+}

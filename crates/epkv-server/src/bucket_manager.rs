@@ -243,6 +243,7 @@ impl BucketManager {
                 .with_context(|| format!("cannot restore bucket {name:?} created at run time"))?;
         }
         drop(table);
+        manager.declare_collections(&s.collections)?;
         Ok(manager)
     }
 
@@ -261,6 +262,36 @@ impl BucketManager {
     }
 
     /// One bucket with its parameters.
+    /// Creates the configured scopes and collections that do not exist yet.
+    ///
+    /// # Errors
+    /// A collection of a bucket that does not exist, or a change the engine refuses.
+    fn declare_collections(&self, list: &crate::bucket_list::CollectionList) -> Result<()> {
+        use epkv_engine_api::{Engine, EngineStatus};
+        for c in &list.0 {
+            let Some((_, bucket)) = self.get(&c.bucket) else {
+                anyhow::bail!(
+                    "collections setting: no bucket {:?} for {}.{}",
+                    c.bucket,
+                    c.scope,
+                    c.name
+                );
+            };
+            match bucket.create_scope(&c.scope) {
+                Ok(_) | Err(EngineStatus::KeyExists) => {}
+                Err(_) if c.scope == "_default" => {}
+                Err(e) => anyhow::bail!("collections setting: scope {:?}: {e}", c.scope),
+            }
+            match bucket.create_collection(&c.scope, &c.name, c.max_ttl) {
+                Ok(_) | Err(EngineStatus::KeyExists) => {}
+                Err(e) => {
+                    anyhow::bail!("collections setting: {}.{}: {e}", c.scope, c.name)
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn get(&self, name: &str) -> Option<(BucketParams, Arc<Bucket>)> {
         self.table
             .lock()

@@ -12,7 +12,7 @@
 //! written as the text a user would type, and parsed with the same parser as the flags, so
 //! the documented default is the real one.
 
-use crate::bucket_list::{BucketList, Secret};
+use crate::bucket_list::{BucketList, CollectionList, Secret};
 use crate::byte_size::ByteSize;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -332,6 +332,8 @@ settings! {
         help = "Threads that check SASL PLAIN passwords (a PBKDF2 derivation of milliseconds), so that failing logins never stall the front-end threads; 0 means half the CPU cores (at least 1). Failed attempts are also throttled per source address and per connection";
     buckets: BucketList = "", unit = "list",
         help = "Buckets to create besides `default` (which always exists): NAME, NAME=QUOTA, NAME/EVICTION or NAME=QUOTA/EVICTION, comma separated, e.g. travel,beer=256MiB,logs=1GiB/full. Each is its own engine with its own quota (memory-quota unless given), eviction policy (eviction-policy unless given) and directory DATA_DIR/NAME";
+    collections: CollectionList = "", unit = "list",
+        help = "Scopes and collections to create at startup when missing: BUCKET:SCOPE.COLLECTION or BUCKET:SCOPE.COLLECTION=MAXTTL (seconds), comma separated, e.g. travel:inventory.airline,travel:inventory.hotel=3600. Scopes are created as needed; existing ones are left as they are (a manifest changed at run time is kept across restarts)";
     memory_quota: ByteSize = "1GiB", unit = "bytes",
         help = "Memory quota of each bucket that does not set its own; accepts suffixes such as 512MiB or 2GiB";
     mem_high_wat: u8 = "85", unit = "percent",
