@@ -270,7 +270,10 @@ async fn collections_declared_in_the_settings_exist_at_startup() {
         return;
     }
     let mut a = args();
-    a.extend(["--collections", "default:app.users=60,default:_default.extra"]);
+    a.extend([
+        "--collections",
+        "default:app.users=60,default:_default.extra",
+    ]);
     let server = Server::spawn(&a);
     let mut c = collections_client(&server).await;
     let (status, _, users) = collection_id(&mut c, "app.users").await;

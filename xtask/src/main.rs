@@ -8,6 +8,7 @@
 //! and docs/testing.md.
 
 mod bench_auth;
+mod bench_collections;
 mod bench_frontend;
 mod bench_memory;
 mod bench_metrics;
@@ -96,6 +97,9 @@ enum BenchCmd {
     Auth(bench_auth::AuthOptions),
     /// Sub-document reads and changes against a full GET and GET + CAS SET (issue 20).
     Subdoc(bench_subdoc::SubdocOptions),
+    /// A named collection against the default one, and the drop of a large collection
+    /// (issue 21).
+    Collections(bench_collections::CollectionsOptions),
     /// Prometheus scrape (issue 19): server CPU per scrape with 1024 vBuckets, every
     /// task's histograms and 1,000 connections, and the exposition's size.
     Metrics(bench_metrics::MetricsOptions),
@@ -139,6 +143,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Subdoc(opts),
         } => bench_subdoc::bench_subdoc(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Collections(opts),
+        } => bench_collections::bench_collections(&opts),
         Cmd::Bench {
             which: BenchCmd::Metrics(opts),
         } => bench_metrics::bench_metrics(&opts),

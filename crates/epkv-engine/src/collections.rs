@@ -222,9 +222,17 @@ impl Manifest {
     }
 }
 
+/// Collection ids below this are looked up without a lock ([`Collections::check_key`],
+/// [`Collections::max_ttl`]); larger ones (after thousands of collections were created)
+/// read the manifest.
+const FAST_IDS: usize = 4096;
+
 /// A bucket's collections: the manifest, and where it is kept.
 pub struct Collections {
     manifest: RwLock<Arc<Manifest>>,
+    /// For ids below [`FAST_IDS`]: 0 when the collection does not exist, else its
+    /// maxTTL + 1 (so 1 is "exists, no maxTTL"). Written with the manifest.
+    fast: Box<[AtomicU64]>,
     /// The default collection exists (the common case, checked without the lock).
     default_exists: AtomicBool,
     /// Some collection other than the default exists.
@@ -263,6 +271,7 @@ impl Collections {
         };
         let c = Self {
             manifest: RwLock::new(Arc::new(Manifest::default())),
+            fast: (0..FAST_IDS).map(|_| AtomicU64::new(0)).collect(),
             default_exists: AtomicBool::new(true),
             any_named: AtomicBool::new(false),
             file,
@@ -276,7 +285,36 @@ impl Collections {
         self.default_exists
             .store(m.collection(DEFAULT_COLLECTION).is_some(), Relaxed);
         self.any_named.store(m.collection_count() > 1, Relaxed);
+        let mut fast = vec![0u64; FAST_IDS];
+        for c in m.scopes.iter().flat_map(|s| &s.collections) {
+            if let Some(slot) = usize::try_from(c.id).ok().and_then(|i| fast.get_mut(i)) {
+                *slot = u64::from(c.max_ttl.unwrap_or(0)) + 1;
+            }
+        }
+        // Collections that exist are published before the manifest and those gone are
+        // withdrawn after it: the fast path never knows less than the manifest about a
+        // collection created, nor more about one dropped (for longer than this loop).
+        for (slot, v) in self.fast.iter().zip(&fast) {
+            if *v != 0 {
+                slot.store(*v, Relaxed);
+            }
+        }
         *self.manifest.write() = Arc::new(m);
+        for (slot, v) in self.fast.iter().zip(&fast) {
+            if *v == 0 {
+                slot.store(0, Relaxed);
+            }
+        }
+    }
+
+    /// The fast-path entry of `cid`: `Some(0)` absent, `Some(ttl + 1)` present, `None`
+    /// for an id past the table.
+    #[inline]
+    fn fast(&self, cid: u32) -> Option<u64> {
+        usize::try_from(cid)
+            .ok()
+            .and_then(|i| self.fast.get(i))
+            .map(|a| a.load(Relaxed))
     }
 
     /// The current manifest.
@@ -304,10 +342,15 @@ impl Collections {
             }
             return Err(EngineStatus::UnknownCollection);
         }
-        if self.any_named.load(Relaxed) && self.manifest.read().collection(cid).is_some() {
-            return Ok(());
+        let exists = match self.fast(cid) {
+            Some(v) => v != 0,
+            None => self.any_named.load(Relaxed) && self.manifest.read().collection(cid).is_some(),
+        };
+        if exists {
+            Ok(())
+        } else {
+            Err(EngineStatus::UnknownCollection)
         }
-        Err(EngineStatus::UnknownCollection)
     }
 
     /// The `maxTTL` of the collection of engine key `key`, if it has one.
@@ -318,10 +361,14 @@ impl Collections {
         if cid == DEFAULT_COLLECTION {
             return None;
         }
-        self.manifest
-            .read()
-            .collection(cid)
-            .and_then(|(_, c)| c.max_ttl)
+        match self.fast(cid) {
+            Some(v) => u32::try_from(v.saturating_sub(1)).ok().filter(|t| *t > 0),
+            None => self
+                .manifest
+                .read()
+                .collection(cid)
+                .and_then(|(_, c)| c.max_ttl),
+        }
     }
 
     /// Collection ids dropped whose documents may remain on disk.

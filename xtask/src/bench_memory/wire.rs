@@ -78,6 +78,9 @@ pub(crate) struct BinClient {
     conn: Conn,
     /// Put the key's vBucket in each request's header (epkv); memcached gets 0.
     vbuckets: bool,
+    /// Keys start with a LEB128 collection id (HELLO Collections): the vBucket is the
+    /// key's without it.
+    collections: bool,
 }
 
 impl BinClient {
@@ -86,6 +89,7 @@ impl BinClient {
         Ok(Self {
             conn: Conn::connect(addr)?,
             vbuckets,
+            collections: false,
         })
     }
 
@@ -98,6 +102,7 @@ impl BinClient {
             Ok(conn) => Self {
                 conn,
                 vbuckets: false,
+                collections: false,
             },
             Err(e) => panic!("cannot clone a connected stream: {e:#}"),
         }
@@ -144,13 +149,43 @@ impl BinClient {
     /// Encodes `b` into the output buffer, with the key's vBucket when asked for.
     fn push(&mut self, opcode: Opcode, key: &[u8], b: RequestBuilder<'_>) -> Result<()> {
         let vbucket = if self.vbuckets && !key.is_empty() && opcode != Opcode::Stat {
-            epkv_types::vbucket_for_key(key, NUM_VBUCKETS)
+            let raw = match epkv_types::doc_key::leb128_decode(key) {
+                Some((_, n)) if self.collections => &key[n..],
+                _ => key,
+            };
+            epkv_types::vbucket_for_key(raw, NUM_VBUCKETS)
         } else {
             Vbid(0)
         };
         b.vbucket(vbucket)
             .encode(&mut self.conn.out)
             .with_context(|| format!("encode {}", opcode.name()))
+    }
+
+    /// HELLO with Collections (and XERROR): from now on keys carry their collection id.
+    ///
+    /// # Errors
+    /// I/O, or a server that does not agree to collections.
+    pub(crate) fn negotiate_collections(&mut self) -> Result<()> {
+        let mut features = Vec::new();
+        for f in [
+            epkv_protocol::Feature::Xerror,
+            epkv_protocol::Feature::Collections,
+        ] {
+            features.extend_from_slice(&f.as_u16().to_be_bytes());
+        }
+        self.queue(Opcode::Hello, b"xtask-bench", b"", &features, 0)?;
+        self.flush()?;
+        let r = self.recv()?;
+        let agreed = r
+            .value
+            .chunks(2)
+            .any(|c| c == epkv_protocol::Feature::Collections.as_u16().to_be_bytes());
+        if r.status != 0 || !agreed {
+            anyhow::bail!("the server did not agree to collections");
+        }
+        self.collections = true;
+        Ok(())
     }
 
     /// Queues a SET (or SETQ) with flags 0 and no expiry.
