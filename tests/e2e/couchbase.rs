@@ -95,7 +95,7 @@ async fn hello_agrees_to_exactly_the_implemented_features() {
     assert_eq!(
         agreed,
         [
-            0x03, 0x06, 0x07, 0x08, 0x0b, 0x10, 0x11, 0x15, 0x17, 0x14, 0x0a, 0x04
+            0x03, 0x06, 0x07, 0x08, 0x0b, 0x10, 0x11, 0x15, 0x12, 0x17, 0x14, 0x0a, 0x04
         ]
     );
 }
@@ -375,9 +375,10 @@ async fn the_cluster_map_describes_this_node_and_changes_revision() {
     let caps = b["bucketCapabilities"].as_array().unwrap();
     assert!(caps.contains(&"durableWrite".into()));
     assert!(
-        !caps.contains(&"collections".into()),
-        "collections are not agreed in HELLO, so not advertised"
+        caps.contains(&"collections".into()),
+        "collections are agreed in HELLO, so advertised"
     );
+    assert_eq!(b["collectionsManifestUid"], "0");
     let rev = b["rev"].as_i64().unwrap();
     let epoch = b["revEpoch"].as_i64().unwrap();
     let same = c.get_cluster_config(Some((epoch, rev))).await.unwrap();
