@@ -463,3 +463,101 @@ async fn extended_attributes_live_beside_the_body_and_system_ones_survive_deleti
     let a = run(&mut c, &single(Opcode::SubdocGet, t, b"txn.id", 6, 0x04), t).await;
     assert_eq!(a.value.as_ref(), b"7");
 }
+
+/// A body write keeps the attributes of a document whose value (value eviction) or whole
+/// self (full eviction) left memory, and of one loaded by warmup after a restart: the
+/// write reads the old version back first.
+#[tokio::test]
+async fn attributes_survive_body_writes_after_eviction_and_restart() {
+    if skip_if_external("xattr_eviction") {
+        return;
+    }
+    for policy in ["value", "full"] {
+        let dir = crate::harness::TestDir::new();
+        let args = ["--eviction-policy", policy];
+        let server = Server::spawn_in(dir.path(), &args);
+        server.wait_warmed_up().await;
+        let mut c = server.client().await;
+        c.hello(
+            "e2e-xattr-evict",
+            &[Feature::Xerror, Feature::Json, Feature::Xattr],
+        )
+        .await
+        .unwrap();
+        let persisted = StoreOptions::new().durability(epkv_protocol::DurabilityRequirement {
+            level: epkv_types::DurabilityLevel::PersistToMajority,
+            timeout: Some(std::time::Duration::from_secs(20)),
+        });
+        let k = b"xe-doc";
+        assert!(
+            c.set(k, br#"{"v":1}"#, persisted)
+                .await
+                .unwrap()
+                .is_success()
+        );
+        let r = run(
+            &mut c,
+            &single(Opcode::SubdocDictUpsert, k, b"_s\"kept\"", 2, 0x04),
+            k,
+        )
+        .await;
+        assert_eq!(r.status(), Some(Status::Success), "{policy}: {r:?}");
+        // Persist the attribute, then evict the document.
+        assert!(
+            c.set(k, br#"{"v":2}"#, persisted)
+                .await
+                .unwrap()
+                .is_success()
+        );
+        let vb = vbucket_for_key(k, NUM_VBUCKETS);
+        let r = c
+            .request(RequestBuilder::new(Opcode::EvictKey).key(k).vbucket(vb))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), Some(Status::Success), "{policy}: evict");
+        // A blind SET of the body.
+        assert!(
+            c.set(k, br#"{"v":3}"#, StoreOptions::new())
+                .await
+                .unwrap()
+                .is_success()
+        );
+        let a = run(&mut c, &single(Opcode::SubdocGet, k, b"_s", 2, 0x04), k).await;
+        assert_eq!(a.value.as_ref(), b"\"kept\"", "{policy}: after eviction");
+        assert!(
+            c.set(k, br#"{"v":4}"#, persisted)
+                .await
+                .unwrap()
+                .is_success()
+        );
+        drop(c);
+        let _ = server.terminate();
+        // After a restart (the vBucket learns at warmup that it holds attributes).
+        let server = Server::spawn_in(dir.path(), &args);
+        server.wait_warmed_up().await;
+        let mut c = server.client().await;
+        c.hello(
+            "e2e-xattr-evict",
+            &[Feature::Xerror, Feature::Json, Feature::Xattr],
+        )
+        .await
+        .unwrap();
+        let r = c
+            .request(RequestBuilder::new(Opcode::EvictKey).key(k).vbucket(vb))
+            .await
+            .unwrap();
+        assert!(
+            r.status() == Some(Status::Success),
+            "{policy}: evict after restart"
+        );
+        assert!(
+            c.set(k, br#"{"v":5}"#, StoreOptions::new())
+                .await
+                .unwrap()
+                .is_success()
+        );
+        let a = run(&mut c, &single(Opcode::SubdocGet, k, b"_s", 2, 0x04), k).await;
+        assert_eq!(a.value.as_ref(), b"\"kept\"", "{policy}: after the restart");
+        assert_eq!(c.get(k).await.unwrap().value.as_ref(), br#"{"v":5}"#);
+    }
+}
