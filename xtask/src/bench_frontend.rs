@@ -62,6 +62,10 @@ pub(crate) struct FrontendOptions {
     /// `--epkv-arg=--output-buffer-limit --epkv-arg=4MiB`).
     #[arg(long = "epkv-arg", allow_hyphen_values = true)]
     pub(crate) epkv_args: Vec<String>,
+    /// Run the pipelined 90/10 case instead (16 connections x 16 in flight, driven by
+    /// epkv-pipeload) against memcached, epkv memory-only and epkv as shipped.
+    #[arg(long)]
+    pub(crate) pipelined: bool,
 }
 
 /// A request mix, written as a memaslap configuration file.
@@ -257,6 +261,9 @@ pub(crate) fn parse_memaslap(text: &str) -> Option<(u64, f64)> {
 
 /// Runs the whole comparison and writes the report files.
 pub(crate) fn bench_frontend(opts: &FrontendOptions) -> Result<()> {
+    if opts.pipelined {
+        return crate::bench_pipelined::bench_pipelined(opts);
+    }
     for tool in ["memcaslap", "memcached"] {
         if !util::on_path(tool) {
             bail!("{tool} is not installed; run `cargo xtask deps`");

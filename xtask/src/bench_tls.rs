@@ -60,7 +60,7 @@ pub(crate) struct Run {
     cpu_us_per_op: f64,
 }
 
-fn pipeload_bin() -> PathBuf {
+pub(crate) fn pipeload_bin() -> PathBuf {
     util::target_dir().join("release").join("epkv-pipeload")
 }
 

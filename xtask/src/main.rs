@@ -14,6 +14,7 @@ mod bench_memory;
 mod bench_metrics;
 mod bench_micro;
 mod bench_persistence;
+mod bench_pipelined;
 mod bench_subdoc;
 mod bench_tls;
 mod ci;
