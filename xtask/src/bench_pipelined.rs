@@ -120,8 +120,16 @@ pub(crate) fn bench_pipelined(opts: &FrontendOptions) -> Result<()> {
         }
     }
     let stat = |name: &str| {
-        let rates = results.iter().filter(|r| r.0 == name).map(|r| r.1).collect();
-        let cpus = results.iter().filter(|r| r.0 == name).map(|r| r.2).collect();
+        let rates = results
+            .iter()
+            .filter(|r| r.0 == name)
+            .map(|r| r.1)
+            .collect();
+        let cpus = results
+            .iter()
+            .filter(|r| r.0 == name)
+            .map(|r| r.2)
+            .collect();
         (median(rates), median(cpus))
     };
     let (mc_rate, mc_cpu) = stat("memcached");
@@ -137,9 +145,11 @@ pub(crate) fn bench_pipelined(opts: &FrontendOptions) -> Result<()> {
     );
     for name in SERVERS {
         let (rate, cpu) = stat(name);
-        rows.push(json!({"bench": "frontend/pipelined_get_90_set_10", "params": params,
+        rows.push(
+            json!({"bench": "frontend/pipelined_get_90_set_10", "params": params,
             "impl": name, "items_per_sec": rate, "ns_per_op": 1e9 / rate,
-            "cpu_us_per_op": cpu, "ratio_vs_memcached": rate / mc_rate}));
+            "cpu_us_per_op": cpu, "ratio_vs_memcached": rate / mc_rate}),
+        );
         let goal = match name {
             "epkv-as-shipped" => ">= 0.9x ops/s",
             "epkv-memory-only" => ">= 1.1x ops/s at <= 0.9x CPU/op",
