@@ -459,12 +459,15 @@ pub(crate) struct Recovered {
     pub(crate) header: Option<(Header, u64)>,
     /// Bytes after the last valid header that were cut off (a torn tail), if any.
     pub(crate) torn_bytes: u64,
+    /// The file's format version (its superblock's); 0 for a file without one.
+    pub(crate) format_version: u16,
 }
 
-/// Reads the superblock; returns false if the file is too short or torn to hold one.
-fn check_superblock(f: &dyn VFile, path: &Path, len: u64, vbid: u16) -> Result<bool> {
+/// Reads the superblock; returns its format version, or `None` if the file is too short
+/// or torn to hold one.
+fn check_superblock(f: &dyn VFile, path: &Path, len: u64, vbid: u16) -> Result<Option<u16>> {
     if len < SUPERBLOCK_LEN as u64 {
-        return Ok(false);
+        return Ok(None);
     }
     let mut buf = vec![0u8; SUPERBLOCK_LEN];
     f.read_exact_at(&mut buf, 0)
@@ -474,16 +477,16 @@ fn check_superblock(f: &dyn VFile, path: &Path, len: u64, vbid: u16) -> Result<b
         // A superblock only ever fails to verify when the file's very first write was torn
         // (nothing could have been committed after it): treat as empty.
         Err(DecodeError::Checksum { .. } | DecodeError::Truncated { .. }) if len <= 4096 => {
-            return Ok(false);
+            return Ok(None);
         }
         Err(r) => return Err(corrupt(path, 0, r)),
     };
-    let (id, _) = format::decode_superblock(body, RecordKind::DataSuperblock)
+    let (id, _, version) = format::decode_superblock(body, RecordKind::DataSuperblock)
         .map_err(|r| corrupt(path, 0, r))?;
     if id != vbid {
         return Err(corrupt(path, 0, DecodeError::Invalid("superblock vbid")));
     }
-    Ok(true)
+    Ok(Some(version))
 }
 
 fn try_header_ending_at(f: &dyn VFile, end: u64) -> Option<Header> {
@@ -513,16 +516,18 @@ fn try_header_ending_at(f: &dyn VFile, end: u64) -> Option<Header> {
 /// header is cut off.
 pub(crate) fn recover(f: &dyn VFile, path: &Path, vbid: u16) -> Result<Recovered> {
     let len = f.len().map_err(|e| Error::io("stat", path, e))?;
-    if !check_superblock(f, path, len, vbid)? {
+    let Some(format_version) = check_superblock(f, path, len, vbid)? else {
         return Ok(Recovered {
             header: None,
             torn_bytes: len,
+            format_version: 0,
         });
-    }
+    };
     if let Some(h) = try_header_ending_at(f, len) {
         return Ok(Recovered {
             header: Some((h, len)),
             torn_bytes: 0,
+            format_version,
         });
     }
     // Slow path: walk the records.
@@ -564,6 +569,7 @@ pub(crate) fn recover(f: &dyn VFile, path: &Path, vbid: u16) -> Result<Recovered
         return Ok(Recovered {
             header: last,
             torn_bytes: len - end,
+            format_version,
         });
     };
     if find_later_header(f, bad, len)?.is_some() {
@@ -579,6 +585,7 @@ pub(crate) fn recover(f: &dyn VFile, path: &Path, vbid: u16) -> Result<Recovered
     Ok(Recovered {
         header: last,
         torn_bytes: len - end,
+        format_version,
     })
 }
 

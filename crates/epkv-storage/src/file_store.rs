@@ -1250,7 +1250,7 @@ fn read_journal(f: &dyn VFile, path: &Path) -> Result<JournalRead> {
         .map_err(|e| Error::io("read", path, e))?;
     let body = format::decode_frame_of(&head, RecordKind::JournalSuperblock)
         .map_err(|r| data_file::corrupt(path, 0, r))?;
-    let (_, generation) = format::decode_superblock(body, RecordKind::JournalSuperblock)
+    let (_, generation, version) = format::decode_superblock(body, RecordKind::JournalSuperblock)
         .map_err(|r| data_file::corrupt(path, 0, r))?;
     let mut out = Vec::new();
     let mut pos = sb;
@@ -1283,7 +1283,18 @@ fn read_journal(f: &dyn VFile, path: &Path) -> Result<JournalRead> {
             break;
         };
         match format::decode_journal_batch(body) {
-            Ok((_, entries)) => out.extend(entries),
+            // A journal of format 1 (before collections) holds keys as clients sent
+            // them: replayed as format-2 keys.
+            Ok((_, mut entries)) => {
+                if version == 1 {
+                    for d in entries.iter_mut().flat_map(|e| e.docs.iter_mut()) {
+                        if let std::borrow::Cow::Owned(k) = format::escape_v1_key(&d.key) {
+                            d.key = k;
+                        }
+                    }
+                }
+                out.extend(entries);
+            }
             // A record whose CRC verifies but does not decode was written by a broken
             // build: refuse rather than guess.
             Err(r) => return Err(data_file::corrupt(path, pos, r)),

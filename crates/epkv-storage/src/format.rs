@@ -1,4 +1,11 @@
-//! The on-disk encoding of every record of a data file and of the journal, version 1.
+//! The on-disk encoding of every record of a data file and of the journal, version 2.
+//!
+//! Version 2 (collections) stores each key as the engine's key with its collection
+//! (`epkv_types::doc_key`): a default-collection key as it is, except one that starts with
+//! a zero byte, which gets a second one. Version 1 (before collections) stored keys as
+//! clients sent them, so the two differ only for keys starting with a zero byte; the store
+//! rewrites a version-1 data file at open and escapes such keys in a version-1 journal's
+//! batches ([`escape_v1_key`]).
 //!
 //! Every record is a *frame*: `kind u8 | body_len u32 | crc32c u32 | body`, little endian,
 //! where the CRC32C covers the kind byte, the length and the body. The byte-level layout of
@@ -10,7 +17,27 @@ use crate::types::{Document, FailoverEntry, VbState};
 use epkv_types::VBucketState;
 
 /// The format version written in file superblocks and headers.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
+/// The oldest format version this build reads (and upgrades).
+pub const OLDEST_FORMAT_VERSION: u16 = 1;
+
+/// The version-2 key of a version-1 key: a key starting with a zero byte gets a second
+/// one (see the module's documentation); any other key is the same.
+#[must_use]
+pub fn escape_v1_key(key: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if key.first() == Some(&0) {
+        let mut k = Vec::with_capacity(key.len() + 2);
+        k.extend_from_slice(&[0, 0]);
+        k.extend_from_slice(key);
+        std::borrow::Cow::Owned(k)
+    } else {
+        std::borrow::Cow::Borrowed(key)
+    }
+}
+
+fn supported(version: u16) -> bool {
+    (OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version)
+}
 /// Bytes of a frame before its body: kind, body length, CRC32C.
 pub const FRAME_HEADER_LEN: usize = 9;
 /// Largest body a frame may declare (256 MiB); longer lengths are treated as corruption.
@@ -600,7 +627,7 @@ pub fn put_header(out: &mut Vec<u8>, h: &Header) {
 pub fn decode_header(body: &[u8]) -> Result<Header, DecodeError> {
     let mut c = Cursor::new(body);
     let version = c.u16()?;
-    if version != FORMAT_VERSION {
+    if !supported(version) {
         return Err(DecodeError::Version(version));
     }
     let commit_id = c.u64()?;
@@ -645,11 +672,11 @@ pub fn put_superblock(out: &mut Vec<u8>, kind: RecordKind, id: u16, rev: u64) {
 /// Length of a superblock frame.
 pub const SUPERBLOCK_LEN: usize = FRAME_HEADER_LEN + 20;
 
-/// Decodes a superblock body: returns (id, rev).
+/// Decodes a superblock body: returns (id, rev, format version).
 ///
 /// # Errors
 /// On a bad magic, an unknown version or truncation.
-pub fn decode_superblock(body: &[u8], kind: RecordKind) -> Result<(u16, u64), DecodeError> {
+pub fn decode_superblock(body: &[u8], kind: RecordKind) -> Result<(u16, u64, u16), DecodeError> {
     let mut c = Cursor::new(body);
     let magic = c.bytes(8)?;
     let want = if kind == RecordKind::JournalSuperblock {
@@ -661,13 +688,13 @@ pub fn decode_superblock(body: &[u8], kind: RecordKind) -> Result<(u16, u64), De
         return Err(DecodeError::Invalid("superblock magic"));
     }
     let version = c.u16()?;
-    if version != FORMAT_VERSION {
+    if !supported(version) {
         return Err(DecodeError::Version(version));
     }
     let id = c.u16()?;
     let rev = c.u64()?;
     c.finish()?;
-    Ok((id, rev))
+    Ok((id, rev, version))
 }
 
 /// One vBucket's part of a journal batch.
