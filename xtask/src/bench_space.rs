@@ -45,6 +45,9 @@ pub(crate) struct SpaceOptions {
     /// Use this epkv-server binary instead of building target/release/epkv-server.
     #[arg(long)]
     pub(crate) epkv_bin: Option<PathBuf>,
+    /// Extra epkv-server flags for every mode, e.g. `--server-arg=--compaction-rate=0`.
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub(crate) server_args: Vec<String>,
 }
 
 /// Value size, as in the issue.
@@ -61,21 +64,29 @@ pub(crate) struct SpaceRun {
     live_bytes: u64,
     peak_bytes: u64,
     idle_bytes: u64,
+    /// Data files only (journals left out), at the same two moments.
+    peak_data_bytes: u64,
+    idle_data_bytes: u64,
     ops_per_sec: f64,
 }
 
-/// Bytes of every file under `dir`, recursively (files that vanish meanwhile count 0).
-pub(crate) fn dir_bytes(dir: &Path) -> u64 {
+/// Bytes of every file under `dir`, recursively, and of the journals among them (files
+/// that vanish meanwhile count 0).
+pub(crate) fn dir_bytes(dir: &Path) -> (u64, u64) {
     let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
+        return (0, 0);
     };
     rd.flatten()
         .map(|e| match e.file_type() {
             Ok(t) if t.is_dir() => dir_bytes(&e.path()),
-            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
-            Err(_) => 0,
+            Ok(_) => {
+                let n = e.metadata().map(|m| m.len()).unwrap_or(0);
+                let journal = e.file_name() == "journal.log";
+                (n, if journal { n } else { 0 })
+            }
+            Err(_) => (0, 0),
         })
-        .sum()
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
 }
 
 fn pipeload_bin() -> PathBuf {
@@ -93,8 +104,8 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
     let mut rows = Vec::new();
     let mut md = String::from(
         "### Space amplification: random overwrites of 512-byte values (epkv-pipeload, 16 x 16)\n\n\
-         | compaction | keys | secs | live MB | peak MB | peak / live | after idle MB | idle / live | ops/s | ops/s vs off |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | compaction | keys | secs | live MB | peak MB | peak / live | after idle MB | idle / live | data files / live (peak, idle) | ops/s | ops/s vs off |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in runs {
         let vs_off = off.map(|o| r.ops_per_sec / o);
@@ -108,10 +119,12 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
             "idle_bytes": r.idle_bytes,
             "peak_ratio": ratio(r.peak_bytes, r.live_bytes),
             "idle_ratio": ratio(r.idle_bytes, r.live_bytes),
+            "peak_data_ratio": ratio(r.peak_data_bytes, r.live_bytes),
+            "idle_data_ratio": ratio(r.idle_data_bytes, r.live_bytes),
             "ops_vs_off": vs_off,
         }));
         md.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.2}x | {:.0} | {} |\n",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.2}x | {:.2}x, {:.2}x | {:.0} | {} |\n",
             r.mode,
             r.keys,
             r.secs,
@@ -120,6 +133,8 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
             ratio(r.peak_bytes, r.live_bytes),
             r.idle_bytes as f64 / 1e6,
             ratio(r.idle_bytes, r.live_bytes),
+            ratio(r.peak_data_bytes, r.live_bytes),
+            ratio(r.idle_data_bytes, r.live_bytes),
             r.ops_per_sec,
             vs_off.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}x")),
         ));
@@ -131,11 +146,12 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
     (rows, md)
 }
 
-fn run_mode(bin: &Path, mode: &str, keys: usize, secs: u64, idle_secs: u64) -> Result<SpaceRun> {
+fn run_mode(opts: &SpaceOptions, bin: &Path, mode: &str, keys: usize, secs: u64) -> Result<SpaceRun> {
+    let idle_secs = opts.idle_secs;
     let out_dir = util::target_dir().join("bench");
     let data = tempdir("bench-space")?;
     let percent = if mode == "off" { "0" } else { "30" };
-    let args: Vec<String> = vec![
+    let mut args: Vec<String> = vec![
         "--data-dir".into(),
         data.path().display().to_string(),
         "--compaction-fragmentation-percent".into(),
@@ -143,6 +159,7 @@ fn run_mode(bin: &Path, mode: &str, keys: usize, secs: u64, idle_secs: u64) -> R
         "--memory-quota".into(),
         "4GiB".into(),
     ];
+    args.extend(opts.server_args.iter().cloned());
     let server = ServerProcess::start_epkv(bin, &args, out_dir.join(format!("space-{mode}.log")))?;
     let base = |c: &mut Command| {
         c.args(["run", "--mode", "plain", "--addr", &server.addr()])
@@ -161,14 +178,20 @@ fn run_mode(bin: &Path, mode: &str, keys: usize, secs: u64, idle_secs: u64) -> R
     cmd.args(["--secs", &secs.to_string(), "--no-populate", "--fresh-keys"])
         .stdout(Stdio::piped());
     let child = cmd.spawn().context("start epkv-pipeload")?;
-    let mut peak = 0u64;
+    let mut peak = (0u64, 0u64);
+    let mut sample = |peak: &mut (u64, u64)| {
+        let (all, journals) = dir_bytes(data.path());
+        if all > peak.0 {
+            *peak = (all, all - journals);
+        }
+    };
     let (tx, rx) = std::sync::mpsc::channel();
     // The load's output is read on its own thread so that sampling goes on meanwhile.
     let waiter = std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
     let output = loop {
-        peak = peak.max(dir_bytes(data.path()));
+        sample(&mut peak);
         match rx.recv_timeout(Duration::from_millis(250)) {
             Ok(o) => break o.context("epkv-pipeload")?,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -176,7 +199,7 @@ fn run_mode(bin: &Path, mode: &str, keys: usize, secs: u64, idle_secs: u64) -> R
         }
     };
     let _ = waiter.join();
-    peak = peak.max(dir_bytes(data.path()));
+    sample(&mut peak);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let r = crate::bench_tls::parse_pipeload(&stdout)
         .with_context(|| format!("no pipeload-result line in {stdout:?}"))?;
@@ -187,10 +210,10 @@ fn run_mode(bin: &Path, mode: &str, keys: usize, secs: u64, idle_secs: u64) -> R
     let ops_per_sec = ops as f64 / r["secs"].as_f64().unwrap_or(f64::NAN);
     eprintln!(
         "{mode}: {ops_per_sec:.0} ops/s, peak {} MB; idling {idle_secs} s",
-        peak / 1_000_000
+        peak.0 / 1_000_000
     );
     std::thread::sleep(Duration::from_secs(idle_secs));
-    let idle = dir_bytes(data.path());
+    let (idle, idle_journals) = dir_bytes(data.path());
     crate::bench_memory::stop(server);
     drop(data);
     Ok(SpaceRun {
@@ -198,8 +221,10 @@ fn run_mode(bin: &Path, mode: &str, keys: usize, secs: u64, idle_secs: u64) -> R
         keys,
         secs,
         live_bytes: (keys * (KEY_BYTES + VALUE_BYTES)) as u64,
-        peak_bytes: peak,
+        peak_bytes: peak.0,
         idle_bytes: idle,
+        peak_data_bytes: peak.1,
+        idle_data_bytes: idle - idle_journals,
         ops_per_sec,
     })
 }
@@ -226,7 +251,7 @@ pub(crate) fn bench_space(opts: &SpaceOptions) -> Result<()> {
         if mode != "on" && mode != "off" {
             bail!("unknown mode {mode:?}: on or off");
         }
-        runs.push(run_mode(&bin, mode, keys, secs, opts.idle_secs)?);
+        runs.push(run_mode(opts, &bin, mode, keys, secs)?);
     }
     let (rows, md) = report(&runs);
     std::fs::write(
@@ -248,7 +273,8 @@ mod tests {
         std::fs::create_dir_all(d.path().join("a/b")).unwrap();
         std::fs::write(d.path().join("x"), [0u8; 10]).unwrap();
         std::fs::write(d.path().join("a/b/y"), [0u8; 5]).unwrap();
-        assert_eq!(dir_bytes(d.path()), 15);
+        std::fs::write(d.path().join("a/journal.log"), [0u8; 7]).unwrap();
+        assert_eq!(dir_bytes(d.path()), (22, 7));
     }
 
     #[test]
@@ -260,6 +286,8 @@ mod tests {
             live_bytes: 100,
             peak_bytes: 250,
             idle_bytes: 150,
+            peak_data_bytes: 200,
+            idle_data_bytes: 100,
             ops_per_sec: ops,
         };
         let (rows, md) = report(&[run("on", 90.0), run("off", 100.0)]);

@@ -95,7 +95,9 @@ pub struct PersistenceConfig {
     /// fragmentation compactor off (the interval compactor still runs); 0..=100.
     pub compaction_fragmentation_percent: u8,
     /// Data files smaller than this are never compacted for fragmentation (a file of a
-    /// few documents is mostly index and header). Default 1 MiB.
+    /// few documents is mostly index and header). Default 64 KiB: a bucket has 1024 vBucket
+    /// files, so each file's minimum can be left as garbage 1024 times over (1 MiB
+    /// would leave up to a gigabyte, 20x the live data of 100,000 512-byte documents).
     pub compaction_min_file_bytes: u64,
     /// Bytes per second a compaction's copy writes at most (it sleeps between 1 MiB
     /// chunks to stay under it), so that it never takes the disk from the flushers and
@@ -142,7 +144,7 @@ impl PersistenceConfig {
             flusher: FlusherMode::Tasks,
             compaction_interval: Duration::from_secs(3600),
             compaction_fragmentation_percent: 30,
-            compaction_min_file_bytes: 1 << 20,
+            compaction_min_file_bytes: 64 << 10,
             compaction_bytes_per_sec: 64 << 20,
             compaction_check_interval: Duration::from_secs(1),
             journal_prealloc_bytes: 0,
