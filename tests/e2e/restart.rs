@@ -217,8 +217,7 @@ async fn churn(mut c: Client, limit: u32) {
     let value = vec![b'c'; 4096];
     for i in 0..limit {
         let key = format!("churn-{}", i % 256);
-        if c
-            .set(key.as_bytes(), &value, StoreOptions::new())
+        if c.set(key.as_bytes(), &value, StoreOptions::new())
             .await
             .is_err()
         {
@@ -232,6 +231,10 @@ async fn wait_compaction(c: &mut Client, cycle: u32) {
     for _ in 0..600 {
         let p = stats(c, "persistence").await;
         if p["ep_fragmentation_compactions"] != "0" {
+            eprintln!(
+                "cycle {cycle}: {} fragmentation compactions, {} bytes reclaimed so far",
+                p["ep_fragmentation_compactions"], p["ep_compaction_bytes_reclaimed"]
+            );
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

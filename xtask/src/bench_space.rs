@@ -146,7 +146,13 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
     (rows, md)
 }
 
-fn run_mode(opts: &SpaceOptions, bin: &Path, mode: &str, keys: usize, secs: u64) -> Result<SpaceRun> {
+fn run_mode(
+    opts: &SpaceOptions,
+    bin: &Path,
+    mode: &str,
+    keys: usize,
+    secs: u64,
+) -> Result<SpaceRun> {
     let idle_secs = opts.idle_secs;
     let out_dir = util::target_dir().join("bench");
     let data = tempdir("bench-space")?;
@@ -179,7 +185,7 @@ fn run_mode(opts: &SpaceOptions, bin: &Path, mode: &str, keys: usize, secs: u64)
         .stdout(Stdio::piped());
     let child = cmd.spawn().context("start epkv-pipeload")?;
     let mut peak = (0u64, 0u64);
-    let mut sample = |peak: &mut (u64, u64)| {
+    let sample = |peak: &mut (u64, u64)| {
         let (all, journals) = dir_bytes(data.path());
         if all > peak.0 {
             *peak = (all, all - journals);

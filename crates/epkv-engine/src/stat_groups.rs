@@ -259,7 +259,10 @@ impl Bucket {
                 "ep_fragmentation_compactions",
                 p.fragmentation_compactions.load(Relaxed).to_string(),
             ),
-            ("ep_compaction_bytes_reclaimed", t.bytes_reclaimed.to_string()),
+            (
+                "ep_compaction_bytes_reclaimed",
+                t.bytes_reclaimed.to_string(),
+            ),
             ("ep_db_file_size", t.data_file_bytes.to_string()),
             ("ep_db_data_size", t.live_bytes.to_string()),
             (

@@ -2,7 +2,8 @@
 
 use crate::error::Result;
 use crate::types::{
-    CompactionOutcome, Document, FileUsage, KeyMeta, PurgeRule, ScanControl, StoreStats, VbCommit, VbState,
+    CompactionOutcome, Document, FileUsage, KeyMeta, PurgeRule, ScanControl, StoreStats, VbCommit,
+    VbState,
 };
 use epkv_types::Vbid;
 

@@ -539,7 +539,10 @@ fn overwrites_raise_fragmentation_and_compaction_reclaims_it() {
     let after = s.file_usage()[0].1;
     assert_eq!(after.garbage_bytes(), 0, "{after:?}");
     assert_eq!(after.file_bytes, out.bytes_after);
-    assert_eq!(s.stats().bytes_reclaimed, before.file_bytes - after.file_bytes);
+    assert_eq!(
+        s.stats().bytes_reclaimed,
+        before.file_bytes - after.file_bytes
+    );
     assert_eq!(s.stats().live_bytes, after.live_bytes);
     // The accounting is rebuilt at open.
     s.close().unwrap();

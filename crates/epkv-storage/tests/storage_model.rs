@@ -11,8 +11,8 @@
 )]
 
 use epkv_storage::{
-    Document, FaultFs, FaultOp, FileStore, FileUsage, FileStoreConfig, JournalMode, KvStore, PurgeRule,
-    ScanControl, VbCommit, VbState,
+    Document, FaultFs, FaultOp, FileStore, FileStoreConfig, FileUsage, JournalMode, KvStore,
+    PurgeRule, ScanControl, VbCommit, VbState,
 };
 use epkv_types::{VBucketState, Vbid};
 use proptest::prelude::*;
@@ -154,8 +154,14 @@ fn check_usage(s: &FileStore) {
         }
     }
     let st = s.stats();
-    assert_eq!(st.data_file_bytes, tracked.values().map(|u| u.file_bytes).sum::<u64>());
-    assert_eq!(st.live_bytes, tracked.values().map(|u| u.live_bytes).sum::<u64>());
+    assert_eq!(
+        st.data_file_bytes,
+        tracked.values().map(|u| u.file_bytes).sum::<u64>()
+    );
+    assert_eq!(
+        st.live_bytes,
+        tracked.values().map(|u| u.live_bytes).sum::<u64>()
+    );
 }
 
 fn check(s: &FileStore, m: &Model) {
