@@ -593,21 +593,7 @@ impl Bucket {
             return Ok((0, false));
         };
         let now = u32::try_from(self.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
-        let mut done = 0usize;
-        let mut spent = 0u64;
-        for (shard, vbid, usage) in p.fragmented_files(&self.vbuckets) {
-            if spent >= budget_bytes {
-                return Ok((done, true));
-            }
-            let Some(vb) = self.vbuckets.get(usize::from(vbid.0)) else {
-                continue;
-            };
-            let out = p.compact_fragmented(shard, vb, now, &self.clock)?;
-            tracing::debug!(bucket = %self.config.name, vbid = vbid.0, file_bytes = usage.file_bytes, live_bytes = usage.live_bytes, bytes_after = out.bytes_after, "fragmentation compaction");
-            spent += usage.file_bytes;
-            done += 1;
-        }
-        Ok((done, false))
+        p.compact_fragmented_files(&self.vbuckets, now, &self.clock, budget_bytes)
     }
 
     /// One run of a shard's flusher task.

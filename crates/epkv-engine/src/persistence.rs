@@ -598,7 +598,7 @@ impl Persistence {
                         purge_before_seqno: mark,
                         now_secs: vb.full.is_none().then_some(now_secs),
                     },
-                    &mut self.pacer(clock),
+                    &mut self.pacer(clock, 1),
                 )?;
                 self.purge_marks.lock().insert(vbid.0, persisted);
                 self.purged_upto.lock().insert(vbid.0, mark);
@@ -616,8 +616,16 @@ impl Persistence {
     /// A pacing callback for [`FileStore::compact_paced`] that keeps a compaction's writes
     /// under [`PersistenceConfig::compaction_bytes_per_sec`]: after each chunk it sleeps
     /// until the bytes written so far are no longer ahead of the rate.
-    pub(crate) fn pacer(&self, clock: &Arc<dyn epkv_executor::Clock>) -> impl FnMut(u64) + use<> {
-        let rate = self.config.compaction_bytes_per_sec;
+    /// `share` compactions run at once, each at 1/`share` of the rate.
+    pub(crate) fn pacer(
+        &self,
+        clock: &Arc<dyn epkv_executor::Clock>,
+        share: u64,
+    ) -> impl FnMut(u64) + use<> {
+        let rate = match self.config.compaction_bytes_per_sec {
+            0 => 0,
+            r => (r / share.max(1)).max(1),
+        };
         let clock = Arc::clone(clock);
         let start = clock.now();
         let mut written = 0u64;
@@ -665,6 +673,85 @@ impl Persistence {
         out
     }
 
+    /// Compacts the files [`Persistence::fragmented_files`] lists, one thread per shard
+    /// with candidates (compactions of different shards overlap their syncs; each shard
+    /// runs one at a time, most fragmented first), each thread writing at most its share of
+    /// [`PersistenceConfig::compaction_bytes_per_sec`] and compacting about its share of
+    /// `budget_bytes` of files. Returns how many files were compacted and whether
+    /// candidates remain.
+    pub(crate) fn compact_fragmented_files(
+        &self,
+        vbuckets: &[VBucket],
+        now_secs: u32,
+        clock: &Arc<dyn epkv_executor::Clock>,
+        budget_bytes: u64,
+    ) -> Result<(usize, bool), epkv_storage::Error> {
+        let mut per_shard: Vec<Vec<(Vbid, epkv_storage::FileUsage)>> =
+            vec![Vec::new(); self.shards.len()];
+        for (shard, vbid, u) in self.fragmented_files(vbuckets) {
+            if let Some(list) = per_shard.get_mut(shard) {
+                list.push((vbid, u));
+            }
+        }
+        let busy = per_shard.iter().filter(|l| !l.is_empty()).count();
+        if busy == 0 {
+            return Ok((0, false));
+        }
+        let share = busy as u64;
+        let budget = budget_bytes / share;
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let more = AtomicBool::new(false);
+        let failed: Mutex<Option<epkv_storage::Error>> = Mutex::new(None);
+        let work = |shard: usize, list: &[(Vbid, epkv_storage::FileUsage)]| {
+            let mut spent = 0u64;
+            for (vbid, usage) in list {
+                if spent >= budget || failed.lock().is_some() {
+                    more.store(true, Relaxed);
+                    return;
+                }
+                let Some(vb) = vbuckets.get(usize::from(vbid.0)) else {
+                    continue;
+                };
+                match self.compact_fragmented(shard, vb, now_secs, clock, share) {
+                    Ok(out) => {
+                        tracing::debug!(
+                            vbid = vbid.0,
+                            file_bytes = usage.file_bytes,
+                            live_bytes = usage.live_bytes,
+                            bytes_after = out.bytes_after,
+                            "fragmentation compaction"
+                        );
+                        done.fetch_add(1, Relaxed);
+                    }
+                    Err(e) => {
+                        failed.lock().get_or_insert(e);
+                        return;
+                    }
+                }
+                spent += usage.file_bytes;
+            }
+        };
+        std::thread::scope(|sc| {
+            for (shard, list) in per_shard.iter().enumerate() {
+                if list.is_empty() {
+                    continue;
+                }
+                let work = &work;
+                let spawned = std::thread::Builder::new()
+                    .name(format!("epkv-compact-{shard}"))
+                    .spawn_scoped(sc, move || work(shard, list));
+                if spawned.is_err() {
+                    // Left for the next run.
+                    more.store(true, Relaxed);
+                }
+            }
+        });
+        if let Some(e) = failed.into_inner() {
+            return Err(e);
+        }
+        Ok((done.into_inner(), more.into_inner()))
+    }
+
     /// Compacts one vBucket's file for fragmentation, purging what the interval
     /// compactor's last run purged (tombstones up to the same seqno, documents expired at
     /// `now_secs`); the purge marks are left to the interval compactor.
@@ -674,6 +761,7 @@ impl Persistence {
         vb: &VBucket,
         now_secs: u32,
         clock: &Arc<dyn epkv_executor::Clock>,
+        share: u64,
     ) -> Result<epkv_storage::CompactionOutcome, epkv_storage::Error> {
         let Some(sh) = self.shards.get(shard) else {
             return Ok(epkv_storage::CompactionOutcome::default());
@@ -685,7 +773,7 @@ impl Persistence {
                 purge_before_seqno: upto,
                 now_secs: vb.full.is_none().then_some(now_secs),
             },
-            &mut self.pacer(clock),
+            &mut self.pacer(clock, share),
         )?;
         self.fragmentation_compactions.fetch_add(1, Relaxed);
         Ok(out)
