@@ -188,6 +188,60 @@ async fn sigkill_with_full_eviction_loses_no_persisted_write() {
     .await;
 }
 
+/// The crash test while the fragmentation compactor is rewriting files: besides the
+/// tracked writers, a churn task overwrites 256 keys with 4 KiB values as fast as it can,
+/// and the compactor (threshold 10%, no minimum size) rewrites the files they fragment.
+/// Each cycle waits until a compaction has completed under the load, then SIGKILLs the
+/// server at a random point while the churn (and so compaction) goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_compacting_under_write_load_loses_no_persisted_write() {
+    if skip_if_external("crash_compaction") {
+        return;
+    }
+    crash_cycles(
+        2,
+        |_| None,
+        &[
+            "--compaction-fragmentation-percent",
+            "10",
+            "--compaction-min-file-size",
+            "0",
+        ],
+    )
+    .await;
+}
+
+/// Overwrites `churn-0` .. `churn-255` with 4 KiB values until the connection breaks
+/// (the server was killed) or `limit` writes; the values are not tracked.
+async fn churn(mut c: Client, limit: u32) {
+    let value = vec![b'c'; 4096];
+    for i in 0..limit {
+        let key = format!("churn-{}", i % 256);
+        if c.set(key.as_bytes(), &value, StoreOptions::new())
+            .await
+            .is_err()
+        {
+            return; // killed
+        }
+    }
+}
+
+/// Waits (at most 60 s) until the server reports a fragmentation compaction.
+async fn wait_compaction(c: &mut Client, cycle: u32) {
+    for _ in 0..600 {
+        let p = stats(c, "persistence").await;
+        if p["ep_fragmentation_compactions"] != "0" {
+            eprintln!(
+                "cycle {cycle}: {} fragmentation compactions, {} bytes reclaimed so far",
+                p["ep_fragmentation_compactions"], p["ep_compaction_bytes_reclaimed"]
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("cycle {cycle}: no fragmentation compaction within 60 s of churn");
+}
+
 /// The crash test with the journal off (`--journal false`: a sync per vBucket data file
 /// per batch) in even cycles and on in odd ones, so that each restart also switches the
 /// mode: a journal left by a run with it on is replayed by a run with it off, and the
@@ -211,6 +265,7 @@ async fn crash_cycles(default_cycles: u32, journal: fn(u32) -> Option<bool>, ext
     } else {
         0
     };
+    let compacting = extra.contains(&"--compaction-fragmentation-percent");
     let cycles: u32 = std::env::var("EPKV_E2E_CRASH_CYCLES")
         .ok()
         .map_or(default_cycles, |v| {
@@ -282,6 +337,14 @@ async fn crash_cycles(default_cycles: u32, journal: fn(u32) -> Option<bool>, ext
             )));
         }
         drop(count_tx);
+        let churner = if compacting {
+            let c = server.client().await;
+            let h = tokio::spawn(churn(c, 2_000_000));
+            wait_compaction(&mut admin, cycle).await;
+            Some(h)
+        } else {
+            None
+        };
         // (The borrow `wait_for` returns is dropped at once: it holds the channel's lock.)
         let reached = tokio::time::timeout(Duration::from_secs(60), async {
             count_rx.wait_for(|&n| n >= target).await.is_ok()
@@ -296,6 +359,9 @@ async fn crash_cycles(default_cycles: u32, journal: fn(u32) -> Option<bool>, ext
         let seqnos = stats(&mut admin, "vbucket-seqno").await;
         let stderr = server.kill();
         for h in writers {
+            h.await.unwrap();
+        }
+        if let Some(h) = churner {
             h.await.unwrap();
         }
         let all = acked.lock().unwrap().clone();

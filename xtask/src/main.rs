@@ -4,7 +4,7 @@
 //!
 //! It is not part of the server: nothing depends on it, and it may depend on anything.
 //! Commands: `ci`, `deps`, `check-layers`, `memcapable`, `pytest`, `fuzz-smoke`,
-//! `bench frontend|persistence|memory|auth|metrics|subdoc|tls|<micro>`. See CONTRIBUTING.md
+//! `bench frontend|persistence|memory|auth|metrics|subdoc|tls|space|<micro>`. See CONTRIBUTING.md
 //! and docs/testing.md.
 
 mod bench_auth;
@@ -15,6 +15,7 @@ mod bench_metrics;
 mod bench_micro;
 mod bench_persistence;
 mod bench_pipelined;
+mod bench_space;
 mod bench_subdoc;
 mod bench_tls;
 mod ci;
@@ -106,6 +107,9 @@ enum BenchCmd {
     Metrics(bench_metrics::MetricsOptions),
     /// Pipelined 90/10 GET/SET over TLS vs plain text, epkv against itself (issue 19).
     Tls(bench_tls::TlsOptions),
+    /// Data directory over live bytes under random overwrites, fragmentation compaction
+    /// on vs off (issue 22).
+    Space(bench_space::SpaceOptions),
     /// Any other name runs the epkv-bench bench of that name:
     /// `cargo xtask bench executor --quick` is
     /// `cargo bench -p epkv-bench --bench executor -- --quick`.
@@ -153,6 +157,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Tls(opts),
         } => bench_tls::bench_tls(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Space(opts),
+        } => bench_space::bench_space(&opts),
         Cmd::Bench {
             which: BenchCmd::Micro(args),
         } => bench_micro::bench_micro(&args),

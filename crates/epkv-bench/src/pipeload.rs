@@ -107,6 +107,11 @@ pub struct PipeloadOptions {
     /// Skip loading the keys (they are already there).
     #[arg(long)]
     pub no_populate: bool,
+    /// Draw new random keys for every batch instead of reusing 64 batches encoded at
+    /// start, so that a long run touches every key (the space benchmark: overwrites
+    /// spread over the whole key space). Costs the client an encoding per request.
+    #[arg(long)]
+    pub fresh_keys: bool,
 }
 
 /// The outcome of a run.
@@ -321,14 +326,30 @@ pub async fn run(opts: &PipeloadOptions) -> Result<PipeloadResult, String> {
         let batches = batches(opts, c as u64)?;
         let (stop, ops, errors) = (Arc::clone(&stop), Arc::clone(&ops), Arc::clone(&errors));
         let depth = opts.depth;
+        let fresh = opts.fresh_keys.then(|| {
+            let o = opts.clone();
+            let rng = rand::rngs::StdRng::seed_from_u64(1_000 + c as u64);
+            (o, rng, BytesMut::new())
+        });
         tasks.push(tokio::spawn(async move {
             let mut rbuf = BytesMut::with_capacity(64 * 1024);
             let (mut n, mut bad) = (0u64, 0u64);
             let mut i = 0usize;
+            let mut fresh = fresh;
             while !stop.load(Ordering::Relaxed) {
-                s.write_all(&batches[i % batches.len()])
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let batch = match fresh.as_mut() {
+                    Some((o, rng, buf)) => {
+                        buf.clear();
+                        let value = vec![b'v'; o.value_bytes];
+                        for _ in 0..depth {
+                            let key = key_of(rng.gen_range(0..o.keys.max(1)));
+                            encode(buf, rng.gen_bool(o.get_fraction), &key, &value)?;
+                        }
+                        &buf[..]
+                    }
+                    None => &batches[i % batches.len()][..],
+                };
+                s.write_all(batch).await.map_err(|e| e.to_string())?;
                 s.flush().await.map_err(|e| e.to_string())?;
                 bad += read_replies(&mut s, &mut rbuf, depth).await?;
                 n += depth as u64;
@@ -370,6 +391,7 @@ mod tests {
             keys: 100,
             secs: 1,
             no_populate: false,
+            fresh_keys: false,
         }
     }
 

@@ -15,6 +15,11 @@ use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 
+/// File bytes one run of the fragmentation compactor rewrites at most before it yields
+/// its AuxIO thread (it runs again at once while files past the threshold remain): about
+/// one second of writes at the default compaction rate.
+const FRAGMENTATION_RUN_BYTES: u64 = 64 << 20;
+
 /// An in-memory bucket of `num_vbuckets` vBuckets; implements
 /// [`epkv_engine_api::Engine`].
 ///
@@ -507,6 +512,24 @@ impl Bucket {
                 epkv_executor::Next::After(every)
             })?);
         }
+        if p.config.compaction_fragmentation_percent > 0 {
+            let every = p.config.compaction_check_interval;
+            let spec = epkv_executor::TaskSpec::new(
+                "fragmentation-compactor",
+                epkv_executor::Group::AuxIo,
+            )
+            .start(epkv_executor::Start::After(every));
+            handles.push(schedule_weak(&exec, bucket, spec, move |b| {
+                match b.compact_fragmented_upto(FRAGMENTATION_RUN_BYTES) {
+                    Ok((_, true)) => epkv_executor::Next::After(std::time::Duration::ZERO),
+                    Ok((_, false)) => epkv_executor::Next::After(every),
+                    Err(e) => {
+                        tracing::warn!(bucket = %b.config.name, error = %e, "fragmentation compaction failed; retried at the next check");
+                        epkv_executor::Next::After(every)
+                    }
+                }
+            })?);
+        }
         *p.flushers.lock() = handles;
         // Warmup may have dirtied states before the handles were registered.
         for shard in 0..p.shards.len() {
@@ -550,7 +573,7 @@ impl Bucket {
             return Ok(epkv_storage::CompactionOutcome::default());
         };
         let now = u32::try_from(self.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
-        let out = p.compact_all(&self.vbuckets, now)?;
+        let out = p.compact_all(&self.vbuckets, now, &self.clock)?;
         // Full eviction: each key filter is rebuilt at its vBucket's size, without the
         // keys deleted since it was last built.
         for vb in self.vbuckets.iter().filter(|vb| vb.full.is_some()) {
@@ -560,6 +583,33 @@ impl Bucket {
         }
         tracing::info!(bucket = %self.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, caught_up = out.caught_up, "compaction done");
         Ok(out)
+    }
+
+    /// Compacts every data file whose fragmentation is past
+    /// [`crate::PersistenceConfig::compaction_fragmentation_percent`] and whose size is at
+    /// least `compaction_min_file_bytes`, most fragmented first (the fragmentation
+    /// compactor task does this every `compaction_check_interval`, a bounded number of
+    /// bytes per run). Tombstones are purged only up to where the interval compactor's
+    /// last run purged them. Returns how many files were compacted; 0 when the
+    /// fragmentation compactor is off or the bucket is memory-only.
+    ///
+    /// # Errors
+    /// The first storage error; files compacted before it keep their new revision.
+    pub fn compact_fragmented(&self) -> std::result::Result<usize, epkv_storage::Error> {
+        self.compact_fragmented_upto(u64::MAX).map(|(n, _)| n)
+    }
+
+    /// As [`Bucket::compact_fragmented`], stopping once the files compacted add up to
+    /// `budget_bytes`; also returns whether files past the threshold remain.
+    fn compact_fragmented_upto(
+        &self,
+        budget_bytes: u64,
+    ) -> std::result::Result<(usize, bool), epkv_storage::Error> {
+        let Some(p) = &self.persistence else {
+            return Ok((0, false));
+        };
+        let now = u32::try_from(self.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
+        p.compact_fragmented_files(&self.vbuckets, now, &self.clock, budget_bytes)
     }
 
     /// One run of a shard's flusher task.

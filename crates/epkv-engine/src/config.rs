@@ -222,6 +222,18 @@ impl BucketConfig {
             if !(1..=16).contains(&p.reader_threads) {
                 return Err(invalid("persistence.reader_threads", "must be 1..=16"));
             }
+            if p.compaction_fragmentation_percent > 100 {
+                return Err(invalid(
+                    "persistence.compaction_fragmentation_percent",
+                    "must be 0..=100 (0 turns the fragmentation compactor off)",
+                ));
+            }
+            if p.compaction_check_interval.is_zero() {
+                return Err(invalid(
+                    "persistence.compaction_check_interval",
+                    "must be above zero",
+                ));
+            }
         }
         if self.getl_default_timeout_secs == 0 {
             return Err(invalid("getl_default_timeout_secs", "must be at least 1"));

@@ -111,13 +111,16 @@
 //! - `vbucket`: `vb_N` → `active` / `replica` / `pending` / `dead` for every vBucket.
 //! - `vbucket-details` (or `vbucket-details N` for one vBucket): `vb_N` → state, plus
 //!   `vb_N:num_items`, `vb_N:mem_used` (bytes), `vb_N:high_seqno`, `vb_N:max_cas`,
-//!   `vb_N:max_deleted_revid`, `vb_N:uuid` and `vb_N:num_failover_entries`. A vbid outside
+//!   `vb_N:max_deleted_revid`, `vb_N:uuid` and `vb_N:num_failover_entries`; for a
+//!   persistent bucket also `vb_N:db_file_size` and `vb_N:db_data_size` (its data file's
+//!   bytes and live bytes; fragmentation is `1 - data / file`). A vbid outside
 //!   the bucket is `NotMyVbucket`, a non-number `Invalid`.
 //! - `vbucket-seqno` (or `vbucket-seqno N`): `vb_N:high_seqno`, `vb_N:abs_high_seqno`,
 //!   `vb_N:max_visible_seqno`, `vb_N:last_persisted_seqno`, `vb_N:uuid`,
 //!   `vb_N:purge_seqno`, `vb_N:high_prepared_seqno`, `vb_N:high_completed_seqno`.
 //! - `kvstore`: per shard `rw_N:batches`, `items_flushed`, `syncs`, `bytes_written`,
-//!   `journal_bytes`, `checkpoints`, `file_opens`, `compactions`, `commit_failures`; and
+//!   `journal_bytes`, `checkpoints`, `file_opens`, `compactions`, `commit_failures`,
+//!   `data_file_bytes`, `live_bytes`, `bytes_reclaimed`; and
 //!   `open_files`, `fd_budget` (empty for a memory-only bucket).
 //! - `persistence`: exactly the stats listed in [`STATS`] for that group
 //!   (`ep_persistence_enabled`, shards, journal mode, `ep_queue_size` (documents waiting

@@ -85,9 +85,28 @@ pub struct PersistenceConfig {
     /// Time between two background compactions of every vBucket (an AuxIO task), which
     /// purge the tombstones that were already on disk at the previous one and the expired
     /// documents. Default 1 hour; `Duration::ZERO` disables the task
-    /// ([`crate::Bucket::compact_all`] still works). KV-Engine compacts on fragmentation
-    /// and purges tombstones older than 3 days; epkv does not track either yet.
+    /// ([`crate::Bucket::compact_all`] still works). KV-Engine purges tombstones older
+    /// than 3 days; epkv purges those that were on disk at the previous interval's
+    /// compaction. Fragmentation is handled apart, by the fields below.
     pub compaction_interval: Duration,
+    /// Fragmentation, in percent of a data file that is garbage (`1 - live / file`, see
+    /// [`epkv_storage::FileUsage`]), past which the fragmentation compactor rewrites the
+    /// file. Default 30 (KV-Engine's `compaction-fragmentation-percent`); 0 turns the
+    /// fragmentation compactor off (the interval compactor still runs); 0..=100.
+    pub compaction_fragmentation_percent: u8,
+    /// Data files smaller than this are never compacted for fragmentation (a file of a
+    /// few documents is mostly index and header). Default 64 KiB: a bucket has 1024 vBucket
+    /// files, so each file's minimum can be left as garbage 1024 times over (1 MiB
+    /// would leave up to a gigabyte, 20x the live data of 100,000 512-byte documents).
+    pub compaction_min_file_bytes: u64,
+    /// Bytes per second a compaction's copy writes at most (it sleeps between 1 MiB
+    /// chunks to stay under it), so that it never takes the disk from the flushers and
+    /// background fetches. Default 64 MiB/s; 0 is unlimited.
+    pub compaction_bytes_per_sec: u64,
+    /// How often the fragmentation compactor looks for files past the threshold (an
+    /// AuxIO task; looking reads one counter per data file and takes no vBucket lock).
+    /// Default 1 s; above zero.
+    pub compaction_check_interval: Duration,
     /// Bytes of zeros each shard's journal is preallocated with, so that appends overwrite
     /// allocated blocks and a sync need not also write the inode. Default 0 (the journal
     /// grows); about 72 MiB (the 64 MiB checkpoint threshold plus a batch) gave ~30% lower
@@ -124,6 +143,10 @@ impl PersistenceConfig {
             reader_threads: 2,
             flusher: FlusherMode::Tasks,
             compaction_interval: Duration::from_secs(3600),
+            compaction_fragmentation_percent: 30,
+            compaction_min_file_bytes: 64 << 10,
+            compaction_bytes_per_sec: 64 << 20,
+            compaction_check_interval: Duration::from_secs(1),
             journal_prealloc_bytes: 0,
             apply_after_bytes: 8 << 20,
         }
@@ -294,9 +317,15 @@ pub(crate) struct Persistence {
     pub(crate) flushes: AtomicU64,
     /// Commits that failed.
     pub(crate) flush_failures: AtomicU64,
-    /// Per vBucket, its persisted seqno when the previous compaction ran: tombstones at or
-    /// below it are purged by the next one.
+    /// Per vBucket, its persisted seqno when the previous interval compaction ran:
+    /// tombstones at or below it are purged by the next one.
     pub(crate) purge_marks: Mutex<HashMap<u16, u64>>,
+    /// Per vBucket, the purge seqno the previous interval compaction used: the
+    /// fragmentation compactor purges tombstones up to it only, so that a tombstone stays
+    /// on disk as long as with the interval compactor alone.
+    pub(crate) purged_upto: Mutex<HashMap<u16, u64>>,
+    /// vBucket files the fragmentation compactor rewrote.
+    pub(crate) fragmentation_compactions: AtomicU64,
     /// Warmup progress (queues per shard, counters, the done condition).
     pub(crate) warmup: WarmupProgress,
     /// One warmup task per shard on the Reader group (empty once shut down).
@@ -370,6 +399,8 @@ impl Persistence {
             flushes: AtomicU64::new(0),
             flush_failures: AtomicU64::new(0),
             purge_marks: Mutex::new(HashMap::new()),
+            purged_upto: Mutex::new(HashMap::new()),
+            fragmentation_compactions: AtomicU64::new(0),
             warmup,
             warmers: Mutex::new(Vec::new()),
         })
@@ -417,6 +448,9 @@ impl Persistence {
             t.file_opens += x.file_opens;
             t.compactions += x.compactions;
             t.commit_failures += x.commit_failures;
+            t.data_file_bytes += x.data_file_bytes;
+            t.live_bytes += x.live_bytes;
+            t.bytes_reclaimed += x.bytes_reclaimed;
         }
         t.open_files = self.fds.open_files() as u64;
         t
@@ -542,6 +576,7 @@ impl Persistence {
         &self,
         vbuckets: &[VBucket],
         now_secs: u32,
+        clock: &Arc<dyn epkv_executor::Clock>,
     ) -> Result<epkv_storage::CompactionOutcome, epkv_storage::Error> {
         let mut total = epkv_storage::CompactionOutcome::default();
         for sh in &self.shards {
@@ -557,14 +592,16 @@ impl Persistence {
                 // Under full eviction expired documents on disk only are expired when
                 // read (with a tombstone and a seqno, so the item count stays exact),
                 // never silently dropped here.
-                let out = sh.store.compact(
+                let out = sh.store.compact_paced(
                     vbid,
                     &epkv_storage::PurgeRule {
                         purge_before_seqno: mark,
                         now_secs: vb.full.is_none().then_some(now_secs),
                     },
+                    &mut self.pacer(clock, 1),
                 )?;
                 self.purge_marks.lock().insert(vbid.0, persisted);
+                self.purged_upto.lock().insert(vbid.0, mark);
                 total.kept += out.kept;
                 total.tombstones_purged += out.tombstones_purged;
                 total.expired += out.expired;
@@ -574,6 +611,172 @@ impl Persistence {
             }
         }
         Ok(total)
+    }
+
+    /// A pacing callback for [`FileStore::compact_paced`] that keeps a compaction's writes
+    /// under [`PersistenceConfig::compaction_bytes_per_sec`]: after each chunk it sleeps
+    /// until the bytes written so far are no longer ahead of the rate.
+    /// `share` compactions run at once, each at 1/`share` of the rate.
+    pub(crate) fn pacer(
+        &self,
+        clock: &Arc<dyn epkv_executor::Clock>,
+        share: u64,
+    ) -> impl FnMut(u64) + use<> {
+        let rate = match self.config.compaction_bytes_per_sec {
+            0 => 0,
+            r => (r / share.max(1)).max(1),
+        };
+        let clock = Arc::clone(clock);
+        let start = clock.now();
+        let mut written = 0u64;
+        move |n| {
+            if rate == 0 {
+                return;
+            }
+            written += n;
+            #[expect(clippy::cast_precision_loss, reason = "a duration from a byte count")]
+            let due = Duration::from_secs_f64(written as f64 / rate as f64);
+            let elapsed = clock.now().saturating_duration_since(start);
+            if let Some(ahead) = due.checked_sub(elapsed) {
+                std::thread::sleep(ahead.min(Duration::from_secs(1)));
+            }
+        }
+    }
+
+    /// The files past the fragmentation threshold and the minimum size, most fragmented
+    /// first, as (shard, vbid, usage). Empty when the fragmentation compactor is off.
+    pub(crate) fn fragmented_files(
+        &self,
+        vbuckets: &[VBucket],
+    ) -> Vec<(usize, Vbid, epkv_storage::FileUsage)> {
+        let threshold = f64::from(self.config.compaction_fragmentation_percent);
+        if threshold <= 0.0 {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (i, sh) in self.shards.iter().enumerate() {
+            for (vbid, u) in sh.store.file_usage() {
+                if u.file_bytes >= self.config.compaction_min_file_bytes
+                    && u.fragmentation_percent() >= threshold
+                    && vbuckets
+                        .get(usize::from(vbid.0))
+                        .is_some_and(|vb| vb.warmup_phase() == WarmupPhase::Ready)
+                {
+                    out.push((i, vbid, u));
+                }
+            }
+        }
+        out.sort_by(|a, b| {
+            b.2.fragmentation_percent()
+                .total_cmp(&a.2.fragmentation_percent())
+        });
+        out
+    }
+
+    /// Compacts the files [`Persistence::fragmented_files`] lists, one thread per shard
+    /// with candidates (compactions of different shards overlap their syncs; each shard
+    /// runs one at a time, most fragmented first), each thread writing at most its share of
+    /// [`PersistenceConfig::compaction_bytes_per_sec`] and compacting about its share of
+    /// `budget_bytes` of files. Returns how many files were compacted and whether
+    /// candidates remain.
+    pub(crate) fn compact_fragmented_files(
+        &self,
+        vbuckets: &[VBucket],
+        now_secs: u32,
+        clock: &Arc<dyn epkv_executor::Clock>,
+        budget_bytes: u64,
+    ) -> Result<(usize, bool), epkv_storage::Error> {
+        let mut per_shard: Vec<Vec<(Vbid, epkv_storage::FileUsage)>> =
+            vec![Vec::new(); self.shards.len()];
+        for (shard, vbid, u) in self.fragmented_files(vbuckets) {
+            if let Some(list) = per_shard.get_mut(shard) {
+                list.push((vbid, u));
+            }
+        }
+        let busy = per_shard.iter().filter(|l| !l.is_empty()).count();
+        if busy == 0 {
+            return Ok((0, false));
+        }
+        let share = busy as u64;
+        let budget = budget_bytes / share;
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let more = AtomicBool::new(false);
+        let failed: Mutex<Option<epkv_storage::Error>> = Mutex::new(None);
+        let work = |shard: usize, list: &[(Vbid, epkv_storage::FileUsage)]| {
+            let mut spent = 0u64;
+            for (vbid, usage) in list {
+                if spent >= budget || failed.lock().is_some() {
+                    more.store(true, Relaxed);
+                    return;
+                }
+                let Some(vb) = vbuckets.get(usize::from(vbid.0)) else {
+                    continue;
+                };
+                match self.compact_fragmented(shard, vb, now_secs, clock, share) {
+                    Ok(out) => {
+                        tracing::debug!(
+                            vbid = vbid.0,
+                            file_bytes = usage.file_bytes,
+                            live_bytes = usage.live_bytes,
+                            bytes_after = out.bytes_after,
+                            "fragmentation compaction"
+                        );
+                        done.fetch_add(1, Relaxed);
+                    }
+                    Err(e) => {
+                        failed.lock().get_or_insert(e);
+                        return;
+                    }
+                }
+                spent += usage.file_bytes;
+            }
+        };
+        std::thread::scope(|sc| {
+            for (shard, list) in per_shard.iter().enumerate() {
+                if list.is_empty() {
+                    continue;
+                }
+                let work = &work;
+                let spawned = std::thread::Builder::new()
+                    .name(format!("epkv-compact-{shard}"))
+                    .spawn_scoped(sc, move || work(shard, list));
+                if spawned.is_err() {
+                    // Left for the next run.
+                    more.store(true, Relaxed);
+                }
+            }
+        });
+        if let Some(e) = failed.into_inner() {
+            return Err(e);
+        }
+        Ok((done.into_inner(), more.into_inner()))
+    }
+
+    /// Compacts one vBucket's file for fragmentation, purging what the interval
+    /// compactor's last run purged (tombstones up to the same seqno, documents expired at
+    /// `now_secs`); the purge marks are left to the interval compactor.
+    pub(crate) fn compact_fragmented(
+        &self,
+        shard: usize,
+        vb: &VBucket,
+        now_secs: u32,
+        clock: &Arc<dyn epkv_executor::Clock>,
+        share: u64,
+    ) -> Result<epkv_storage::CompactionOutcome, epkv_storage::Error> {
+        let Some(sh) = self.shards.get(shard) else {
+            return Ok(epkv_storage::CompactionOutcome::default());
+        };
+        let upto = self.purged_upto.lock().get(&vb.id.0).copied().unwrap_or(0);
+        let out = sh.store.compact_paced(
+            vb.id,
+            &epkv_storage::PurgeRule {
+                purge_before_seqno: upto,
+                now_secs: vb.full.is_none().then_some(now_secs),
+            },
+            &mut self.pacer(clock, share),
+        )?;
+        self.fragmentation_compactions.fetch_add(1, Relaxed);
+        Ok(out)
     }
 
     /// Writes journaled commits to data files (the background half of a commit).

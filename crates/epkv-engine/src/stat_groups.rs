@@ -129,12 +129,24 @@ impl Bucket {
 
     fn emit_vbucket_details(&self, only: Option<u16>, sink: StatSink<'_>) -> EngineResult<()> {
         let vbs = self.selected_vbuckets(only)?;
+        let usage: std::collections::HashMap<u16, epkv_storage::FileUsage> = self
+            .persistence
+            .iter()
+            .flat_map(|p| p.shards.iter())
+            .flat_map(|s| epkv_storage::KvStore::file_usage(&s.store))
+            .map(|(v, u)| (v.0, u))
+            .collect();
         for vb in vbs {
             let state = *vb.state();
             let (high_seqno, max_cas, max_deleted_rev) = vb.ordering_snapshot();
             let p = format!("vb_{}", vb.id.0);
             sink(&p, state.as_str());
             sink(&format!("{p}:num_items"), &Self::vb_items(vb).to_string());
+            if self.persistence.is_some() {
+                let u = usage.get(&vb.id.0).copied().unwrap_or_default();
+                sink(&format!("{p}:db_file_size"), &u.file_bytes.to_string());
+                sink(&format!("{p}:db_data_size"), &u.live_bytes.to_string());
+            }
             if let Some(full) = &vb.full {
                 let (bits, sized_for) = full.filter.size();
                 sink(&format!("{p}:bloom_filter_size"), &bits.to_string());
@@ -195,6 +207,9 @@ impl Bucket {
                 ("file_opens", x.file_opens),
                 ("compactions", x.compactions),
                 ("commit_failures", x.commit_failures),
+                ("data_file_bytes", x.data_file_bytes),
+                ("live_bytes", x.live_bytes),
+                ("bytes_reclaimed", x.bytes_reclaimed),
             ] {
                 sink(&format!("rw_{i}:{name}"), &v.to_string());
             }
@@ -240,6 +255,26 @@ impl Bucket {
             ("ep_open_files", t.open_files.to_string()),
             ("ep_file_opens", t.file_opens.to_string()),
             ("ep_compactions", t.compactions.to_string()),
+            (
+                "ep_fragmentation_compactions",
+                p.fragmentation_compactions.load(Relaxed).to_string(),
+            ),
+            (
+                "ep_compaction_bytes_reclaimed",
+                t.bytes_reclaimed.to_string(),
+            ),
+            ("ep_db_file_size", t.data_file_bytes.to_string()),
+            ("ep_db_data_size", t.live_bytes.to_string()),
+            (
+                "ep_db_fragmentation",
+                epkv_storage::FileUsage {
+                    file_bytes: t.data_file_bytes,
+                    live_bytes: t.live_bytes,
+                }
+                .fragmentation_percent()
+                .round()
+                .to_string(),
+            ),
             ("ep_disk_full", p.disk_full.load(Relaxed).to_string()),
             (
                 "ep_warmup_value_count",

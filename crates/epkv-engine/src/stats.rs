@@ -225,7 +225,37 @@ const PERSISTENCE_DEFS: &[StatDefinition] = &[
         "ep_compactions",
         StatGroup::Persistence,
         StatUnit::Count,
-        "vBucket file compactions",
+        "vBucket file compactions (by the interval compactor, the fragmentation compactor and on request)",
+    ),
+    gauge(
+        "ep_fragmentation_compactions",
+        StatGroup::Persistence,
+        StatUnit::Count,
+        "vBucket file compactions started because the file's fragmentation passed the threshold",
+    ),
+    gauge(
+        "ep_compaction_bytes_reclaimed",
+        StatGroup::Persistence,
+        StatUnit::ByteCount,
+        "disk bytes compactions gave back (old file size minus new, summed)",
+    ),
+    gauge(
+        "ep_db_file_size",
+        StatGroup::Persistence,
+        StatUnit::Bytes,
+        "bytes of the vBucket data files (journals not included)",
+    ),
+    gauge(
+        "ep_db_data_size",
+        StatGroup::Persistence,
+        StatUnit::Bytes,
+        "live bytes of the vBucket data files: what compacting them all would keep",
+    ),
+    gauge(
+        "ep_db_fragmentation",
+        StatGroup::Persistence,
+        StatUnit::Percent,
+        "garbage share of the vBucket data files, 1 - live / file size, in percent",
     ),
     gauge(
         "ep_disk_full",

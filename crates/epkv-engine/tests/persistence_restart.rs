@@ -483,3 +483,66 @@ fn persistence_group_emits_exactly_the_stat_table_and_lists_the_tasks() {
     }
     b.shutdown();
 }
+
+#[test]
+fn the_fragmentation_compactor_rewrites_overwritten_files_and_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = PersistenceConfig::new(dir.path());
+    p.flusher = FlusherMode::Manual;
+    p.shards = 2;
+    p.compaction_interval = Duration::ZERO;
+    p.compaction_min_file_bytes = 0;
+    p.compaction_bytes_per_sec = 0;
+    // Each commit reaches its data file at once, so the files fragment as they are written.
+    p.journal = epkv_engine::JournalMode::Off;
+    let b = Bucket::new(
+        BucketConfig {
+            expiry_pager_interval: Duration::ZERO,
+            persistence: Some(p),
+            ..BucketConfig::default()
+        },
+        EngineClock::System,
+    )
+    .unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
+    // 20 keys of one vBucket, each written 10 times, one flush per round: nine tenths of
+    // its file is old versions.
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("frag-{i}"))
+        .filter(|k| vb(k) == Vbid(7))
+        .take(20)
+        .collect();
+    let value = "x".repeat(400);
+    for _round in 0..10 {
+        for k in &keys {
+            must_set(&b, k, &value, 0);
+        }
+        b.flush_all().unwrap();
+    }
+    let before = must_stats(&b, "persistence");
+    let num = |m: &BTreeMap<String, String>, k: &str| m[k].parse::<u64>().unwrap();
+    assert!(num(&before, "ep_db_fragmentation") > 50, "{before:?}");
+    assert!(num(&before, "ep_db_data_size") < num(&before, "ep_db_file_size"));
+    let details = must_stats(&b, "vbucket-details 7");
+    assert_eq!(
+        details["vb_7:db_file_size"], before["ep_db_file_size"],
+        "the only file"
+    );
+
+    assert_eq!(b.compact_fragmented().unwrap(), 1);
+    let after = must_stats(&b, "persistence");
+    assert_eq!(num(&after, "ep_fragmentation_compactions"), 1);
+    assert_eq!(num(&after, "ep_db_fragmentation"), 0, "{after:?}");
+    assert_eq!(
+        num(&after, "ep_compaction_bytes_reclaimed"),
+        num(&before, "ep_db_file_size") - num(&after, "ep_db_file_size")
+    );
+    // Nothing left past the threshold; the data is intact.
+    assert_eq!(b.compact_fragmented().unwrap(), 0);
+    for k in &keys {
+        assert_eq!(
+            b.get(vb(k), k.as_bytes()).unwrap().value.as_ref(),
+            value.as_bytes()
+        );
+    }
+}

@@ -155,6 +155,9 @@ struct Template {
     journal: bool,
     fd_budget: usize,
     writer_threads: usize,
+    compaction_fragmentation_percent: u8,
+    compaction_min_file_bytes: u64,
+    compaction_bytes_per_sec: u64,
     manual_flush: bool,
     clock: EngineClock,
 }
@@ -185,6 +188,9 @@ impl BucketManager {
                 journal: s.journal,
                 fd_budget: s.fd_budget,
                 writer_threads: s.writer_threads,
+                compaction_fragmentation_percent: s.compaction_fragmentation_percent,
+                compaction_min_file_bytes: s.compaction_min_file_size.bytes(),
+                compaction_bytes_per_sec: s.compaction_rate.bytes(),
                 manual_flush,
                 clock: clock.clone(),
             },
@@ -424,6 +430,9 @@ impl BucketManager {
                 },
                 fd_budget: (t.fd_budget > 0).then_some(t.fd_budget),
                 writer_threads: t.writer_threads,
+                compaction_fragmentation_percent: t.compaction_fragmentation_percent,
+                compaction_min_file_bytes: t.compaction_min_file_bytes,
+                compaction_bytes_per_sec: t.compaction_bytes_per_sec,
                 ..epkv_engine::PersistenceConfig::new(&dir)
             }),
             ..BucketConfig::default()

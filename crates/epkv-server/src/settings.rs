@@ -388,6 +388,12 @@ settings! {
         help = "With persistence: most data files each bucket keeps open (least recently used ones are closed beyond it); 0 derives it from the open-file limit minus a reserve for connections";
     writer_threads: usize = "2", unit = "count",
         help = "With persistence: threads of each bucket's Writer group, which runs the shards' flushers and appliers (4 shards per bucket; at most this many flushers sync at once); 1 to 16";
+    compaction_fragmentation_percent: u8 = "30", unit = "percent",
+        help = "With persistence: compact a vBucket's data file (on a background AuxIO task, checked every second, most fragmented first) once this share of it is garbage (overwritten or deleted versions, old index segments); 0 turns fragmentation compaction off (the hourly compaction still runs); 0 to 100";
+    compaction_min_file_size: ByteSize = "64KiB", unit = "bytes",
+        help = "With persistence: data files smaller than this are never compacted for fragmentation";
+    compaction_rate: ByteSize = "64MiB", unit = "bytes per second",
+        help = "With persistence: most bytes per second a compaction writes (it sleeps between 1 MiB chunks), so that it leaves the disk to the flushers and background fetches; 0 is unlimited";
     flush_enabled: bool = "false", unit = "bool",
         help = "Allow FLUSH to remove every document (off by default, as in Couchbase)",
         clap(num_args = 0..=1, default_missing_value = "true");

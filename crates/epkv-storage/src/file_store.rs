@@ -34,12 +34,14 @@ use crate::fd_cache::{FdCache, default_fd_budget};
 use crate::format::{self, Header, JournalEntry, KeyEntry, RecordKind, SUPERBLOCK_LEN};
 use crate::kv_store::KvStore;
 use crate::types::{
-    CompactionOutcome, Document, KeyMeta, PurgeRule, ScanControl, StoreStats, VbCommit, VbState,
+    CompactionOutcome, Document, FileUsage, KeyMeta, PurgeRule, ScanControl, StoreStats, VbCommit,
+    VbState,
 };
 use crate::vfs::{OpenMode, RealFs, VFile, Vfs};
 use epkv_types::Vbid;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -130,6 +132,106 @@ pub struct Quarantined {
     pub error: String,
 }
 
+/// A 64-bit hash of a document key, the key of [`Accounting::doc_lens`]: SipHash-1-3
+/// with fixed keys, so it is the same in every run (a collision of two keys only skews
+/// the accounting, which the next compaction recounts).
+fn key_hash(key: &[u8]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    h.write(key);
+    h.finish()
+}
+
+/// A [`Hasher`] for keys that are already hashes ([`key_hash`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// The live-byte accounting of one data file (see [`FileUsage`]). Kept up to date by
+/// every append ([`FileStore::apply`]), built from the index at open and from the copy
+/// at compaction. Costs about 16-24 bytes of memory per key.
+#[derive(Debug, Default, Clone)]
+struct Accounting {
+    /// Frame length of each key's newest version in the file, by [`key_hash`].
+    doc_lens: HashMap<u64, u32, BuildHasherDefault<PassThrough>>,
+    /// Sum of `doc_lens`.
+    doc_bytes: u64,
+    /// Length of the last header's frame.
+    header_bytes: u64,
+}
+
+impl Accounting {
+    /// Records `len` bytes as the newest version of the key hashed `h`; the version it
+    /// replaces (if any) becomes garbage.
+    fn put(&mut self, h: u64, len: u32) {
+        if let Some(old) = self.doc_lens.insert(h, len) {
+            self.doc_bytes -= u64::from(old);
+        }
+        self.doc_bytes += u64::from(len);
+    }
+
+    /// Builds the accounting of a file from its index: every segment's keys, newest
+    /// segment first (an older segment's version of a key is garbage).
+    fn from_index(
+        f: &dyn VFile,
+        path: &Path,
+        segments: &[Arc<Segment>],
+        header: &Header,
+    ) -> Result<Self> {
+        let mut a = Self {
+            header_bytes: header_frame_len(header),
+            ..Self::default()
+        };
+        for seg in segments.iter().rev() {
+            for e in data_file::read_all_keys(f, path, seg)? {
+                let h = key_hash(&e.key);
+                if let std::collections::hash_map::Entry::Vacant(v) = a.doc_lens.entry(h) {
+                    v.insert(e.len);
+                    a.doc_bytes += u64::from(e.len);
+                }
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// The length of a header's frame as written.
+fn header_frame_len(h: &Header) -> u64 {
+    let mut b = Vec::with_capacity(256);
+    format::put_header(&mut b, h);
+    b.len() as u64
+}
+
+/// Bytes of a file's index: the segments the last header points to and their blocks.
+fn index_bytes(segments: &[Arc<Segment>]) -> u64 {
+    segments
+        .iter()
+        .map(|s| {
+            u64::from(s.len)
+                + s.dir
+                    .key_blocks
+                    .iter()
+                    .chain(&s.dir.seq_blocks)
+                    .map(|b| u64::from(b.len))
+                    .sum::<u64>()
+        })
+        .sum()
+}
+
 #[derive(Debug)]
 struct VbFile {
     vbid: u16,
@@ -145,6 +247,8 @@ struct VbFile {
     /// (journal mode): applied in the background, before any read of this vBucket, and
     /// before a checkpoint.
     pending: Vec<JournalEntry>,
+    /// Live bytes of the file, for [`FileUsage`].
+    acct: Accounting,
 }
 
 impl VbFile {
@@ -158,6 +262,21 @@ impl VbFile {
             segments: Arc::new(Vec::new()),
             needs_repair: false,
             pending: Vec::new(),
+            acct: Accounting::default(),
+        }
+    }
+
+    /// The file's size and live bytes (its committed part: up to `end`).
+    fn usage(&self) -> FileUsage {
+        if self.end == 0 || self.header.is_none() {
+            return FileUsage::default();
+        }
+        FileUsage {
+            file_bytes: self.end,
+            live_bytes: SUPERBLOCK_LEN as u64
+                + self.acct.doc_bytes
+                + index_bytes(&self.segments)
+                + self.acct.header_bytes,
         }
     }
 
@@ -195,6 +314,7 @@ struct Counters {
     checkpoints: AtomicU64,
     compactions: AtomicU64,
     failures: AtomicU64,
+    reclaimed: AtomicU64,
 }
 
 /// The files backend for one shard. See the module docs.
@@ -214,6 +334,9 @@ pub struct FileStore {
     compact_lock: Mutex<()>,
     /// vBuckets set aside at open (corrupt data file), by vbid. Leaf lock.
     quarantined: Mutex<BTreeMap<u16, Quarantined>>,
+    /// Each vBucket's [`FileUsage`] as of its last append or compaction, so that the
+    /// compactor can pick files without taking their locks. Leaf lock.
+    usage: Mutex<BTreeMap<u16, FileUsage>>,
     /// Bytes of documents in pending commits; above [`MAX_PENDING_BYTES`] a commit applies
     /// them itself (back-pressure when the background applier falls behind).
     pending_bytes: AtomicU64,
@@ -230,6 +353,10 @@ const CHECKPOINT_SYNC_THREADS: usize = 8;
 const PARALLEL_SYNC_MIN: usize = 32;
 /// Document bytes allowed to wait for the background applier (64 MiB).
 const MAX_PENDING_BYTES: u64 = 64 << 20;
+/// Bytes a compaction's copy buffers before each write (and each call of its pacing
+/// callback): small enough that a rate limit sleeps in short, even steps, large enough
+/// that the writes stay sequential and few.
+pub const COMPACT_CHUNK_BYTES: usize = 1 << 20;
 
 /// The highest-seqno version of each key among `docs` (copied), in seqno order.
 /// `capacity` sizes the map (a hint).
@@ -300,6 +427,7 @@ impl FileStore {
             pending_vbs: Mutex::new(BTreeSet::new()),
             compact_lock: Mutex::new(()),
             quarantined: Mutex::new(BTreeMap::new()),
+            usage: Mutex::new(BTreeMap::new()),
             pending_bytes: AtomicU64::new(0),
             dir_dirty: AtomicU64::new(0),
             counters: Counters::default(),
@@ -386,6 +514,64 @@ impl FileStore {
         }))
     }
 
+    /// Publishes a vBucket's [`FileUsage`] for [`KvStore::file_usage`].
+    fn publish_usage(&self, g: &VbFile) {
+        let u = g.usage();
+        let mut m = self.usage.lock();
+        if u.file_bytes == 0 {
+            m.remove(&g.vbid);
+        } else {
+            m.insert(g.vbid, u);
+        }
+    }
+
+    /// Recounts a vBucket's [`FileUsage`] from its file's index (the accounting that
+    /// [`KvStore::file_usage`] reports is maintained incrementally; tests check the two
+    /// agree). `None` for a vBucket without a data file.
+    ///
+    /// # Errors
+    /// I/O errors or a corrupt index block.
+    #[doc(hidden)]
+    pub fn recount_usage(&self, vbid: Vbid) -> Result<Option<FileUsage>> {
+        let Some(vb) = self.existing_vb(vbid.0) else {
+            return Ok(None);
+        };
+        let g = vb.lock();
+        let Some(header) = g.header.as_ref() else {
+            return Ok(None);
+        };
+        if g.end == 0 {
+            return Ok(None);
+        }
+        let f = self.fds.get(&g.path, OpenMode::Existing)?;
+        let acct = Accounting::from_index(&*f, &g.path, &g.segments, header)?;
+        Ok(Some(FileUsage {
+            file_bytes: g.end,
+            live_bytes: SUPERBLOCK_LEN as u64
+                + acct.doc_bytes
+                + index_bytes(&g.segments)
+                + acct.header_bytes,
+        }))
+    }
+
+    /// As [`KvStore::compact`], calling `pace` with the bytes written after each chunk of
+    /// the copy (at most [`COMPACT_CHUNK_BYTES`]), with no lock held: the caller bounds
+    /// the compaction's I/O rate by sleeping there.
+    ///
+    /// # Errors
+    /// As [`KvStore::compact`].
+    pub fn compact_paced(
+        &self,
+        vbid: Vbid,
+        rule: &PurgeRule,
+        pace: &mut dyn FnMut(u64),
+    ) -> Result<CompactionOutcome> {
+        let Some(vb) = self.existing_vb(vbid.0) else {
+            return Ok(CompactionOutcome::default());
+        };
+        self.compact_vb(&vb, rule, pace, &mut || {})
+    }
+
     fn sync_file(&self, f: &dyn VFile, path: &Path) -> Result<()> {
         self.counters.syncs.fetch_add(1, Relaxed);
         f.sync_data().map_err(|e| Error::io("sync", path, e))
@@ -426,6 +612,7 @@ impl FileStore {
             revs.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
             match self.recover_vbucket(vbid, revs) {
                 Ok(Some(v)) => {
+                    self.publish_usage(&v);
                     self.vbs.lock().insert(vbid, Arc::new(Mutex::new(v)));
                 }
                 Ok(None) => {}
@@ -493,6 +680,7 @@ impl FileStore {
                 self.sync_file(&*f, &path)?;
                 self.report.torn_tails.push((path.clone(), rec.torn_bytes));
             }
+            let acct = Accounting::from_index(&*f, &path, &segs, &header)?;
             chosen = Some(VbFile {
                 vbid,
                 rev,
@@ -502,6 +690,7 @@ impl FileStore {
                 segments: Arc::new(segs),
                 needs_repair: false,
                 pending: Vec::new(),
+                acct,
             });
         }
         Ok(chosen)
@@ -679,6 +868,8 @@ impl FileStore {
         if r.is_err() {
             g.needs_repair = true;
             self.fds.forget(&g.path);
+        } else {
+            self.publish_usage(g);
         }
         r
     }
@@ -698,6 +889,7 @@ impl FileStore {
         }
         let base = g.end;
         let mut keys: Vec<KeyEntry> = Vec::with_capacity(e.docs.len());
+        let mut lens: Vec<(u64, u32)> = Vec::with_capacity(e.docs.len());
         for d in &e.docs {
             if d.key.len() > usize::from(u16::MAX) || d.value.len() > (64 << 20) {
                 return Err(Error::InvalidArgument(format!(
@@ -710,11 +902,13 @@ impl FileStore {
             format::put_frame_with(&mut buf, RecordKind::Document, |out| {
                 format::encode_document(out, d);
             });
+            let len = u32::try_from(base + buf.len() as u64 - offset).unwrap_or(u32::MAX);
+            lens.push((key_hash(&d.key), len));
             keys.push(KeyEntry {
                 key: d.key.clone(),
                 seqno: d.seqno,
                 offset,
-                len: u32::try_from(base + buf.len() as u64 - offset).unwrap_or(u32::MAX),
+                len,
                 deleted: d.deleted,
             });
         }
@@ -740,7 +934,9 @@ impl FileStore {
             state: e.state.clone(),
             segments: segs.iter().map(|s| (s.offset, s.len)).collect(),
         };
+        let header_at = buf.len();
         format::put_header(&mut buf, &header);
+        let header_bytes = (buf.len() - header_at) as u64;
         f.write_all_at(&buf, base)
             .map_err(|err| Error::io("write", &g.path, err))?;
         self.counters.bytes.fetch_add(buf.len() as u64, Relaxed);
@@ -753,6 +949,10 @@ impl FileStore {
         g.end = base + buf.len() as u64;
         g.header = Some(header);
         g.segments = Arc::new(segs);
+        for (h, len) in lens {
+            g.acct.put(h, len);
+        }
+        g.acct.header_bytes = header_bytes;
         Ok(())
     }
 
@@ -982,6 +1182,7 @@ impl FileStore {
         &self,
         vb: &Arc<Mutex<VbFile>>,
         rule: &PurgeRule,
+        pace: &mut dyn FnMut(u64),
         between: &mut dyn FnMut(),
     ) -> Result<CompactionOutcome> {
         // One compaction at a time per shard: the next revision's name is taken here.
@@ -1012,8 +1213,8 @@ impl FileStore {
         //    and a repair only cuts bytes after the last header), so commits can append
         //    meanwhile. The copy is synced here, so that the catch-up syncs only its tail.
         let old = self.fds.get(&view.path, OpenMode::Existing)?;
-        let (out, end, new_header, seg) = self
-            .write_compacted(&*old, &view, &header, rule, vbid, new_rev, &tmp)
+        let (out, end, new_header, seg, acct) = self
+            .write_compacted(&*old, &view, &header, rule, vbid, new_rev, &tmp, pace)
             .map_err(fail)?;
         drop(old);
         between();
@@ -1046,6 +1247,7 @@ impl FileStore {
             segments: Arc::new(seg.into_iter().map(Arc::new).collect()),
             needs_repair: false,
             pending: Vec::new(),
+            acct,
         };
         let mut caught_up = 0u64;
         if current.commit_id != header.commit_id {
@@ -1092,10 +1294,15 @@ impl FileStore {
         self.sync_dir()?;
         // From here the new revision is the vBucket's file.
         let old_path = std::mem::replace(&mut g.path, dst);
+        self.counters
+            .reclaimed
+            .fetch_add(g.end.saturating_sub(next.end), Relaxed);
         g.rev = new_rev;
         g.end = next.end;
         g.header = next.header;
         g.segments = next.segments;
+        g.acct = next.acct;
+        self.publish_usage(&g);
         self.dirty.lock().remove(&vbid);
         drop(g);
         self.fds.forget(&old_path);
@@ -1127,7 +1334,7 @@ impl FileStore {
         let Some(vb) = self.existing_vb(vbid.0) else {
             return Ok(CompactionOutcome::default());
         };
-        self.compact_vb(&vb, rule, between)
+        self.compact_vb(&vb, rule, &mut |_| {}, between)
     }
 
     #[expect(clippy::too_many_arguments, reason = "one private step of compaction")]
@@ -1140,7 +1347,8 @@ impl FileStore {
         vbid: u16,
         rev: u64,
         tmp: &Path,
-    ) -> Result<(CompactionOutcome, u64, Header, Option<Segment>)> {
+        pace: &mut dyn FnMut(u64),
+    ) -> Result<(CompactionOutcome, u64, Header, Option<Segment>, Accounting)> {
         let mut out = CompactionOutcome {
             bytes_before: old.len().map_err(|e| Error::io("stat", &view.path, e))?,
             ..CompactionOutcome::default()
@@ -1183,13 +1391,14 @@ impl FileStore {
                 deleted: d.deleted,
             });
             out.kept += 1;
-            if buf.len() >= 4 << 20 {
+            if buf.len() >= COMPACT_CHUNK_BYTES {
                 if let Err(e) = f.write_all_at(&buf, base) {
                     io_err = Some(Error::io("write", tmp, e));
                     return ScanControl::Stop;
                 }
                 self.counters.bytes.fetch_add(buf.len() as u64, Relaxed);
                 base += buf.len() as u64;
+                pace(buf.len() as u64);
                 buf.clear();
             }
             ScanControl::Continue
@@ -1198,6 +1407,10 @@ impl FileStore {
             return Err(e);
         }
         keys.sort_by(|a, b| a.key.cmp(&b.key));
+        let mut acct = Accounting::default();
+        for k in &keys {
+            acct.put(key_hash(&k.key), k.len);
+        }
         let seg = (!keys.is_empty()).then(|| data_file::put_segment(&mut buf, base, &keys));
         let mut state = header.state.clone();
         state.purge_seqno = purge_seqno;
@@ -1206,14 +1419,17 @@ impl FileStore {
             state,
             segments: seg.iter().map(|s| (s.offset, s.len)).collect(),
         };
+        let header_at = buf.len();
         format::put_header(&mut buf, &new_header);
+        acct.header_bytes = (buf.len() - header_at) as u64;
         f.write_all_at(&buf, base)
             .map_err(|e| Error::io("write", tmp, e))?;
         self.counters.bytes.fetch_add(buf.len() as u64, Relaxed);
+        pace(buf.len() as u64);
         let end = base + buf.len() as u64;
         self.sync_file(&*f, tmp)?;
         out.bytes_after = end;
-        Ok((out, end, new_header, seg))
+        Ok((out, end, new_header, seg, acct))
     }
 }
 
@@ -1478,6 +1694,7 @@ impl KvStore for FileStore {
             }
             drop(g);
             self.vbs.lock().remove(&vbid.0);
+            self.usage.lock().remove(&vbid.0);
             self.dirty.lock().remove(&vbid.0);
             removed = true;
         }
@@ -1505,6 +1722,13 @@ impl KvStore for FileStore {
 
     fn stats(&self) -> StoreStats {
         let c = &self.counters;
+        let (data_file_bytes, live_bytes) = {
+            let u = self.usage.lock();
+            (
+                u.values().map(|x| x.file_bytes).sum(),
+                u.values().map(|x| x.live_bytes).sum(),
+            )
+        };
         StoreStats {
             batches: c.batches.load(Relaxed),
             items_flushed: c.items.load(Relaxed),
@@ -1516,6 +1740,17 @@ impl KvStore for FileStore {
             file_opens: self.fds.opens(),
             compactions: c.compactions.load(Relaxed),
             commit_failures: c.failures.load(Relaxed),
+            data_file_bytes,
+            live_bytes,
+            bytes_reclaimed: c.reclaimed.load(Relaxed),
         }
+    }
+
+    fn file_usage(&self) -> Vec<(Vbid, FileUsage)> {
+        self.usage
+            .lock()
+            .iter()
+            .map(|(v, u)| (Vbid(*v), *u))
+            .collect()
     }
 }

@@ -2,7 +2,8 @@
 
 use crate::error::Result;
 use crate::types::{
-    CompactionOutcome, Document, KeyMeta, PurgeRule, ScanControl, StoreStats, VbCommit, VbState,
+    CompactionOutcome, Document, FileUsage, KeyMeta, PurgeRule, ScanControl, StoreStats, VbCommit,
+    VbState,
 };
 use epkv_types::Vbid;
 
@@ -135,4 +136,10 @@ pub trait KvStore: Send + Sync + std::fmt::Debug {
 
     /// The store's counters.
     fn stats(&self) -> StoreStats;
+
+    /// Each stored vBucket's data-file size and live bytes (see [`FileUsage`]), in vbid
+    /// order, without taking any vBucket's lock. Empty for a store without files.
+    fn file_usage(&self) -> Vec<(Vbid, FileUsage)> {
+        Vec::new()
+    }
 }

@@ -73,11 +73,13 @@ mod vfs;
 pub use error::{Error, Result};
 pub use fault::{FaultCounts, FaultFs, FaultOp};
 pub use fd_cache::{FdCache, default_fd_budget};
-pub use file_store::{FileStore, FileStoreConfig, JournalMode, Quarantined, RecoveryReport};
+pub use file_store::{
+    COMPACT_CHUNK_BYTES, FileStore, FileStoreConfig, JournalMode, Quarantined, RecoveryReport,
+};
 pub use kv_store::KvStore;
 pub use mem_store::MemStore;
 pub use types::{
-    CompactionOutcome, Document, FailoverEntry, KeyMeta, PurgeRule, ScanControl, StoreStats,
-    VbCommit, VbState,
+    CompactionOutcome, Document, FailoverEntry, FileUsage, KeyMeta, PurgeRule, ScanControl,
+    StoreStats, VbCommit, VbState,
 };
 pub use vfs::{OpenMode, RealFs, VFile, Vfs};

@@ -156,4 +156,45 @@ pub struct StoreStats {
     pub compactions: u64,
     /// Commits that failed (and may be retried).
     pub commit_failures: u64,
+    /// Bytes of the data files now (the sum of [`FileUsage::file_bytes`]).
+    pub data_file_bytes: u64,
+    /// Live bytes of the data files now (the sum of [`FileUsage::live_bytes`]).
+    pub live_bytes: u64,
+    /// Bytes compactions have given back: each one's old file size at the switch minus
+    /// the new file's size.
+    pub bytes_reclaimed: u64,
+}
+
+/// How much of a vBucket's data file is live, for fragmentation-driven compaction.
+///
+/// `live_bytes` is what a compaction that purges nothing would write: the superblock,
+/// the newest version of every key (tombstones included), the index segments the last
+/// header points to and that header. Everything else up to `file_bytes` (superseded
+/// versions, merged-away index segments, older headers) is garbage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FileUsage {
+    /// The data file's committed length (up to the end of its last header).
+    pub file_bytes: u64,
+    /// The bytes of it still reachable from the last header.
+    pub live_bytes: u64,
+}
+
+impl FileUsage {
+    /// Bytes a compaction would reclaim (`file_bytes - live_bytes`).
+    #[must_use]
+    pub fn garbage_bytes(&self) -> u64 {
+        self.file_bytes.saturating_sub(self.live_bytes)
+    }
+
+    /// The share of the file that is garbage, `1 - live / file`, in percent (0 for an
+    /// empty file).
+    #[must_use]
+    pub fn fragmentation_percent(&self) -> f64 {
+        if self.file_bytes == 0 {
+            return 0.0;
+        }
+        #[expect(clippy::cast_precision_loss, reason = "a ratio of file sizes")]
+        let r = self.garbage_bytes() as f64 / self.file_bytes as f64;
+        r * 100.0
+    }
 }

@@ -11,8 +11,8 @@
 )]
 
 use epkv_storage::{
-    Document, FaultFs, FaultOp, FileStore, FileStoreConfig, JournalMode, KvStore, PurgeRule,
-    ScanControl, VbCommit, VbState,
+    Document, FaultFs, FaultOp, FileStore, FileStoreConfig, FileUsage, JournalMode, KvStore,
+    PurgeRule, ScanControl, VbCommit, VbState,
 };
 use epkv_types::{VBucketState, Vbid};
 use proptest::prelude::*;
@@ -141,7 +141,31 @@ impl Model {
     }
 }
 
+/// The live-byte accounting maintained on every append and compaction equals a recount
+/// from the file's index, and a file is never reported with more live bytes than it has.
+fn check_usage(s: &FileStore) {
+    let tracked: BTreeMap<u16, FileUsage> =
+        s.file_usage().into_iter().map(|(v, u)| (v.0, u)).collect();
+    for vb in 0..VBS {
+        let recount = s.recount_usage(Vbid(vb)).unwrap();
+        assert_eq!(tracked.get(&vb).copied(), recount, "vb {vb} usage");
+        if let Some(u) = recount {
+            assert!(u.live_bytes <= u.file_bytes, "vb {vb} usage {u:?}");
+        }
+    }
+    let st = s.stats();
+    assert_eq!(
+        st.data_file_bytes,
+        tracked.values().map(|u| u.file_bytes).sum::<u64>()
+    );
+    assert_eq!(
+        st.live_bytes,
+        tracked.values().map(|u| u.live_bytes).sum::<u64>()
+    );
+}
+
 fn check(s: &FileStore, m: &Model) {
+    check_usage(s);
     for vb in 0..VBS {
         let want: Vec<&Document> = {
             let mut v: Vec<&Document> = m
@@ -175,6 +199,7 @@ fn check(s: &FileStore, m: &Model) {
             .map(|x| x.values().map(|d| (d.key.clone(), d.seqno)).collect())
             .unwrap_or_default();
         assert_eq!(keys, want_keys, "vb {vb} keys");
+        check_usage(s);
         let high = m.high.get(&vb).copied().unwrap_or(0);
         if high > 0 && m.docs.contains_key(&vb) {
             let st = s.vbucket_state(Vbid(vb)).unwrap().unwrap();
@@ -202,6 +227,7 @@ fn run_with(ops: Vec<Op>, journal: JournalMode, fd_budget: usize, apply_after_by
     let mut s = reopen(&fs);
     let mut m = Model::default();
     for op in ops {
+        check_usage(&s);
         match op {
             Op::Commit(spec) => {
                 let (b, docs) = m.batch(&spec);
@@ -225,6 +251,11 @@ fn run_with(ops: Vec<Op>, journal: JournalMode, fd_budget: usize, apply_after_by
                 };
                 s.compact(Vbid(vb), &rule).unwrap();
                 m.compact(vb, &rule);
+                // A file just compacted, with nothing committed during the copy, is all
+                // live: the accounting's idea of "live" is exactly what compaction keeps.
+                if let Some(u) = s.recount_usage(Vbid(vb)).unwrap() {
+                    assert_eq!(u.garbage_bytes(), 0, "vb {vb} after compaction: {u:?}");
+                }
             }
             Op::ApplyPending(n, fault) => {
                 if let Some((f, k)) = fault {

@@ -1,0 +1,304 @@
+//! `cargo xtask bench space`: space amplification under random overwrites (issue 22),
+//! with the fragmentation compactor on and off in the same run.
+//!
+//! For each mode, a fresh epkv-server as shipped (persistent, every default) except
+//! `--compaction-fragmentation-percent` (the default, 30, or 0 for "off"): `epkv-pipeload`
+//! loads `keys` keys of 512-byte values, then overwrites keys drawn at random over the
+//! whole key space (`--fresh-keys`, 100% SET, 16 connections × 16 in flight) for `secs`
+//! seconds. Meanwhile the data directory's size (every file under it, journals
+//! included) is sampled every 250 ms; its peak over the load and its size `idle_secs`
+//! after the load ends are reported over the live bytes (keys × (key + value)), with the
+//! load's ops/s. Goals: ≤3.0x at the peak, ≤2.0x after the idle period, ops/s with
+//! compaction ≥0.8x without. Results go to `target/bench/space.json` and
+//! `target/bench/space.md`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::memcapable::tempdir;
+use crate::process::{self, ServerProcess};
+use crate::util;
+
+/// Options of `cargo xtask bench space`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct SpaceOptions {
+    /// 100,000 keys for 15 s, 30 s idle (default: 1,000,000 keys for 60 s).
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Keys (overrides --quick).
+    #[arg(long)]
+    pub(crate) keys: Option<usize>,
+    /// Seconds of overwrites (overrides --quick).
+    #[arg(long)]
+    pub(crate) secs: Option<u64>,
+    /// Seconds to wait after the load before measuring again.
+    #[arg(long, default_value_t = 30)]
+    pub(crate) idle_secs: u64,
+    /// Modes to run, comma separated: `on` (fragmentation compaction at its default) and
+    /// `off` (`--compaction-fragmentation-percent 0`).
+    #[arg(long, value_delimiter = ',', default_values_t = ["on".to_owned(), "off".to_owned()])]
+    pub(crate) modes: Vec<String>,
+    /// Use this epkv-server binary instead of building target/release/epkv-server.
+    #[arg(long)]
+    pub(crate) epkv_bin: Option<PathBuf>,
+    /// Extra epkv-server flags for every mode, e.g. `--server-arg=--compaction-rate=0`.
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub(crate) server_args: Vec<String>,
+}
+
+/// Value size, as in the issue.
+const VALUE_BYTES: usize = 512;
+/// Key size of epkv-pipeload's keys (`pipeload-NNNNNNN`).
+const KEY_BYTES: usize = 16;
+
+/// One mode's measurements.
+#[derive(Debug, Clone)]
+pub(crate) struct SpaceRun {
+    mode: String,
+    keys: usize,
+    secs: u64,
+    live_bytes: u64,
+    peak_bytes: u64,
+    idle_bytes: u64,
+    /// Data files only (journals left out), at the same two moments.
+    peak_data_bytes: u64,
+    idle_data_bytes: u64,
+    ops_per_sec: f64,
+}
+
+/// Bytes of every file under `dir`, recursively, and of the journals among them (files
+/// that vanish meanwhile count 0).
+pub(crate) fn dir_bytes(dir: &Path) -> (u64, u64) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    rd.flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(_) => {
+                let n = e.metadata().map(|m| m.len()).unwrap_or(0);
+                let journal = e.file_name() == "journal.log";
+                (n, if journal { n } else { 0 })
+            }
+            Err(_) => (0, 0),
+        })
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+fn pipeload_bin() -> PathBuf {
+    util::target_dir().join("release").join("epkv-pipeload")
+}
+
+#[expect(clippy::cast_precision_loss, reason = "ratios of byte counts")]
+fn ratio(a: u64, b: u64) -> f64 {
+    a as f64 / b.max(1) as f64
+}
+
+/// The JSON rows and the markdown table.
+pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
+    let off = runs.iter().find(|r| r.mode == "off").map(|r| r.ops_per_sec);
+    let mut rows = Vec::new();
+    let mut md = String::from(
+        "### Space amplification: random overwrites of 512-byte values (epkv-pipeload, 16 x 16)\n\n\
+         | compaction | keys | secs | live MB | peak MB | peak / live | after idle MB | idle / live | data files / live (peak, idle) | ops/s | ops/s vs off |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in runs {
+        let vs_off = off.map(|o| r.ops_per_sec / o);
+        rows.push(json!({
+            "bench": "SpaceAmplification",
+            "params": {"keys": r.keys, "secs": r.secs, "value_bytes": VALUE_BYTES, "compaction": r.mode},
+            "impl": "epkv",
+            "items_per_sec": r.ops_per_sec,
+            "live_bytes": r.live_bytes,
+            "peak_bytes": r.peak_bytes,
+            "idle_bytes": r.idle_bytes,
+            "peak_ratio": ratio(r.peak_bytes, r.live_bytes),
+            "idle_ratio": ratio(r.idle_bytes, r.live_bytes),
+            "peak_data_ratio": ratio(r.peak_data_bytes, r.live_bytes),
+            "idle_data_ratio": ratio(r.idle_data_bytes, r.live_bytes),
+            "ops_vs_off": vs_off,
+        }));
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.2}x | {:.2}x, {:.2}x | {:.0} | {} |\n",
+            r.mode,
+            r.keys,
+            r.secs,
+            r.live_bytes as f64 / 1e6,
+            r.peak_bytes as f64 / 1e6,
+            ratio(r.peak_bytes, r.live_bytes),
+            r.idle_bytes as f64 / 1e6,
+            ratio(r.idle_bytes, r.live_bytes),
+            ratio(r.peak_data_bytes, r.live_bytes),
+            ratio(r.idle_data_bytes, r.live_bytes),
+            r.ops_per_sec,
+            vs_off.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}x")),
+        ));
+    }
+    md.push_str(
+        "\nGoals (issue 22): peak ≤3.0x, after 30 s idle ≤2.0x, ops/s with compaction ≥0.8x \
+         without. Data-directory bytes include the shards' journals.\n",
+    );
+    (rows, md)
+}
+
+fn run_mode(
+    opts: &SpaceOptions,
+    bin: &Path,
+    mode: &str,
+    keys: usize,
+    secs: u64,
+) -> Result<SpaceRun> {
+    let idle_secs = opts.idle_secs;
+    let out_dir = util::target_dir().join("bench");
+    let data = tempdir("bench-space")?;
+    let percent = if mode == "off" { "0" } else { "30" };
+    let mut args: Vec<String> = vec![
+        "--data-dir".into(),
+        data.path().display().to_string(),
+        "--compaction-fragmentation-percent".into(),
+        percent.into(),
+        "--memory-quota".into(),
+        "4GiB".into(),
+    ];
+    args.extend(opts.server_args.iter().cloned());
+    let server = ServerProcess::start_epkv(bin, &args, out_dir.join(format!("space-{mode}.log")))?;
+    let base = |c: &mut Command| {
+        c.args(["run", "--mode", "plain", "--addr", &server.addr()])
+            .args(["--connections", "16", "--depth", "16"])
+            .args(["--get-fraction", "0"])
+            .args(["--value-bytes", &VALUE_BYTES.to_string()])
+            .args(["--keys", &keys.to_string()]);
+    };
+    // Populate (a 1 s run after loading every key), then the timed overwrites.
+    let mut pop = Command::new(pipeload_bin());
+    base(&mut pop);
+    pop.args(["--secs", "1"]);
+    util::output(&mut pop)?;
+    let mut cmd = Command::new(pipeload_bin());
+    base(&mut cmd);
+    cmd.args(["--secs", &secs.to_string(), "--no-populate", "--fresh-keys"])
+        .stdout(Stdio::piped());
+    let child = cmd.spawn().context("start epkv-pipeload")?;
+    let mut peak = (0u64, 0u64);
+    let sample = |peak: &mut (u64, u64)| {
+        let (all, journals) = dir_bytes(data.path());
+        if all > peak.0 {
+            *peak = (all, all - journals);
+        }
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    // The load's output is read on its own thread so that sampling goes on meanwhile.
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let output = loop {
+        sample(&mut peak);
+        match rx.recv_timeout(Duration::from_millis(250)) {
+            Ok(o) => break o.context("epkv-pipeload")?,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(e) => bail!("epkv-pipeload waiter: {e}"),
+        }
+    };
+    let _ = waiter.join();
+    sample(&mut peak);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let r = crate::bench_tls::parse_pipeload(&stdout)
+        .with_context(|| format!("no pipeload-result line in {stdout:?}"))?;
+    let ops = r["ops"].as_u64().unwrap_or(0);
+    if ops == 0 || r["errors"].as_u64() != Some(0) {
+        bail!("{mode} load failed: {r}");
+    }
+    let ops_per_sec = ops as f64 / r["secs"].as_f64().unwrap_or(f64::NAN);
+    eprintln!(
+        "{mode}: {ops_per_sec:.0} ops/s, peak {} MB; idling {idle_secs} s",
+        peak.0 / 1_000_000
+    );
+    std::thread::sleep(Duration::from_secs(idle_secs));
+    let (idle, idle_journals) = dir_bytes(data.path());
+    crate::bench_memory::stop(server);
+    drop(data);
+    Ok(SpaceRun {
+        mode: mode.to_owned(),
+        keys,
+        secs,
+        live_bytes: (keys * (KEY_BYTES + VALUE_BYTES)) as u64,
+        peak_bytes: peak.0,
+        idle_bytes: idle,
+        peak_data_bytes: peak.1,
+        idle_data_bytes: idle - idle_journals,
+        ops_per_sec,
+    })
+}
+
+/// Runs the bench and writes its report.
+pub(crate) fn bench_space(opts: &SpaceOptions) -> Result<()> {
+    util::run(util::cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "epkv-bench",
+        "--bin",
+        "epkv-pipeload",
+    ]))?;
+    let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
+    let keys = opts
+        .keys
+        .unwrap_or(if opts.quick { 100_000 } else { 1_000_000 });
+    let secs = opts.secs.unwrap_or(if opts.quick { 15 } else { 60 }).max(1);
+    let out_dir = util::target_dir().join("bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let mut runs = Vec::new();
+    for mode in &opts.modes {
+        if mode != "on" && mode != "off" {
+            bail!("unknown mode {mode:?}: on or off");
+        }
+        runs.push(run_mode(opts, &bin, mode, keys, secs)?);
+    }
+    let (rows, md) = report(&runs);
+    std::fs::write(
+        out_dir.join("space.json"),
+        serde_json::to_string_pretty(&rows)?,
+    )?;
+    std::fs::write(out_dir.join("space.md"), &md)?;
+    println!("\n{md}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_bytes_counts_nested_files() {
+        let d = tempdir("space-test").unwrap();
+        std::fs::create_dir_all(d.path().join("a/b")).unwrap();
+        std::fs::write(d.path().join("x"), [0u8; 10]).unwrap();
+        std::fs::write(d.path().join("a/b/y"), [0u8; 5]).unwrap();
+        std::fs::write(d.path().join("a/journal.log"), [0u8; 7]).unwrap();
+        assert_eq!(dir_bytes(d.path()), (22, 7));
+    }
+
+    #[test]
+    fn report_has_ratios_against_off() {
+        let run = |mode: &str, ops: f64| SpaceRun {
+            mode: mode.to_owned(),
+            keys: 10,
+            secs: 1,
+            live_bytes: 100,
+            peak_bytes: 250,
+            idle_bytes: 150,
+            peak_data_bytes: 200,
+            idle_data_bytes: 100,
+            ops_per_sec: ops,
+        };
+        let (rows, md) = report(&[run("on", 90.0), run("off", 100.0)]);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0]["peak_ratio"], json!(2.5));
+        assert!(md.contains("0.90x"), "{md}");
+    }
+}
