@@ -597,6 +597,7 @@ impl Persistence {
                     &epkv_storage::PurgeRule {
                         purge_before_seqno: mark,
                         now_secs: vb.full.is_none().then_some(now_secs),
+                        ..epkv_storage::PurgeRule::default()
                     },
                     &mut self.pacer(clock, 1),
                 )?;
@@ -772,6 +773,7 @@ impl Persistence {
             &epkv_storage::PurgeRule {
                 purge_before_seqno: upto,
                 now_secs: vb.full.is_none().then_some(now_secs),
+                ..epkv_storage::PurgeRule::default()
             },
             &mut self.pacer(clock, share),
         )?;

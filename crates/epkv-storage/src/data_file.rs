@@ -614,9 +614,9 @@ fn find_later_header(f: &dyn VFile, from: u64, len: u64) -> Result<Option<u64>> 
 }
 
 /// Writes a fresh superblock for `vbid` at offset 0.
-pub(crate) fn superblock(vbid: u16, rev: u64) -> Vec<u8> {
+pub(crate) fn superblock(vbid: u16, rev: u64, version: u16) -> Vec<u8> {
     let mut b = Vec::with_capacity(SUPERBLOCK_LEN);
-    format::put_superblock(&mut b, RecordKind::DataSuperblock, vbid, rev);
+    format::put_superblock_version(&mut b, RecordKind::DataSuperblock, vbid, rev, version);
     b
 }
 

@@ -249,10 +249,13 @@ struct VbFile {
     pending: Vec<JournalEntry>,
     /// Live bytes of the file, for [`FileUsage`].
     acct: Accounting,
+    /// The file's format version (its superblock's): 1 for a file from before
+    /// collections, which [`FileStore::upgrade_format`] rewrites.
+    format_version: u16,
 }
 
 impl VbFile {
-    fn new(dir: &Path, vbid: u16) -> Self {
+    fn new(dir: &Path, vbid: u16, format_version: u16) -> Self {
         Self {
             vbid,
             rev: 0,
@@ -263,6 +266,7 @@ impl VbFile {
             needs_repair: false,
             pending: Vec::new(),
             acct: Accounting::default(),
+            format_version,
         }
     }
 
@@ -344,6 +348,8 @@ pub struct FileStore {
     dir_dirty: AtomicU64,
     counters: Counters,
     report: RecoveryReport,
+    /// A journal of format 1 is being replayed: files it creates are format 1.
+    legacy_replay: bool,
 }
 
 const JOURNAL_NAME: &str = "journal.log";
@@ -432,9 +438,11 @@ impl FileStore {
             dir_dirty: AtomicU64::new(0),
             counters: Counters::default(),
             report: RecoveryReport::default(),
+            legacy_replay: false,
         };
         store.recover_data_files()?;
         store.recover_journal()?;
+        store.upgrade_format()?;
         Ok(store)
     }
 
@@ -489,10 +497,14 @@ impl FileStore {
 
     fn vb(&self, vbid: u16) -> Arc<Mutex<VbFile>> {
         let mut g = self.vbs.lock();
-        Arc::clone(
-            g.entry(vbid)
-                .or_insert_with(|| Arc::new(Mutex::new(VbFile::new(&self.cfg.dir, vbid)))),
-        )
+        Arc::clone(g.entry(vbid).or_insert_with(|| {
+            let version = if self.legacy_replay {
+                1
+            } else {
+                format::FORMAT_VERSION
+            };
+            Arc::new(Mutex::new(VbFile::new(&self.cfg.dir, vbid, version)))
+        }))
     }
 
     fn existing_vb(&self, vbid: u16) -> Option<Arc<Mutex<VbFile>>> {
@@ -691,6 +703,7 @@ impl FileStore {
                 needs_repair: false,
                 pending: Vec::new(),
                 acct,
+                format_version: rec.format_version,
             });
         }
         Ok(chosen)
@@ -715,7 +728,9 @@ impl FileStore {
                 Ok(f) => {
                     let j = read_journal(&*f, &path)?;
                     self.report.journal_torn_bytes = j.torn_bytes;
+                    self.legacy_replay = j.version < format::FORMAT_VERSION;
                     self.replay(j.entries)?;
+                    self.legacy_replay = false;
                     self.checkpoint_files()?;
                     drop(f);
                     self.vfs
@@ -756,7 +771,11 @@ impl FileStore {
             tracing::warn!(path = %path.display(), dropped_bytes = j.torn_bytes, "journal: dropping torn tail");
         }
         self.report.journal_torn_bytes = j.torn_bytes;
+        // Files a format-1 journal creates are format 1 too, so that the upgrade below
+        // (or, after a crash, at the next open) rewrites their keys.
+        self.legacy_replay = j.version < format::FORMAT_VERSION;
         self.replay(j.entries)?;
+        self.legacy_replay = false;
         self.preallocate(&*f, &path, len)?;
         *self.commit_lock.lock() = Some(Journal {
             path,
@@ -766,6 +785,33 @@ impl FileStore {
         });
         // Make the replayed data files durable and start a new journal generation.
         self.checkpoint()
+    }
+
+    /// Rewrites every data file of format 1 (before collections) as format 2, by a
+    /// compaction that keeps every document and escapes the keys that start with a zero
+    /// byte ([`format::escape_v1_key`]); a crash leaves the old file, rewritten at the
+    /// next open. Runs once, at open, after the journal's replay.
+    fn upgrade_format(&self) -> Result<()> {
+        let old: Vec<u16> = self
+            .vbs
+            .lock()
+            .iter()
+            .filter(|(_, v)| v.lock().format_version < format::FORMAT_VERSION)
+            .map(|(id, _)| *id)
+            .collect();
+        for vbid in old {
+            let rule = PurgeRule {
+                escape_v1_keys: true,
+                ..PurgeRule::default()
+            };
+            let out = self.compact_with(Vbid(vbid), &rule, &mut || {})?;
+            tracing::info!(
+                vbid,
+                documents = out.kept,
+                "data file upgraded from format 1 to 2"
+            );
+        }
+        Ok(())
     }
 
     /// Writes zeros from `from` up to the configured preallocation (never shrinks).
@@ -884,7 +930,7 @@ impl FileStore {
                 + 256,
         );
         if g.end == 0 {
-            buf.extend_from_slice(&data_file::superblock(g.vbid, g.rev));
+            buf.extend_from_slice(&data_file::superblock(g.vbid, g.rev, g.format_version));
             self.dir_dirty.fetch_add(1, Relaxed);
         }
         let base = g.end;
@@ -1248,6 +1294,7 @@ impl FileStore {
             needs_repair: false,
             pending: Vec::new(),
             acct,
+            format_version: format::FORMAT_VERSION,
         };
         let mut caught_up = 0u64;
         if current.commit_id != header.commit_id {
@@ -1302,6 +1349,7 @@ impl FileStore {
         g.header = next.header;
         g.segments = next.segments;
         g.acct = next.acct;
+        g.format_version = next.format_version;
         self.publish_usage(&g);
         self.dirty.lock().remove(&vbid);
         drop(g);
@@ -1358,7 +1406,7 @@ impl FileStore {
             .with_room(tmp, || self.vfs.open(tmp, OpenMode::Create))
             .map_err(|e| Error::io("open", tmp, e))?;
         f.set_len(0).map_err(|e| Error::io("truncate", tmp, e))?;
-        let mut buf = data_file::superblock(vbid, rev);
+        let mut buf = data_file::superblock(vbid, rev, format::FORMAT_VERSION);
         let mut base = 0u64;
         let mut keys: Vec<KeyEntry> = Vec::new();
         let high = header.state.high_seqno;
@@ -1378,6 +1426,12 @@ impl FileStore {
             {
                 out.expired += 1;
                 return ScanControl::Continue;
+            }
+            let mut d = d;
+            if rule.escape_v1_keys
+                && let std::borrow::Cow::Owned(k) = format::escape_v1_key(&d.key)
+            {
+                d.key = k;
             }
             let offset = base + buf.len() as u64;
             body.clear();
@@ -1445,6 +1499,8 @@ struct JournalRead {
     /// Bytes of a torn record of the current generation after `end` (0 when what follows
     /// is zeros or records of an older generation).
     torn_bytes: u64,
+    /// The journal's format version.
+    version: u16,
 }
 
 /// Reads the current generation's journal batches, up to the first frame that does not
@@ -1459,6 +1515,7 @@ fn read_journal(f: &dyn VFile, path: &Path) -> Result<JournalRead> {
             end: sb,
             generation: 1,
             torn_bytes: len,
+            version: format::FORMAT_VERSION,
         });
     }
     let mut head = vec![0u8; SUPERBLOCK_LEN];
@@ -1499,18 +1556,7 @@ fn read_journal(f: &dyn VFile, path: &Path) -> Result<JournalRead> {
             break;
         };
         match format::decode_journal_batch(body) {
-            // A journal of format 1 (before collections) holds keys as clients sent
-            // them: replayed as format-2 keys.
-            Ok((_, mut entries)) => {
-                if version == 1 {
-                    for d in entries.iter_mut().flat_map(|e| e.docs.iter_mut()) {
-                        if let std::borrow::Cow::Owned(k) = format::escape_v1_key(&d.key) {
-                            d.key = k;
-                        }
-                    }
-                }
-                out.extend(entries);
-            }
+            Ok((_, entries)) => out.extend(entries),
             // A record whose CRC verifies but does not decode was written by a broken
             // build: refuse rather than guess.
             Err(r) => return Err(data_file::corrupt(path, pos, r)),
@@ -1522,6 +1568,7 @@ fn read_journal(f: &dyn VFile, path: &Path) -> Result<JournalRead> {
         end: pos,
         generation,
         torn_bytes,
+        version,
     })
 }
 

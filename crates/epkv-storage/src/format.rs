@@ -654,8 +654,20 @@ pub fn decode_header(body: &[u8]) -> Result<Header, DecodeError> {
     })
 }
 
-/// Encodes a superblock frame (data file or journal).
+/// Encodes a superblock frame (data file or journal) of this format version.
 pub fn put_superblock(out: &mut Vec<u8>, kind: RecordKind, id: u16, rev: u64) {
+    put_superblock_version(out, kind, id, rev, FORMAT_VERSION);
+}
+
+/// Encodes a superblock frame of format `version` (a data file created while a format-1
+/// journal is replayed is format 1 until upgraded).
+pub fn put_superblock_version(
+    out: &mut Vec<u8>,
+    kind: RecordKind,
+    id: u16,
+    rev: u64,
+    version: u16,
+) {
     let mut body = Vec::with_capacity(20);
     let magic = if kind == RecordKind::JournalSuperblock {
         JOURNAL_MAGIC
@@ -663,7 +675,7 @@ pub fn put_superblock(out: &mut Vec<u8>, kind: RecordKind, id: u16, rev: u64) {
         DATA_MAGIC
     };
     body.extend_from_slice(magic);
-    put_u16(&mut body, FORMAT_VERSION);
+    put_u16(&mut body, version);
     put_u16(&mut body, id);
     put_u64(&mut body, rev);
     put_frame(out, kind, &body);

@@ -93,6 +93,9 @@ pub struct PurgeRule {
     pub purge_before_seqno: u64,
     /// Live documents with `0 < expiry <= now_secs` are dropped. `None` keeps them.
     pub now_secs: Option<u32>,
+    /// Rewrite keys of format 1 as format 2 ([`crate::format::escape_v1_key`]): the
+    /// upgrade of a file from before collections.
+    pub escape_v1_keys: bool,
 }
 
 /// What a compaction did.

@@ -132,6 +132,7 @@ fn conformance(s: &dyn KvStore) {
             &PurgeRule {
                 purge_before_seqno: 10,
                 now_secs: Some(100),
+                ..PurgeRule::default()
             },
         )
         .unwrap();
@@ -432,6 +433,7 @@ fn commits_during_a_compaction_are_caught_up_into_the_new_file() {
                 &PurgeRule {
                     purge_before_seqno: high_before,
                     now_secs: None,
+                    ..PurgeRule::default()
                 },
                 &mut || {
                     // Overwrites, deletes of copied keys, a re-created purged key, new
@@ -548,4 +550,68 @@ fn overwrites_raise_fragmentation_and_compaction_reclaims_it() {
     s.close().unwrap();
     let s = FileStore::open(FileStoreConfig::new(dir.path())).unwrap();
     assert_eq!(s.file_usage()[0].1, after);
+}
+
+/// Rewrites the superblock of every data file and journal in `dir` as format 1, as a build
+/// from before collections wrote them.
+fn make_format_1(dir: &std::path::Path) {
+    use epkv_storage::format::{self, RecordKind, SUPERBLOCK_LEN};
+    for e in std::fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        if bytes.len() < SUPERBLOCK_LEN {
+            continue;
+        }
+        for kind in [RecordKind::DataSuperblock, RecordKind::JournalSuperblock] {
+            let Ok(body) = format::decode_frame_of(&bytes[..SUPERBLOCK_LEN], kind) else {
+                continue;
+            };
+            let (id, rev, _) = format::decode_superblock(body, kind).unwrap();
+            let mut sb = Vec::new();
+            format::put_superblock_version(&mut sb, kind, id, rev, 1);
+            bytes[..SUPERBLOCK_LEN].copy_from_slice(&sb);
+            std::fs::write(&path, &bytes).unwrap();
+        }
+    }
+}
+
+#[test]
+fn format_1_files_are_upgraded_once_with_zero_byte_keys_escaped() {
+    for mode in [JournalMode::On, JournalMode::Off] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = FileStoreConfig::new(dir.path());
+        cfg.journal = mode;
+        {
+            let s = FileStore::open(cfg.clone()).unwrap();
+            // A build from before collections stored keys as clients sent them.
+            commit(&s, 3, vec![doc("plain", 1, "a"), doc("\0legacy", 2, "b")]);
+            s.close().unwrap();
+        }
+        // ...and, with the journal on, one more commit left in the journal only.
+        if mode == JournalMode::On {
+            let s = FileStore::open(cfg.clone()).unwrap();
+            commit(&s, 4, vec![doc("\0journal", 1, "c")]);
+            drop(s); // no checkpoint: vb 4 lives in the journal
+        }
+        make_format_1(dir.path());
+        for round in 0..2 {
+            let s = FileStore::open(cfg.clone()).unwrap();
+            let get = |vb: u16, k: &[u8]| s.get(Vbid(vb), k).unwrap().map(|d| d.value);
+            assert_eq!(get(3, b"plain"), Some(b"a".to_vec()), "{mode:?} {round}");
+            assert_eq!(
+                get(3, b"\0\0\0legacy"),
+                Some(b"b".to_vec()),
+                "{mode:?} {round}"
+            );
+            assert_eq!(get(3, b"\0legacy"), None, "{mode:?} {round}");
+            if mode == JournalMode::On {
+                assert_eq!(
+                    get(4, b"\0\0\0journal"),
+                    Some(b"c".to_vec()),
+                    "{mode:?} {round}"
+                );
+            }
+            s.close().unwrap();
+        }
+    }
 }

@@ -248,6 +248,7 @@ fn run_with(ops: Vec<Op>, journal: JournalMode, fd_budget: usize, apply_after_by
                 let rule = PurgeRule {
                     purge_before_seqno: p,
                     now_secs: now,
+                    ..PurgeRule::default()
                 };
                 s.compact(Vbid(vb), &rule).unwrap();
                 m.compact(vb, &rule);
