@@ -573,7 +573,14 @@ impl Bucket {
             return Ok(epkv_storage::CompactionOutcome::default());
         };
         let now = u32::try_from(self.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
-        let out = p.compact_all(&self.vbuckets, now, &self.clock)?;
+        // Dropped collections' documents go too; once every file was compacted the
+        // manifest forgets those collections.
+        let dropped = self.collections.dropped();
+        let every_file = self.is_warmed_up();
+        let out = p.compact_all(&self.vbuckets, now, &self.clock, &dropped)?;
+        if every_file {
+            self.collections.forget_dropped(&dropped);
+        }
         // Full eviction: each key filter is rebuilt at its vBucket's size, without the
         // keys deleted since it was last built.
         for vb in self.vbuckets.iter().filter(|vb| vb.full.is_some()) {
@@ -581,7 +588,7 @@ impl Bucket {
                 self.rebuild_key_filter(vb)?;
             }
         }
-        tracing::info!(bucket = %self.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, caught_up = out.caught_up, "compaction done");
+        tracing::info!(bucket = %self.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, collection_docs_dropped = out.collection_docs_dropped, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, caught_up = out.caught_up, "compaction done");
         Ok(out)
     }
 
@@ -609,7 +616,13 @@ impl Bucket {
             return Ok((0, false));
         };
         let now = u32::try_from(self.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
-        p.compact_fragmented_files(&self.vbuckets, now, &self.clock, budget_bytes)
+        p.compact_fragmented_files(
+            &self.vbuckets,
+            now,
+            &self.clock,
+            budget_bytes,
+            &self.collections.dropped(),
+        )
     }
 
     /// One run of a shard's flusher task.

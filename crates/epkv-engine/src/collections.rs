@@ -611,11 +611,11 @@ impl CollectionOps {
 }
 
 impl crate::Bucket {
-    /// Removes from memory the documents of collections that no longer exist, one
-    /// vBucket at a time (each a stripe at a time: no request waits long), then, in a
-    /// memory-only bucket, forgets them. A persistent bucket keeps them listed as dropped
-    /// until compaction has removed them from the data files. Returns the documents
-    /// removed.
+    /// Removes the documents of collections that no longer exist: from memory, one
+    /// vBucket at a time (each a stripe at a time: no request waits long); then, in a
+    /// persistent bucket, from the data files by a compaction of every file (paced as
+    /// any compaction), after which the manifest forgets them. Returns the documents
+    /// removed from memory.
     pub fn purge_dropped(&self) -> usize {
         let mut removed = 0;
         for vb in &self.vbuckets {
@@ -626,6 +626,8 @@ impl crate::Bucket {
         }
         if self.persistence.is_none() {
             self.collections.forget_dropped(&self.collections.dropped());
+        } else if let Err(e) = self.compact_all() {
+            tracing::warn!(bucket = %self.config.name, error = %e, "dropped collections stay on disk until the next compaction");
         }
         removed
     }

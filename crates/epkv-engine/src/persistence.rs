@@ -577,6 +577,7 @@ impl Persistence {
         vbuckets: &[VBucket],
         now_secs: u32,
         clock: &Arc<dyn epkv_executor::Clock>,
+        dropped: &[u32],
     ) -> Result<epkv_storage::CompactionOutcome, epkv_storage::Error> {
         let mut total = epkv_storage::CompactionOutcome::default();
         for sh in &self.shards {
@@ -597,6 +598,7 @@ impl Persistence {
                     &epkv_storage::PurgeRule {
                         purge_before_seqno: mark,
                         now_secs: vb.full.is_none().then_some(now_secs),
+                        dropped_collections: dropped.to_vec(),
                         ..epkv_storage::PurgeRule::default()
                     },
                     &mut self.pacer(clock, 1),
@@ -605,6 +607,7 @@ impl Persistence {
                 self.purged_upto.lock().insert(vbid.0, mark);
                 total.kept += out.kept;
                 total.tombstones_purged += out.tombstones_purged;
+                total.collection_docs_dropped += out.collection_docs_dropped;
                 total.expired += out.expired;
                 total.bytes_before += out.bytes_before;
                 total.bytes_after += out.bytes_after;
@@ -686,6 +689,7 @@ impl Persistence {
         now_secs: u32,
         clock: &Arc<dyn epkv_executor::Clock>,
         budget_bytes: u64,
+        dropped: &[u32],
     ) -> Result<(usize, bool), epkv_storage::Error> {
         let mut per_shard: Vec<Vec<(Vbid, epkv_storage::FileUsage)>> =
             vec![Vec::new(); self.shards.len()];
@@ -713,7 +717,7 @@ impl Persistence {
                 let Some(vb) = vbuckets.get(usize::from(vbid.0)) else {
                     continue;
                 };
-                match self.compact_fragmented(shard, vb, now_secs, clock, share) {
+                match self.compact_fragmented(shard, vb, now_secs, clock, share, dropped) {
                     Ok(out) => {
                         tracing::debug!(
                             vbid = vbid.0,
@@ -763,6 +767,7 @@ impl Persistence {
         now_secs: u32,
         clock: &Arc<dyn epkv_executor::Clock>,
         share: u64,
+        dropped: &[u32],
     ) -> Result<epkv_storage::CompactionOutcome, epkv_storage::Error> {
         let Some(sh) = self.shards.get(shard) else {
             return Ok(epkv_storage::CompactionOutcome::default());
@@ -773,6 +778,7 @@ impl Persistence {
             &epkv_storage::PurgeRule {
                 purge_before_seqno: upto,
                 now_secs: vb.full.is_none().then_some(now_secs),
+                dropped_collections: dropped.to_vec(),
                 ..epkv_storage::PurgeRule::default()
             },
             &mut self.pacer(clock, share),

@@ -546,3 +546,71 @@ fn the_fragmentation_compactor_rewrites_overwritten_files_and_reports_it() {
         );
     }
 }
+
+/// A dropped collection's documents leave memory and then, by the compaction the drop
+/// starts, the data files; after a restart they are not loaded and the collection's id is
+/// forgotten as dropped (nothing of it is left to remove).
+#[test]
+fn a_dropped_collection_leaves_memory_and_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), FlusherMode::Manual);
+    b.create_scope("s").unwrap();
+    b.create_collection("s", "c", 0).unwrap();
+    let (_, cid) = b.collection_id("s.c").unwrap();
+    let mut keys = Vec::new();
+    for i in 0..200 {
+        let raw = format!("k{i}");
+        let mut buf = epkv_types::doc_key::DocKeyBuf::new();
+        let key = epkv_types::doc_key::encode(cid, raw.as_bytes(), &mut buf).to_vec();
+        b.store(StoreRequest {
+            op: StoreOp::Set,
+            vbid: vb(&raw),
+            key: &key,
+            value: b"v",
+            flags: 0,
+            expiry: Expiry::Never,
+            preserve_ttl: false,
+            datatype: Datatype::RAW,
+            cas: Cas::ANY,
+            durability: None,
+        })
+        .unwrap();
+        keys.push((raw, key));
+    }
+    must_set(&b, "kept", "default", 0);
+    b.flush_all().unwrap();
+    assert_eq!(b.item_count(), 201);
+    b.drop_collection("s", "c").unwrap();
+    // The purge runs on a thread of its own: wait (bounded) for memory, then for the
+    // compaction that removes the documents from disk, after which the manifest forgets
+    // the collection (uid 4: scope, collection, drop, forget).
+    for _ in 0..1000 {
+        if b.item_count() == 1 && b.manifest_uid() >= 4 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(b.item_count(), 1, "the documents left memory");
+    assert_eq!(
+        b.manifest_uid(),
+        4,
+        "the drop was compacted away and forgotten"
+    );
+    assert_eq!(
+        b.get(vb(&keys[0].0), &keys[0].1),
+        Err(EngineStatus::UnknownCollection)
+    );
+    let again = b.compact_all().unwrap();
+    assert_eq!(
+        again.collection_docs_dropped, 0,
+        "already removed from disk"
+    );
+    drop(b);
+    let b = open(dir.path(), FlusherMode::Manual);
+    assert_eq!(b.item_count(), 1);
+    assert_eq!(must_get_value(&b, "kept"), b"default");
+}
+
+fn must_get_value(b: &Bucket, key: &str) -> Vec<u8> {
+    b.get(vb(key), key.as_bytes()).unwrap().value.to_vec()
+}

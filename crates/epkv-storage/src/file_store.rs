@@ -1427,6 +1427,15 @@ impl FileStore {
                 out.expired += 1;
                 return ScanControl::Continue;
             }
+            if !rule.dropped_collections.is_empty()
+                && rule
+                    .dropped_collections
+                    .contains(&epkv_types::doc_key::collection_of(&d.key))
+                && d.seqno != high
+            {
+                out.collection_docs_dropped += 1;
+                return ScanControl::Continue;
+            }
             let mut d = d;
             if rule.escape_v1_keys
                 && let std::borrow::Cow::Owned(k) = format::escape_v1_key(&d.key)

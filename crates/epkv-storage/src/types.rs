@@ -86,7 +86,7 @@ pub struct VbCommit {
 }
 
 /// What compaction drops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PurgeRule {
     /// Tombstones with a seqno at or below this are dropped (never the document at the
     /// vBucket's high seqno).
@@ -96,6 +96,9 @@ pub struct PurgeRule {
     /// Rewrite keys of format 1 as format 2 ([`crate::format::escape_v1_key`]): the
     /// upgrade of a file from before collections.
     pub escape_v1_keys: bool,
+    /// Documents of these collections (dropped) are dropped, whatever their seqno
+    /// (`epkv_types::doc_key::collection_of` of the key).
+    pub dropped_collections: Vec<u32>,
 }
 
 /// What a compaction did.
@@ -105,6 +108,8 @@ pub struct CompactionOutcome {
     pub kept: u64,
     /// Tombstones dropped.
     pub tombstones_purged: u64,
+    /// Documents of dropped collections removed.
+    pub collection_docs_dropped: u64,
     /// Expired documents dropped.
     pub expired: u64,
     /// File size before.
