@@ -9,6 +9,7 @@
 
 mod bench_auth;
 mod bench_collections;
+mod bench_flusher;
 mod bench_frontend;
 mod bench_memory;
 mod bench_metrics;
@@ -102,6 +103,9 @@ enum BenchCmd {
     /// A named collection against the default one, and the drop of a large collection
     /// (issue 21).
     Collections(bench_collections::CollectionsOptions),
+    /// The persistence path's CPU per persisted item at 1k, 10k, 50k and the highest
+    /// SET rates (issue 22).
+    Flusher(bench_flusher::FlusherOptions),
     /// Prometheus scrape (issue 19): server CPU per scrape with 1024 vBuckets, every
     /// task's histograms and 1,000 connections, and the exposition's size.
     Metrics(bench_metrics::MetricsOptions),
@@ -151,6 +155,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Collections(opts),
         } => bench_collections::bench_collections(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Flusher(opts),
+        } => bench_flusher::bench_flusher(&opts),
         Cmd::Bench {
             which: BenchCmd::Metrics(opts),
         } => bench_metrics::bench_metrics(&opts),

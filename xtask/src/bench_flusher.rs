@@ -1,0 +1,201 @@
+//! `cargo xtask bench flusher`: the persistence path's CPU per persisted item (issue 22).
+//!
+//! epkv as shipped (persistent, the defaults) takes SETs of 512-byte values over 100,000
+//! keys at fixed rates (1k, 10k and 50k per second, paced in 10 ms slices over 4
+//! connections) and then as fast as it can (100 in flight on each connection). For each
+//! rate: the CPU time of the Writer threads (`epkv-writer-*`: flushers and appliers, from
+//! `/proc/<pid>/task/*/stat`) over the items persisted meanwhile (`ep_total_persisted`),
+//! and the whole server's CPU per SET. Goal: at most 1.5 µs per persisted item at 50k/s
+//! and above. Rows `flusher/cpu_per_persisted_item` in `target/bench/flusher.json`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use epkv_protocol::Opcode;
+use serde_json::json;
+
+use crate::bench_memory::wire::BinClient;
+use crate::memcapable::tempdir;
+use crate::process::{self, ServerProcess};
+use crate::util::{self, Stopwatch};
+
+/// `cargo xtask bench flusher` options.
+#[derive(Debug, clap::Args)]
+pub(crate) struct FlusherOptions {
+    /// 3 s per rate instead of 10
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Seconds per rate
+    #[arg(long)]
+    pub(crate) secs: Option<u64>,
+    /// Use this epkv-server binary instead of building target/release/epkv-server
+    #[arg(long)]
+    pub(crate) epkv_bin: Option<PathBuf>,
+    /// One more argument for epkv-server (repeat it), for A/B runs of a setting
+    #[arg(long = "epkv-arg", allow_hyphen_values = true)]
+    pub(crate) epkv_args: Vec<String>,
+}
+
+const KEYS: u64 = 100_000;
+const CONNECTIONS: usize = 4;
+const RATES: [Option<u64>; 4] = [Some(1_000), Some(10_000), Some(50_000), None];
+
+/// CPU ticks of the server's threads whose name starts with `prefix`.
+fn thread_ticks(pid: u32, prefix: &str) -> Result<u64> {
+    let mut total = 0;
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let dir = e?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.trim().starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        total += process::parse_stat_cpu_ticks(&stat).unwrap_or(0);
+    }
+    Ok(total)
+}
+
+fn persisted(c: &mut BinClient) -> Result<u64> {
+    let s = c.stats("persistence")?;
+    s.get("ep_total_persisted")
+        .and_then(|v| v.parse().ok())
+        .context("no ep_total_persisted in STAT")
+}
+
+/// Waits (bounded) until nothing is left to persist.
+fn drain(c: &mut BinClient) -> Result<()> {
+    for _ in 0..600 {
+        let s = c.stats("persistence")?;
+        if s.get("ep_queue_size").is_none_or(|v| v == "0") {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("the flusher did not catch up within 30 s")
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("fl:{i:08}").into_bytes()
+}
+
+/// SETs for `secs` at `rate` per second (None: as fast as 100 in flight per connection
+/// allow); returns the SETs acknowledged.
+fn drive(conns: &mut [BinClient], rate: Option<u64>, secs: u64) -> Result<u64> {
+    let value = vec![b'v'; 512];
+    let mut rng = crate::bench_memory::rng(17);
+    let watch = Stopwatch::start();
+    let mut sent = 0u64;
+    let slice = Duration::from_millis(10);
+    let mut slot = 0u64;
+    while watch.elapsed() < Duration::from_secs(secs) {
+        let batch = match rate {
+            // Spread over the connections, a slice's worth at a time.
+            Some(r) => {
+                let due = r * (slot + 1) / 100;
+                let n = due.saturating_sub(r * slot / 100);
+                slot += 1;
+                n
+            }
+            None => 100 * conns.len() as u64,
+        };
+        let n = conns.len() as u64;
+        for (j, c) in conns.iter_mut().enumerate() {
+            let share = batch / n + u64::from((j as u64) < batch % n);
+            for _ in 0..share {
+                let k = key(crate::bench_memory::below(&mut rng, KEYS));
+                c.queue_set(Opcode::Set, &k, &value, 1)?;
+            }
+            c.flush()?;
+            for _ in 0..share {
+                let r = c.recv()?;
+                if r.status != 0 {
+                    bail!("SET failed with {:#x}", r.status);
+                }
+            }
+            sent += share;
+        }
+        if rate.is_some() {
+            let next = slice * u32::try_from(slot).unwrap_or(u32::MAX);
+            if let Some(wait) = next.checked_sub(watch.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+    Ok(sent)
+}
+
+/// Runs the bench and writes its report.
+pub(crate) fn bench_flusher(opts: &FlusherOptions) -> Result<()> {
+    let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
+    let secs = opts.secs.unwrap_or(if opts.quick { 3 } else { 10 }).max(1);
+    let out_dir = util::target_dir().join("bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let data = tempdir("bench-flusher")?;
+    let mut args = vec!["--data-dir".to_owned(), data.path().display().to_string()];
+    args.extend(opts.epkv_args.iter().cloned());
+    let server = ServerProcess::start_epkv(&bin, &args, out_dir.join("flusher-epkv.log"))?;
+    let pid = server.pid();
+    let ticks = process::clock_ticks_per_sec() as f64;
+    let mut conns = (0..CONNECTIONS)
+        .map(|_| BinClient::connect(&server.addr(), true))
+        .collect::<Result<Vec<_>>>()?;
+    let mut stats_conn = BinClient::connect(&server.addr(), true)?;
+    // Load every key once, so that each rate overwrites.
+    let value = vec![b'v'; 512];
+    for start in (0..KEYS).step_by(1000) {
+        for i in start..start + 1000 {
+            conns[0].queue_set(Opcode::SetQ, &key(i), &value, 0)?;
+        }
+        if !conns[0].fence()?.is_empty() {
+            bail!("loading failed");
+        }
+    }
+    drain(&mut stats_conn)?;
+    let mut rows = Vec::new();
+    let mut md = String::from(
+        "### Persistence CPU per persisted item (epkv as shipped)\n\n\
+         | target SETs/s | achieved SETs/s | items persisted/s | writer CPU µs per persisted item | server CPU µs per SET |\n\
+         |---|---:|---:|---:|---:|\n",
+    );
+    for rate in RATES {
+        let w0 = thread_ticks(pid, "epkv-writer")?;
+        let s0 = process::cpu_ticks(pid)?;
+        let p0 = persisted(&mut stats_conn)?;
+        let watch = Stopwatch::start();
+        let sent = drive(&mut conns, rate, secs)?;
+        drain(&mut stats_conn)?;
+        let elapsed = watch.elapsed().as_secs_f64();
+        let items = persisted(&mut stats_conn)?.saturating_sub(p0);
+        let writer_us = thread_ticks(pid, "epkv-writer")?.saturating_sub(w0) as f64 / ticks * 1e6;
+        let server_us = process::cpu_ticks(pid)?.saturating_sub(s0) as f64 / ticks * 1e6;
+        let per_item = writer_us / items.max(1) as f64;
+        let per_set = server_us / sent.max(1) as f64;
+        let achieved = sent as f64 / secs as f64;
+        let label = rate.map_or_else(|| "max".to_owned(), |r| r.to_string());
+        eprintln!(
+            "{label}: {achieved:.0} SETs/s, {items} persisted, {per_item:.2} us writer CPU per item"
+        );
+        rows.push(json!({"bench": "flusher/cpu_per_persisted_item",
+            "params": {"target_sets_per_sec": label, "secs": secs, "value_bytes": 512, "keys": KEYS, "connections": CONNECTIONS},
+            "impl": "epkv-as-shipped", "items_per_sec": items as f64 / elapsed,
+            "ns_per_op": per_item * 1e3, "writer_cpu_us_per_item": per_item,
+            "server_cpu_us_per_set": per_set, "sets_per_sec": achieved}));
+        md.push_str(&format!(
+            "| {label} | {achieved:.0} | {:.0} | {per_item:.2} | {per_set:.2} |\n",
+            items as f64 / elapsed
+        ));
+    }
+    crate::bench_memory::stop(server);
+    drop(data);
+    md.push_str(
+        "\nGoal: at most 1.5 µs of writer CPU per persisted item at 50k SETs/s and above.\n",
+    );
+    std::fs::write(
+        out_dir.join("flusher.json"),
+        serde_json::to_string_pretty(&rows)?,
+    )?;
+    std::fs::write(out_dir.join("flusher.md"), &md)?;
+    println!("\n{md}");
+    Ok(())
+}
