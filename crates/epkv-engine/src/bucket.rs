@@ -671,6 +671,8 @@ impl Bucket {
         let Some(p) = &self.persistence else {
             return Ok(0);
         };
+        // Everything, whatever is marked dirty.
+        p.scan_all();
         let mut n = 0;
         for shard in 0..p.shards.len() {
             n += p.flush_shard(shard, &self.vbuckets)?.items;

@@ -45,7 +45,8 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
 /// File a clean shutdown leaves in the data directory (removed at start).
@@ -294,10 +295,18 @@ impl VbPersist {
 pub(crate) struct Shard {
     pub(crate) store: FileStore,
     flush_lock: Mutex<()>,
+    /// The next flush looks at every vBucket of the shard, not only those marked dirty
+    /// (at start, after warmup changed states, and for an explicit flush of everything).
+    scan_all: AtomicBool,
 }
+
+/// Bits of [`Persistence::dirty`]: one per possible vBucket id.
+const DIRTY_WORDS: usize = (u16::MAX as usize + 1) / 64;
 
 /// A bucket's persistence: shards, flusher tasks and counters.
 pub(crate) struct Persistence {
+    /// One bit per vBucket id with something to persist ([`Self::mark_dirty`]).
+    dirty: Box<[AtomicU64]>,
     pub(crate) config: PersistenceConfig,
     pub(crate) shards: Vec<Shard>,
     pub(crate) fds: Arc<FdCache>,
@@ -380,11 +389,13 @@ impl Persistence {
             shards.push(Shard {
                 store,
                 flush_lock: Mutex::new(()),
+                scan_all: AtomicBool::new(true),
             });
         }
         let warmup = WarmupProgress::new(shards.len());
         let fetch_queues = (0..shards.len()).map(|_| Default::default()).collect();
         Ok(Self {
+            dirty: (0..DIRTY_WORDS).map(|_| AtomicU64::new(0)).collect(),
             fetch_queues,
             fetchers: Mutex::new(Vec::new()),
             config,
@@ -411,8 +422,47 @@ impl Persistence {
         usize::from(vbid.0) % self.shards.len().max(1)
     }
 
-    /// Wakes the flusher of a vBucket's shard.
+    /// Notes that `vbid` has something to persist: the next flush of its shard looks at
+    /// it (a flush looks only at the vBuckets so marked, not at every vBucket of the
+    /// shard).
+    pub(crate) fn mark_dirty(&self, vbid: Vbid) {
+        let i = usize::from(vbid.0);
+        if let Some(w) = self.dirty.get(i / 64) {
+            w.fetch_or(1 << (i % 64), AcqRel);
+        }
+    }
+
+    /// Takes the marks of `shard`'s vBuckets (ids below `count`): their ids.
+    fn take_dirty(&self, shard: usize, shards: usize, count: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (w, word) in self.dirty.iter().enumerate().take(count.div_ceil(64)) {
+            let mut mask = 0u64;
+            for b in 0..64 {
+                let id = w * 64 + b;
+                if id < count && id % shards == shard {
+                    mask |= 1 << b;
+                }
+            }
+            let mut bits = word.fetch_and(!mask, AcqRel) & mask;
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                out.push(w * 64 + b);
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
+
+    /// Makes the next flush of every shard look at all its vBuckets.
+    pub(crate) fn scan_all(&self) {
+        for sh in &self.shards {
+            sh.scan_all.store(true, Release);
+        }
+    }
+
+    /// Wakes the flusher of a vBucket's shard (after marking the vBucket dirty).
     pub(crate) fn wake(&self, vbid: Vbid) {
+        self.mark_dirty(vbid);
         let i = self.shard_of(vbid);
         if let Some(h) = self.flushers.lock().get(i) {
             h.wake();
@@ -422,6 +472,9 @@ impl Persistence {
     /// Wakes a shard's flusher (after warmup changed its vBuckets' states, which queues
     /// them without the empty-to-non-empty transition that wakes it on a write).
     pub(crate) fn wake_shard(&self, shard: usize) {
+        if let Some(sh) = self.shards.get(shard) {
+            sh.scan_all.store(true, Release);
+        }
         if let Some(h) = self.flushers.lock().get(shard) {
             h.wake();
         }
@@ -470,10 +523,20 @@ impl Persistence {
         let mut commits: Vec<VbCommit> = Vec::new();
         let mut highs: Vec<(usize, u64)> = Vec::new();
         let mut unknowns: Vec<Vec<Vec<u8>>> = Vec::new();
-        for (i, vb) in vbuckets.iter().enumerate() {
-            if i % n != shard {
+        // Only the vBuckets marked dirty (a write queued on an empty queue, a state
+        // change) are looked at, unless told to look at all: a flush does no per-vBucket
+        // work the batch does not need. The marks are taken before the queues, so a write
+        // queued after its vBucket's take marks it again.
+        let ids: Vec<usize> = if sh.scan_all.swap(false, AcqRel) {
+            self.take_dirty(shard, n, vbuckets.len());
+            (0..vbuckets.len()).filter(|i| i % n == shard).collect()
+        } else {
+            self.take_dirty(shard, n, vbuckets.len())
+        };
+        for i in ids {
+            let Some(vb) = vbuckets.get(i) else {
                 continue;
-            }
+            };
             let (docs, state_dirty, unknown) = vb.persist.take();
             if docs.is_empty() && !state_dirty {
                 continue;
@@ -539,6 +602,7 @@ impl Persistence {
                 }
                 for ((c, (i, _)), unknown) in commits.into_iter().zip(highs).zip(unknowns) {
                     vbuckets[i].persist.put_back(c.docs, unknown);
+                    self.mark_dirty(vbuckets[i].id);
                 }
                 Err(e)
             }
