@@ -68,6 +68,9 @@ pub(crate) struct SpaceRun {
     peak_data_bytes: u64,
     idle_data_bytes: u64,
     ops_per_sec: f64,
+    /// p99 of one-at-a-time GETs on another connection during the load, in µs: what
+    /// the front end's tail looks like while compaction runs (or not).
+    p99_get_us: f64,
 }
 
 /// Bytes of every file under `dir`, recursively, and of the journals among them (files
@@ -104,8 +107,8 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
     let mut rows = Vec::new();
     let mut md = String::from(
         "### Space amplification: random overwrites of 512-byte values (epkv-pipeload, 16 x 16)\n\n\
-         | compaction | keys | secs | live MB | peak MB | peak / live | after idle MB | idle / live | data files / live (peak, idle) | ops/s | ops/s vs off |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | compaction | keys | secs | live MB | peak MB | peak / live | after idle MB | idle / live | data files / live (peak, idle) | ops/s | ops/s vs off | GET p99 µs (probe) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in runs {
         let vs_off = off.map(|o| r.ops_per_sec / o);
@@ -122,9 +125,10 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
             "peak_data_ratio": ratio(r.peak_data_bytes, r.live_bytes),
             "idle_data_ratio": ratio(r.idle_data_bytes, r.live_bytes),
             "ops_vs_off": vs_off,
+            "p99_get_us": r.p99_get_us,
         }));
         md.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.2}x | {:.2}x, {:.2}x | {:.0} | {} |\n",
+            "| {} | {} | {} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.2}x | {:.2}x, {:.2}x | {:.0} | {} | {:.0} |\n",
             r.mode,
             r.keys,
             r.secs,
@@ -137,6 +141,7 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
             ratio(r.idle_data_bytes, r.live_bytes),
             r.ops_per_sec,
             vs_off.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}x")),
+            r.p99_get_us,
         ));
     }
     md.push_str(
@@ -184,6 +189,26 @@ fn run_mode(
     cmd.args(["--secs", &secs.to_string(), "--no-populate", "--fresh-keys"])
         .stdout(Stdio::piped());
     let child = cmd.spawn().context("start epkv-pipeload")?;
+    // The latency probe: GETs of random keys, one at a time, until the load ends.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = {
+        let addr = server.addr();
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || -> Result<Vec<f64>> {
+            let mut c = crate::bench_memory::wire::BinClient::connect(&addr, true)?;
+            let mut rng = crate::bench_memory::rng(23);
+            let mut lat = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let i = crate::bench_memory::below(&mut rng, keys as u64);
+                let k = format!("pipeload-{i:07}");
+                let t = crate::util::Stopwatch::start();
+                c.get(k.as_bytes())?;
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(lat)
+        })
+    };
     let mut peak = (0u64, 0u64);
     let sample = |peak: &mut (u64, u64)| {
         let (all, journals) = dir_bytes(data.path());
@@ -205,6 +230,15 @@ fn run_mode(
         }
     };
     let _ = waiter.join();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut lat = probe
+        .join()
+        .map_err(|_| anyhow::anyhow!("the latency probe panicked"))??;
+    lat.sort_by(f64::total_cmp);
+    let p99_get_us = lat
+        .get((lat.len() * 99 / 100).min(lat.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(f64::NAN);
     sample(&mut peak);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let r = crate::bench_tls::parse_pipeload(&stdout)
@@ -232,6 +266,7 @@ fn run_mode(
         peak_data_bytes: peak.1,
         idle_data_bytes: idle - idle_journals,
         ops_per_sec,
+        p99_get_us,
     })
 }
 
@@ -295,6 +330,7 @@ mod tests {
             peak_data_bytes: 200,
             idle_data_bytes: 100,
             ops_per_sec: ops,
+            p99_get_us: 50.0,
         };
         let (rows, md) = report(&[run("on", 90.0), run("off", 100.0)]);
         assert_eq!(rows.len(), 2);
