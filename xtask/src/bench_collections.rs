@@ -53,15 +53,10 @@ fn prefixed(cid: u32, k: &[u8]) -> Vec<u8> {
         .to_vec()
 }
 
-/// Asks the server for the id of `path` (GET_COLLECTION_ID).
+/// The id of collection `path` (`scope.collection`), from the manifest
+/// (GET_COLLECTIONS_MANIFEST; the bench client does not keep the extras
+/// GET_COLLECTION_ID answers with).
 fn collection_id(c: &mut BinClient, path: &str) -> Result<u32> {
-    c.queue(Opcode::GetCollectionId, b"", b"", path.as_bytes(), 0)?;
-    c.flush()?;
-    let r = c.recv()?;
-    if r.status != 0 {
-        bail!("GET_COLLECTION_ID {path} failed with {:#x}", r.status);
-    }
-    // The bench client does not keep extras: ask the manifest instead.
     c.queue(Opcode::GetCollectionsManifest, b"", b"", b"", 0)?;
     c.flush()?;
     let m: serde_json::Value = serde_json::from_slice(&c.recv()?.value)?;
@@ -92,36 +87,6 @@ fn load(c: &mut BinClient, n: u64, value: &[u8], key_of: impl Fn(u64) -> Vec<u8>
     Ok(())
 }
 
-/// Ops per second of `secs` seconds of batches of 100 requests `queue` builds.
-fn pipelined(
-    c: &mut BinClient,
-    secs: u64,
-    mut queue: impl FnMut(&mut BinClient, u64) -> Result<()>,
-) -> Result<f64> {
-    let mut rng = crate::bench_memory::rng(11);
-    let watch = Stopwatch::start();
-    let mut done = 0u64;
-    while watch.elapsed() < Duration::from_secs(secs) {
-        for _ in 0..100 {
-            queue(c, crate::bench_memory::below(&mut rng, KEYS))?;
-        }
-        c.flush()?;
-        for _ in 0..100 {
-            let r = c.recv()?;
-            if r.status != 0 {
-                bail!("a request failed with {:#x}", r.status);
-            }
-        }
-        done += 100;
-    }
-    Ok(done as f64 / watch.elapsed().as_secs_f64())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// One request at a time for `secs`: the latencies in microseconds.
 fn latencies(c: &mut BinClient, secs: f64, stop: &dyn Fn() -> bool) -> Result<Vec<f64>> {
     let mut rng = crate::bench_memory::rng(13);
@@ -140,11 +105,8 @@ fn latencies(c: &mut BinClient, secs: f64, stop: &dyn Fn() -> bool) -> Result<Ve
 }
 
 fn p99(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
     v.sort_by(f64::total_cmp);
-    v[(v.len() * 99 / 100).min(v.len() - 1)]
+    crate::bench_memory::percentile(&v, 0.99)
 }
 
 /// One HTTP request to the management port (open mode: no credentials).
@@ -216,7 +178,7 @@ pub(crate) fn bench_collections(opts: &CollectionsOptions) -> Result<()> {
             } else {
                 (&mut named, &keys_n, &mut get_n)
             };
-            gets.push(pipelined(c, secs, |c, i| {
+            gets.push(crate::bench_subdoc::pipelined(c, secs, KEYS, |c, i| {
                 c.queue(Opcode::Get, &at(keys, i), b"", b"", 1)
             })?);
         }
@@ -226,12 +188,17 @@ pub(crate) fn bench_collections(opts: &CollectionsOptions) -> Result<()> {
             } else {
                 (&mut named, &keys_n, &mut set_n)
             };
-            sets.push(pipelined(c, secs, |c, i| {
+            sets.push(crate::bench_subdoc::pipelined(c, secs, KEYS, |c, i| {
                 c.queue_set(Opcode::Set, &at(keys, i), &value, 2)
             })?);
         }
     }
-    let (gd, gn, sd, sn) = (median(get_d), median(get_n), median(set_d), median(set_n));
+    let (gd, gn, sd, sn) = (
+        util::median(get_d),
+        util::median(get_n),
+        util::median(set_d),
+        util::median(set_n),
+    );
 
     // The drop.
     load(&mut named, drop_docs, b"x", |i| prefixed(big, &key(i)))?;

@@ -27,24 +27,12 @@ const KEYS: usize = 100_000;
 const GET_FRACTION: f64 = 0.9;
 const SERVERS: [&str; 3] = ["memcached", "epkv-memory-only", "epkv-as-shipped"];
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// Runs the pipelined cases.
 pub(crate) fn bench_pipelined(opts: &FrontendOptions) -> Result<()> {
     if !util::on_path("memcached") {
         bail!("memcached is not installed; run `cargo xtask deps`");
     }
-    util::run(util::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "epkv-bench",
-        "--bin",
-        "epkv-pipeload",
-    ]))?;
+    crate::bench_tls::build_pipeload()?;
     let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
     let secs = opts.secs.unwrap_or(if opts.quick { 5 } else { 10 }).max(1);
     let rounds = opts.rounds.unwrap_or(if opts.quick { 2 } else { 3 }).max(1);
@@ -130,7 +118,7 @@ pub(crate) fn bench_pipelined(opts: &FrontendOptions) -> Result<()> {
             .filter(|r| r.0 == name)
             .map(|r| r.2)
             .collect();
-        (median(rates), median(cpus))
+        (util::median(rates), util::median(cpus))
     };
     let (mc_rate, mc_cpu) = stat("memcached");
     let params = json!({"connections": CONNECTIONS, "depth": DEPTH, "value_bytes": VALUE_BYTES,

@@ -92,10 +92,6 @@ pub(crate) fn dir_bytes(dir: &Path) -> (u64, u64) {
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
 }
 
-fn pipeload_bin() -> PathBuf {
-    util::target_dir().join("release").join("epkv-pipeload")
-}
-
 #[expect(clippy::cast_precision_loss, reason = "ratios of byte counts")]
 fn ratio(a: u64, b: u64) -> f64 {
     a as f64 / b.max(1) as f64
@@ -180,11 +176,11 @@ fn run_mode(
             .args(["--keys", &keys.to_string()]);
     };
     // Populate (a 1 s run after loading every key), then the timed overwrites.
-    let mut pop = Command::new(pipeload_bin());
+    let mut pop = Command::new(crate::bench_tls::pipeload_bin());
     base(&mut pop);
     pop.args(["--secs", "1"]);
     util::output(&mut pop)?;
-    let mut cmd = Command::new(pipeload_bin());
+    let mut cmd = Command::new(crate::bench_tls::pipeload_bin());
     base(&mut cmd);
     cmd.args(["--secs", &secs.to_string(), "--no-populate", "--fresh-keys"])
         .stdout(Stdio::piped());
@@ -235,10 +231,7 @@ fn run_mode(
         .join()
         .map_err(|_| anyhow::anyhow!("the latency probe panicked"))??;
     lat.sort_by(f64::total_cmp);
-    let p99_get_us = lat
-        .get((lat.len() * 99 / 100).min(lat.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or(f64::NAN);
+    let p99_get_us = crate::bench_memory::percentile(&lat, 0.99);
     sample(&mut peak);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let r = crate::bench_tls::parse_pipeload(&stdout)
@@ -272,14 +265,7 @@ fn run_mode(
 
 /// Runs the bench and writes its report.
 pub(crate) fn bench_space(opts: &SpaceOptions) -> Result<()> {
-    util::run(util::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "epkv-bench",
-        "--bin",
-        "epkv-pipeload",
-    ]))?;
+    crate::bench_tls::build_pipeload()?;
     let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
     let keys = opts
         .keys

@@ -54,10 +54,12 @@ fn key(i: u64) -> Vec<u8> {
     format!("sd:{i:06}").into_bytes()
 }
 
-/// Ops per second of `secs` seconds of batches of 100 requests `queue` builds.
-fn pipelined(
+/// Ops per second of `secs` seconds of batches of 100 requests `queue` builds, each
+/// for a random document below `keys`.
+pub(crate) fn pipelined(
     c: &mut BinClient,
     secs: u64,
+    keys: u64,
     mut queue: impl FnMut(&mut BinClient, u64) -> Result<()>,
 ) -> Result<f64> {
     let mut rng = crate::bench_memory::rng(7);
@@ -65,7 +67,7 @@ fn pipelined(
     let mut done = 0u64;
     while watch.elapsed() < Duration::from_secs(secs) {
         for _ in 0..100 {
-            queue(c, crate::bench_memory::below(&mut rng, DOCS))?;
+            queue(c, crate::bench_memory::below(&mut rng, keys))?;
         }
         c.flush()?;
         for _ in 0..100 {
@@ -126,10 +128,10 @@ pub(crate) fn bench_subdoc(opts: &SubdocOptions) -> Result<()> {
     let path = b"f20.name";
     let mut extras = (path.len() as u16).to_be_bytes().to_vec();
     extras.push(0);
-    let get = pipelined(&mut c, secs, |c, i| {
+    let get = pipelined(&mut c, secs, DOCS, |c, i| {
         c.queue(Opcode::Get, &key(i), b"", b"", 1)
     })?;
-    let sub = pipelined(&mut c, secs, |c, i| {
+    let sub = pipelined(&mut c, secs, DOCS, |c, i| {
         c.queue(Opcode::SubdocGet, &key(i), &extras, path, 1)
     })?;
     let rmw = sequential(&mut c, secs, |c, i| {

@@ -60,6 +60,19 @@ pub(crate) struct Run {
     cpu_us_per_op: f64,
 }
 
+/// Builds `epkv-pipeload` (release), which the benches that drive a pipelined load run.
+pub(crate) fn build_pipeload() -> Result<()> {
+    util::run(util::cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "epkv-bench",
+        "--bin",
+        "epkv-pipeload",
+    ]))?;
+    Ok(())
+}
+
 pub(crate) fn pipeload_bin() -> PathBuf {
     util::target_dir().join("release").join("epkv-pipeload")
 }
@@ -167,14 +180,7 @@ pub(crate) fn report(
 
 /// Runs the bench and writes its report.
 pub(crate) fn bench_tls(opts: &TlsOptions) -> Result<()> {
-    util::run(util::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "epkv-bench",
-        "--bin",
-        "epkv-pipeload",
-    ]))?;
+    build_pipeload()?;
     // Built separately: `--bin` would otherwise limit every package to that binary.
     let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
     let secs = opts.secs.unwrap_or(if opts.quick { 5 } else { 10 }).max(1);

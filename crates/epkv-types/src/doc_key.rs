@@ -39,15 +39,20 @@ pub const MAX_LEB128_LEN: usize = 5;
 /// Longest engine key: an escape byte, a 5-byte id and a 250-byte key.
 pub const MAX_DOC_KEY_LEN: usize = 1 + MAX_LEB128_LEN + crate::MAX_KEY_LEN;
 
-/// Room for an encoded key (on the stack).
+/// Room for an encoded key (on the stack), filled only when a key needs it: most keys
+/// of the default collection are used as they are, so a request pays nothing for it.
 #[derive(Debug, Clone)]
-pub struct DocKeyBuf([u8; MAX_DOC_KEY_LEN]);
+pub struct DocKeyBuf(Option<[u8; MAX_DOC_KEY_LEN]>);
 
 impl DocKeyBuf {
     /// An empty buffer.
     #[must_use]
     pub fn new() -> Self {
-        Self([0; MAX_DOC_KEY_LEN])
+        Self(None)
+    }
+
+    fn bytes(&mut self) -> &mut [u8; MAX_DOC_KEY_LEN] {
+        self.0.get_or_insert([0; MAX_DOC_KEY_LEN])
     }
 
     /// Writes the wire form of `key` in collection `cid` (its LEB128 id, then the key, as
@@ -55,10 +60,11 @@ impl DocKeyBuf {
     pub fn put_wire(&mut self, cid: u32, key: &[u8]) -> &[u8] {
         let mut leb = [0; MAX_LEB128_LEN];
         let n = leb128_encode(cid, &mut leb);
-        self.0[..n].copy_from_slice(&leb[..n]);
+        let b = self.bytes();
+        b[..n].copy_from_slice(&leb[..n]);
         let len = (n + key.len()).min(MAX_DOC_KEY_LEN);
-        self.0[n..len].copy_from_slice(&key[..len - n]);
-        &self.0[..len]
+        b[n..len].copy_from_slice(&key[..len - n]);
+        &b[..len]
     }
 }
 
@@ -107,7 +113,7 @@ pub fn encode<'a>(cid: u32, key: &'a [u8], buf: &'a mut DocKeyBuf) -> &'a [u8] {
     if cid == DEFAULT_COLLECTION && key.first() != Some(&0) {
         return key;
     }
-    let b = &mut buf.0;
+    let b = buf.bytes();
     b[0] = 0;
     let n = if cid == DEFAULT_COLLECTION {
         b[1] = 0;
