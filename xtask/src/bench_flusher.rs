@@ -56,11 +56,15 @@ fn thread_ticks(pid: u32, prefix: &str) -> Result<u64> {
     Ok(total)
 }
 
-fn persisted(c: &mut BinClient) -> Result<u64> {
+/// `ep_total_persisted` and `ep_commit_num` (journal commits).
+fn persisted(c: &mut BinClient) -> Result<(u64, u64)> {
     let s = c.stats("persistence")?;
-    s.get("ep_total_persisted")
-        .and_then(|v| v.parse().ok())
-        .context("no ep_total_persisted in STAT")
+    let get = |name: &str| {
+        s.get(name)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no {name} in STAT"))
+    };
+    Ok((get("ep_total_persisted")?, get("ep_commit_num")?))
 }
 
 /// Waits (bounded) until nothing is left to persist.
@@ -155,18 +159,20 @@ pub(crate) fn bench_flusher(opts: &FlusherOptions) -> Result<()> {
     let mut rows = Vec::new();
     let mut md = String::from(
         "### Persistence CPU per persisted item (epkv as shipped)\n\n\
-         | target SETs/s | achieved SETs/s | items persisted/s | writer CPU µs per persisted item | server CPU µs per SET |\n\
-         |---|---:|---:|---:|---:|\n",
+         | target SETs/s | achieved SETs/s | items persisted/s | items per commit | writer CPU µs per persisted item | server CPU µs per SET |\n\
+         |---|---:|---:|---:|---:|---:|\n",
     );
     for rate in RATES {
         let w0 = thread_ticks(pid, "epkv-writer")?;
         let s0 = process::cpu_ticks(pid)?;
-        let p0 = persisted(&mut stats_conn)?;
+        let (p0, c0) = persisted(&mut stats_conn)?;
         let watch = Stopwatch::start();
         let sent = drive(&mut conns, rate, secs)?;
         drain(&mut stats_conn)?;
         let elapsed = watch.elapsed().as_secs_f64();
-        let items = persisted(&mut stats_conn)?.saturating_sub(p0);
+        let (p1, c1) = persisted(&mut stats_conn)?;
+        let items = p1.saturating_sub(p0);
+        let per_commit = items as f64 / c1.saturating_sub(c0).max(1) as f64;
         let writer_us = thread_ticks(pid, "epkv-writer")?.saturating_sub(w0) as f64 / ticks * 1e6;
         let server_us = process::cpu_ticks(pid)?.saturating_sub(s0) as f64 / ticks * 1e6;
         let per_item = writer_us / items.max(1) as f64;
@@ -180,9 +186,10 @@ pub(crate) fn bench_flusher(opts: &FlusherOptions) -> Result<()> {
             "params": {"target_sets_per_sec": label, "secs": secs, "value_bytes": 512, "keys": KEYS, "connections": CONNECTIONS},
             "impl": "epkv-as-shipped", "items_per_sec": items as f64 / elapsed,
             "ns_per_op": per_item * 1e3, "writer_cpu_us_per_item": per_item,
-            "server_cpu_us_per_set": per_set, "sets_per_sec": achieved}));
+            "server_cpu_us_per_set": per_set, "sets_per_sec": achieved,
+            "items_per_commit": per_commit}));
         md.push_str(&format!(
-            "| {label} | {achieved:.0} | {:.0} | {per_item:.2} | {per_set:.2} |\n",
+            "| {label} | {achieved:.0} | {:.0} | {per_commit:.1} | {per_item:.2} | {per_set:.2} |\n",
             items as f64 / elapsed
         ));
     }

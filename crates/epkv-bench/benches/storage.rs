@@ -192,7 +192,7 @@ fn make_batch(rng: &mut Rng, seqnos: &mut [u64], items: usize, keyspace: u64) ->
         seqnos[vb] += 1;
         per_vb[vb].push(Document {
             key: format!("key{k:09}").into_bytes(),
-            value: vec![(k & 0xff) as u8; VALUE_BYTES],
+            value: vec![(k & 0xff) as u8; VALUE_BYTES].into(),
             seqno: seqnos[vb],
             cas: seqnos[vb],
             rev_seqno: 1,
@@ -316,7 +316,7 @@ fn make_doc(rng: &mut Rng, keyspace: u64, vbuckets: usize) -> (u16, Document) {
         vb,
         Document {
             key: format!("key{k:09}").into_bytes(),
-            value: vec![(k & 0xff) as u8; VALUE_BYTES],
+            value: vec![(k & 0xff) as u8; VALUE_BYTES].into(),
             seqno: 0,
             cas: 0,
             rev_seqno: 1,
@@ -542,7 +542,7 @@ fn docs_for_scan(n: u64) -> Vec<Document> {
     (1..=n)
         .map(|i| Document {
             key: format!("key{i}").into_bytes(),
-            value: b"value".to_vec(),
+            value: b"value".to_vec().into(),
             seqno: i,
             cas: i,
             rev_seqno: 1,

@@ -164,8 +164,12 @@ pub(crate) fn document_of(
     expiry: Option<u32>,
 ) -> epkv_storage::Document {
     let (value, m, deleted) = match e.committed() {
-        Some(sv) => (sv.value().to_vec(), *sv.meta(), sv.is_deleted()),
-        None => (Vec::new(), ItemMeta::default(), false),
+        Some(sv) => (
+            bytes::Bytes::copy_from_slice(sv.value()),
+            *sv.meta(),
+            sv.is_deleted(),
+        ),
+        None => (bytes::Bytes::new(), ItemMeta::default(), false),
     };
     epkv_storage::Document {
         key: e.key().to_vec(),
@@ -632,13 +636,15 @@ impl Bucket {
             return Next::Done;
         };
         match p.flush_shard(shard, &self.vbuckets) {
-            Ok(o) if o.vbuckets > 0 => {
-                if let Some(h) = p.appliers.lock().get(shard) {
+            Ok(o) => {
+                if o.vbuckets > 0
+                    && let Some(h) = p.appliers.lock().get(shard)
+                {
                     h.wake();
                 }
-                Next::After(std::time::Duration::ZERO)
+                // Writes queued during the flush scheduled the next one.
+                Next::Sleep
             }
-            Ok(_) => Next::Sleep,
             Err(e) => {
                 tracing::warn!(bucket = %self.config.name, shard, error = %e, "flush failed; items stay queued and are retried");
                 Next::After(RETRY_AFTER)
@@ -708,7 +714,11 @@ impl Bucket {
             .vbuckets
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
-        vb.persist.when_persisted(seqno, Box::new(f));
+        if vb.persist.when_persisted(seqno, Box::new(f))
+            && let Some(p) = &self.persistence
+        {
+            p.urgent(vbid);
+        }
         Ok(())
     }
 

@@ -228,6 +228,12 @@ impl BucketConfig {
                     "must be 0..=100 (0 turns the fragmentation compactor off)",
                 ));
             }
+            if p.flush_delay > std::time::Duration::from_secs(10) {
+                return Err(invalid(
+                    "persistence.flush_delay",
+                    "must be at most 10 s (0 flushes as soon as a write comes)",
+                ));
+            }
             if p.compaction_check_interval.is_zero() {
                 return Err(invalid(
                     "persistence.compaction_check_interval",

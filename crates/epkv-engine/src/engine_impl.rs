@@ -179,6 +179,13 @@ impl Engine for Bucket {
             .collect();
         drop(state);
         let (high_seqno, _, _) = vb.ordering_snapshot();
+        // A client polling OBSERVE_SEQNO waits for persistence (PersistTo): flush now
+        // rather than after the batching delay.
+        if let Some(p) = &self.persistence
+            && vb.persist.persisted() < high_seqno
+        {
+            p.urgent(vbid);
+        }
         Ok(VBucketSeqnos {
             failover_log,
             high_seqno: Seqno(high_seqno),

@@ -258,7 +258,7 @@ impl Bucket {
     /// missing from memory up on disk first.
     pub(crate) fn op_observe(&self, vbid: Vbid, key: &[u8]) -> EngineResult<(KeyState, Cas)> {
         let (vb, _state) = self.client_vbucket(vbid, key)?;
-        vb.table.with_entry(key, |e| {
+        let r = vb.table.with_entry(key, |e| {
             self.fetch_meta_if_evicted(vb, e)?;
             Ok(match e.committed() {
                 Some(sv) if sv.is_placeholder() => (KeyState::NotFound, Cas(0)),
@@ -270,7 +270,15 @@ impl Bucket {
                 Some(sv) => (KeyState::Persisted, sv.meta().cas),
                 None => (KeyState::NotFound, Cas(0)),
             })
-        })
+        });
+        // A client polling OBSERVE waits for persistence (PersistTo): flush now rather
+        // than after the batching delay.
+        if let (Ok((KeyState::NotPersisted | KeyState::LogicallyDeleted, _)), Some(p)) =
+            (&r, &self.persistence)
+        {
+            p.urgent(vbid);
+        }
+        r
     }
 
     /// UNLOCK_KEY.

@@ -391,7 +391,7 @@ impl VBucket {
     ) -> (Assigned, bool) {
         self.assign_queued(now_nanos, Some(deleted_rev), |a| Document {
             key: key.to_vec(),
-            value: Vec::new(),
+            value: bytes::Bytes::new(),
             seqno: a.seqno.0,
             cas: a.cas.0,
             rev_seqno: deleted_rev,

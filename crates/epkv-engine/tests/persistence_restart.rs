@@ -185,6 +185,103 @@ fn background_flusher_persists_without_being_asked() {
     b.shutdown();
 }
 
+fn open_with_delay(dir: &Path, delay: Duration) -> Arc<Bucket> {
+    let mut p = PersistenceConfig::new(dir);
+    p.shards = 2;
+    p.flush_delay = delay;
+    let b = Bucket::new(
+        BucketConfig {
+            expiry_pager_interval: Duration::ZERO,
+            persistence: Some(p),
+            ..BucketConfig::default()
+        },
+        EngineClock::System,
+    )
+    .unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
+    b
+}
+
+/// Polls (bounded) until `vbid` has persisted `seqno`; whether it did.
+fn persisted_within(b: &Bucket, vbid: Vbid, seqno: u64, bound: Duration) -> bool {
+    let step = Duration::from_millis(5);
+    for _ in 0..bound.as_millis() / step.as_millis() {
+        if b.persisted_seqno(vbid).unwrap() >= seqno {
+            return true;
+        }
+        std::thread::sleep(step);
+    }
+    false
+}
+
+#[test]
+fn a_waiter_flushes_at_once_whatever_the_batching_delay() {
+    // A 10 s delay, far longer than the bounds below: only the waiter's urgent flush can
+    // persist these writes in time.
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_with_delay(dir.path(), Duration::from_secs(10));
+    let info = must_set(&b, "k", "v", 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    b.when_persisted(vb("k"), info.seqno.0, move |p| tx.send(p).unwrap())
+        .unwrap();
+    assert!(rx.recv_timeout(Duration::from_secs(5)).unwrap() >= info.seqno.0);
+    // Polling OBSERVE_SEQNO is how PersistTo waits: it makes the flush urgent too.
+    let info = must_set(&b, "polled", "v", 0);
+    let vbid = vb("polled");
+    assert!(b.vbucket_seqnos(vbid).unwrap().persisted_seqno.0 < info.seqno.0);
+    assert!(persisted_within(
+        &b,
+        vbid,
+        info.seqno.0,
+        Duration::from_secs(5)
+    ));
+    // And so does polling OBSERVE: the key reads NotPersisted, then Persisted.
+    let info = must_set(&b, "observed", "v", 0);
+    let vbid = vb("observed");
+    let (state, _) = b.observe(vbid, b"observed").unwrap();
+    assert_eq!(state, epkv_engine_api::KeyState::NotPersisted);
+    assert!(persisted_within(
+        &b,
+        vbid,
+        info.seqno.0,
+        Duration::from_secs(5)
+    ));
+    assert_eq!(
+        b.observe(vbid, b"observed").unwrap().0,
+        epkv_engine_api::KeyState::Persisted
+    );
+    b.shutdown();
+}
+
+#[test]
+fn writes_nobody_waits_on_are_flushed_in_batches_after_the_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open_with_delay(dir.path(), Duration::from_millis(50));
+    let commits = |b: &Bucket| -> u64 {
+        must_stats(b, "persistence")["ep_commit_num"]
+            .parse()
+            .unwrap()
+    };
+    let before = commits(&b);
+    // Many writes to vBuckets of both shards within the delay: a few commits carry them.
+    let infos: Vec<_> = (0..200)
+        .map(|i| {
+            let key = format!("batch-{i}");
+            (vb(&key), must_set(&b, &key, "v", 0).seqno.0)
+        })
+        .collect();
+    for (vbid, seqno) in &infos {
+        assert!(persisted_within(&b, *vbid, *seqno, Duration::from_secs(30)));
+    }
+    let used = commits(&b) - before;
+    assert!(used >= 1, "the writes were committed");
+    assert!(
+        used < 100,
+        "200 writes within the delay took {used} commits: they were not batched"
+    );
+    b.shutdown();
+}
+
 #[test]
 fn persisted_writes_survive_a_drop_without_shutdown() {
     let dir = tempfile::tempdir().unwrap();

@@ -367,7 +367,8 @@ pub const COMPACT_CHUNK_BYTES: usize = 1 << 20;
 /// The highest-seqno version of each key among `docs` (copied), in seqno order.
 /// `capacity` sizes the map (a hint).
 fn latest_per_key<'a>(docs: impl Iterator<Item = &'a Document>, capacity: usize) -> Vec<Document> {
-    let mut latest: HashMap<&[u8], &Document> = HashMap::with_capacity(capacity);
+    let mut latest: HashMap<&[u8], &Document, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(capacity, foldhash::fast::RandomState::default());
     for d in docs {
         match latest.get(d.key.as_slice()) {
             Some(old) if old.seqno > d.seqno => {}

@@ -334,7 +334,7 @@ fn read_document(c: &mut Cursor<'_>) -> Result<Document, DecodeError> {
     let klen = c.u16()? as usize;
     let vlen = c.u32()? as usize;
     let key = c.bytes(klen)?.to_vec();
-    let value = c.bytes(vlen)?.to_vec();
+    let value = bytes::Bytes::copy_from_slice(c.bytes(vlen)?);
     Ok(Document {
         key,
         value,
@@ -795,7 +795,7 @@ mod tests {
     fn doc(key: &str, seqno: u64) -> Document {
         Document {
             key: key.as_bytes().to_vec(),
-            value: vec![7; 5],
+            value: (vec![7; 5]).into(),
             seqno,
             cas: 99,
             rev_seqno: 3,

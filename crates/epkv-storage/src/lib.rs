@@ -34,8 +34,8 @@
 //!   cached files and retries once, then reports [`Error::TooManyOpenFiles`] (temporary).
 //! - Locking (per [`FileStore`]): commit lock → one vBucket's mutex → the [`FdCache`] mutex.
 //!
-//! **Dependencies.** `epkv-types` only (plus crc32c, libc, parking_lot, thiserror,
-//! tracing). It must never depend on the engine, the front end, the protocol or the
+//! **Dependencies.** `epkv-types` only (plus bytes, crc32c, foldhash, libc, parking_lot,
+//! thiserror, tracing). It must never depend on the engine, the front end, the protocol or the
 //! executor.
 //!
 //! ```
@@ -45,13 +45,13 @@
 //! let dir = std::env::temp_dir().join(format!("epkv-storage-doc-{}", std::process::id()));
 //! let store = FileStore::open(FileStoreConfig::new(&dir))?;
 //! let doc = Document {
-//!     key: b"k".to_vec(), value: b"v".to_vec(), seqno: 1, cas: 7, rev_seqno: 1,
+//!     key: b"k".to_vec(), value: b"v".to_vec().into(), seqno: 1, cas: 7, rev_seqno: 1,
 //!     flags: 0, expiry: 0, datatype: 0, deleted: false,
 //! };
 //! store.commit(&[VbCommit { vbid: Vbid(3), docs: vec![doc], state: VbState::new(VBucketState::Active) }])?;
 //! store.close()?;
 //! let store = FileStore::open(FileStoreConfig::new(&dir))?;
-//! assert_eq!(store.get(Vbid(3), b"k")?.map(|d| d.value), Some(b"v".to_vec()));
+//! assert_eq!(store.get(Vbid(3), b"k")?.map(|d| d.value.to_vec()), Some(b"v".to_vec()));
 //! assert_eq!(store.vbucket_state(Vbid(3))?.map(|s| s.persisted_seqno), Some(1));
 //! # drop(store); std::fs::remove_dir_all(&dir)?;
 //! # Ok(()) }

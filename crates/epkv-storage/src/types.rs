@@ -7,8 +7,9 @@ use epkv_types::VBucketState;
 pub struct Document {
     /// The key (at most `u16::MAX` bytes on disk; the protocol allows 250).
     pub key: Vec<u8>,
-    /// The value (empty for most tombstones).
-    pub value: Vec<u8>,
+    /// The value (empty for most tombstones). Shared, so that the journal's pending
+    /// commits and the applier hold it without copying it.
+    pub value: bytes::Bytes,
     /// The seqno the vBucket gave this mutation.
     pub seqno: u64,
     /// The CAS.

@@ -14,7 +14,7 @@ use epkv_types::{VBucketState, Vbid};
 fn doc(key: &str, seqno: u64, value: &str) -> Document {
     Document {
         key: key.as_bytes().to_vec(),
-        value: value.as_bytes().to_vec(),
+        value: (value.as_bytes().to_vec()).into(),
         seqno,
         cas: 1000 + seqno,
         rev_seqno: seqno,
@@ -28,7 +28,7 @@ fn doc(key: &str, seqno: u64, value: &str) -> Document {
 fn tomb(key: &str, seqno: u64) -> Document {
     Document {
         deleted: true,
-        value: Vec::new(),
+        value: (Vec::new()).into(),
         ..doc(key, seqno, "")
     }
 }
@@ -70,7 +70,7 @@ fn conformance(s: &dyn KvStore) {
         vec![doc("a", 1, "x"), doc("b", 2, "y"), doc("a", 3, "z")],
     );
     let a = s.get(Vbid(1), b"a").unwrap().unwrap();
-    assert_eq!((a.value.as_slice(), a.seqno, a.cas), (&b"z"[..], 3, 1003));
+    assert_eq!((a.value.as_ref(), a.seqno, a.cas), (&b"z"[..], 3, 1003));
     assert_eq!(a.flags, 0x0102_0304);
     assert!(s.get(Vbid(1), b"zz").unwrap().is_none());
     assert!(s.get(Vbid(2), b"a").unwrap().is_none());
@@ -148,7 +148,10 @@ fn conformance(s: &dyn KvStore) {
     assert_eq!(s.vbucket_state(Vbid(1)).unwrap().unwrap().purge_seqno, 4);
     // Writes continue after compaction.
     commit(s, 1, vec![doc("a", 8, "after")]);
-    assert_eq!(s.get(Vbid(1), b"a").unwrap().unwrap().value, b"after");
+    assert_eq!(
+        s.get(Vbid(1), b"a").unwrap().unwrap().value.as_ref(),
+        b"after"
+    );
     assert_eq!(s.vbuckets(), [Vbid(1)]);
     s.delete_vbucket(Vbid(1)).unwrap();
     assert!(s.vbuckets().is_empty());
@@ -159,7 +162,7 @@ fn conformance(s: &dyn KvStore) {
     s.delete_vbuckets(&[Vbid(2), Vbid(3), Vbid(99)]).unwrap();
     assert_eq!(s.vbuckets(), [Vbid(4)]);
     assert!(s.get(Vbid(2), b"x").unwrap().is_none());
-    assert_eq!(s.get(Vbid(4), b"z").unwrap().unwrap().value, b"z");
+    assert_eq!(s.get(Vbid(4), b"z").unwrap().unwrap().value.as_ref(), b"z");
 }
 
 #[test]
@@ -208,7 +211,10 @@ fn files_backend_reopens_to_the_same_state() {
                 .unwrap();
             assert_eq!(d.seqno, i + 1);
         }
-        assert_eq!(s.get(Vbid(4), b"same").unwrap().unwrap().value, b"49");
+        assert_eq!(
+            s.get(Vbid(4), b"same").unwrap().unwrap().value.as_ref(),
+            b"49"
+        );
         assert_eq!(s.verify().unwrap(), 55);
         s.close().unwrap();
     }
@@ -271,7 +277,10 @@ fn ten_commits_then_apply(dir: &std::path::Path, apply_each: bool, apply_after: 
     // Unclean stop: recovery = the data file's last header + the journal.
     drop(s);
     let s = FileStore::open(cfg).unwrap();
-    assert_eq!(s.get(Vbid(3), b"same").unwrap().unwrap().value, b"9");
+    assert_eq!(
+        s.get(Vbid(3), b"same").unwrap().unwrap().value.as_ref(),
+        b"9"
+    );
     assert_eq!(s.vbucket_state(Vbid(3)).unwrap().unwrap().high_seqno, 20);
     let mut want: Vec<(String, u64, bool)> = (0..10u64)
         .map(|i| (format!("k{i}"), 2 * i + 1, false))
@@ -336,7 +345,7 @@ fn zero_budget_reopens_files_and_still_reads_back() {
     }
     assert_eq!(s.stats().open_files, 0);
     assert!(s.stats().file_opens >= 10);
-    assert_eq!(s.get(Vbid(3), b"k").unwrap().unwrap().value, b"v");
+    assert_eq!(s.get(Vbid(3), b"k").unwrap().unwrap().value.as_ref(), b"v");
 }
 
 /// Checkpoints start a new journal generation instead of truncating: records of older
@@ -366,7 +375,7 @@ fn older_journal_generations_are_never_replayed() {
         let s = FileStore::open(cfg).unwrap();
         assert_eq!(s.vbuckets(), [Vbid(2)], "prealloc {prealloc}");
         assert!(s.get(Vbid(1), b"a").unwrap().is_none());
-        assert_eq!(s.get(Vbid(2), b"d").unwrap().unwrap().value, b"w");
+        assert_eq!(s.get(Vbid(2), b"d").unwrap().unwrap().value.as_ref(), b"w");
         assert_eq!(s.recovery_report().journal_torn_bytes, 0);
     }
 }
@@ -597,17 +606,21 @@ fn format_1_files_are_upgraded_once_with_zero_byte_keys_escaped() {
         for round in 0..2 {
             let s = FileStore::open(cfg.clone()).unwrap();
             let get = |vb: u16, k: &[u8]| s.get(Vbid(vb), k).unwrap().map(|d| d.value);
-            assert_eq!(get(3, b"plain"), Some(b"a".to_vec()), "{mode:?} {round}");
+            assert_eq!(
+                get(3, b"plain"),
+                Some(bytes::Bytes::from_static(b"a")),
+                "{mode:?} {round}"
+            );
             assert_eq!(
                 get(3, b"\0\0\0legacy"),
-                Some(b"b".to_vec()),
+                Some(bytes::Bytes::from_static(b"b")),
                 "{mode:?} {round}"
             );
             assert_eq!(get(3, b"\0legacy"), None, "{mode:?} {round}");
             if mode == JournalMode::On {
                 assert_eq!(
                     get(4, b"\0\0\0journal"),
-                    Some(b"c".to_vec()),
+                    Some(bytes::Bytes::from_static(b"c")),
                     "{mode:?} {round}"
                 );
             }

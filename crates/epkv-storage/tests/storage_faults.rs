@@ -16,7 +16,7 @@ use std::sync::Arc;
 fn doc(key: &str, seqno: u64) -> Document {
     Document {
         key: key.as_bytes().to_vec(),
-        value: format!("value-{seqno}").into_bytes(),
+        value: (format!("value-{seqno}").into_bytes()).into(),
         seqno,
         cas: seqno * 3,
         rev_seqno: 1,

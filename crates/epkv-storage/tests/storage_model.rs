@@ -91,9 +91,9 @@ impl Model {
             let d = Document {
                 key: format!("key-{key}").into_bytes(),
                 value: if deleted {
-                    Vec::new()
+                    Vec::new().into()
                 } else {
-                    vec![key ^ vlen; vlen as usize]
+                    vec![key ^ vlen; vlen as usize].into()
                 },
                 seqno,
                 cas: self.cas,

@@ -29,7 +29,7 @@ fn commit(s: &FileStore, vb: u16) -> Result<(), Error> {
         vbid: Vbid(vb),
         docs: vec![Document {
             key: format!("key-{vb}").into_bytes(),
-            value: vec![vb as u8; 100],
+            value: (vec![vb as u8; 100]).into(),
             seqno: 1,
             cas: u64::from(vb) + 1,
             rev_seqno: 1,
