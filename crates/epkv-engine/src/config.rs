@@ -234,6 +234,12 @@ impl BucketConfig {
                     "must be at most 10 s (0 flushes as soon as a write comes)",
                 ));
             }
+            if p.checkpoint_bytes < 1 << 20 {
+                return Err(invalid(
+                    "persistence.checkpoint_bytes",
+                    "must be at least 1 MiB",
+                ));
+            }
             if p.compaction_check_interval.is_zero() {
                 return Err(invalid(
                     "persistence.compaction_check_interval",

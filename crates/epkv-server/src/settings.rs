@@ -395,7 +395,7 @@ settings! {
     compaction_min_file_size: ByteSize = "64KiB", unit = "bytes",
         help = "With persistence: data files smaller than this are never compacted for fragmentation";
     compaction_rate: ByteSize = "64MiB", unit = "bytes per second",
-        help = "With persistence: most bytes per second a compaction writes (it sleeps between 1 MiB chunks), so that it leaves the disk to the flushers and background fetches; 0 is unlimited";
+        help = "With persistence: most bytes per second compactions write (they sleep between 1 MiB chunks), so that they leave the disk to the flushers and background fetches; while the flushers persist more bytes per second than this, fragmentation compaction may write as many as they do, so that it keeps up with the garbage overwrites leave; 0 is unlimited";
     flush_enabled: bool = "false", unit = "bool",
         help = "Allow FLUSH to remove every document (off by default, as in Couchbase)",
         clap(num_args = 0..=1, default_missing_value = "true");

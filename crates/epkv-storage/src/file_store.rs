@@ -21,8 +21,9 @@
 //!
 //! **Locking.** `commit_lock` (journal + commit order of the shard) → one vBucket's mutex →
 //! the [`FdCache`] mutex. Readers take only the vBucket mutex, briefly, to clone its
-//! [`ReadView`], then read with positional I/O and no lock. Compaction (`compact_lock`, one
-//! per shard, taken before any other) holds the vBucket's mutex only twice, briefly: to
+//! [`ReadView`], then read with positional I/O and no lock. Compaction (one at a time per
+//! vBucket, marked in `compacting` before any lock is taken; different vBuckets of a shard
+//! compact at once) holds the vBucket's mutex only twice, briefly: to
 //! snapshot the last header and index, and, after copying that snapshot to the next
 //! revision with no lock held, to catch up the documents committed meanwhile (seqno above
 //! the snapshot's high seqno) and switch files. Commits to the vBucket go on during the
@@ -334,8 +335,10 @@ pub struct FileStore {
     dirty: Mutex<BTreeSet<u16>>,
     /// vBuckets with commits not yet applied to their data file (journal mode).
     pending_vbs: Mutex<BTreeSet<u16>>,
-    /// Held for a whole compaction: one at a time per shard.
-    compact_lock: Mutex<()>,
+    /// vBuckets being compacted (one compaction at a time per vBucket; the next revision's
+    /// name is taken under it), with the condition a second compaction of one waits on.
+    compacting: Mutex<BTreeSet<u16>>,
+    compacting_done: parking_lot::Condvar,
     /// vBuckets set aside at open (corrupt data file), by vbid. Leaf lock.
     quarantined: Mutex<BTreeMap<u16, Quarantined>>,
     /// Each vBucket's [`FileUsage`] as of its last append or compaction, so that the
@@ -395,6 +398,20 @@ fn merge_entries(pending: &[JournalEntry]) -> Option<JournalEntry> {
     })
 }
 
+/// A vBucket's mark in [`FileStore::compacting`]; dropping it wakes a compaction waiting for
+/// the same vBucket.
+struct CompactingGuard<'a> {
+    store: &'a FileStore,
+    vbid: u16,
+}
+
+impl Drop for CompactingGuard<'_> {
+    fn drop(&mut self) {
+        self.store.compacting.lock().remove(&self.vbid);
+        self.store.compacting_done.notify_all();
+    }
+}
+
 fn entry_bytes(e: &JournalEntry) -> u64 {
     e.docs
         .iter()
@@ -432,7 +449,8 @@ impl FileStore {
             commit_lock: Mutex::new(None),
             dirty: Mutex::new(BTreeSet::new()),
             pending_vbs: Mutex::new(BTreeSet::new()),
-            compact_lock: Mutex::new(()),
+            compacting: Mutex::new(BTreeSet::new()),
+            compacting_done: parking_lot::Condvar::new(),
             quarantined: Mutex::new(BTreeMap::new()),
             usage: Mutex::new(BTreeMap::new()),
             pending_bytes: AtomicU64::new(0),
@@ -1221,6 +1239,17 @@ impl FileStore {
         Ok(())
     }
 
+    /// Marks `vbid` as being compacted until the guard drops, waiting for a compaction of
+    /// it already running.
+    fn compacting_guard(&self, vbid: u16) -> CompactingGuard<'_> {
+        let mut set = self.compacting.lock();
+        while set.contains(&vbid) {
+            self.compacting_done.wait(&mut set);
+        }
+        set.insert(vbid);
+        CompactingGuard { store: self, vbid }
+    }
+
     /// Compacts one vBucket while its commits go on (see the module docs): the bulk copy
     /// runs with no lock held; only the snapshot and the catch-up of the commits made
     /// meanwhile hold the vBucket's mutex. `between` runs after the copy, with no lock
@@ -1232,8 +1261,8 @@ impl FileStore {
         pace: &mut dyn FnMut(u64),
         between: &mut dyn FnMut(),
     ) -> Result<CompactionOutcome> {
-        // One compaction at a time per shard: the next revision's name is taken here.
-        let _one = self.compact_lock.lock();
+        // One compaction at a time per vBucket: the next revision's name is taken here.
+        let _one = self.compacting_guard(vb.lock().vbid);
         // 1. Snapshot (short lock): the last header and its index, after writing the
         //    vBucket's journaled commits.
         let (vbid, rev, header, view) = {
