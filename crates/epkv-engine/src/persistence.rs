@@ -796,14 +796,7 @@ impl Persistence {
         clock: &Arc<dyn epkv_executor::Clock>,
         share: u64,
     ) -> impl FnMut(u64) + use<> {
-        let rate = match self.config.compaction_bytes_per_sec {
-            0 => 0,
-            r => (r.max(
-                self.ingest_rate(clock)
-                    .saturating_mul(COMPACTION_INGEST_FACTOR),
-            ) / share.max(1))
-            .max(1),
-        };
+        let rate = self.compaction_rate(clock, share);
         let clock = Arc::clone(clock);
         let start = clock.now();
         let mut written = 0u64;
@@ -849,6 +842,20 @@ impl Persistence {
                 .total_cmp(&a.2.fragmentation_percent())
         });
         out
+    }
+
+    /// Bytes per second each of `share` compaction threads may write (0: unlimited): its
+    /// share of [`PersistenceConfig::compaction_bytes_per_sec`] or, when more, of
+    /// [`COMPACTION_INGEST_FACTOR`] times the rate the flushers commit bytes at.
+    fn compaction_rate(&self, clock: &Arc<dyn epkv_executor::Clock>, share: u64) -> u64 {
+        match self.config.compaction_bytes_per_sec {
+            0 => 0,
+            r => (r.max(
+                self.ingest_rate(clock)
+                    .saturating_mul(COMPACTION_INGEST_FACTOR),
+            ) / share.max(1))
+            .max(1),
+        }
     }
 
     /// Bytes per second the flushers committed, measured over at least a second (0 until
@@ -1375,5 +1382,39 @@ impl std::future::Future for PersistedFuture {
                 std::task::Poll::Pending
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compaction_may_write_as_fast_as_the_flushers_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = PersistenceConfig::new(dir.path());
+        config.compaction_bytes_per_sec = 4 << 20;
+        let p = Persistence::open(config).unwrap();
+        let manual = Arc::new(epkv_executor::ManualClock::new(Duration::ZERO));
+        let clock: Arc<dyn epkv_executor::Clock> = manual.clone();
+        // No rate measured yet: the configured cap, shared by the threads.
+        assert_eq!(p.compaction_rate(&clock, 2), 2 << 20);
+        // 40 MiB persisted over 2 s: 20 MiB/s, above the cap, is what compaction may write.
+        p.flushed_bytes.fetch_add(40 << 20, Relaxed);
+        manual.advance(Duration::from_secs(2));
+        assert_eq!(p.compaction_rate(&clock, 1), 20 << 20);
+        assert_eq!(p.compaction_rate(&clock, 4), 5 << 20);
+        // Within a second of the last sample the rate is kept; then it is measured again:
+        // a quiet second falls back to the cap.
+        manual.advance(Duration::from_millis(500));
+        assert_eq!(p.compaction_rate(&clock, 1), 20 << 20);
+        manual.advance(Duration::from_millis(600));
+        assert_eq!(p.compaction_rate(&clock, 1), 4 << 20);
+        // Unlimited stays unlimited.
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = PersistenceConfig::new(dir.path());
+        config.compaction_bytes_per_sec = 0;
+        let p = Persistence::open(config).unwrap();
+        assert_eq!(p.compaction_rate(&clock, 1), 0);
     }
 }
