@@ -247,6 +247,11 @@ impl Bucket {
                 return run;
             }
             *guard = Some(self.new_cycle(used, low));
+            // Dirty items cannot be evicted: under memory pressure the flushers do not
+            // wait for their batching delay.
+            if let Some(p) = &self.persistence {
+                p.urgent_all();
+            }
         }
         let Some(cycle) = guard.as_mut() else {
             return run;

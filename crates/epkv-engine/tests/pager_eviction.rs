@@ -66,6 +66,38 @@ fn open_with(dir: &Path, quota: u64, eviction_policy: EvictionPolicy) -> Fixture
     Fixture { bucket, exec }
 }
 
+/// As [`open`], with the flushers as background tasks (on the manual executor) that wait
+/// `flush_delay` before a batch nobody waits on.
+fn open_batching(dir: &Path, quota: u64, flush_delay: Duration) -> Fixture {
+    let clock = Arc::new(ManualClock::new(Duration::from_secs(1_700_000_000)));
+    let exec = ManualExecutor::new(Arc::clone(&clock));
+    let mut p = PersistenceConfig::new(dir);
+    p.shards = 1;
+    p.compaction_interval = Duration::ZERO;
+    p.compaction_fragmentation_percent = 0;
+    p.flush_delay = flush_delay;
+    let bucket = Bucket::new_on_executor(
+        BucketConfig {
+            expiry_pager_interval: Duration::ZERO,
+            item_pager_interval: Duration::ZERO,
+            memory_quota_bytes: quota,
+            persistence: Some(p),
+            ..BucketConfig::default()
+        },
+        EngineClock::Custom(clock),
+        exec.handle(),
+    )
+    .unwrap();
+    for _ in 0..100 {
+        exec.run_until_idle(100);
+        if bucket.is_warmed_up() {
+            break;
+        }
+    }
+    assert!(bucket.wait_warmup(Duration::from_secs(10)));
+    Fixture { bucket, exec }
+}
+
 fn vb(key: &str) -> Vbid {
     vbucket_for_key(key.as_bytes(), NUM_VBUCKETS)
 }
@@ -685,5 +717,57 @@ fn get_meta_and_observe_see_tombstones_and_documents_on_disk_only() {
         set(b, "never", b"now").unwrap();
         assert!(!meta("never").unwrap().deleted);
         assert_eq!(b.item_count(), 2, "{policy:?}");
+    }
+}
+
+#[test]
+fn memory_pressure_flushes_without_waiting_for_the_batching_delay() {
+    // The manual clock never reaches the 10 s delay: only the item pager's urgent flush can
+    // persist (and so let it evict) these writes.
+    let dir = tempfile::tempdir().unwrap();
+    let f = open_batching(dir.path(), 4 << 20, Duration::from_secs(10));
+    let b = &f.bucket;
+    let value = vec![b'x'; 2048];
+    let mut written = Vec::new();
+    for i in 0..4000 {
+        let key = format!("pressure-{i}");
+        if set(b, &key, &value).is_err() {
+            break;
+        }
+        written.push(key);
+        if stat(b, "mem_used") > stat(b, "ep_mem_high_wat") {
+            break;
+        }
+    }
+    assert!(
+        stat(b, "mem_used") > stat(b, "ep_mem_high_wat"),
+        "the quota was not reached"
+    );
+    let queued = |b: &Bucket| {
+        let mut n = None;
+        b.stats("persistence", &mut |k, v| {
+            if k == "ep_queue_size" {
+                n = v.parse::<u64>().ok();
+            }
+        })
+        .unwrap();
+        n.expect("ep_queue_size")
+    };
+    assert!(queued(b) > 0, "nothing flushed before the pager ran");
+    // The high watermark woke the item pager; its cycle makes the flush urgent.
+    for _ in 0..20 {
+        f.exec.run_until_idle(1000);
+        if queued(b) == 0 && stat(b, "mem_used") <= stat(b, "ep_mem_low_wat") {
+            break;
+        }
+        b.run_item_pager();
+    }
+    assert_eq!(queued(b), 0, "the writes were not flushed");
+    assert!(
+        stat(b, "mem_used") <= stat(b, "ep_mem_high_wat"),
+        "the pager could not evict the flushed values"
+    );
+    for key in written.iter().step_by(97) {
+        assert_eq!(read_through(&f, key).map(|v| v.len()), Ok(2048), "{key}");
     }
 }
