@@ -306,3 +306,72 @@ async fn the_scope_and_collection_subcommands_change_the_manifest() {
     let out = cli(&["scope", "drop", "default", "app"]);
     assert!(out.status.success(), "{out:?}");
 }
+
+/// `vb_N:high_seqno` and `vb_N:last_persisted_seqno` of the key's vBucket.
+async fn seqnos(c: &mut Client, key: &[u8]) -> (u64, u64) {
+    let vb = c.vbucket_for(key).0;
+    let stats = c.stat(&format!("vbucket-seqno {vb}")).await.unwrap();
+    let get = |name: &str| -> u64 {
+        let k = format!("vb_{vb}:{name}");
+        stats
+            .iter()
+            .find(|(s, _)| *s == k)
+            .unwrap_or_else(|| panic!("no {k}"))
+            .1
+            .parse()
+            .unwrap()
+    };
+    (get("high_seqno"), get("last_persisted_seqno"))
+}
+
+#[tokio::test]
+async fn a_bucket_minimum_durability_level_makes_plain_writes_wait_for_persistence() {
+    if skip_if_external("mgmt_durability_min_level") {
+        return;
+    }
+    // A 10 s batching delay: a write nobody waits on stays unpersisted for the whole test.
+    let mut args = admin_args();
+    args.extend(["--flush-delay", "10000"]);
+    let server = Server::spawn(&args);
+    let m = server.mgmt_addr();
+    for form in [
+        "name=strict&ramQuotaMB=16&durabilityMinLevel=persistToMajority",
+        "name=lax&ramQuotaMB=16",
+    ] {
+        let r = http_request(m, "POST", "/pools/default/buckets", Some(ADMIN), Some(form));
+        assert_eq!(r.status, 202, "{}", r.body);
+    }
+    let r = http_request(m, "GET", "/pools/default/buckets/strict", Some(ADMIN), None);
+    assert_eq!(json(&r.body)["durabilityMinLevel"], "persistToMajority");
+    let r = http_request(
+        m,
+        "POST",
+        "/pools/default/buckets",
+        Some(ADMIN),
+        Some("name=eph&bucketType=ephemeral&durabilityMinLevel=persistToMajority"),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+
+    let mut c = login(&server, ADMIN).await;
+    // A SET without a durability frame is answered once it is on disk.
+    assert!(c.select_bucket("strict").await.unwrap().is_success());
+    for i in 0..20 {
+        let key = format!("k{i}");
+        let r = c
+            .set(key.as_bytes(), b"v", StoreOptions::default())
+            .await
+            .unwrap();
+        assert!(r.is_success());
+        let (high, persisted) = seqnos(&mut c, key.as_bytes()).await;
+        assert!(
+            persisted >= high,
+            "{key}: persisted {persisted} < high {high}"
+        );
+    }
+    // Without the minimum, the same write is answered before the (delayed) flush.
+    assert!(c.select_bucket("lax").await.unwrap().is_success());
+    let r = c.set(b"k0", b"v", StoreOptions::default()).await.unwrap();
+    assert!(r.is_success());
+    let (high, persisted) = seqnos(&mut c, b"k0").await;
+    assert!(persisted < high, "persisted {persisted}, high {high}");
+}

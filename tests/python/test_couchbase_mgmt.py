@@ -164,6 +164,25 @@ def test_create_use_and_drop_a_bucket(mgmt_server, cluster):
     assert not (mgmt_server.data_dir / name).exists(), "a dropped bucket's data is removed"
 
 
+def test_a_minimum_durability_level_set_through_the_sdk(cluster):
+    from couchbase.durability import DurabilityLevel
+    name = _name("dur")
+    mgr = cluster.buckets()
+    mgr.create_bucket(CreateBucketSettings(
+        name=name, ram_quota_mb=32, num_replicas=0,
+        minimum_durability_level=DurabilityLevel.PERSIST_TO_MAJORITY))
+    try:
+        got = mgr.get_bucket(name)
+        assert got.minimum_durability_level == DurabilityLevel.PERSIST_TO_MAJORITY
+        # Plain writes work (each is answered once persisted).
+        coll = cluster.bucket(name).default_collection()
+        for i in range(5):
+            coll.upsert(f"k{i}", {"v": i})
+        assert coll.get("k4").content_as[dict] == {"v": 4}
+    finally:
+        mgr.drop_bucket(name)
+
+
 def test_replicas_are_refused(cluster):
     with pytest.raises(CouchbaseException):
         cluster.buckets().create_bucket(

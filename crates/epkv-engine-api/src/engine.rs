@@ -286,6 +286,12 @@ pub trait Engine: Send + Sync + 'static {
         false
     }
 
+    /// The bucket's minimum durability level: the front end makes every write at least
+    /// this durable. The default is `None`.
+    fn durability_min_level(&self) -> Option<epkv_types::DurabilityLevel> {
+        None
+    }
+
     /// Calls `done` once vBucket `vbid` has persisted `seqno` (at once if it already
     /// has), without blocking a thread while waiting. The front end uses it to acknowledge
     /// writes at the persist durability levels only once they are on disk. `done` may

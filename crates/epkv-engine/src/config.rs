@@ -59,6 +59,11 @@ pub struct BucketConfig {
     /// Whether FLUSH is allowed. Default false (as in Couchbase); when false FLUSH answers
     /// NotSupported.
     pub flush_enabled: bool,
+    /// The bucket's minimum durability level (Couchbase's `durabilityMinLevel`): every
+    /// write the front end receives is made at least this durable (a write asking for
+    /// less, or for none, is upgraded; its timeout stays the client's or the default).
+    /// Default `None`. A memory-only bucket accepts `Majority` at most.
+    pub durability_min_level: Option<epkv_types::DurabilityLevel>,
     /// Largest value in bytes a document may have, also after APPEND/PREPEND. Default
     /// 20 MiB ([`DEFAULT_MAX_ITEM_SIZE_BYTES`]); must be at least 1. Larger → TooBig.
     pub max_item_size_bytes: usize,
@@ -96,6 +101,7 @@ impl Default for BucketConfig {
             ephemeral_full_policy: EphemeralFullPolicy::AutoDelete,
             eviction_policy: EvictionPolicy::Value,
             flush_enabled: false,
+            durability_min_level: None,
             max_item_size_bytes: DEFAULT_MAX_ITEM_SIZE_BYTES,
             num_vbuckets: epkv_types::NUM_VBUCKETS,
             ht_locks: DEFAULT_HT_LOCKS,
@@ -212,6 +218,16 @@ impl BucketConfig {
                 "full eviction needs persistence (a memory-only bucket cannot read documents back)",
             ));
         }
+        if self.persistence.is_none()
+            && self
+                .durability_min_level
+                .is_some_and(|l| l != epkv_types::DurabilityLevel::Majority)
+        {
+            return Err(invalid(
+                "durability_min_level",
+                "a memory-only bucket cannot persist: none or majority only",
+            ));
+        }
         if let Some(p) = &self.persistence {
             if !(1..=64).contains(&p.shards) {
                 return Err(invalid("persistence.shards", "must be 1..=64"));
@@ -290,6 +306,25 @@ mod tests {
     #[test]
     fn default_is_valid() {
         BucketConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn a_memory_only_bucket_takes_a_minimum_durability_of_majority_at_most() {
+        use epkv_types::DurabilityLevel as L;
+        let memory_only = |level| BucketConfig {
+            durability_min_level: Some(level),
+            ..BucketConfig::default()
+        };
+        memory_only(L::Majority).validate().unwrap();
+        for level in [L::MajorityAndPersistOnMaster, L::PersistToMajority] {
+            assert!(memory_only(level).validate().is_err(), "{level:?}");
+            BucketConfig {
+                persistence: Some(crate::PersistenceConfig::new("/nonexistent")),
+                ..memory_only(level)
+            }
+            .validate()
+            .unwrap();
+        }
     }
 
     #[test]

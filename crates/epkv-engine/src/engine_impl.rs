@@ -198,6 +198,10 @@ impl Engine for Bucket {
         self.persistence.is_some()
     }
 
+    fn durability_min_level(&self) -> Option<epkv_types::DurabilityLevel> {
+        self.config.durability_min_level
+    }
+
     fn when_persisted(
         &self,
         vbid: Vbid,

@@ -172,6 +172,22 @@ pub(crate) struct Session {
     fail_next: Cell<Option<EngineStatus>>,
 }
 
+/// A write's durability under a bucket minimum level: at least `min`, with the client's
+/// timeout (or none, for the default).
+pub(crate) fn with_min_level(
+    d: Option<DurabilityRequirement>,
+    min: DurabilityLevel,
+) -> Option<DurabilityRequirement> {
+    Some(match d {
+        Some(d) if d.level as u8 >= min as u8 => d,
+        Some(d) => DurabilityRequirement { level: min, ..d },
+        None => DurabilityRequirement {
+            level: min,
+            timeout: None,
+        },
+    })
+}
+
 pub(crate) fn durability(d: Option<DurabilityRequirement>) -> Option<DurabilityRequirements> {
     d.map(|d| DurabilityRequirements {
         level: d.level,
@@ -386,13 +402,19 @@ impl Session {
             opcode: req.header.opcode,
             opaque: req.header.opaque,
         };
-        let cmd = match Command::decode(req) {
+        let mut cmd = match Command::decode(req) {
             Ok(cmd) => cmd,
             Err(status) => {
                 put_error_text(out, to, status);
                 return Flow::Continue;
             }
         };
+        if let Some(b) = &self.bucket
+            && let Some(min) = b.engine.durability_min_level()
+            && let Some(d) = cmd.write_durability_mut()
+        {
+            *d = with_min_level(*d, min);
+        }
         let flow = match cmd {
             Command::Hello { agent, features } => {
                 self.hello(agent, features, out, to);
@@ -1467,6 +1489,46 @@ mod tests {
             ],
             high_seqno: Seqno(9),
             persisted_seqno: Seqno(5),
+        }
+    }
+
+    #[test]
+    fn a_minimum_level_raises_weaker_writes_and_keeps_the_clients_timeout() {
+        use DurabilityLevel::{Majority, MajorityAndPersistOnMaster, PersistToMajority};
+        let d = |level, timeout| Some(DurabilityRequirement { level, timeout });
+        let t = Some(Duration::from_millis(1500));
+        assert_eq!(with_min_level(None, Majority), d(Majority, None));
+        assert_eq!(
+            with_min_level(d(Majority, t), PersistToMajority),
+            d(PersistToMajority, t)
+        );
+        assert_eq!(
+            with_min_level(d(PersistToMajority, t), MajorityAndPersistOnMaster),
+            d(PersistToMajority, t),
+            "a stronger request stays"
+        );
+        // Only writes are raised: a GET and a sub-document lookup carry no durability.
+        use epkv_protocol::Opcode;
+        let req = |op: Opcode, extras: &[u8], key: &[u8], value: &[u8]| {
+            epkv_protocol::RequestBuilder::new(op)
+                .extras(extras)
+                .key(key)
+                .value(value)
+                .to_vec()
+                .unwrap()
+        };
+        let set = req(Opcode::Set, &[0; 8], b"k", b"v");
+        let get = req(Opcode::Get, &[], b"k", b"");
+        let lookup = req(Opcode::SubdocGet, &[0, 1, 0], b"k", b"a");
+        for (raw, writes) in [(&set, true), (&get, false), (&lookup, false)] {
+            let r = Request::parse(raw, &epkv_protocol::Limits::default()).unwrap();
+            let mut cmd = Command::decode(&r).unwrap();
+            assert_eq!(
+                cmd.write_durability_mut().is_some(),
+                writes,
+                "{:?}",
+                r.header.opcode
+            );
         }
     }
 

@@ -470,6 +470,21 @@ fn be_u64(b: &[u8]) -> u64 {
 }
 
 impl<'a> Command<'a> {
+    /// The durability requirement of a command that writes a document (the SET family,
+    /// DELETE, INCREMENT/DECREMENT, TOUCH, sub-document mutations), for a bucket's minimum
+    /// durability level to raise; `None` for reads (GAT included) and other commands.
+    pub fn write_durability_mut(&mut self) -> Option<&mut Option<DurabilityRequirement>> {
+        match self {
+            Self::Store { durability, .. }
+            | Self::Delete { durability, .. }
+            | Self::Arithmetic { durability, .. }
+            | Self::Touch { durability, .. }
+            | Self::SubdocMultiMutation { durability, .. } => Some(durability),
+            Self::Subdoc { op, durability, .. } if is_durability_supported(*op) => Some(durability),
+            _ => None,
+        }
+    }
+
     /// Validates a request and decodes it into a command.
     ///
     /// # Errors

@@ -112,6 +112,64 @@ pub(crate) struct BucketParams {
     pub(crate) eviction_policy: EvictionMode,
     /// Whether FLUSH (and the REST flush controller) may empty the bucket.
     pub(crate) flush_enabled: bool,
+    /// The minimum durability level of every write (absent from lists written before it
+    /// existed: none).
+    #[serde(default)]
+    pub(crate) durability_min_level: DurabilityMin,
+}
+
+/// A bucket's minimum durability level, in Couchbase's REST spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) enum DurabilityMin {
+    /// Writes are as durable as each asks.
+    #[default]
+    None,
+    /// At least Majority.
+    Majority,
+    /// At least MajorityAndPersistOnMaster.
+    MajorityAndPersistActive,
+    /// PersistToMajority.
+    PersistToMajority,
+}
+
+impl DurabilityMin {
+    /// Parses the REST spelling.
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "none" => Self::None,
+            "majority" => Self::Majority,
+            "majorityAndPersistActive" => Self::MajorityAndPersistActive,
+            "persistToMajority" => Self::PersistToMajority,
+            _ => return None,
+        })
+    }
+
+    /// The REST spelling.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Majority => "majority",
+            Self::MajorityAndPersistActive => "majorityAndPersistActive",
+            Self::PersistToMajority => "persistToMajority",
+        }
+    }
+
+    /// The engine's level.
+    pub(crate) fn level(self) -> Option<epkv_types::DurabilityLevel> {
+        use epkv_types::DurabilityLevel as L;
+        match self {
+            Self::None => None,
+            Self::Majority => Some(L::Majority),
+            Self::MajorityAndPersistActive => Some(L::MajorityAndPersistOnMaster),
+            Self::PersistToMajority => Some(L::PersistToMajority),
+        }
+    }
+
+    /// Whether a bucket of type `t` can honour it (an ephemeral bucket cannot persist).
+    pub(crate) fn fits(self, t: BucketType) -> bool {
+        t == BucketType::Membase || matches!(self, Self::None | Self::Majority)
+    }
 }
 
 /// The runtime bucket list file.
@@ -237,6 +295,7 @@ impl BucketManager {
                 quota_bytes: spec.quota.unwrap_or(s.memory_quota).bytes(),
                 eviction_policy: eviction,
                 flush_enabled: s.flush_enabled,
+                durability_min_level: DurabilityMin::None,
             };
             manager.build(&mut table, params, true)?;
         }
@@ -419,6 +478,7 @@ impl BucketManager {
                 _ => EvictionPolicy::Value,
             },
             flush_enabled: params.flush_enabled,
+            durability_min_level: params.durability_min_level.level(),
             persistence: persistent.then(|| epkv_engine::PersistenceConfig {
                 flusher: if t.manual_flush {
                     epkv_engine::FlusherMode::Manual
@@ -550,6 +610,7 @@ mod tests {
             quota_bytes: 100 << 20,
             eviction_policy: EvictionMode::FullEviction,
             flush_enabled: true,
+            durability_min_level: DurabilityMin::PersistToMajority,
         };
         let file = ListFile {
             version: LIST_VERSION,

@@ -21,7 +21,9 @@ mod scopes;
 
 pub(crate) use rbac::UserAdmin;
 
-use crate::bucket_manager::{BucketManager, BucketParams, BucketType, ChangeError, EvictionMode};
+use crate::bucket_manager::{
+    BucketManager, BucketParams, BucketType, ChangeError, DurabilityMin, EvictionMode,
+};
 use crate::http_auth::{Access, Verdict};
 use crate::http_server::{HttpListener, HttpResponse, reply};
 use epkv_engine_api::{Engine, EngineStatus};
@@ -501,13 +503,25 @@ fn bucket_params(form: &Form, default_quota: u64) -> Result<BucketParams, Reply>
             false
         }
     };
-    match form.get("durabilityMinLevel") {
-        None | Some("none") => {}
-        Some(_) => bad(
-            "durabilityMinLevel",
-            "only durabilityMinLevel none is supported: a bucket minimum durability level is not implemented",
-        ),
-    }
+    let durability_min_level = match form.get("durabilityMinLevel").map(DurabilityMin::parse) {
+        None => DurabilityMin::None,
+        Some(Some(d)) if bucket_type.is_none_or(|t| d.fits(t)) => d,
+        Some(Some(_)) => {
+            bad(
+                "durabilityMinLevel",
+                "Durability minimum level must be none or majority for ephemeral buckets",
+            );
+            DurabilityMin::None
+        }
+        Some(None) => {
+            bad(
+                "durabilityMinLevel",
+                "Durability minimum level must be one of none, majority, \
+                 majorityAndPersistActive or persistToMajority",
+            );
+            DurabilityMin::None
+        }
+    };
     match int_field(form, &["maxTTL"]) {
         Ok(None | Some(0)) => {}
         Ok(Some(_)) => bad(
@@ -542,6 +556,7 @@ fn bucket_params(form: &Form, default_quota: u64) -> Result<BucketParams, Reply>
             quota_bytes: quota,
             eviction_policy,
             flush_enabled,
+            durability_min_level,
         }),
         _ => Err(Reply::invalid_all(errors)),
     }
@@ -596,12 +611,31 @@ mod tests {
         assert_eq!(p.eviction_policy, EvictionMode::NoEviction);
         assert!(p.flush_enabled);
         assert_eq!(params("name=t&ramQuota=5").unwrap().quota_bytes, 5 << 20);
+        assert_eq!(p.durability_min_level, DurabilityMin::None);
+        for (level, want) in [
+            ("majority", DurabilityMin::Majority),
+            (
+                "majorityAndPersistActive",
+                DurabilityMin::MajorityAndPersistActive,
+            ),
+            ("persistToMajority", DurabilityMin::PersistToMajority),
+        ] {
+            let p = params(&format!("name=t&durabilityMinLevel={level}")).unwrap();
+            assert_eq!(p.durability_min_level, want);
+            assert_eq!(want.as_str(), level);
+        }
+        // An ephemeral bucket cannot persist: majority at most.
+        let p = params("name=t&bucketType=ephemeral&durabilityMinLevel=majority").unwrap();
+        assert_eq!(p.durability_min_level, DurabilityMin::Majority);
+        let e =
+            params("name=t&bucketType=ephemeral&durabilityMinLevel=persistToMajority").unwrap_err();
+        assert!(e.get("durabilityMinLevel").is_some(), "{e}");
     }
 
     #[test]
     fn every_bad_field_is_reported_by_name() {
         let e = params(
-            "name=.x&ramQuotaMB=abc&replicaNumber=1&flushEnabled=yes&durabilityMinLevel=majority&\
+            "name=.x&ramQuotaMB=abc&replicaNumber=1&flushEnabled=yes&durabilityMinLevel=always&\
              maxTTL=x&bucketType=memcached",
         )
         .unwrap_err();

@@ -154,7 +154,7 @@ pub(crate) fn bucket(
         "replicaIndex": false,
         "threadsNumber": 3,
         "evictionPolicy": params.eviction_policy.as_str(),
-        "durabilityMinLevel": "none",
+        "durabilityMinLevel": params.durability_min_level.as_str(),
         "maxTTL": 0,
         "compressionMode": "passive",
         "conflictResolutionType": "seqno",
