@@ -385,17 +385,23 @@ fn latest_per_key<'a>(docs: impl Iterator<Item = &'a Document>, capacity: usize)
     docs
 }
 
-/// Several pending commits of one vBucket (oldest first) as one: the newest version of
-/// each key in seqno order, and the last commit's id and state.
-fn merge_entries(pending: &[JournalEntry]) -> Option<JournalEntry> {
-    let last = pending.last()?;
-    let docs = latest_per_key(pending.iter().flat_map(|e| e.docs.iter()), 0);
-    Some(JournalEntry {
-        vbid: last.vbid,
-        commit_id: last.commit_id,
-        state: last.state.clone(),
-        docs,
-    })
+/// The documents of several pending commits of one vBucket (oldest first) as one commit's:
+/// the newest version of each key, in seqno order, borrowed (nothing is copied).
+fn latest_of_entries(pending: &[JournalEntry]) -> Vec<&Document> {
+    let n: usize = pending.iter().map(|e| e.docs.len()).sum();
+    let mut latest: HashMap<&[u8], &Document, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(n, foldhash::fast::RandomState::default());
+    for d in pending.iter().flat_map(|e| e.docs.iter()) {
+        match latest.get(d.key.as_slice()) {
+            Some(old) if old.seqno > d.seqno => {}
+            _ => {
+                latest.insert(&d.key, d);
+            }
+        }
+    }
+    let mut docs: Vec<&Document> = latest.into_values().collect();
+    docs.sort_unstable_by_key(|d| d.seqno);
+    docs
 }
 
 /// A vBucket's mark in [`FileStore::compacting`]; dropping it wakes a compaction waiting for
@@ -875,7 +881,7 @@ impl FileStore {
             if commit_id <= have {
                 continue;
             }
-            self.apply(&mut g, &e)?;
+            self.apply_entry(&mut g, &e)?;
             self.dirty.lock().insert(vbid);
             self.report.journal_commits_replayed += 1;
         }
@@ -927,9 +933,15 @@ impl FileStore {
 
     /// Appends one commit (documents, a segment, a header) to the vBucket's data file,
     /// without syncing. On failure the vBucket is marked for repair.
-    fn apply(&self, g: &mut VbFile, e: &JournalEntry) -> Result<()> {
+    fn apply(
+        &self,
+        g: &mut VbFile,
+        docs: &[&Document],
+        commit_id: u64,
+        state: &VbState,
+    ) -> Result<()> {
         self.repair(g)?;
-        let r = self.apply_inner(g, e);
+        let r = self.apply_inner(g, docs, commit_id, state);
         if r.is_err() {
             g.needs_repair = true;
             self.fds.forget(&g.path);
@@ -939,11 +951,22 @@ impl FileStore {
         r
     }
 
-    fn apply_inner(&self, g: &mut VbFile, e: &JournalEntry) -> Result<()> {
+    /// As [`FileStore::apply`] for one journal entry.
+    fn apply_entry(&self, g: &mut VbFile, e: &JournalEntry) -> Result<()> {
+        let docs: Vec<&Document> = e.docs.iter().collect();
+        self.apply(g, &docs, e.commit_id, &e.state)
+    }
+
+    fn apply_inner(
+        &self,
+        g: &mut VbFile,
+        docs: &[&Document],
+        commit_id: u64,
+        state: &VbState,
+    ) -> Result<()> {
         let f = self.fds.get(&g.path, OpenMode::Create)?;
         let mut buf = Vec::with_capacity(
-            e.docs
-                .iter()
+            docs.iter()
                 .map(|d| d.key.len() * 2 + d.value.len() + 96)
                 .sum::<usize>()
                 + 256,
@@ -953,9 +976,9 @@ impl FileStore {
             self.dir_dirty.fetch_add(1, Relaxed);
         }
         let base = g.end;
-        let mut keys: Vec<KeyEntry> = Vec::with_capacity(e.docs.len());
-        let mut lens: Vec<(u64, u32)> = Vec::with_capacity(e.docs.len());
-        for d in &e.docs {
+        let mut keys: Vec<KeyEntry> = Vec::with_capacity(docs.len());
+        let mut lens: Vec<(u64, u32)> = Vec::with_capacity(docs.len());
+        for &d in docs {
             if d.key.len() > usize::from(u16::MAX) || d.value.len() > (64 << 20) {
                 return Err(Error::InvalidArgument(format!(
                     "document too large: key {} bytes, value {} bytes",
@@ -995,8 +1018,8 @@ impl FileStore {
             segs.push(Arc::new(seg));
         }
         let header = Header {
-            commit_id: e.commit_id,
-            state: e.state.clone(),
+            commit_id,
+            state: state.clone(),
             segments: segs.iter().map(|s| (s.offset, s.len)).collect(),
         };
         let header_at = buf.len();
@@ -1085,7 +1108,7 @@ impl FileStore {
                 g.pending.push(entry);
                 self.pending_vbs.lock().insert(g.vbid);
             } else {
-                self.apply(&mut g, &entry)?;
+                self.apply_entry(&mut g, &entry)?;
             }
         }
         self.counters.batches.fetch_add(1, Relaxed);
@@ -1109,17 +1132,13 @@ impl FileStore {
     fn apply_pending_vb(&self, g: &mut VbFile) -> Result<()> {
         self.repair(g)?;
         let pending = std::mem::take(&mut g.pending);
-        let merged;
-        let one = match pending.as_slice() {
-            [] => None,
-            [only] => Some(only),
-            many => {
-                merged = merge_entries(many);
-                merged.as_ref()
-            }
-        };
-        if let Some(e) = one {
-            if let Err(err) = self.apply(g, e) {
+        if let Some(last) = pending.last() {
+            // The last commit's id and state, with the documents of all of them.
+            let docs = match pending.as_slice() {
+                [only] => only.docs.iter().collect(),
+                many => latest_of_entries(many),
+            };
+            if let Err(err) = self.apply(g, &docs, last.commit_id, &last.state) {
                 g.pending = pending;
                 return Err(err);
             }
@@ -1353,13 +1372,9 @@ impl FileStore {
             state.purge_seqno = state
                 .purge_seqno
                 .max(next.header.as_ref().map_or(0, |h| h.state.purge_seqno));
-            let entry = JournalEntry {
-                vbid,
-                commit_id: current.commit_id,
-                state,
-                docs,
-            };
-            self.apply_inner(&mut next, &entry).map_err(fail)?;
+            let refs: Vec<&Document> = docs.iter().collect();
+            self.apply_inner(&mut next, &refs, current.commit_id, &state)
+                .map_err(fail)?;
             let nf = self.fds.get(&tmp, OpenMode::Existing).map_err(fail)?;
             self.sync_file(&*nf, &tmp).map_err(fail)?;
         }
