@@ -220,9 +220,34 @@ impl std::fmt::Debug for VbPersist {
     }
 }
 
+/// A queued document, hashed and compared by its key, so that the queue holds each key
+/// once without a second copy of it.
+#[derive(Debug)]
+struct ByKey(Document);
+
+impl PartialEq for ByKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for ByKey {}
+
+impl std::hash::Hash for ByKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.key.as_slice().hash(state);
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for ByKey {
+    fn borrow(&self) -> &[u8] {
+        &self.0.key
+    }
+}
+
 #[derive(Debug, Default)]
 struct DirtyQueue {
-    items: HashMap<Vec<u8>, Document, foldhash::fast::RandomState>,
+    items: std::collections::HashSet<ByKey, foldhash::fast::RandomState>,
     /// Keys written (full eviction) without knowing whether they existed on disk (see
     /// [`VbPersist::mark_unknown`]).
     unknown: std::collections::HashSet<Vec<u8>>,
@@ -235,7 +260,7 @@ impl VbPersist {
     pub(crate) fn queue(&self, doc: Document) -> bool {
         let mut q = self.dirty.lock();
         let was_empty = q.items.is_empty() && !q.state_dirty;
-        q.items.insert(doc.key.clone(), doc);
+        q.items.replace(ByKey(doc));
         was_empty
     }
 
@@ -257,7 +282,7 @@ impl VbPersist {
     fn take(&self) -> (Vec<Document>, bool, Vec<Vec<u8>>) {
         let mut q = self.dirty.lock();
         let state_dirty = std::mem::take(&mut q.state_dirty);
-        let mut docs: Vec<Document> = q.items.drain().map(|(_, d)| d).collect();
+        let mut docs: Vec<Document> = q.items.drain().map(|d| d.0).collect();
         let mut unknown = Vec::new();
         if !q.unknown.is_empty() {
             // A mark whose document is not queued yet (the writer marks first) stays.
@@ -279,7 +304,9 @@ impl VbPersist {
         q.state_dirty = true;
         q.unknown.extend(unknown);
         for d in docs {
-            q.items.entry(d.key.clone()).or_insert(d);
+            if !q.items.contains(d.key.as_slice()) {
+                q.items.insert(ByKey(d));
+            }
         }
     }
 
