@@ -1281,7 +1281,10 @@ impl FileStore {
         between: &mut dyn FnMut(),
     ) -> Result<CompactionOutcome> {
         // One compaction at a time per vBucket: the next revision's name is taken here.
-        let _one = self.compacting_guard(vb.lock().vbid);
+        // (The vBucket's mutex is released before waiting: the compaction running holds
+        // it to switch files.)
+        let vbid = vb.lock().vbid;
+        let _one = self.compacting_guard(vbid);
         // 1. Snapshot (short lock): the last header and its index, after writing the
         //    vBucket's journaled commits.
         let (vbid, rev, header, view) = {
