@@ -723,21 +723,18 @@ impl Persistence {
                     let vb = &vbuckets[*i];
                     // Tombstones stay in memory until they are persisted; once clean,
                     // the item pager and the expiry pass remove them.
+                    let mut bytes = 0;
                     for d in &c.docs {
                         vb.table.with_entry(&d.key, |e| {
                             e.mark_clean(epkv_types::Seqno(d.seqno));
                         });
+                        bytes += d.key.len() + d.value.len() + DOC_OVERHEAD;
                     }
                     if let Some(full) = &vb.full {
                         full.sub_evicted(live);
                     }
                     out.items += c.docs.len();
                     out.vbuckets += 1;
-                    let bytes: usize = c
-                        .docs
-                        .iter()
-                        .map(|d| d.key.len() + d.value.len() + DOC_OVERHEAD)
-                        .sum();
                     self.flushed_bytes.fetch_add(bytes as u64, Relaxed);
                     vb.persist.set_persisted(*high);
                 }

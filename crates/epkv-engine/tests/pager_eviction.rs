@@ -36,12 +36,34 @@ fn open(dir: &Path, quota: u64) -> Fixture {
 }
 
 fn open_with(dir: &Path, quota: u64, eviction_policy: EvictionPolicy) -> Fixture {
+    open_configured(dir, quota, eviction_policy, |p| {
+        p.flusher = FlusherMode::Manual
+    })
+}
+
+/// As [`open`], with the flushers as background tasks (on the manual executor) that wait
+/// `flush_delay` before a batch nobody waits on.
+fn open_batching(dir: &Path, quota: u64, flush_delay: Duration) -> Fixture {
+    open_configured(dir, quota, EvictionPolicy::Value, |p| {
+        p.compaction_fragmentation_percent = 0;
+        p.flush_delay = flush_delay;
+    })
+}
+
+/// One shard, no interval compaction, background tasks on a manual executor; `tune`
+/// adjusts the persistence settings.
+fn open_configured(
+    dir: &Path,
+    quota: u64,
+    eviction_policy: EvictionPolicy,
+    tune: impl FnOnce(&mut PersistenceConfig),
+) -> Fixture {
     let clock = Arc::new(ManualClock::new(Duration::from_secs(1_700_000_000)));
     let exec = ManualExecutor::new(Arc::clone(&clock));
     let mut p = PersistenceConfig::new(dir);
-    p.flusher = FlusherMode::Manual;
     p.shards = 1;
     p.compaction_interval = Duration::ZERO;
+    tune(&mut p);
     let bucket = Bucket::new_on_executor(
         BucketConfig {
             expiry_pager_interval: Duration::ZERO,
@@ -56,38 +78,6 @@ fn open_with(dir: &Path, quota: u64, eviction_policy: EvictionPolicy) -> Fixture
     )
     .unwrap();
     // Warmup loads one vBucket per task run.
-    for _ in 0..100 {
-        exec.run_until_idle(100);
-        if bucket.is_warmed_up() {
-            break;
-        }
-    }
-    assert!(bucket.wait_warmup(Duration::from_secs(10)));
-    Fixture { bucket, exec }
-}
-
-/// As [`open`], with the flushers as background tasks (on the manual executor) that wait
-/// `flush_delay` before a batch nobody waits on.
-fn open_batching(dir: &Path, quota: u64, flush_delay: Duration) -> Fixture {
-    let clock = Arc::new(ManualClock::new(Duration::from_secs(1_700_000_000)));
-    let exec = ManualExecutor::new(Arc::clone(&clock));
-    let mut p = PersistenceConfig::new(dir);
-    p.shards = 1;
-    p.compaction_interval = Duration::ZERO;
-    p.compaction_fragmentation_percent = 0;
-    p.flush_delay = flush_delay;
-    let bucket = Bucket::new_on_executor(
-        BucketConfig {
-            expiry_pager_interval: Duration::ZERO,
-            item_pager_interval: Duration::ZERO,
-            memory_quota_bytes: quota,
-            persistence: Some(p),
-            ..BucketConfig::default()
-        },
-        EngineClock::Custom(clock),
-        exec.handle(),
-    )
-    .unwrap();
     for _ in 0..100 {
         exec.run_until_idle(100);
         if bucket.is_warmed_up() {

@@ -23,10 +23,15 @@ fn open(dir: &Path, flusher: FlusherMode) -> Arc<Bucket> {
     p.flusher = flusher;
     p.shards = 3;
     p.journal_prealloc_bytes = 64 * 1024;
+    start(p, true)
+}
+
+/// A bucket persisting as `p` says (no expiry pager), once warmed up.
+fn start(p: PersistenceConfig, flush_enabled: bool) -> Arc<Bucket> {
     let b = Bucket::new(
         BucketConfig {
             expiry_pager_interval: Duration::ZERO,
-            flush_enabled: true,
+            flush_enabled,
             persistence: Some(p),
             ..BucketConfig::default()
         },
@@ -189,17 +194,7 @@ fn open_with_delay(dir: &Path, delay: Duration) -> Arc<Bucket> {
     let mut p = PersistenceConfig::new(dir);
     p.shards = 2;
     p.flush_delay = delay;
-    let b = Bucket::new(
-        BucketConfig {
-            expiry_pager_interval: Duration::ZERO,
-            persistence: Some(p),
-            ..BucketConfig::default()
-        },
-        EngineClock::System,
-    )
-    .unwrap();
-    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
-    b
+    start(p, false)
 }
 
 /// Polls (bounded) until `vbid` has persisted `seqno`; whether it did.
@@ -592,16 +587,7 @@ fn the_fragmentation_compactor_rewrites_overwritten_files_and_reports_it() {
     p.compaction_bytes_per_sec = 0;
     // Each commit reaches its data file at once, so the files fragment as they are written.
     p.journal = epkv_engine::JournalMode::Off;
-    let b = Bucket::new(
-        BucketConfig {
-            expiry_pager_interval: Duration::ZERO,
-            persistence: Some(p),
-            ..BucketConfig::default()
-        },
-        EngineClock::System,
-    )
-    .unwrap();
-    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
+    let b = start(p, false);
     // 20 keys of one vBucket, each written 10 times, one flush per round: nine tenths of
     // its file is old versions.
     let keys: Vec<String> = (0..)
