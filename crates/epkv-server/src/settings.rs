@@ -392,8 +392,8 @@ settings! {
         help = "With persistence: how long a shard's flusher lets writes accumulate after the first one nobody waits on, so that one journal append and fdatasync carries many (less CPU per persisted item). Writes whose client waits for persistence (durable writes, PersistTo through OBSERVE or OBSERVE_SEQNO) flush at once; 0 flushes as soon as a write comes (KV-Engine's behaviour); 0 to 10000";
     compaction_fragmentation_percent: u8 = "30", unit = "percent",
         help = "With persistence: compact a vBucket's data file (on a background AuxIO task, checked every second, most fragmented first) once this share of it is garbage (overwritten or deleted versions, old index segments); 0 turns fragmentation compaction off (the hourly compaction still runs); 0 to 100";
-    compaction_min_file_size: ByteSize = "64KiB", unit = "bytes",
-        help = "With persistence: data files smaller than this are never compacted for fragmentation";
+    compaction_min_file_size: ByteSize = "256KiB", unit = "bytes",
+        help = "With persistence: data files smaller than this are never compacted for fragmentation (each compaction has a fixed cost, a new file, an fsync and an unlink, which small files would pay again and again under overwrites; garbage in files below it is bounded by this size times the 1024 vBuckets)";
     compaction_rate: ByteSize = "64MiB", unit = "bytes per second",
         help = "With persistence: most bytes per second compactions write (they sleep between 1 MiB chunks), so that they leave the disk to the flushers and background fetches; while the flushers persist more bytes per second than this, fragmentation compaction may write as many as they do, so that it keeps up with the garbage overwrites leave; 0 is unlimited";
     flush_enabled: bool = "false", unit = "bool",
