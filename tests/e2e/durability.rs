@@ -194,7 +194,7 @@ async fn requests_pipelined_behind_a_durable_write_are_answered_in_order() {
 }
 
 #[tokio::test]
-async fn a_durable_write_not_persisted_in_time_is_ambiguous_but_applied() {
+async fn a_sync_write_not_persisted_in_time_is_aborted_and_ambiguous() {
     if skip_if_external("durability_timeout") {
         return;
     }
@@ -205,21 +205,24 @@ async fn a_durable_write_not_persisted_in_time_is_ambiguous_but_applied() {
     for lvl in PERSIST_LEVELS {
         let k = key(&format!("ambiguous-{lvl:?}"));
         let vb = vbucket_for_key(&k, NUM_VBUCKETS);
+        let before = c.set(&k, b"before", StoreOptions::new()).await.unwrap();
+        assert!(before.is_success());
         let d = level(lvl, Some(Duration::from_millis(200)));
         let r = c
             .set(&k, b"maybe", StoreOptions::new().durability(d))
             .await
             .unwrap();
         assert_eq!(r.status(), Some(Status::SyncWriteAmbiguous), "{r:?}");
+        // The prepare was aborted when its timeout passed: readers never saw it, and the
+        // key takes writes again.
+        assert_eq!(&c.get(&k).await.unwrap().value[..], b"before");
         let r = touch_durable(&mut c, &k, d).await;
         assert_eq!(r.status(), Some(Status::SyncWriteAmbiguous), "TOUCH: {r:?}");
-        // Ambiguous, not failed: the write is applied in memory, and the connection
-        // carries on.
-        assert_eq!(&c.get(&k).await.unwrap().value[..], b"maybe");
         let r = c.get_cluster_config(None).await.unwrap();
         assert!(r.is_success());
         let uuid = {
             let set = c.set(&k, b"plain", StoreOptions::new()).await.unwrap();
+            assert!(set.is_success(), "{set:?}");
             token(&set).0
         };
         let (persisted, current) = observe(&mut c, vb, uuid).await;
@@ -293,19 +296,28 @@ async fn a_waiting_durable_write_does_not_block_its_worker_thread() {
     // Other connections, on the same (only) worker, are served meanwhile: were the worker
     // blocked, these would time out.
     let mut other = sdk_like_client(&server).await;
-    // The write is applied before it waits (the other connection may get there first:
-    // poll, bounded).
-    let mut seen = false;
+    // The write is a prepare: invisible to readers, and it keeps other writes of the key
+    // out (the other connection may get there first: poll, bounded).
+    let mut in_progress = false;
     for _ in 0..1000 {
-        let r = other.get(&k).await.unwrap();
-        if r.is_success() {
-            assert_eq!(&r.value[..], b"pending");
-            seen = true;
+        let r = other.set(&k, b"other", StoreOptions::new()).await.unwrap();
+        if r.status() == Some(Status::SyncWriteInProgress) {
+            in_progress = true;
             break;
         }
+        assert!(r.is_success(), "{r:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(seen, "the waiting write is applied in memory");
+    assert!(
+        in_progress,
+        "a pending SyncWrite refuses other writes of its key"
+    );
+    let r = other.get(&k).await.unwrap();
+    assert_ne!(
+        &r.value[..],
+        b"pending",
+        "readers never see a pending prepare"
+    );
     let r = other
         .set(&key("worker-free-2"), b"v", StoreOptions::new())
         .await

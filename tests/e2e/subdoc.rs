@@ -510,11 +510,20 @@ async fn attributes_survive_body_writes_after_eviction_and_restart() {
                 .is_success()
         );
         let vb = vbucket_for_key(k, NUM_VBUCKETS);
-        let r = c
-            .request(RequestBuilder::new(Opcode::EvictKey).key(k).vbucket(vb))
-            .await
-            .unwrap();
-        assert_eq!(r.status(), Some(Status::Success), "{policy}: evict");
+        // The SyncWrite's commit is persisted by the next flush (retry, bounded).
+        let mut r = None;
+        for _ in 0..500 {
+            let got = c
+                .request(RequestBuilder::new(Opcode::EvictKey).key(k).vbucket(vb))
+                .await
+                .unwrap();
+            r = got.status();
+            if r == Some(Status::Success) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(r, Some(Status::Success), "{policy}: evict");
         // A blind SET of the body.
         assert!(
             c.set(k, br#"{"v":3}"#, StoreOptions::new())

@@ -44,6 +44,7 @@ from couchbase.exceptions import (  # noqa: E402
     CasMismatchException,
     CouchbaseException,
     DocumentExistsException,
+    DurabilitySyncWriteAmbiguousException,
     DocumentNotFoundException,
     DocumentNotJsonException,
     PathExistsException,
@@ -609,6 +610,35 @@ def test_server_durability_persist_levels_ack_only_once_persisted(sdk_server, co
     coll.remove(doc_id, RemoveOptions(durability=ServerDurability(level)))
     with pytest.raises(DocumentNotFoundException):
         coll.get(doc_id)
+
+
+def test_a_sync_write_past_its_timeout_is_ambiguous_and_never_visible(tmp_path_factory,
+                                                                       users_file, doc_id):
+    # No flusher: a PersistToMajority write can never meet its level, so the server's
+    # durability timeout aborts its prepare.
+    args = _server_args(users_file) + ["--testing-manual-flush"]
+    server, log = _start_server_with(tmp_path_factory, args)
+    c = _connect(server.addr, *ADMIN)
+    try:
+        col = c.bucket("default").default_collection()
+        col.upsert(doc_id, "before")
+        durable = UpsertOptions(
+            durability=ServerDurability(DurabilityLevel.PERSIST_TO_MAJORITY),
+            timeout=timedelta(seconds=2))
+        with pytest.raises(DurabilitySyncWriteAmbiguousException):
+            col.upsert(doc_id, "after", durable)
+        # The prepare was never visible and is gone: readers see the committed value,
+        # and the key takes writes again.
+        assert col.get(doc_id).content_as[str] == "before"
+        col.upsert(doc_id, "plain")
+        assert col.get(doc_id).content_as[str] == "plain"
+        # Majority needs no disk on a single node: it commits at once.
+        col.upsert(doc_id, "majority", UpsertOptions(
+            durability=ServerDurability(DurabilityLevel.MAJORITY)))
+        assert col.get(doc_id).content_as[str] == "majority"
+    finally:
+        c.close()
+        _stop_server(server, log)
 
 
 def test_the_sdk_reconnects_after_a_server_restart(tmp_path_factory, users_file, doc_id):

@@ -15,6 +15,13 @@ pub type StatSink<'a> = &'a mut dyn FnMut(&str, &str);
 /// typically it completes a channel the waiting connection polls.
 pub type PersistedCallback = Box<dyn FnOnce(Seqno) + Send + 'static>;
 
+/// Called by [`Engine::when_sync_write_completed`] with the outcome of a SyncWrite (a
+/// write with durability requirements): `Ok(())` once it is committed, or the status to
+/// answer (`SyncWriteAmbiguous` when its timeout passed first and it was aborted). It
+/// runs on an engine thread (a front-end worker, the flusher, or the durability timeout
+/// task), so it must be quick and never block.
+pub type SyncWriteCallback = Box<dyn FnOnce(EngineResult<()>) + Send + 'static>;
+
 /// Called by [`Engine::when_fetched`] once the background fetch of a key has finished:
 /// `Ok(())` means "execute the operation again" (the value is back in memory, or the item
 /// changed meanwhile and the new attempt sees the change); an error is the outcome to
@@ -309,6 +316,27 @@ pub trait Engine: Send + Sync + 'static {
         vbid: Vbid,
         seqno: Seqno,
         done: PersistedCallback,
+    ) -> EngineResult<()> {
+        let _ = (vbid, seqno, done);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Calls `done` once the SyncWrite whose mutation (its prepare) got `seqno` in
+    /// vBucket `vbid` has completed: `Ok(())` when committed, `SyncWriteAmbiguous` when
+    /// aborted. A write whose request carried durability requirements is answered only
+    /// then. At once if it has completed already. Nothing blocks.
+    ///
+    /// The default answers `NotSupported`, for engines without SyncWrites; such an
+    /// engine must refuse durability requirements.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` for a vBucket outside the bucket; `NotSupported` for an engine
+    /// without SyncWrites.
+    fn when_sync_write_completed(
+        &self,
+        vbid: Vbid,
+        seqno: Seqno,
+        done: SyncWriteCallback,
     ) -> EngineResult<()> {
         let _ = (vbid, seqno, done);
         Err(EngineStatus::NotSupported)

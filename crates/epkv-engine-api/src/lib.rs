@@ -29,7 +29,7 @@ mod request;
 mod status;
 pub mod xattr;
 
-pub use engine::{Engine, FetchedCallback, PersistedCallback, StatSink};
+pub use engine::{Engine, FetchedCallback, PersistedCallback, StatSink, SyncWriteCallback};
 pub use item::{
     DocMeta, FailoverEntry, Item, ItemView, KeyState, MutationInfo, SubdocError, SubdocLookup,
     SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec, VBucketSeqnos,

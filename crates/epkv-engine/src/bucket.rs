@@ -200,7 +200,7 @@ pub(crate) fn system_section(sv: &StoredValue) -> Vec<u8> {
 
 /// Schedules a task of `bucket` that holds it only weakly: each run upgrades the
 /// reference and calls `run`, and the task ends once the bucket is gone.
-fn schedule_weak(
+pub(crate) fn schedule_weak(
     exec: &epkv_executor::ExecutorHandle,
     bucket: &Arc<Bucket>,
     spec: epkv_executor::TaskSpec,
@@ -213,6 +213,15 @@ fn schedule_weak(
                 .map_or(epkv_executor::Next::Done, |b| run(&b))
         })?,
     )
+}
+
+/// SyncWriteInProgress while a SyncWrite (a prepare) of the key is in flight: no other
+/// write of the key may run until it completes.
+pub(crate) fn check_no_sync_write(e: &Entry<'_>) -> EngineResult<()> {
+    match e.prepared() {
+        Some(p) if p.committed_state().is_in_flight() => Err(EngineStatus::SyncWriteInProgress),
+        _ => Ok(()),
+    }
 }
 
 /// Lends a stored document as the engine API's borrowed view, with the CAS readers see.
@@ -385,9 +394,9 @@ impl Bucket {
         p.warmup_next(
             shard,
             &self.vbuckets,
-            &self.memory,
-            self.config.low_wat_bytes(),
+            (&self.memory, self.config.low_wat_bytes()),
             &self.collections,
+            &|vb| self.complete_sync_writes(vb),
         );
         // Loading may have dirtied the vBucket's state (a new failover branch after an
         // unclean shutdown). A write to a vBucket whose queue is already non-empty does
@@ -1078,20 +1087,9 @@ impl Bucket {
 
     /// The ordering point of a write: gives the entry's (just stored) item its seqno, CAS
     /// and revision (`old_rev + 1`, or the vBucket's max deleted revision + 1 for a new
-    /// key), with the stripe lock held.
-    pub(crate) fn commit_version(
-        &self,
-        vb: &VBucket,
-        e: &mut Entry<'_>,
-        now: &LazyNow<'_>,
-        old_rev: Option<u64>,
-    ) -> Assigned {
-        self.commit_stored(vb, e, now, old_rev, &crate::xattrs::Patches::default())
-    }
-
-    /// [`Self::commit_version`] of a version that may be a tombstone (a deleted document
-    /// that keeps extended attributes) and whose value has macros to write (`patches`)
-    /// once its CAS and seqno are known, before the flusher's copy is taken.
+    /// key), with the stripe lock held. The version may be a tombstone (a deleted
+    /// document that keeps extended attributes), and its value may have macros to write
+    /// (`patches`) once its CAS and seqno are known, before the flusher's copy is taken.
     pub(crate) fn commit_stored(
         &self,
         vb: &VBucket,
@@ -1131,6 +1129,45 @@ impl Bucket {
         }
         self.queued(vb, woke);
         a
+    }
+
+    /// Stores `sv` as the key's next version: committed at once (see
+    /// [`Self::commit_stored`]), or, for a write with durability requirements `d`, as a
+    /// prepare (see [`crate::durability`]).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the parts of one versioned write"
+    )]
+    pub(crate) fn write_version(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        sv: StoredValue,
+        now: &LazyNow<'_>,
+        old_rev: Option<u64>,
+        patches: &crate::xattrs::Patches,
+        d: Option<&DurabilityRequirements>,
+    ) -> EngineResult<Assigned> {
+        match d {
+            Some(d) => self.prepare_version(vb, e, sv, now, old_rev, patches, d),
+            None => {
+                self.insert_or_tempfail(e, sv)?;
+                Ok(self.commit_stored(vb, e, now, old_rev, patches))
+            }
+        }
+    }
+
+    /// After a write ran and released its stripe lock: a SyncWrite (`d`) that made a
+    /// prepare is handed to the durability monitor.
+    pub(crate) fn after_write(
+        &self,
+        vb: &VBucket,
+        d: Option<&DurabilityRequirements>,
+        result: &EngineResult<MutationInfo>,
+    ) {
+        if let (Some(d), Ok(info)) = (d, result) {
+            self.sync_write_added(vb, info.seqno, d.level);
+        }
     }
 
     /// What a mutation reports back.

@@ -141,6 +141,11 @@ impl Engine for Bucket {
         // Warmup restores the stored state; a change now would be overwritten.
         vb.check_warm()?;
         vb.set_state(state);
+        if state != VBucketState::Active {
+            // KV-Engine answers SyncWrites in flight ambiguous when their vBucket stops
+            // being active; a single node aborts them.
+            self.abandon_sync_writes(vb);
+        }
         if let Some(p) = &self.persistence {
             p.wake(vbid);
         }
@@ -209,6 +214,15 @@ impl Engine for Bucket {
         done: PersistedCallback,
     ) -> EngineResult<()> {
         Bucket::when_persisted(self, vbid, seqno.0, move |persisted| done(Seqno(persisted)))
+    }
+
+    fn when_sync_write_completed(
+        &self,
+        vbid: Vbid,
+        seqno: Seqno,
+        done: epkv_engine_api::SyncWriteCallback,
+    ) -> EngineResult<()> {
+        Bucket::when_sync_write_completed(self, vbid, seqno.0, done)
     }
 
     fn shutdown(&self) {

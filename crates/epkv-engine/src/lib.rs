@@ -20,7 +20,9 @@
 //! ([`EphemeralFullPolicy`]); an operation needing an ejected value answers
 //! `WouldBlock` after queueing a background fetch on the Reader group, and runs again
 //! once [`epkv_engine_api::Engine::when_fetched`] says the fetch is over (see
-//! `docs/memory.md`). It has no replication or SyncWrite tracking, and never sees the
+//! `docs/memory.md`). Writes with durability requirements are SyncWrites: prepares held
+//! beside the committed version and committed in seqno order once their level is met (see
+//! `durability.rs`, `docs/durability.md`). It has no replication, and never sees the
 //! wire format.
 //!
 //! # Key types
@@ -55,6 +57,12 @@
 //!
 //! # Locking
 //! Locks, in the order they may be taken (never the reverse):
+//! 0. The durability monitor's completion mutex (`durability::Monitor::completing`):
+//!    held while resolved SyncWrites are committed or aborted, in seqno order; taken with
+//!    no stripe lock held (after the write's closure returned, by the flusher's persisted
+//!    callback, by the timeout task). The monitor's state mutex is a leaf: taken inside
+//!    `order` to track a prepare, or alone; never held while a stripe is locked by the
+//!    same thread after it. Waiters are called after it is released.
 //! 1. `VBucket::state` (`parking_lot::RwLock`): held shared by every client operation for
 //!    its whole duration and by the expiry pass over that vBucket; exclusive only while
 //!    SET_VBUCKET changes the state. It guarantees no write lands after a vBucket left
@@ -94,10 +102,12 @@
 //! - A pending vBucket answers TempFail where KV-Engine parks the request until the
 //!   vBucket becomes active; replica and dead answer NotMyVbucket.
 //! - ADD with a non-zero CAS is Invalid (memcached's validator says EINVAL).
-//! - Durability level Majority commits at once (a single node with no replicas is its own
-//!   majority). The persist levels are accepted by a persistent bucket (the front end
-//!   acknowledges the write once `Engine::when_persisted` reports its seqno durable) and
-//!   answer DurabilityInvalidLevel in a memory-only bucket, as an ephemeral bucket.
+//! - A write with durability requirements is a SyncWrite (`docs/durability.md`): Majority
+//!   commits at once (a single node with no replicas is its own majority) unless an
+//!   earlier persist-level prepare fences it; the persist levels commit once the prepare
+//!   is persisted, and answer DurabilityInvalidLevel in a memory-only bucket, as an
+//!   ephemeral bucket. The front end answers once `Engine::when_sync_write_completed`
+//!   reports the outcome.
 //! - Deleted and expired documents are removed from memory at once; the vBucket remembers
 //!   the highest revision it deleted so a re-created key continues above it.
 //! - FLUSH empties every vBucket but keeps seqnos counting and failover logs.
@@ -186,6 +196,7 @@ mod clock;
 pub mod collections;
 mod config;
 mod counter_value;
+mod durability;
 mod engine_impl;
 mod error;
 mod expiry_pager;

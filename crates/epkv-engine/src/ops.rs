@@ -4,7 +4,9 @@
 //! lock, with seqno and CAS assigned at the vBucket's ordering point before it is released.
 
 use crate::Bucket;
-use crate::bucket::{LazyNow, check_durability, check_lock_and_cas, item_of, locked};
+use crate::bucket::{
+    LazyNow, check_durability, check_lock_and_cas, check_no_sync_write, item_of, locked,
+};
 use crate::counter_value;
 use crate::stats::Counter;
 use crate::vbucket::{Assigned, VBucket};
@@ -147,6 +149,7 @@ impl Bucket {
         self.check_disk()?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
+            check_no_sync_write(e)?;
             self.expire_on_access(vb, e, &now)?;
             self.fetch_if_evicted(vb, e)?;
             let a = self.touch_entry(vb, e, expiry_raw, &now)?;
@@ -169,6 +172,7 @@ impl Bucket {
         self.check_disk()?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(key, |e| {
+            check_no_sync_write(e)?;
             self.expire_on_access(vb, e, &now)?;
             self.fetch_if_evicted(vb, e)?;
             let a = self.touch_entry(vb, e, expiry_raw, &now)?;
@@ -329,6 +333,7 @@ impl Bucket {
         let result = vb
             .table
             .with_entry(req.key, |e| self.store_entry(vb, e, req, &now));
+        self.after_write(vb, req.durability.as_ref(), &result);
         if !req.cas.is_any() {
             self.count_cas(&result);
         }
@@ -356,6 +361,7 @@ impl Bucket {
         req: &StoreRequest<'_>,
         now: &LazyNow<'_>,
     ) -> EngineResult<MutationInfo> {
+        check_no_sync_write(e)?;
         self.expire_on_access(vb, e, now)?;
         let mut existence_unknown = false;
         // A write of the body alone keeps the document's extended attributes.
@@ -475,11 +481,11 @@ impl Bucket {
                 )
             }
         };
-        self.insert_or_tempfail(e, sv)?;
+        let none = crate::xattrs::Patches::default();
+        let a = self.write_version(vb, e, sv, now, old_rev, &none, req.durability.as_ref())?;
         if existence_unknown {
             vb.persist.mark_unknown(req.key);
         }
-        let a = self.commit_version(vb, e, now, old_rev);
         Ok(Self::mutation_info(vb, a))
     }
 
@@ -492,6 +498,7 @@ impl Bucket {
         check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(req.key, |e| {
+            check_no_sync_write(e)?;
             self.fetch_meta_if_evicted(vb, e)?;
             self.expire_on_access(vb, e, &now)?;
             let meta = *e.get().ok_or(EngineStatus::KeyNotFound)?.meta();
@@ -500,9 +507,13 @@ impl Bucket {
             if meta.datatype.contains(Datatype::XATTR) {
                 self.fetch_if_evicted(vb, e)?;
             }
-            let a = self.delete_entry(vb, e, &now);
+            let a = match &req.durability {
+                Some(d) => self.prepare_deletion(vb, e, &now, d)?,
+                None => self.delete_entry(vb, e, &now),
+            };
             Ok(Self::mutation_info(vb, a))
         });
+        self.after_write(vb, req.durability.as_ref(), &result);
         match &result {
             Ok(_) => self.counters.incr(Counter::DeleteHits),
             Err(EngineStatus::KeyNotFound) => self.counters.incr(Counter::DeleteMisses),
@@ -528,6 +539,7 @@ impl Bucket {
         let result = vb
             .table
             .with_entry(req.key, |e| self.arithmetic_entry(vb, e, req, &now));
+        self.after_write(vb, req.durability.as_ref(), &result.map(|r| r.1));
         let (hit, miss) = match req.op {
             ArithmeticOp::Increment => (Counter::IncrHits, Counter::IncrMisses),
             ArithmeticOp::Decrement => (Counter::DecrHits, Counter::DecrMisses),
@@ -547,6 +559,7 @@ impl Bucket {
         req: &ArithmeticRequest<'_>,
         now: &LazyNow<'_>,
     ) -> EngineResult<(u64, MutationInfo)> {
+        check_no_sync_write(e)?;
         self.expire_on_access(vb, e, now)?;
         self.fetch_if_evicted(vb, e)?;
         let (sv, result, old_rev) = match e.get() {
@@ -603,8 +616,8 @@ impl Bucket {
                 )
             }
         };
-        self.insert_or_tempfail(e, sv)?;
-        let a = self.commit_version(vb, e, now, old_rev);
+        let none = crate::xattrs::Patches::default();
+        let a = self.write_version(vb, e, sv, now, old_rev, &none, req.durability.as_ref())?;
         Ok((result, Self::mutation_info(vb, a)))
     }
 
@@ -617,6 +630,9 @@ impl Bucket {
         if !self.is_warmed_up() {
             // Warmup would load documents back while the files are being deleted.
             return Err(EngineStatus::TempFail);
+        }
+        for vb in &self.vbuckets {
+            self.abandon_sync_writes(vb);
         }
         let removed: usize = self
             .vbuckets

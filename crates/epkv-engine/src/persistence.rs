@@ -256,6 +256,19 @@ struct DirtyQueue {
     unknown: std::collections::HashSet<Vec<u8>>,
     /// The vBucket state changed and must be committed even with no documents.
     state_dirty: bool,
+    /// The highest prepare seqno queued (HPS) and the highest prepare seqno whose commit
+    /// or abort is queued (HCS), kept as running maxima under this lock, so that the state
+    /// a flush writes never claims a completion whose document it does not carry.
+    sync: SyncSeqnos,
+}
+
+/// A vBucket's high prepared and high completed seqnos (see [`crate::durability`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SyncSeqnos {
+    /// High prepared seqno.
+    pub(crate) prepared: u64,
+    /// High completed seqno.
+    pub(crate) completed: u64,
 }
 
 impl VbPersist {
@@ -265,6 +278,23 @@ impl VbPersist {
         let was_empty = q.items.is_empty() && !q.state_dirty;
         q.items.replace(ByKey(doc));
         was_empty
+    }
+
+    /// [`Self::queue`] of a SyncWrite step's document: a prepare raises the high
+    /// prepared seqno, a commit or abort of the prepare `completed` the high completed
+    /// one.
+    pub(crate) fn queue_sync(&self, doc: Document, prepared: u64, completed: u64) -> bool {
+        let mut q = self.dirty.lock();
+        let was_empty = q.items.is_empty() && !q.state_dirty;
+        q.sync.prepared = q.sync.prepared.max(prepared);
+        q.sync.completed = q.sync.completed.max(completed);
+        q.items.replace(ByKey(doc));
+        was_empty
+    }
+
+    /// Sets the high prepared and completed seqnos warmup read from disk.
+    pub(crate) fn restore_sync(&self, sync: SyncSeqnos) {
+        self.dirty.lock().sync = sync;
     }
 
     /// Notes that `key` was written, under full eviction, without knowing whether its
@@ -280,10 +310,12 @@ impl VbPersist {
         self.dirty.lock().state_dirty = true;
     }
 
-    /// Takes the queue: the documents in seqno order, whether the state was dirty, and
-    /// the keys of those documents marked [`Self::mark_unknown`].
-    fn take(&self) -> (Vec<Document>, bool, Vec<Vec<u8>>) {
+    /// Takes the queue: the documents in seqno order, whether the state was dirty, the
+    /// keys of those documents marked [`Self::mark_unknown`], and the SyncWrite seqnos
+    /// those documents reach.
+    fn take(&self) -> (Vec<Document>, bool, Vec<Vec<u8>>, SyncSeqnos) {
         let mut q = self.dirty.lock();
+        let sync = q.sync;
         let state_dirty = std::mem::take(&mut q.state_dirty);
         let mut docs: Vec<Document> = q.items.drain().map(|d| d.0).collect();
         let mut unknown = Vec::new();
@@ -297,7 +329,7 @@ impl VbPersist {
         }
         drop(q);
         docs.sort_unstable_by_key(|d| d.seqno);
-        (docs, state_dirty, unknown)
+        (docs, state_dirty, unknown, sync)
     }
 
     /// Puts back documents a failed commit did not persist; a newer version queued since
@@ -682,7 +714,7 @@ impl Persistence {
             let Some(vb) = vbuckets.get(i) else {
                 continue;
             };
-            let (docs, state_dirty, unknown) = vb.persist.take();
+            let (docs, state_dirty, unknown, sync) = vb.persist.take();
             if docs.is_empty() && !state_dirty {
                 continue;
             }
@@ -691,7 +723,7 @@ impl Persistence {
                 .last()
                 .map_or_else(|| vb.persist.persisted(), |d| d.seqno)
                 .max(vb.persist.persisted());
-            let state = vb_state(vb, high);
+            let state = vb_state(vb, high, sync);
             highs.push((i, high));
             commits.push(VbCommit {
                 vbid: vb.id,
@@ -1132,9 +1164,9 @@ impl Persistence {
         &self,
         shard: usize,
         vbuckets: &[VBucket],
-        mem: &MemoryTracker,
-        low_wat: usize,
+        (mem, low_wat): (&MemoryTracker, usize),
         collections: &crate::collections::Collections,
+        recommit: &dyn Fn(&VBucket),
     ) -> bool {
         let Some(vbid) = self
             .warmup
@@ -1153,6 +1185,8 @@ impl Persistence {
         };
         match self.load_vbucket(sh, vb, mem, low_wat, collections) {
             Ok(()) => {
+                // SyncWrites restored in flight complete before anyone reads the key.
+                recommit(vb);
                 vb.set_warmup_phase(WarmupPhase::Ready);
                 self.warmup.vbuckets_done.fetch_add(1, Relaxed);
             }
@@ -1214,7 +1248,15 @@ impl Persistence {
             })?;
             full.filter.reset_for(live.saturating_add(live / 4));
         }
+        // SyncWrites not completed when the vBucket was last persisted, in seqno order.
+        let mut pending = Vec::new();
         shard.store.scan_by_seqno(vbid, 0, u64::MAX, &mut |d| {
+            if crate::durability::prepared_key_of(&d.key).is_some() {
+                if !d.deleted && d.seqno > state.high_completed_seqno {
+                    pending.push(d.clone());
+                }
+                return ScanControl::Continue;
+            }
             vb.note_xattrs(epkv_types::Datatype(d.datatype));
             // A dropped collection's documents are not loaded (compaction removes them).
             if !collections.is_live(epkv_types::doc_key::collection_of(&d.key)) {
@@ -1302,6 +1344,18 @@ impl Persistence {
             state.max_cas,
             max_deleted_rev,
         );
+        let sync = SyncSeqnos {
+            prepared: state.high_prepared_seqno,
+            completed: state.high_completed_seqno,
+        };
+        vb.persist.restore_sync(sync);
+        vb.durability.restore_seqnos(sync.prepared, sync.completed);
+        if !pending.is_empty() {
+            tracing::info!(%vbid, prepares = pending.len(), "warmup found SyncWrites in flight at the last shutdown: they are committed again before the vBucket serves");
+        }
+        for d in &pending {
+            crate::Bucket::restore_prepare(vb, d);
+        }
         if self.unclean_restart.load(Relaxed) {
             vb.start_failover_branch();
         }
@@ -1358,7 +1412,7 @@ impl WarmupProgress {
 }
 
 /// The state committed with a vBucket's documents.
-fn vb_state(vb: &VBucket, high: u64) -> VbState {
+fn vb_state(vb: &VBucket, high: u64, sync: SyncSeqnos) -> VbState {
     let state = *vb.state();
     let (_, max_cas, _) = vb.ordering_snapshot();
     let failover_log = vb
@@ -1373,6 +1427,8 @@ fn vb_state(vb: &VBucket, high: u64) -> VbState {
         high_seqno: high,
         persisted_seqno: high,
         max_cas,
+        high_prepared_seqno: sync.prepared,
+        high_completed_seqno: sync.completed,
         failover_log,
         ..VbState::new(state)
     }

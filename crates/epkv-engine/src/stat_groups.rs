@@ -184,8 +184,9 @@ impl Bucket {
             );
             sink(&format!("{p}:uuid"), &vb.uuid().to_string());
             sink(&format!("{p}:purge_seqno"), "0");
-            sink(&format!("{p}:high_prepared_seqno"), "0");
-            sink(&format!("{p}:high_completed_seqno"), "0");
+            let (hps, hcs) = vb.durability.seqnos();
+            sink(&format!("{p}:high_prepared_seqno"), &hps.to_string());
+            sink(&format!("{p}:high_completed_seqno"), &hcs.to_string());
         }
         Ok(())
     }

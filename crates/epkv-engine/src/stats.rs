@@ -113,6 +113,9 @@ counters! {
     ValueEjects => "ep_num_value_ejects", "documents the item pager took out of memory: values (value eviction: the key and metadata stay) or whole documents (full eviction), read back from disk when needed";
     PagerRuns => "ep_num_pager_runs", "item pager cycles started (memory above the high watermark, or a wake)";
     PagerVisited => "ep_pager_items_visited", "items the item pager has visited";
+    SyncWriteAccepted => "vb_active_sync_write_accepted_count", "SyncWrites (durable writes) accepted as prepares";
+    SyncWriteCommitted => "vb_active_sync_write_committed_count", "SyncWrites committed (their durability level was met)";
+    SyncWriteAborted => "vb_active_sync_write_aborted_count", "SyncWrites aborted: their timeout passed before their durability level was met (the client got SyncWriteAmbiguous)";
     PagerDeletes => "ep_pager_auto_deletes", "documents deleted by the item pager of a memory-only bucket (ephemeral_full_policy auto_delete)";
 }
 

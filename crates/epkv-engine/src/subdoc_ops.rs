@@ -159,7 +159,8 @@ impl Bucket {
         self.check_disk()?;
         check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);
-        vb.table.with_entry(req.key, |e| {
+        let result = vb.table.with_entry(req.key, |e| {
+            crate::bucket::check_no_sync_write(e)?;
             self.expire_on_access(vb, e, &now)?;
             self.fetch_if_evicted(vb, e)?;
             if req.access_deleted {
@@ -276,9 +277,10 @@ impl Bucket {
                 StoredValue::with_value_parts(req.key, &[&section, &body], meta)
             }
             .map_err(|_| EngineStatus::Invalid)?;
-            self.insert_or_tempfail(e, sv)?;
-            let a = self.commit_stored(vb, e, &now, old.map(|m| m.rev_seqno), &patches);
-            if deleted && !vb.is_persistent() {
+            let rev = old.map(|m| m.rev_seqno);
+            let durable = req.durability.as_ref();
+            let a = self.write_version(vb, e, sv, &now, rev, &patches, durable)?;
+            if deleted && !vb.is_persistent() && durable.is_none() {
                 // Nothing will persist it: the next expiry pass may drop it.
                 e.mark_clean(a.seqno);
             }
@@ -287,7 +289,11 @@ impl Bucket {
                 values,
                 deleted,
             })
-        })
+        });
+        if let Ok(SubdocMutated::Done { info, .. }) = &result {
+            self.after_write(vb, req.durability.as_ref(), &Ok(*info));
+        }
+        result
     }
 }
 

@@ -127,6 +127,8 @@ pub(crate) struct VBucket {
     /// not know what it replaces (full eviction, key not in memory) must then read the
     /// old version, to keep its attributes (KV-Engine's `mayContainXattrs`).
     may_contain_xattrs: AtomicBool,
+    /// SyncWrites in flight, in seqno order (see [`crate::durability`]).
+    pub(crate) durability: crate::durability::Monitor,
 }
 
 fn new_failover_uuid() -> u64 {
@@ -161,6 +163,7 @@ impl VBucket {
             full: None,
             placeholders: AtomicU64::new(0),
             may_contain_xattrs: AtomicBool::new(false),
+            durability: crate::durability::Monitor::default(),
         })
     }
 
@@ -378,6 +381,35 @@ impl VBucket {
             new_key_rev: o.max_deleted_rev + 1,
         };
         let woke = self.persistent && self.persist.queue(make(&a));
+        (a, woke)
+    }
+
+    /// The ordering point of a SyncWrite step: `track` runs with the ordering lock held
+    /// (so the durability monitor learns of prepares in seqno order) and, when
+    /// persistent, the document `make` builds is queued with the step's prepared and
+    /// completed seqnos (see [`VbPersist::queue_sync`]; 0 for none) and, for the commit
+    /// of a deletion, its revision. Returns whether the queue was empty.
+    pub(crate) fn assign_sync(
+        &self,
+        now_nanos: u64,
+        (prepared, completed, deleted_rev): (bool, u64, Option<u64>),
+        track: impl FnOnce(&Assigned),
+        make: impl FnOnce(&Assigned) -> Document,
+    ) -> (Assigned, bool) {
+        let mut o = self.order.lock();
+        if let Some(rev) = deleted_rev {
+            o.max_deleted_rev = o.max_deleted_rev.max(rev);
+        }
+        o.high_seqno += 1;
+        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
+        let a = Assigned {
+            seqno: Seqno(o.high_seqno),
+            cas: Cas(o.max_cas),
+            new_key_rev: o.max_deleted_rev + 1,
+        };
+        track(&a);
+        let hps = if prepared { a.seqno.0 } else { 0 };
+        let woke = self.persistent && self.persist.queue_sync(make(&a), hps, completed);
         (a, woke)
     }
 

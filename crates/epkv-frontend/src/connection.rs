@@ -67,20 +67,28 @@ enum Closing {
     AuthFailures,
 }
 
-/// A durable write being waited for, with the moment its durability timeout expires.
+/// A durable write being waited for, with the moment the connection stops waiting (a
+/// durable TOUCH only; a SyncWrite's timeout is the engine's).
 struct Waiting {
     pending: PendingDurable,
-    deadline: tokio::time::Instant,
+    deadline: Option<tokio::time::Instant>,
 }
 
-/// Resolves to true once the waited-for write is persisted, false when its timeout passes
-/// first (or the engine dropped the waiter); never resolves without a write waiting.
-async fn persisted_in_time(waiting: &mut Option<Waiting>) -> bool {
+/// Resolves to the waited-for write's outcome: the engine's, or SyncWriteAmbiguous when
+/// the connection's deadline passes first or the engine dropped the waiter (shutdown).
+/// Never resolves without a write waiting.
+async fn durable_outcome(waiting: &mut Option<Waiting>) -> Result<(), EngineStatus> {
+    let ambiguous = Err(EngineStatus::SyncWriteAmbiguous);
     match waiting {
-        Some(w) => matches!(
-            tokio::time::timeout_at(w.deadline, &mut w.pending.persisted).await,
-            Ok(Ok(_))
-        ),
+        Some(w) => match w.deadline {
+            Some(deadline) => {
+                match tokio::time::timeout_at(deadline, &mut w.pending.outcome).await {
+                    Ok(Ok(outcome)) => outcome,
+                    _ => ambiguous,
+                }
+            }
+            None => (&mut w.pending.outcome).await.unwrap_or(ambiguous),
+        },
         None => std::future::pending().await,
     }
 }
@@ -215,7 +223,7 @@ impl<S: Transport> Connection<S> {
                     closing = Some(c);
                 }
                 waiting = session.take_pending().map(|pending| Waiting {
-                    deadline: tokio::time::Instant::now() + pending.timeout,
+                    deadline: pending.timeout.map(|t| tokio::time::Instant::now() + t),
                     pending,
                 });
                 authing = session.take_pending_auth();
@@ -335,9 +343,9 @@ impl<S: Transport> Connection<S> {
                         break "read error";
                     }
                 },
-                persisted = persisted_in_time(&mut waiting), if waiting.is_some() => {
+                outcome = durable_outcome(&mut waiting), if waiting.is_some() => {
                     if let Some(w) = waiting.take()
-                        && session.complete_durable(&mut out, w.pending, persisted)
+                        && session.complete_durable(&mut out, w.pending, outcome)
                     {
                         closing = Some(Closing::NoXerror);
                     }

@@ -44,16 +44,19 @@ pub(crate) enum Flow {
     Disconnect,
 }
 
-/// A write at a persist durability level (MajorityAndPersistOnMaster, PersistToMajority):
-/// applied in memory, answered only once its seqno is persisted, or with
-/// SyncWriteAmbiguous when `timeout` passes first. While one is pending the connection
-/// executes nothing else, so replies stay in request order; the worker thread is free
-/// (the engine completes `persisted` from its flusher, without a thread per waiter).
+/// A write answered only once its durability is settled: a SyncWrite (any write with
+/// durability requirements), once the engine commits it (or, when its timeout passed
+/// first, aborts it: SyncWriteAmbiguous); or a durable TOUCH, once its seqno is
+/// persisted (SyncWriteAmbiguous when `timeout` passes first). While one is pending the
+/// connection executes nothing else, so replies stay in request order; the worker thread
+/// is free (the engine completes `outcome` from its own threads, without a thread per
+/// waiter).
 pub(crate) struct PendingDurable {
-    /// Completed with the persisted seqno by the engine's callback.
-    pub(crate) persisted: oneshot::Receiver<Seqno>,
-    /// The durability timeout (the client's, or [`DEFAULT_DURABILITY_TIMEOUT`]).
-    pub(crate) timeout: Duration,
+    /// Completed with the outcome by the engine's callback.
+    pub(crate) outcome: oneshot::Receiver<Result<(), EngineStatus>>,
+    /// The connection's own timeout, for a durable TOUCH only: a SyncWrite's timeout is
+    /// the engine's (one task per vBucket, not a timer per connection).
+    pub(crate) timeout: Option<Duration>,
     to: ReplyTo,
     info: MutationInfo,
     /// What the success reply carries.
@@ -267,23 +270,23 @@ impl Session {
         has
     }
 
-    /// Answers a durable write once its wait is over: success if `persisted`, else
-    /// SyncWriteAmbiguous (0xa3: the write is applied in memory and may still reach the
-    /// disk, as KV-Engine answers a SyncWrite whose timeout expired). Returns true when the
+    /// Answers a durable write once its wait is over: success, or the engine's status
+    /// (SyncWriteAmbiguous, 0xa3, when its timeout passed first: the write may still
+    /// reach the disk, as KV-Engine answers a SyncWrite it aborted). Returns true when the
     /// connection must close because the client cannot understand the reply (no XERROR).
     pub(crate) fn complete_durable(
         &self,
         out: &mut BytesMut,
         p: PendingDurable,
-        persisted: bool,
+        outcome: Result<(), EngineStatus>,
     ) -> bool {
-        if !persisted {
+        if let Err(e) = outcome {
             tracing::debug!(
                 seqno = p.info.seqno.0,
-                timeout_ms = p.timeout.as_millis(),
-                "durable write not persisted within its timeout: SyncWriteAmbiguous"
+                status = ?e,
+                "durable write not completed"
             );
-            self.fail_wire(out, p.to, Status::SyncWriteAmbiguous, &[]);
+            self.fail_wire(out, p.to, engine_status_to_wire(e), &[]);
             return self.disconnect.get();
         }
         if p.quiet {
@@ -316,7 +319,7 @@ impl Session {
         false
     }
 
-    /// Answers an applied mutation: at once, or (with a persist timeout) once persisted.
+    /// Answers a mutation: at once, or (a SyncWrite) once the engine has completed it.
     #[expect(clippy::too_many_arguments, reason = "the parts of one mutation reply")]
     pub(crate) fn reply_mutation(
         &self,
@@ -327,22 +330,13 @@ impl Session {
         vbid: Vbid,
         info: MutationInfo,
         body: DurableReply,
-        persist: Option<Duration>,
+        sync_write: bool,
     ) {
-        match persist {
-            Some(timeout) => {
-                self.defer_until_persisted(
-                    shared,
-                    engine,
-                    out,
-                    to,
-                    vbid,
-                    (info, body),
-                    timeout,
-                    false,
-                );
+        match sync_write {
+            true => {
+                self.defer_until_completed(shared, engine, out, to, vbid, (info, body), false);
             }
-            None => {
+            false => {
                 let (extras, n) = self.mutation_extras(&info);
                 let (value, status) = match &body {
                     DurableReply::Body(v, status) => (v.as_slice(), *status),
@@ -374,14 +368,45 @@ impl Session {
         quiet: bool,
     ) {
         let (tx, rx) = oneshot::channel();
-        let done = Box::new(move |persisted: Seqno| {
+        let done = Box::new(move |_persisted: Seqno| {
             // The connection may have gone; then nobody waits.
-            let _ = tx.send(persisted);
+            let _ = tx.send(Ok(()));
         });
         match engine.when_persisted(vbid, info.seqno, done) {
             Ok(()) => self.pending.set(Some(PendingDurable {
-                persisted: rx,
-                timeout,
+                outcome: rx,
+                timeout: Some(timeout),
+                to,
+                info,
+                body,
+                quiet,
+            })),
+            Err(e) => self.fail(shared, out, to, e, &[]),
+        }
+    }
+
+    /// Leaves a SyncWrite (its prepare got `info.seqno` in `vbid`) waiting for the engine
+    /// to commit or abort it before it is answered (see [`PendingDurable`]).
+    #[expect(clippy::too_many_arguments, reason = "the parts of one deferred reply")]
+    pub(crate) fn defer_until_completed(
+        &self,
+        shared: &Shared,
+        engine: &dyn Engine,
+        out: &mut BytesMut,
+        to: ReplyTo,
+        vbid: Vbid,
+        (info, body): (MutationInfo, DurableReply),
+        quiet: bool,
+    ) {
+        let (tx, rx) = oneshot::channel();
+        let done = Box::new(move |outcome: Result<(), EngineStatus>| {
+            // The connection may have gone; then nobody waits.
+            let _ = tx.send(outcome);
+        });
+        match engine.when_sync_write_completed(vbid, info.seqno, done) {
+            Ok(()) => self.pending.set(Some(PendingDurable {
+                outcome: rx,
+                timeout: None,
                 to,
                 info,
                 body,
@@ -817,7 +842,7 @@ impl Session {
                 }
                 // Borrowed from the read buffer: the engine copies key and value once,
                 // into the item it stores.
-                let persist = persist_timeout(d);
+                let sync_write = d.is_some();
                 let result = engine.store(StoreRequest {
                     op,
                     vbid,
@@ -830,7 +855,7 @@ impl Session {
                     cas,
                     durability: durability(d),
                 });
-                self.finish_mutation(shared, engine, out, to, vbid, result, persist, quiet);
+                self.finish_mutation(shared, engine, out, to, vbid, result, sync_write, quiet);
             }
             Command::GetMeta {
                 key,
@@ -960,7 +985,7 @@ impl Session {
                 durability: d,
                 quiet,
             } => {
-                let persist = persist_timeout(d);
+                let sync_write = d.is_some();
                 let result = engine.remove(RemoveRequest {
                     vbid,
                     key,
@@ -977,7 +1002,7 @@ impl Session {
                     }),
                     other => other,
                 };
-                self.finish_mutation(shared, engine, out, to, vbid, result, persist, quiet);
+                self.finish_mutation(shared, engine, out, to, vbid, result, sync_write, quiet);
             }
             Command::Arithmetic {
                 op,
@@ -989,7 +1014,7 @@ impl Session {
                 quiet,
                 ..
             } => {
-                let persist = persist_timeout(d);
+                let sync_write = d.is_some();
                 let result = engine.arithmetic(ArithmeticRequest {
                     op,
                     vbid,
@@ -1000,19 +1025,18 @@ impl Session {
                     cas: req.header.cas,
                     durability: durability(d),
                 });
-                match (result, persist) {
-                    (Ok((value, info)), Some(timeout)) => self.defer_until_persisted(
+                match (result, sync_write) {
+                    (Ok((value, info)), true) => self.defer_until_completed(
                         shared,
                         engine,
                         out,
                         to,
                         vbid,
                         (info, DurableReply::Counter(value)),
-                        timeout,
                         quiet,
                     ),
-                    (Ok(_), None) if quiet => {}
-                    (Ok((value, info)), None) => {
+                    (Ok(_), false) if quiet => {}
+                    (Ok((value, info)), false) => {
                         let (extras, n) = self.mutation_extras(&info);
                         put_success(
                             out,
@@ -1280,8 +1304,8 @@ impl Session {
         );
     }
 
-    /// Answers a SET-family or DELETE result: at once, or once persisted when the
-    /// request asked for a persist durability level (`persist` is its timeout).
+    /// Answers a SET-family or DELETE result: at once, or, for a SyncWrite (the request
+    /// had durability requirements), once the engine has committed or aborted it.
     #[expect(clippy::too_many_arguments, reason = "the parts of one mutation reply")]
     fn finish_mutation(
         &self,
@@ -1291,24 +1315,23 @@ impl Session {
         to: ReplyTo,
         vbid: Vbid,
         result: Result<MutationInfo, EngineStatus>,
-        persist: Option<Duration>,
+        sync_write: bool,
         quiet: bool,
     ) {
-        match (result, persist) {
-            (Ok(info), Some(timeout)) => {
-                self.defer_until_persisted(
+        match (result, sync_write) {
+            (Ok(info), true) => {
+                self.defer_until_completed(
                     shared,
                     engine,
                     out,
                     to,
                     vbid,
                     (info, DurableReply::Mutation),
-                    timeout,
                     quiet,
                 );
             }
-            (Ok(_), None) if quiet => {}
-            (Ok(info), None) => {
+            (Ok(_), false) if quiet => {}
+            (Ok(info), false) => {
                 let (extras, n) = self.mutation_extras(&info);
                 put_success(out, to, info.cas, Datatype::RAW, &extras[..n], &[], &[]);
             }

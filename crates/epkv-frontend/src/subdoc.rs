@@ -13,7 +13,7 @@
 
 use crate::frontend::Shared;
 use crate::response::{ReplyTo, put};
-use crate::session::{DurableReply, Session, durability as to_requirements, persist_timeout};
+use crate::session::{DurableReply, Session, durability as to_requirements};
 use bytes::BytesMut;
 use epkv_engine_api::{
     Engine, EngineStatus, SubdocError, SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec,
@@ -217,7 +217,7 @@ impl Session {
             Ok(f) => f,
             Err(s) => return self.fail_wire(out, to, s, &[]),
         };
-        let persist = persist_timeout(req.durability);
+        let sync_write = req.durability.is_some();
         let result = engine.subdoc_mutate(SubdocMutation {
             vbid,
             key: req.key,
@@ -271,7 +271,7 @@ impl Session {
                             Status::Success
                         },
                     ),
-                    persist,
+                    sync_write,
                 );
             }
             Ok(SubdocMutated::Refused(error)) => self.fail_wire(out, to, subdoc_status(error), &[]),

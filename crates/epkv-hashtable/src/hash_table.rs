@@ -698,6 +698,14 @@ impl Entry<'_> {
         self.committed_mut().map(|slot| slot.value_mut())
     }
 
+    /// Returns the prepared version's value for in-place change of its bytes; its length
+    /// cannot change.
+    pub fn prepared_value_mut(&mut self) -> Option<&mut [u8]> {
+        self.prepared
+            .and_then(|i| self.inner.prepared.get_mut(i))
+            .map(|b| b.value_mut())
+    }
+
     /// Returns the prepared version's metadata for in-place change.
     pub fn prepared_meta_mut(&mut self) -> Option<&mut ItemMeta> {
         self.prepared
@@ -833,6 +841,25 @@ impl Entry<'_> {
     /// [`Error::NotFound`] when there is no prepare; [`Error::QuotaExceeded`] as for
     /// [`Self::insert`] (nothing changes).
     pub fn commit_prepared(&mut self, meta: ItemMeta) -> Result<Option<StoredValue>> {
+        self.commit_prepared_charging(meta, true)
+    }
+
+    /// [`Self::commit_prepared`] that is never refused for memory: the prepare's
+    /// allocation and charge become the committed version's and the version it replaces
+    /// is released, so item memory never grows (KV-Engine converts the prepare in place,
+    /// and a commit the durability monitor has decided cannot fail).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when there is no prepare.
+    pub fn convert_prepared(&mut self, meta: ItemMeta) -> Result<Option<StoredValue>> {
+        self.commit_prepared_charging(meta, false)
+    }
+
+    fn commit_prepared_charging(
+        &mut self,
+        meta: ItemMeta,
+        charge_copy: bool,
+    ) -> Result<Option<StoredValue>> {
         let index = self.prepared.ok_or(Error::NotFound)?;
         let p_bytes = self
             .inner
@@ -845,7 +872,11 @@ impl Entry<'_> {
             .and_then(|i| self.inner.committed.get(i))
             .map_or(0, |slot| slot.footprint());
         // What inserting a copy charged before the prepare was freed.
-        let extra = p_bytes.saturating_sub(old_bytes);
+        let extra = if charge_copy {
+            p_bytes.saturating_sub(old_bytes)
+        } else {
+            0
+        };
         self.shared.tracker.try_charge(extra)?;
         let Some(slot) = self.inner.prepared.remove(index) else {
             unreachable!("the prepare was just found at this index")

@@ -39,6 +39,10 @@ enum Op {
         key: u8,
         cas: u64,
     },
+    Convert {
+        key: u8,
+        cas: u64,
+    },
     Abort {
         key: u8,
     },
@@ -74,6 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0u8..24).prop_map(|key| Op::Remove { key }),
         4 => (0u8..24, 0usize..40, 0u64..8, any::<bool>()).prop_map(|(key, value_len, cas, maybe_visible)| Op::Prepare { key, value_len, cas, maybe_visible }),
         3 => (0u8..24, 0u64..8).prop_map(|(key, cas)| Op::Commit { key, cas }),
+        2 => (0u8..24, 0u64..8).prop_map(|(key, cas)| Op::Convert { key, cas }),
         2 => (0u8..24).prop_map(|key| Op::Abort { key }),
         4 => (0u8..24, any::<bool>()).prop_map(|(key, deleted)| Op::Read { key, deleted }),
         2 => (0u8..24).prop_map(|key| Op::ReadForWrite { key }),
@@ -296,6 +301,22 @@ fn run(ops: Vec<Op>, stripes: usize, limit: usize) {
                         } else {
                             assert!(got.is_err());
                         }
+                    }
+                }
+            }
+            Op::Convert { key, cas } => {
+                // Never refused for memory: the prepare's charge carries over.
+                let k = key_bytes(key);
+                let got = table.with_entry(&k, |e| e.convert_prepared(meta(cas)));
+                match model.prepared.remove(&k) {
+                    None => assert_eq!(got, Err(Error::NotFound)),
+                    Some(mut c) => {
+                        c.state = CommittedState::CommittedViaPrepare;
+                        c.meta = meta(cas);
+                        assert_eq!(
+                            got.unwrap().map(|o| V::of(&o)),
+                            model.committed.insert(k.clone(), c)
+                        );
                     }
                 }
             }

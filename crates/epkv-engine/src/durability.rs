@@ -1,0 +1,653 @@
+//! SyncWrites: durable writes as KV-Engine makes them (`docs/durability.md`).
+//!
+//! A write with durability requirements does not change the committed document. It
+//! becomes a *prepare*, held in the hash table's prepared slot beside the committed
+//! version:
+//! - reads keep seeing the committed version;
+//! - any other write of the key answers SyncWriteInProgress (0xa2) until the prepare
+//!   completes.
+//!
+//! Each vBucket's [`Monitor`] tracks its prepares in seqno order and completes them in
+//! that order, from the head, as the active durability monitor does. This node has no
+//! replicas, so it is its own majority:
+//! - **Majority** is satisfied once the prepare is queued, unless an earlier prepare of a
+//!   persist level is still waiting for the disk (it fences the ones behind it);
+//! - **MajorityAndPersistOnMaster** and **PersistToMajority** are satisfied once the
+//!   flusher has persisted the prepare.
+//!
+//! A **commit** turns the prepare into the committed version in place. It gets a new
+//! seqno and keeps the prepare's CAS. The client hears success.
+//!
+//! An **abort** happens when the head's timeout passes first: the client's timeout, or
+//! [`DEFAULT_TIMEOUT`]. The prepare is dropped with a new seqno and the client hears
+//! SyncWriteAmbiguous (0xa3), since the prepare may already be on disk.
+//!
+//! **Timeouts** are kept by one task per vBucket on the NonIO group, created on the
+//! vBucket's first SyncWrite. It is re-armed (the executor's O(1) snooze) to the head's
+//! deadline whenever that changes; there is no timer per connection or per write.
+//!
+//! **Waiting.** The front end learns a write's outcome through
+//! [`Bucket::when_sync_write_completed`] with the prepare's seqno. An outcome that
+//! arrives before the front end asks is kept until it does.
+//!
+//! **On disk**, a prepare is a document under its key in a namespace of its own: the
+//! bytes [`PREPARE_PREFIX`] (reserved collection id 2, KV-Engine's DurabilityPrepare
+//! namespace) and then the key, so it never shadows the committed document. A durable
+//! delete's prepare carries [`PREPARE_DELETES`] in its datatype. A commit is persisted as
+//! the committed document. An abort is persisted as a tombstone of the prepare key.
+//!
+//! Every flush writes the high prepared and high completed seqnos (HPS, HCS) carried by
+//! the documents it persists. Warmup loads the live prepares above the HCS as
+//! `PreparedMaybeVisible`: the write may have been acknowledged before the crash. On a
+//! single node they are persisted, so they are committed again before the vBucket
+//! serves; a reader never sees the state from before them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, SyncWriteCallback};
+use epkv_hashtable::{CommittedState, Entry, ItemMeta, StoredValue};
+use epkv_storage::Document;
+use epkv_types::{Datatype, DurabilityLevel, Vbid};
+use parking_lot::Mutex;
+
+use crate::bucket::{Bucket, LazyNow};
+use crate::stats::Counter;
+use crate::vbucket::{Assigned, VBucket};
+
+/// The durability timeout of a SyncWrite whose client gave none (KV-Engine's 30 s).
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The prefix of a prepare's key on disk: a zero byte and the LEB128 id 2, a collection
+/// id reserved by Couchbase and never given to a collection (see `epkv_types::doc_key`),
+/// so no document key starts with it.
+pub(crate) const PREPARE_PREFIX: [u8; 2] = [0, 2];
+
+/// Datatype bit of a prepare document on disk that deletes its key (not a client bit).
+pub(crate) const PREPARE_DELETES: u8 = 0x80;
+
+/// Outcomes kept for a front end that has not asked yet; past this many the oldest go
+/// (a caller that never asks, such as a test driving the engine directly).
+const MAX_UNCLAIMED: usize = 1 << 16;
+
+/// The key under which the prepare of `key` is stored.
+pub(crate) fn prepare_key(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(PREPARE_PREFIX.len() + key.len());
+    k.extend_from_slice(&PREPARE_PREFIX);
+    k.extend_from_slice(key);
+    k
+}
+
+/// The document key of a stored prepare, or `None` for any other stored key.
+pub(crate) fn prepared_key_of(stored: &[u8]) -> Option<&[u8]> {
+    stored.strip_prefix(&PREPARE_PREFIX[..])
+}
+
+/// One prepare in flight.
+struct Tracked {
+    seqno: u64,
+    key: Vec<u8>,
+    /// Its level needs this node's persistence (not Majority).
+    persist: bool,
+    /// When it is aborted if not committed; `None` for prepares warmup restored.
+    deadline: Option<Instant>,
+    waiter: Option<SyncWriteCallback>,
+}
+
+#[derive(Default)]
+struct State {
+    /// In seqno order.
+    tracked: VecDeque<Tracked>,
+    /// Outcomes of completed prepares nobody has asked for yet, by prepare seqno.
+    unclaimed: HashMap<u64, EngineResult<()>>,
+    /// The deadline the timeout task was last armed for.
+    armed: Option<Instant>,
+    /// The highest prepare seqno tracked (HPS) and the highest completed (HCS).
+    high_prepared: u64,
+    high_completed: u64,
+}
+
+/// A vBucket's SyncWrites in flight (KV-Engine's ActiveDurabilityMonitor for a
+/// vBucket without replicas).
+#[derive(Default)]
+pub(crate) struct Monitor {
+    state: Mutex<State>,
+    /// Held while completions are applied, so that they are applied in seqno order.
+    completing: Mutex<()>,
+    /// The timeout task, once the vBucket has had a SyncWrite with a deadline.
+    task: OnceLock<epkv_executor::TaskHandle>,
+}
+
+impl std::fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor")
+            .field("tracked", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Monitor {
+    /// SyncWrites in flight.
+    pub(crate) fn len(&self) -> usize {
+        self.state.lock().tracked.len()
+    }
+
+    fn track(&self, t: Tracked) {
+        let mut s = self.state.lock();
+        s.high_prepared = s.high_prepared.max(t.seqno);
+        s.tracked.push_back(t);
+    }
+
+    /// The high prepared and high completed seqnos.
+    pub(crate) fn seqnos(&self) -> (u64, u64) {
+        let s = self.state.lock();
+        (s.high_prepared, s.high_completed)
+    }
+
+    /// Sets the high prepared and completed seqnos warmup read.
+    pub(crate) fn restore_seqnos(&self, prepared: u64, completed: u64) {
+        let mut s = self.state.lock();
+        s.high_prepared = s.high_prepared.max(prepared);
+        s.high_completed = s.high_completed.max(completed);
+    }
+
+    /// Takes the head if it is resolved: `(prepare, true)` to commit, `(prepare, false)`
+    /// to abort. Only the head is ever resolved, so completions follow seqno order.
+    fn pop_resolved(&self, persisted: u64, now: Option<Instant>) -> Option<(Tracked, bool)> {
+        let mut s = self.state.lock();
+        let head = s.tracked.front()?;
+        let commit = !head.persist || head.seqno <= persisted;
+        let expired = head
+            .deadline
+            .zip(now)
+            .is_some_and(|(deadline, now)| deadline <= now);
+        if !commit && !expired {
+            return None;
+        }
+        let t = s.tracked.pop_front()?;
+        s.high_completed = s.high_completed.max(t.seqno);
+        Some((t, commit))
+    }
+
+    /// Hands a completed prepare's outcome to its waiter, or keeps it for one. Returns
+    /// the waiter to call (outside the lock).
+    fn settle(
+        &self,
+        seqno: u64,
+        waiter: Option<SyncWriteCallback>,
+        outcome: EngineResult<()>,
+    ) -> Option<(SyncWriteCallback, EngineResult<()>)> {
+        if let Some(w) = waiter {
+            return Some((w, outcome));
+        }
+        let mut s = self.state.lock();
+        if s.unclaimed.len() >= MAX_UNCLAIMED
+            && let Some(oldest) = s.unclaimed.keys().min().copied()
+        {
+            s.unclaimed.remove(&oldest);
+        }
+        s.unclaimed.insert(seqno, outcome);
+        None
+    }
+
+    /// Attaches `done` to the prepare `seqno`, or returns it with the outcome to call it
+    /// with at once (completed already; or unknown, which reads as ambiguous).
+    fn claim(
+        &self,
+        seqno: u64,
+        done: SyncWriteCallback,
+    ) -> Option<(SyncWriteCallback, EngineResult<()>)> {
+        let mut s = self.state.lock();
+        if let Ok(i) = s.tracked.binary_search_by_key(&seqno, |t| t.seqno) {
+            if let Some(t) = s.tracked.get_mut(i) {
+                t.waiter = Some(done);
+            }
+            return None;
+        }
+        let outcome = s
+            .unclaimed
+            .remove(&seqno)
+            .unwrap_or(Err(EngineStatus::SyncWriteAmbiguous));
+        Some((done, outcome))
+    }
+
+    /// The head's deadline if the timeout task is not armed for it yet (and records it
+    /// as armed); `Some(None)` when nothing has a deadline any more.
+    fn rearm(&self) -> Option<Option<Instant>> {
+        let mut s = self.state.lock();
+        let head = s.tracked.front().and_then(|t| t.deadline);
+        (s.armed != head).then(|| {
+            s.armed = head;
+            head
+        })
+    }
+
+    /// Takes every prepare in flight (FLUSH, a state change): their waiters hear
+    /// SyncWriteAmbiguous.
+    fn drain(&self) -> Vec<Tracked> {
+        let mut s = self.state.lock();
+        s.armed = None;
+        if let Some(last) = s.tracked.back() {
+            s.high_completed = s.high_completed.max(last.seqno);
+        }
+        s.tracked.drain(..).collect()
+    }
+}
+
+impl Bucket {
+    /// The executor's time (the timeout task's clock).
+    fn sync_now(&self) -> Option<Instant> {
+        self.task_executor
+            .get()
+            .map(epkv_executor::ExecutorHandle::now)
+    }
+
+    /// Stores `sv` (built by a write as the key's next version) as a prepare of `d`
+    /// instead of committing it, with its seqno, CAS and revision (`old_rev + 1`, or a
+    /// new key's), and applies `patches` (macros) to it. The caller checked that no
+    /// prepare is in flight for the key, and calls [`Self::sync_write_added`] once the
+    /// stripe lock is released.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the parts of one versioned write"
+    )]
+    pub(crate) fn prepare_version(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        sv: StoredValue,
+        now: &LazyNow<'_>,
+        old_rev: Option<u64>,
+        patches: &crate::xattrs::Patches,
+        d: &DurabilityRequirements,
+    ) -> EngineResult<Assigned> {
+        match e.insert_prepared(sv.with_state(CommittedState::Pending)) {
+            Ok(_) => {}
+            Err(epkv_hashtable::Error::QuotaExceeded { .. }) => {
+                self.counters.incr(Counter::TmpOomErrors);
+                self.wake_pager();
+                return Err(EngineStatus::TempFail);
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "hash table refused a prepare");
+                return Err(EngineStatus::Internal);
+            }
+        }
+        let deadline = self
+            .sync_now()
+            .map(|n| n + d.timeout.unwrap_or(DEFAULT_TIMEOUT));
+        let rev = |a: &Assigned| old_rev.map_or(a.new_key_rev, |r| r + 1);
+        let key = e.key().to_vec();
+        let persist = d.level != DurabilityLevel::Majority;
+        let mut patched = false;
+        let (a, woke) = vb.assign_sync(
+            now.nanos(),
+            (true, 0, None),
+            |a| {
+                vb.durability.track(Tracked {
+                    seqno: a.seqno.0,
+                    key,
+                    persist,
+                    deadline,
+                    waiter: None,
+                });
+            },
+            |a| {
+                patch_prepared(e, patches, a);
+                patched = true;
+                prepare_document(e, a, rev(a))
+            },
+        );
+        if !patched {
+            patch_prepared(e, patches, &a);
+        }
+        if let Some(m) = e.prepared_meta_mut() {
+            m.by_seqno = a.seqno;
+            m.cas = a.cas;
+            m.rev_seqno = rev(&a);
+        }
+        self.counters.incr(Counter::SyncWriteAccepted);
+        self.queued(vb, woke);
+        Ok(a)
+    }
+
+    /// A durable DELETE of the entry's live document: a prepare of its tombstone (with
+    /// the system attributes, whose value the caller made resident).
+    pub(crate) fn prepare_deletion(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        now: &LazyNow<'_>,
+        d: &DurabilityRequirements,
+    ) -> EngineResult<Assigned> {
+        let (meta, kept) = match e.get() {
+            Some(sv) => (*sv.meta(), crate::bucket::system_section(sv)),
+            None => return Err(EngineStatus::KeyNotFound),
+        };
+        let tomb = if kept.is_empty() {
+            StoredValue::new_deleted(e.key(), ItemMeta::default())
+        } else {
+            let m = ItemMeta {
+                datatype: Datatype::XATTR,
+                ..ItemMeta::default()
+            };
+            StoredValue::new_tombstone(e.key(), &kept, m)
+        }
+        .map_err(|_| EngineStatus::Internal)?;
+        let none = crate::xattrs::Patches::default();
+        self.prepare_version(vb, e, tomb, now, Some(meta.rev_seqno), &none, d)
+    }
+
+    /// After a prepare (`seqno`) of level `level` was added and the stripe lock released:
+    /// waits for its persistence if its level needs it (making the flush urgent),
+    /// commits what is resolved, and arms the timeout task.
+    pub(crate) fn sync_write_added(
+        &self,
+        vb: &VBucket,
+        seqno: epkv_types::Seqno,
+        level: DurabilityLevel,
+    ) {
+        if level != DurabilityLevel::Majority
+            && vb.is_persistent()
+            && let Some(p) = &self.persistence
+        {
+            let weak = self.self_ref.get().cloned().unwrap_or_default();
+            let index = usize::from(vb.id.0);
+            let resolve = Box::new(move |_persisted: u64| {
+                if let Some(b) = weak.upgrade()
+                    && let Some(vb) = b.vbuckets.get(index)
+                {
+                    b.complete_sync_writes(vb);
+                }
+            });
+            if vb.persist.when_persisted(seqno.0, resolve) {
+                p.urgent(vb.id);
+            }
+        }
+        self.complete_sync_writes(vb);
+        self.arm_sync_timeout(vb);
+    }
+
+    /// Commits or aborts the resolved prepares at the head of `vb`'s monitor, in seqno
+    /// order, and tells their waiters.
+    pub(crate) fn complete_sync_writes(&self, vb: &VBucket) {
+        let _in_order = vb.durability.completing.lock();
+        let persisted = if vb.is_persistent() {
+            vb.persist.persisted()
+        } else {
+            u64::MAX
+        };
+        let now = LazyNow::new(&*self.clock);
+        let at = self.sync_now();
+        while let Some((t, commit)) = vb.durability.pop_resolved(persisted, at) {
+            let outcome = if commit {
+                vb.table
+                    .with_entry(&t.key, |e| self.commit_prepare(vb, e, t.seqno, &now));
+                self.counters.incr(Counter::SyncWriteCommitted);
+                Ok(())
+            } else {
+                vb.table
+                    .with_entry(&t.key, |e| self.abort_prepare(vb, e, t.seqno, &now));
+                self.counters.incr(Counter::SyncWriteAborted);
+                Err(EngineStatus::SyncWriteAmbiguous)
+            };
+            if let Some((done, outcome)) = vb.durability.settle(t.seqno, t.waiter, outcome) {
+                done(outcome);
+            }
+        }
+    }
+
+    /// Commits the entry's prepare `seqno`: it becomes the committed version with a new
+    /// seqno and the prepare's CAS, queued for the flusher.
+    fn commit_prepare(&self, vb: &VBucket, e: &mut Entry<'_>, seqno: u64, now: &LazyNow<'_>) {
+        let Some(p) = e.prepared().filter(|p| p.meta().by_seqno.0 == seqno) else {
+            tracing::error!(vbid = %vb.id, seqno, "a tracked prepare is missing from the hash table");
+            return;
+        };
+        let pm = *p.meta();
+        if let Some(sv) = e.committed() {
+            vb.note_xattrs(sv.meta().datatype);
+        }
+        let deletes = p.is_deleted();
+        if !deletes {
+            Self::note_written(vb, e.key());
+        }
+        let (a, woke) = vb.assign_sync(
+            now.nanos(),
+            (false, seqno, deletes.then_some(pm.rev_seqno)),
+            |_| {},
+            |a| {
+                let mut doc = document_of_prepared(e, a, pm.rev_seqno);
+                doc.key = e.key().to_vec();
+                doc.cas = pm.cas.0;
+                doc.datatype &= !PREPARE_DELETES;
+                doc.deleted = deletes;
+                doc
+            },
+        );
+        let meta = ItemMeta {
+            by_seqno: a.seqno,
+            ..pm
+        };
+        if let Err(err) = e.convert_prepared(meta) {
+            tracing::error!(vbid = %vb.id, seqno, error = %err, "cannot commit a prepare");
+        } else if !vb.is_persistent() {
+            e.mark_clean(a.seqno);
+            if deletes {
+                e.remove();
+            }
+        }
+        self.queued(vb, woke);
+    }
+
+    /// Aborts the entry's prepare `seqno`: it is dropped, and a tombstone of its prepare
+    /// key with a new seqno is queued for the flusher.
+    fn abort_prepare(&self, vb: &VBucket, e: &mut Entry<'_>, seqno: u64, now: &LazyNow<'_>) {
+        if e.prepared().is_none_or(|p| p.meta().by_seqno.0 != seqno) {
+            tracing::error!(vbid = %vb.id, seqno, "a tracked prepare is missing from the hash table");
+            return;
+        }
+        let rev = e.prepared().map_or(0, |p| p.meta().rev_seqno);
+        let key = e.key().to_vec();
+        let (_, woke) = vb.assign_sync(
+            now.nanos(),
+            (false, seqno, None),
+            |_| {},
+            |a| Document {
+                key: prepare_key(&key),
+                value: bytes::Bytes::new(),
+                seqno: a.seqno.0,
+                cas: a.cas.0,
+                rev_seqno: rev,
+                flags: 0,
+                expiry: 0,
+                datatype: 0,
+                deleted: true,
+            },
+        );
+        e.remove_prepared();
+        self.queued(vb, woke);
+    }
+
+    /// Calls `done` with the outcome of the SyncWrite whose prepare has `seqno` in
+    /// `vbid`: success once committed, SyncWriteAmbiguous once aborted (at once if it has
+    /// completed already).
+    ///
+    /// # Errors
+    /// NotMyVbucket for a vBucket outside the bucket.
+    pub fn when_sync_write_completed(
+        &self,
+        vbid: Vbid,
+        seqno: u64,
+        done: SyncWriteCallback,
+    ) -> EngineResult<()> {
+        let vb = self
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        if let Some((done, outcome)) = vb.durability.claim(seqno, done) {
+            done(outcome);
+        }
+        Ok(())
+    }
+
+    /// Points `vb`'s timeout task at the head's deadline, creating the task on the
+    /// vBucket's first SyncWrite.
+    fn arm_sync_timeout(&self, vb: &VBucket) {
+        let Some(head) = vb.durability.rearm() else {
+            return;
+        };
+        let task = match vb.durability.task.get() {
+            Some(t) => t,
+            None => {
+                let Some(handle) = self.start_sync_timeout(vb.id) else {
+                    return;
+                };
+                if let Err(extra) = vb.durability.task.set(handle) {
+                    // Another writer created it first.
+                    extra.cancel();
+                }
+                let Some(t) = vb.durability.task.get() else {
+                    return;
+                };
+                t
+            }
+        };
+        match head {
+            Some(at) => task.snooze_until(at),
+            None => task.sleep(),
+        };
+    }
+
+    fn start_sync_timeout(&self, vbid: Vbid) -> Option<epkv_executor::TaskHandle> {
+        let exec = self.task_executor.get()?;
+        let bucket = self.self_ref.get()?.upgrade()?;
+        let spec = epkv_executor::TaskSpec::new(
+            format!("durability-timeout-{}", vbid.0),
+            epkv_executor::Group::NonIo,
+        )
+        .start(epkv_executor::Start::Sleep);
+        let index = usize::from(vbid.0);
+        match crate::bucket::schedule_weak(exec, &bucket, spec, move |b| b.sync_timeout_run(index))
+        {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::error!(%vbid, error = %e, "cannot start the durability timeout task; SyncWrites of this vBucket are not aborted when their timeout passes");
+                None
+            }
+        }
+    }
+
+    /// One run of a vBucket's timeout task: aborts the expired head(s), commits what
+    /// follows if resolved, and sleeps until the new head's deadline.
+    fn sync_timeout_run(&self, index: usize) -> epkv_executor::Next {
+        let Some(vb) = self.vbuckets.get(index) else {
+            return epkv_executor::Next::Done;
+        };
+        self.complete_sync_writes(vb);
+        // Forget the armed deadline, so that the answer below re-arms it.
+        vb.durability.state.lock().armed = None;
+        match vb.durability.rearm().flatten() {
+            Some(at) => epkv_executor::Next::At(at),
+            None => epkv_executor::Next::Sleep,
+        }
+    }
+
+    /// Aborts every SyncWrite in flight and answers it SyncWriteAmbiguous (FLUSH, or the
+    /// vBucket stops being active): whether it completes is no longer this node's to
+    /// say.
+    pub(crate) fn abandon_sync_writes(&self, vb: &VBucket) {
+        let _in_order = vb.durability.completing.lock();
+        let now = LazyNow::new(&*self.clock);
+        for t in vb.durability.drain() {
+            vb.table
+                .with_entry(&t.key, |e| self.abort_prepare(vb, e, t.seqno, &now));
+            self.counters.incr(Counter::SyncWriteAborted);
+            if let Some((done, outcome)) =
+                vb.durability
+                    .settle(t.seqno, t.waiter, Err(EngineStatus::SyncWriteAmbiguous))
+            {
+                done(outcome);
+            }
+        }
+    }
+
+    /// Restores a prepare warmup found above the high completed seqno: as
+    /// `PreparedMaybeVisible`, tracked with no deadline until it is committed again.
+    pub(crate) fn restore_prepare(vb: &VBucket, d: &Document) {
+        let Some(key) = prepared_key_of(&d.key) else {
+            return;
+        };
+        let meta = ItemMeta {
+            cas: epkv_types::Cas(d.cas),
+            rev_seqno: d.rev_seqno,
+            by_seqno: epkv_types::Seqno(d.seqno),
+            flags: d.flags,
+            expiry: d.expiry,
+            datatype: Datatype(d.datatype & !PREPARE_DELETES),
+            ..ItemMeta::default()
+        };
+        let sv = if d.datatype & PREPARE_DELETES != 0 {
+            StoredValue::new_tombstone(key, &d.value, meta)
+        } else {
+            StoredValue::new(key, &d.value, meta)
+        };
+        let Ok(sv) = sv else {
+            tracing::error!(vbid = %vb.id, seqno = d.seqno, "cannot restore a pending prepare");
+            return;
+        };
+        let stored = vb.table.with_entry(key, |e| {
+            e.insert_prepared(sv.with_state(CommittedState::PreparedMaybeVisible))
+        });
+        if let Err(err) = stored {
+            tracing::error!(vbid = %vb.id, seqno = d.seqno, error = %err, "cannot restore a pending prepare");
+            return;
+        }
+        vb.durability.track(Tracked {
+            seqno: d.seqno,
+            key: key.to_vec(),
+            persist: true,
+            deadline: None,
+            waiter: None,
+        });
+    }
+}
+
+/// Writes the prepare's macros (`${Mutation.CAS}` and the like) once `a` is known.
+fn patch_prepared(e: &mut Entry<'_>, patches: &crate::xattrs::Patches, a: &Assigned) {
+    if !patches.is_empty()
+        && let Some(v) = e.prepared_value_mut()
+    {
+        patches.apply(v, a);
+    }
+}
+
+/// The entry's prepare as the flusher stores it: under [`prepare_key`].
+fn prepare_document(e: &Entry<'_>, a: &Assigned, rev: u64) -> Document {
+    let mut doc = document_of_prepared(e, a, rev);
+    doc.key = prepare_key(e.key());
+    doc
+}
+
+fn document_of_prepared(e: &Entry<'_>, a: &Assigned, rev: u64) -> Document {
+    let (value, m, deletes) = match e.prepared() {
+        Some(sv) => (
+            bytes::Bytes::copy_from_slice(sv.value()),
+            *sv.meta(),
+            sv.is_deleted(),
+        ),
+        None => (bytes::Bytes::new(), ItemMeta::default(), false),
+    };
+    Document {
+        key: Vec::new(),
+        value,
+        seqno: a.seqno.0,
+        cas: a.cas.0,
+        rev_seqno: rev,
+        flags: m.flags,
+        expiry: m.expiry,
+        datatype: m.datatype.0 | if deletes { PREPARE_DELETES } else { 0 },
+        deleted: false,
+    }
+}
