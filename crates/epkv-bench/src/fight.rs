@@ -7,6 +7,9 @@
 //! once the write is on disk). Latency goes into an [`hdrhistogram::Histogram`] in
 //! microseconds and is printed as pillowfight does (range, cumulative %, count, bar) with
 //! mean/p50/p99/p99.9 and ops/s; the last line is `fight-result: {json}` for xtask.
+//! A SET that meets another connection's SyncWrite of its key (SyncWriteInProgress, or
+//! TMPFAIL without XERROR) is retried after a 1-32 ms backoff, as the SDKs retry it, and
+//! timed as one operation.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -362,10 +365,26 @@ pub async fn run(opts: &FightOptions, pool: Arc<Vec<u8>>) -> Result<FightResult,
                 let key = key_of(rng.below(keys));
                 let off = usize::try_from(rng.below(span)).unwrap_or(0);
                 let t0 = SystemClock.now();
-                let r = c
+                let mut r = c
                     .set(&key, &pool[off..off + value_bytes], store)
                     .await
                     .map_err(|e| format!("set: {e}"))?;
+                // Another connection's SyncWrite of the same key is in flight
+                // (SyncWriteInProgress, or TMPFAIL for a client without XERROR): retried
+                // after a pause, as the SDKs retry it, and timed as one operation.
+                let mut pause = Duration::from_millis(1);
+                while matches!(
+                    r.status(),
+                    Some(Status::SyncWriteInProgress | Status::Etmpfail)
+                ) && SystemClock.now() < end
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(32));
+                    r = c
+                        .set(&key, &pool[off..off + value_bytes], store)
+                        .await
+                        .map_err(|e| format!("set: {e}"))?;
+                }
                 let us = u64::try_from((SystemClock.now() - t0).as_micros()).unwrap_or(u64::MAX);
                 if r.status() == Some(Status::Success) {
                     ops += 1;

@@ -64,6 +64,11 @@ pub struct BucketConfig {
     /// less, or for none, is upgraded; its timeout stays the client's or the default).
     /// Default `None`. A memory-only bucket accepts `Majority` at most.
     pub durability_min_level: Option<epkv_types::DurabilityLevel>,
+    /// Abort SyncWrites whose timeout passes (the per-vBucket durability timeout task).
+    /// Default true; false tracks no deadlines at all, so a SyncWrite that cannot meet its
+    /// level waits for ever: only for the durability benchmark's peer, which measures what
+    /// the timeout tracking costs.
+    pub sync_write_timeouts: bool,
     /// Largest value in bytes a document may have, also after APPEND/PREPEND. Default
     /// 20 MiB ([`DEFAULT_MAX_ITEM_SIZE_BYTES`]); must be at least 1. Larger → TooBig.
     pub max_item_size_bytes: usize,
@@ -102,6 +107,7 @@ impl Default for BucketConfig {
             eviction_policy: EvictionPolicy::Value,
             flush_enabled: false,
             durability_min_level: None,
+            sync_write_timeouts: true,
             max_item_size_bytes: DEFAULT_MAX_ITEM_SIZE_BYTES,
             num_vbuckets: epkv_types::NUM_VBUCKETS,
             ht_locks: DEFAULT_HT_LOCKS,

@@ -212,22 +212,34 @@ impl Monitor {
         Some((done, outcome))
     }
 
-    /// The head's deadline if the timeout task is not armed for it yet (and records it
-    /// as armed); `Some(None)` when nothing has a deadline any more.
-    fn rearm(&self) -> Option<Option<Instant>> {
+    /// The head's deadline when the timeout task must be re-armed for it (and records
+    /// it as armed): only when the task is armed for nothing or for later. A task armed
+    /// earlier than the head needs (the previous head's deadline) is left alone: it runs
+    /// once, spuriously, and re-arms itself. So a stream of SyncWrites with one timeout,
+    /// whose deadlines only grow, re-arms the task about once per timeout period, not
+    /// once per write.
+    fn rearm(&self) -> Option<Instant> {
         let mut s = self.state.lock();
-        let head = s.tracked.front().and_then(|t| t.deadline);
-        (s.armed != head).then(|| {
-            s.armed = head;
-            head
-        })
+        let head = s.tracked.front().and_then(|t| t.deadline)?;
+        if s.armed.is_some_and(|armed| armed <= head) {
+            return None;
+        }
+        s.armed = Some(head);
+        Some(head)
+    }
+
+    /// After a run of the timeout task: the deadline it must sleep until (recorded as
+    /// armed), or `None` to sleep until a SyncWrite arms it.
+    fn armed_after_run(&self) -> Option<Instant> {
+        let mut s = self.state.lock();
+        s.armed = s.tracked.front().and_then(|t| t.deadline);
+        s.armed
     }
 
     /// Takes every prepare in flight (FLUSH, a state change): their waiters hear
     /// SyncWriteAmbiguous.
     fn drain(&self) -> Vec<Tracked> {
         let mut s = self.state.lock();
-        s.armed = None;
         if let Some(last) = s.tracked.back() {
             s.high_completed = s.high_completed.max(last.seqno);
         }
@@ -276,6 +288,7 @@ impl Bucket {
         }
         let deadline = self
             .sync_now()
+            .filter(|_| self.config.sync_write_timeouts)
             .map(|n| n + d.timeout.unwrap_or(DEFAULT_TIMEOUT));
         let rev = |a: &Assigned| old_rev.map_or(a.new_key_rev, |r| r + 1);
         let key = e.key().to_vec();
@@ -495,7 +508,7 @@ impl Bucket {
     /// Points `vb`'s timeout task at the head's deadline, creating the task on the
     /// vBucket's first SyncWrite.
     fn arm_sync_timeout(&self, vb: &VBucket) {
-        let Some(head) = vb.durability.rearm() else {
+        let Some(at) = vb.durability.rearm() else {
             return;
         };
         let task = match vb.durability.task.get() {
@@ -514,10 +527,7 @@ impl Bucket {
                 t
             }
         };
-        match head {
-            Some(at) => task.snooze_until(at),
-            None => task.sleep(),
-        };
+        task.snooze_until(at);
     }
 
     fn start_sync_timeout(&self, vbid: Vbid) -> Option<epkv_executor::TaskHandle> {
@@ -546,9 +556,9 @@ impl Bucket {
             return epkv_executor::Next::Done;
         };
         self.complete_sync_writes(vb);
-        // Forget the armed deadline, so that the answer below re-arms it.
-        vb.durability.state.lock().armed = None;
-        match vb.durability.rearm().flatten() {
+        // A SyncWrite arming the task meanwhile wins if earlier (the executor keeps the
+        // earlier of a run's answer and a request made during the run).
+        match vb.durability.armed_after_run() {
             Some(at) => epkv_executor::Next::At(at),
             None => epkv_executor::Next::Sleep,
         }
@@ -649,5 +659,122 @@ fn document_of_prepared(e: &Entry<'_>, a: &Assigned, rev: u64) -> Document {
         expiry: m.expiry,
         datatype: m.datatype.0 | if deletes { PREPARE_DELETES } else { 0 },
         deleted: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use epkv_executor::Clock as _;
+
+    fn t0() -> Instant {
+        epkv_executor::ManualClock::new(Duration::ZERO).now()
+    }
+
+    fn tracked(seqno: u64, persist: bool, deadline: Option<Instant>) -> Tracked {
+        Tracked {
+            seqno,
+            key: format!("k{seqno}").into_bytes(),
+            persist,
+            deadline,
+            waiter: None,
+        }
+    }
+
+    #[test]
+    fn only_the_head_resolves_and_a_persist_level_head_fences_the_rest() {
+        let m = Monitor::default();
+        m.track(tracked(1, false, None));
+        m.track(tracked(2, true, None));
+        m.track(tracked(3, false, None));
+        // Majority at the head commits; the unpersisted persist-level one stops the rest.
+        assert!(matches!(m.pop_resolved(0, None), Some((t, true)) if t.seqno == 1));
+        assert!(m.pop_resolved(1, None).is_none());
+        // Persisted: it commits, and the Majority one behind it follows.
+        assert!(matches!(m.pop_resolved(2, None), Some((t, true)) if t.seqno == 2));
+        assert!(matches!(m.pop_resolved(2, None), Some((t, true)) if t.seqno == 3));
+        assert!(m.pop_resolved(u64::MAX, None).is_none());
+        assert_eq!(m.seqnos(), (3, 3));
+    }
+
+    #[test]
+    fn an_expired_head_aborts_but_a_persisted_one_commits_first() {
+        let t0 = t0();
+        let m = Monitor::default();
+        m.track(tracked(5, true, Some(t0)));
+        m.track(tracked(6, true, Some(t0 + Duration::from_secs(9))));
+        let later = Some(t0 + Duration::from_secs(1));
+        // Persisted and expired: the commit wins.
+        assert!(matches!(m.pop_resolved(5, later), Some((t, true)) if t.seqno == 5));
+        // Not persisted, not expired.
+        assert!(m.pop_resolved(5, later).is_none());
+        // Expired: aborted.
+        let much_later = Some(t0 + Duration::from_secs(10));
+        assert!(matches!(m.pop_resolved(5, much_later), Some((t, false)) if t.seqno == 6));
+    }
+
+    #[test]
+    fn the_timeout_task_is_rearmed_only_for_an_earlier_head() {
+        let t0 = t0();
+        let s = |n| Some(t0 + Duration::from_secs(n));
+        let m = Monitor::default();
+        assert_eq!(m.rearm(), None, "nothing to arm for");
+        m.track(tracked(1, true, s(30)));
+        assert_eq!(m.rearm(), s(30));
+        assert_eq!(m.rearm(), None, "armed already");
+        m.track(tracked(2, true, s(40)));
+        assert!(m.pop_resolved(1, None).is_some());
+        // The head is due later than the task: it is left to run once and re-arm itself.
+        assert_eq!(m.rearm(), None);
+        assert_eq!(m.armed_after_run(), s(40));
+        assert!(m.pop_resolved(2, None).is_some());
+        assert_eq!(m.armed_after_run(), None);
+        m.track(tracked(3, true, s(5)));
+        assert_eq!(m.rearm(), s(5), "a sleeping task is armed");
+    }
+
+    #[test]
+    fn an_outcome_reaches_its_waiter_whenever_it_asks() {
+        use std::sync::{Arc, Mutex};
+        let m = Monitor::default();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let waiter = |seen: &Arc<Mutex<Vec<EngineResult<()>>>>| -> SyncWriteCallback {
+            let seen = Arc::clone(seen);
+            Box::new(move |r| seen.lock().unwrap_or_else(|e| e.into_inner()).push(r))
+        };
+        // Asked before completion: attached, then called by settle's caller.
+        m.track(tracked(1, false, None));
+        assert!(m.claim(1, waiter(&seen)).is_none());
+        let Some((t, _)) = m.pop_resolved(0, None) else {
+            panic!("the head resolves")
+        };
+        if let Some((done, r)) = m.settle(t.seqno, t.waiter, Ok(())) {
+            done(r);
+        }
+        // Completed before anyone asked: kept, and handed over on the ask.
+        m.track(tracked(2, false, None));
+        let Some((t, _)) = m.pop_resolved(0, None) else {
+            panic!("the head resolves")
+        };
+        assert!(
+            m.settle(t.seqno, t.waiter, Err(EngineStatus::SyncWriteAmbiguous))
+                .is_none()
+        );
+        if let Some((done, r)) = m.claim(2, waiter(&seen)) {
+            done(r);
+        }
+        // Unknown: ambiguous, never success.
+        if let Some((done, r)) = m.claim(99, waiter(&seen)) {
+            done(r);
+        }
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        assert_eq!(
+            seen,
+            vec![
+                Ok(()),
+                Err(EngineStatus::SyncWriteAmbiguous),
+                Err(EngineStatus::SyncWriteAmbiguous)
+            ]
+        );
     }
 }

@@ -283,8 +283,23 @@ impl VbPersist {
     /// [`Self::queue`] of a SyncWrite step's document: a prepare raises the high
     /// prepared seqno, a commit or abort of the prepare `completed` the high completed
     /// one.
-    pub(crate) fn queue_sync(&self, doc: Document, prepared: u64, completed: u64) -> bool {
+    ///
+    /// A commit whose prepare (stored under `prepare_key`, seqno `completed`) is still
+    /// queued takes its place: that prepare was never persisted, and the commit makes it
+    /// moot (a Majority SyncWrite commits at once; persisting its prepare too would write
+    /// the value twice).
+    pub(crate) fn queue_sync(
+        &self,
+        doc: Document,
+        (prepared, completed): (u64, u64),
+        prepare_key: Option<&[u8]>,
+    ) -> bool {
         let mut q = self.dirty.lock();
+        if let Some(k) = prepare_key
+            && q.items.get(k).is_some_and(|p| p.0.seqno == completed)
+        {
+            q.items.remove(k);
+        }
         let was_empty = q.items.is_empty() && !q.state_dirty;
         q.sync.prepared = q.sync.prepared.max(prepared);
         q.sync.completed = q.sync.completed.max(completed);
@@ -760,9 +775,12 @@ impl Persistence {
                     // the item pager and the expiry pass remove them.
                     let mut bytes = 0;
                     for d in &c.docs {
-                        vb.table.with_entry(&d.key, |e| {
-                            e.mark_clean(epkv_types::Seqno(d.seqno));
-                        });
+                        // A prepare's document is not in the table under its stored key.
+                        if crate::durability::prepared_key_of(&d.key).is_none() {
+                            vb.table.with_entry(&d.key, |e| {
+                                e.mark_clean(epkv_types::Seqno(d.seqno));
+                            });
+                        }
                         bytes += d.key.len() + d.value.len() + DOC_OVERHEAD;
                     }
                     if let Some(full) = &vb.full {

@@ -409,7 +409,16 @@ impl VBucket {
         };
         track(&a);
         let hps = if prepared { a.seqno.0 } else { 0 };
-        let woke = self.persistent && self.persist.queue_sync(make(&a), hps, completed);
+        let woke = self.persistent && {
+            let doc = make(&a);
+            // A commit (its document under the key itself) replaces its prepare if that
+            // is still queued.
+            let prepare_key = (completed > 0
+                && crate::durability::prepared_key_of(&doc.key).is_none())
+            .then(|| crate::durability::prepare_key(&doc.key));
+            self.persist
+                .queue_sync(doc, (hps, completed), prepare_key.as_deref())
+        };
         (a, woke)
     }
 

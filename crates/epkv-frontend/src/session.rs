@@ -404,14 +404,25 @@ impl Session {
             let _ = tx.send(outcome);
         });
         match engine.when_sync_write_completed(vbid, info.seqno, done) {
-            Ok(()) => self.pending.set(Some(PendingDurable {
-                outcome: rx,
-                timeout: None,
-                to,
-                info,
-                body,
-                quiet,
-            })),
+            Ok(()) => {
+                let mut p = PendingDurable {
+                    outcome: rx,
+                    timeout: None,
+                    to,
+                    info,
+                    body,
+                    quiet,
+                };
+                match p.outcome.try_recv() {
+                    // Completed already (Majority on a single node, usually): answered
+                    // now, without a pass of the connection's wait. A status the client
+                    // cannot understand marks the session for disconnection.
+                    Ok(outcome) => {
+                        self.complete_durable(out, p, outcome);
+                    }
+                    Err(_) => self.pending.set(Some(p)),
+                }
+            }
             Err(e) => self.fail(shared, out, to, e, &[]),
         }
     }

@@ -1,0 +1,174 @@
+//! SyncWrite benchmarks (issue 23: the DurabilityTimeout re-arm, seed 000's timeout
+//! pattern applied to durable writes), epkv and its peers side by side in one run.
+//!
+//! `cargo bench -p epkv-bench --bench durability -- [--quick] [--threads 1,2]
+//!  [--impls epkv,no-timeouts,plain-set]`
+//!
+//! - **SyncWriteOneVBucket**: a memory-only bucket of one vBucket (its background tasks
+//!   on the bucket's own executor, so the durability timeout task runs on a real NonIO
+//!   thread). Each thread SETs 64-byte values over its own 10,000 keys (no two threads
+//!   write a key, so no write meets another's prepare) at level Majority and asks for the
+//!   outcome as the front end does (`Engine::when_sync_write_completed`); on a single node
+//!   Majority commits before the call returns. Timed: the SET plus the outcome call.
+//!   Two cases, `timeout_ms:30000` (every write gives 30 s: deadlines only grow, as
+//!   with SDK defaults) and `timeout_ms:0` (each write a random timeout of 1-30 s, so a
+//!   new head is often due earlier than the task is armed for, and the task is re-armed).
+//!   Peers:
+//!   - `epkv`: as shipped: every prepare has a deadline and the vBucket's timeout task is
+//!     re-armed (the executor's O(1) snooze) whenever the head's deadline comes earlier
+//!     than the task is armed for.
+//!   - `no-timeouts`: `BucketConfig::sync_write_timeouts = false`: the same SyncWrites
+//!     with no deadline tracked and no task. Goal: `epkv` ≥ 0.95x of it.
+//!   - `plain-set` (reference): the same SETs without durability, for the cost of a
+//!     SyncWrite itself (prepare, monitor, commit, outcome).
+
+use epkv_bench::harness::{Args, Measurement, Report, Row, median, run_threads};
+use epkv_engine::{Bucket, BucketConfig, EngineClock};
+use epkv_engine_api::{DurabilityRequirements, Engine, Expiry, StoreOp, StoreRequest};
+use epkv_types::{Cas, Datatype, DurabilityLevel, Vbid};
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The allocator `epkv-server` runs with.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const KEYS_PER_THREAD: usize = 10_000;
+
+type Runner<'a> = (&'a str, Box<dyn Fn() -> Measurement + 'a>);
+const VALUE: [u8; 64] = [b'v'; 64];
+
+fn bucket(timeouts: bool) -> Arc<Bucket> {
+    let config = BucketConfig {
+        num_vbuckets: 1,
+        expiry_pager_interval: Duration::ZERO,
+        memory_quota_bytes: 1 << 30,
+        sync_write_timeouts: timeouts,
+        ..BucketConfig::default()
+    };
+    match Bucket::new(config, EngineClock::System) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("cannot create the bucket: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// One peer's timed run: `threads` threads of SETs on the bucket, with durability when
+/// `durable`; `timeout_ms` 0 picks a random 1-30 s per write.
+fn run(b: &Bucket, threads: usize, d: Duration, durable: bool, timeout_ms: u64) -> Measurement {
+    run_threads(threads, d, |t| {
+        let keys: Vec<Vec<u8>> = (0..KEYS_PER_THREAD)
+            .map(|i| format!("t{t}-k{i}").into_bytes())
+            .collect();
+        let mut i = 0usize;
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
+        move || {
+            let key = &keys[i % KEYS_PER_THREAD];
+            i = i.wrapping_add(1);
+            let durability = durable.then(|| {
+                let ms = if timeout_ms == 0 {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    1000 + rng % 29_000
+                } else {
+                    timeout_ms
+                };
+                DurabilityRequirements {
+                    level: DurabilityLevel::Majority,
+                    timeout: Some(Duration::from_millis(ms)),
+                }
+            });
+            let r = b.store(StoreRequest {
+                op: StoreOp::Set,
+                vbid: Vbid(0),
+                key,
+                value: &VALUE,
+                flags: 0,
+                expiry: Expiry::Never,
+                preserve_ttl: false,
+                datatype: Datatype::RAW,
+                cas: Cas::ANY,
+                durability,
+            });
+            match r {
+                Ok(info) if durable => {
+                    let asked = b.when_sync_write_completed(
+                        Vbid(0),
+                        info.seqno.0,
+                        Box::new(|r| {
+                            black_box(r.is_ok());
+                        }),
+                    );
+                    black_box(asked.is_ok());
+                }
+                Ok(info) => {
+                    black_box(info);
+                }
+                Err(e) => {
+                    eprintln!("SET failed: {e:?}");
+                    std::process::exit(2);
+                }
+            }
+        }
+    })
+}
+
+fn main() {
+    let args = Args::parse();
+    let d = args.measure_time();
+    let mut report = Report::new("durability");
+    println!(
+        "durability benchmarks: {} s per measurement, {} rounds (median), threads {:?}",
+        d.as_secs_f64(),
+        args.rounds(),
+        args.threads,
+    );
+    if args.wants("SyncWriteOneVBucket") {
+        let with = bucket(true);
+        let without = bucket(false);
+        for timeout_ms in [30_000u64, 0] {
+            for &t in &args.threads {
+                let peers: Vec<Runner<'_>> = vec![
+                    ("epkv", Box::new(|| run(&with, t, d, true, timeout_ms))),
+                    (
+                        "no-timeouts",
+                        Box::new(|| run(&without, t, d, true, timeout_ms)),
+                    ),
+                    (
+                        "plain-set",
+                        Box::new(|| run(&without, t, d, false, timeout_ms)),
+                    ),
+                ];
+                let peers: Vec<_> = peers
+                    .into_iter()
+                    .filter(|(name, _)| args.wants_impl(name))
+                    .collect();
+                let mut results: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
+                for _ in 0..args.rounds() {
+                    for (i, (_, f)) in peers.iter().enumerate() {
+                        results[i].push(f().items_per_sec());
+                    }
+                }
+                let params = [("timeout_ms", timeout_ms), ("threads", t as u64)];
+                for ((name, _), r) in peers.iter().zip(results) {
+                    report.push(Row::new("SyncWriteOneVBucket", &params, name, median(r)));
+                }
+            }
+        }
+        with.shutdown();
+        without.shutdown();
+    }
+    report.note(
+        "Goal (issue 23): epkv >= 0.95x no-timeouts. Shared 2-core machine: absolute \
+         numbers are noisy; the ratios (peers interleaved round by round, medians) are the \
+         result.",
+    );
+    if let Err(e) = report.finish("epkv") {
+        eprintln!("cannot write the results: {e}");
+        std::process::exit(2);
+    }
+}
