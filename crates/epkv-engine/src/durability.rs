@@ -99,6 +99,10 @@ struct Tracked {
 struct State {
     /// In seqno order.
     tracked: VecDeque<Tracked>,
+    /// Prepares taken off `tracked` whose completion is being applied, with their
+    /// waiter if one asked: a waiter that asks meanwhile is attached here, so it hears
+    /// the outcome only once the commit or abort is in the hash table.
+    resolving: HashMap<u64, Option<SyncWriteCallback>>,
     /// Outcomes of completed prepares nobody has asked for yet, by prepare seqno.
     unclaimed: HashMap<u64, EngineResult<()>>,
     /// The deadline the timeout task was last armed for.
@@ -165,23 +169,25 @@ impl Monitor {
         if !commit && !expired {
             return None;
         }
-        let t = s.tracked.pop_front()?;
+        let mut t = s.tracked.pop_front()?;
         s.high_completed = s.high_completed.max(t.seqno);
+        let waiter = t.waiter.take();
+        s.resolving.insert(t.seqno, waiter);
         Some((t, commit))
     }
 
-    /// Hands a completed prepare's outcome to its waiter, or keeps it for one. Returns
-    /// the waiter to call (outside the lock).
+    /// Hands the outcome of a prepare taken by [`Self::pop_resolved`] or [`Self::drain`]
+    /// (its completion now applied) to its waiter, or keeps it for one. Returns the
+    /// waiter to call (outside the lock).
     fn settle(
         &self,
         seqno: u64,
-        waiter: Option<SyncWriteCallback>,
         outcome: EngineResult<()>,
     ) -> Option<(SyncWriteCallback, EngineResult<()>)> {
-        if let Some(w) = waiter {
+        let mut s = self.state.lock();
+        if let Some(w) = s.resolving.remove(&seqno).flatten() {
             return Some((w, outcome));
         }
-        let mut s = self.state.lock();
         if s.unclaimed.len() >= MAX_UNCLAIMED
             && let Some(oldest) = s.unclaimed.keys().min().copied()
         {
@@ -203,6 +209,10 @@ impl Monitor {
             if let Some(t) = s.tracked.get_mut(i) {
                 t.waiter = Some(done);
             }
+            return None;
+        }
+        if let Some(slot) = s.resolving.get_mut(&seqno) {
+            *slot = Some(done);
             return None;
         }
         let outcome = s
@@ -243,7 +253,14 @@ impl Monitor {
         if let Some(last) = s.tracked.back() {
             s.high_completed = s.high_completed.max(last.seqno);
         }
-        s.tracked.drain(..).collect()
+        let taken: Vec<Tracked> = s.tracked.drain(..).collect();
+        let mut out = Vec::with_capacity(taken.len());
+        for mut t in taken {
+            let waiter = t.waiter.take();
+            s.resolving.insert(t.seqno, waiter);
+            out.push(t);
+        }
+        out
     }
 }
 
@@ -405,7 +422,7 @@ impl Bucket {
                 self.counters.incr(Counter::SyncWriteAborted);
                 Err(EngineStatus::SyncWriteAmbiguous)
             };
-            if let Some((done, outcome)) = vb.durability.settle(t.seqno, t.waiter, outcome) {
+            if let Some((done, outcome)) = vb.durability.settle(t.seqno, outcome) {
                 done(outcome);
             }
         }
@@ -574,9 +591,9 @@ impl Bucket {
             vb.table
                 .with_entry(&t.key, |e| self.abort_prepare(vb, e, t.seqno, &now));
             self.counters.incr(Counter::SyncWriteAborted);
-            if let Some((done, outcome)) =
-                vb.durability
-                    .settle(t.seqno, t.waiter, Err(EngineStatus::SyncWriteAmbiguous))
+            if let Some((done, outcome)) = vb
+                .durability
+                .settle(t.seqno, Err(EngineStatus::SyncWriteAmbiguous))
             {
                 done(outcome);
             }
@@ -748,7 +765,7 @@ mod tests {
         let Some((t, _)) = m.pop_resolved(0, None) else {
             panic!("the head resolves")
         };
-        if let Some((done, r)) = m.settle(t.seqno, t.waiter, Ok(())) {
+        if let Some((done, r)) = m.settle(t.seqno, Ok(())) {
             done(r);
         }
         // Completed before anyone asked: kept, and handed over on the ask.
@@ -757,10 +774,24 @@ mod tests {
             panic!("the head resolves")
         };
         assert!(
-            m.settle(t.seqno, t.waiter, Err(EngineStatus::SyncWriteAmbiguous))
+            m.settle(t.seqno, Err(EngineStatus::SyncWriteAmbiguous))
                 .is_none()
         );
         if let Some((done, r)) = m.claim(2, waiter(&seen)) {
+            done(r);
+        }
+        // Asked while the completion is being applied (taken off the monitor, not yet
+        // settled): told at the settle, not before and not as unknown.
+        m.track(tracked(3, false, None));
+        let Some((t, _)) = m.pop_resolved(0, None) else {
+            panic!("the head resolves")
+        };
+        assert!(
+            m.claim(3, waiter(&seen)).is_none(),
+            "attached, not answered"
+        );
+        assert_eq!(seen.lock().unwrap_or_else(|e| e.into_inner()).len(), 2);
+        if let Some((done, r)) = m.settle(t.seqno, Ok(())) {
             done(r);
         }
         // Unknown: ambiguous, never success.
@@ -773,6 +804,7 @@ mod tests {
             vec![
                 Ok(()),
                 Err(EngineStatus::SyncWriteAmbiguous),
+                Ok(()),
                 Err(EngineStatus::SyncWriteAmbiguous)
             ]
         );
