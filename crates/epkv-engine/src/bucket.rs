@@ -601,7 +601,7 @@ impl Bucket {
                 self.rebuild_key_filter(vb)?;
             }
         }
-        tracing::info!(bucket = %self.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, collection_docs_dropped = out.collection_docs_dropped, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, caught_up = out.caught_up, "compaction done");
+        tracing::info!(bucket = %self.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, collection_docs_dropped = out.collection_docs_dropped, prepares_purged = out.prepares_purged, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, caught_up = out.caught_up, "compaction done");
         Ok(out)
     }
 

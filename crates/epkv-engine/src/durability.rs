@@ -699,6 +699,18 @@ mod tests {
     }
 
     #[test]
+    fn prepares_are_stored_in_the_storage_prepare_namespace() {
+        let k = prepare_key(b"\0\x08k");
+        assert_eq!(
+            epkv_types::doc_key::collection_of(&k),
+            epkv_storage::PREPARE_NAMESPACE
+        );
+        assert_eq!(prepared_key_of(&k), Some(&b"\0\x08k"[..]));
+        assert_eq!(prepared_key_of(b"k"), None);
+        assert_eq!(prepared_key_of(b"\0\x08k"), None);
+    }
+
+    #[test]
     fn only_the_head_resolves_and_a_persist_level_head_fences_the_rest() {
         let m = Monitor::default();
         m.track(tracked(1, false, None));

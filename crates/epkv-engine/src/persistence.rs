@@ -861,6 +861,7 @@ impl Persistence {
                         purge_before_seqno: mark,
                         now_secs: vb.full.is_none().then_some(now_secs),
                         dropped_collections: dropped.to_vec(),
+                        completed_prepares: true,
                         ..epkv_storage::PurgeRule::default()
                     },
                     &mut self.pacer(clock, 1),
@@ -870,6 +871,7 @@ impl Persistence {
                 total.kept += out.kept;
                 total.tombstones_purged += out.tombstones_purged;
                 total.collection_docs_dropped += out.collection_docs_dropped;
+                total.prepares_purged += out.prepares_purged;
                 total.expired += out.expired;
                 total.bytes_before += out.bytes_before;
                 total.bytes_after += out.bytes_after;
@@ -1092,6 +1094,7 @@ impl Persistence {
                 purge_before_seqno: upto,
                 now_secs: vb.full.is_none().then_some(now_secs),
                 dropped_collections: dropped.to_vec(),
+                completed_prepares: true,
                 ..epkv_storage::PurgeRule::default()
             },
             &mut self.pacer(clock, share),

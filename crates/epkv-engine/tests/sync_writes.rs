@@ -362,6 +362,37 @@ fn a_crash_keeps_commits_and_commits_persisted_prepares_again() {
     assert_eq!(get(&f.bucket, &keys[1]).as_deref(), Some("next"));
 }
 
+#[test]
+fn compaction_drops_completed_prepares_and_keeps_pending_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = keys_in_one_vbucket(3);
+    {
+        let f = open(dir.path());
+        let b = &f.bucket;
+        for k in &keys[..2] {
+            let (_, done) = durable_set(b, k, "committed", PERSIST, 30_000);
+            b.flush_all().unwrap();
+            assert_eq!(done.get(), Some(Ok(())));
+        }
+        // The commits are persisted by this flush; the third prepare is persisted and
+        // stays pending (its commit is made in memory by the flush, not persisted).
+        b.flush_all().unwrap();
+        let out = b.compact_all().unwrap();
+        assert_eq!(out.prepares_purged, 2, "{out:?}");
+        let (_, pending) = durable_set(b, &keys[2], "pending", PERSIST, 30_000);
+        b.flush_all().unwrap();
+        assert_eq!(pending.get(), Some(Ok(())));
+        // A crash: the third commit never reached the disk.
+        let out = b.compact_all().unwrap();
+        assert_eq!(out.prepares_purged, 0, "not completed on disk: {out:?}");
+    }
+    let f = open(dir.path());
+    for k in &keys[..2] {
+        assert_eq!(get(&f.bucket, k).as_deref(), Some("committed"));
+    }
+    assert_eq!(get(&f.bucket, &keys[2]).as_deref(), Some("pending"));
+}
+
 /// One step of the property test.
 #[derive(Debug, Clone)]
 enum Op {

@@ -1484,6 +1484,15 @@ impl FileStore {
                 out.collection_docs_dropped += 1;
                 return ScanControl::Continue;
             }
+            if rule.completed_prepares
+                && !d.deleted
+                && d.seqno <= header.state.high_completed_seqno
+                && d.seqno != high
+                && epkv_types::doc_key::collection_of(&d.key) == crate::types::PREPARE_NAMESPACE
+            {
+                out.prepares_purged += 1;
+                return ScanControl::Continue;
+            }
             let mut d = d;
             if rule.escape_v1_keys
                 && let std::borrow::Cow::Owned(k) = format::escape_v1_key(&d.key)

@@ -79,7 +79,7 @@ pub use file_store::{
 pub use kv_store::KvStore;
 pub use mem_store::MemStore;
 pub use types::{
-    CompactionOutcome, Document, FailoverEntry, FileUsage, KeyMeta, PurgeRule, ScanControl,
-    StoreStats, VbCommit, VbState,
+    CompactionOutcome, Document, FailoverEntry, FileUsage, KeyMeta, PREPARE_NAMESPACE, PurgeRule,
+    ScanControl, StoreStats, VbCommit, VbState,
 };
 pub use vfs::{OpenMode, RealFs, VFile, Vfs};

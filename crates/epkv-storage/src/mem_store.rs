@@ -156,6 +156,14 @@ impl KvStore for MemStore {
             {
                 out.expired += 1;
                 false
+            } else if rule.completed_prepares
+                && !d.deleted
+                && d.seqno <= state.high_completed_seqno
+                && d.seqno != high
+                && epkv_types::doc_key::collection_of(&d.key) == crate::types::PREPARE_NAMESPACE
+            {
+                out.prepares_purged += 1;
+                false
             } else {
                 out.kept += 1;
                 true

@@ -100,7 +100,15 @@ pub struct PurgeRule {
     /// Documents of these collections (dropped) are dropped, whatever their seqno
     /// (`epkv_types::doc_key::collection_of` of the key).
     pub dropped_collections: Vec<u32>,
+    /// Drop completed SyncWrite prepares: live documents of collection
+    /// [`PREPARE_NAMESPACE`] (KV-Engine's DurabilityPrepare namespace) at or below the
+    /// vBucket's high completed seqno, whose commit or abort the file already holds.
+    pub completed_prepares: bool,
 }
+
+/// The reserved collection id under which an engine stores SyncWrite prepares (KV-Engine's
+/// DurabilityPrepare namespace; `epkv_types::doc_key` never gives it to a collection).
+pub const PREPARE_NAMESPACE: u32 = 2;
 
 /// What a compaction did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -111,6 +119,8 @@ pub struct CompactionOutcome {
     pub tombstones_purged: u64,
     /// Documents of dropped collections removed.
     pub collection_docs_dropped: u64,
+    /// Completed SyncWrite prepares removed ([`PurgeRule::completed_prepares`]).
+    pub prepares_purged: u64,
     /// Expired documents dropped.
     pub expired: u64,
     /// File size before.
