@@ -20,7 +20,16 @@
 //!   - `no-timeouts`: `BucketConfig::sync_write_timeouts = false`: the same SyncWrites
 //!     with no deadline tracked and no task. Goal: `epkv` ≥ 0.95x of it.
 //!   - `plain-set` (reference): the same SETs without durability, for the cost of a
-//!     SyncWrite itself (prepare, monitor, commit, outcome).
+//!     SyncWrite itself (prepare, commit, outcome).
+//!
+//!   A Majority prepare with nothing in flight before it is committed at once, without
+//!   the monitor's list or the timeout task, so this case measures that path.
+//! - **SyncWriteTracked**: the same on a persistent bucket of one vBucket (data directory
+//!   under `/dev/shm` when there is one, so that the fdatasync costs little; flusher run
+//!   by hand), at PersistToMajority: every prepare is tracked by the monitor, with a
+//!   deadline, and the timeout task is re-armed as heads change. Every 256 writes the
+//!   thread flushes (`Bucket::flush_all`, timed, the same for every peer), which commits
+//!   them. Peers `epkv` and `no-timeouts` as above.
 
 use epkv_bench::harness::{Args, Measurement, Report, Row, median, run_threads};
 use epkv_engine::{Bucket, BucketConfig, EngineClock};
@@ -39,12 +48,20 @@ const KEYS_PER_THREAD: usize = 10_000;
 type Runner<'a> = (&'a str, Box<dyn Fn() -> Measurement + 'a>);
 const VALUE: [u8; 64] = [b'v'; 64];
 
-fn bucket(timeouts: bool) -> Arc<Bucket> {
+fn bucket(timeouts: bool, dir: Option<&std::path::Path>) -> Arc<Bucket> {
+    let persistence = dir.map(|d| {
+        let mut p = epkv_engine::PersistenceConfig::new(d);
+        p.shards = 1;
+        p.flusher = epkv_engine::FlusherMode::Manual;
+        p.compaction_interval = Duration::ZERO;
+        p
+    });
     let config = BucketConfig {
         num_vbuckets: 1,
         expiry_pager_interval: Duration::ZERO,
         memory_quota_bytes: 1 << 30,
         sync_write_timeouts: timeouts,
+        persistence,
         ..BucketConfig::default()
     };
     match Bucket::new(config, EngineClock::System) {
@@ -56,9 +73,18 @@ fn bucket(timeouts: bool) -> Arc<Bucket> {
     }
 }
 
-/// One peer's timed run: `threads` threads of SETs on the bucket, with durability when
-/// `durable`; `timeout_ms` 0 picks a random 1-30 s per write.
-fn run(b: &Bucket, threads: usize, d: Duration, durable: bool, timeout_ms: u64) -> Measurement {
+/// How a run's SETs ask for durability.
+#[derive(Clone, Copy)]
+enum Mode {
+    Plain,
+    Majority,
+    /// PersistToMajority, flushing every 256 writes.
+    Persist,
+}
+
+/// One peer's timed run: `threads` threads of SETs on the bucket in `mode`; `timeout_ms`
+/// 0 picks a random 1-30 s per write.
+fn run(b: &Bucket, threads: usize, d: Duration, mode: Mode, timeout_ms: u64) -> Measurement {
     run_threads(threads, d, |t| {
         let keys: Vec<Vec<u8>> = (0..KEYS_PER_THREAD)
             .map(|i| format!("t{t}-k{i}").into_bytes())
@@ -68,7 +94,16 @@ fn run(b: &Bucket, threads: usize, d: Duration, durable: bool, timeout_ms: u64) 
         move || {
             let key = &keys[i % KEYS_PER_THREAD];
             i = i.wrapping_add(1);
-            let durability = durable.then(|| {
+            if matches!(mode, Mode::Persist) && i.is_multiple_of(256) && b.flush_all().is_err() {
+                eprintln!("flush failed");
+                std::process::exit(2);
+            }
+            let level = match mode {
+                Mode::Plain => None,
+                Mode::Majority => Some(DurabilityLevel::Majority),
+                Mode::Persist => Some(DurabilityLevel::PersistToMajority),
+            };
+            let durability = level.map(|level| {
                 let ms = if timeout_ms == 0 {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
@@ -78,7 +113,7 @@ fn run(b: &Bucket, threads: usize, d: Duration, durable: bool, timeout_ms: u64) 
                     timeout_ms
                 };
                 DurabilityRequirements {
-                    level: DurabilityLevel::Majority,
+                    level,
                     timeout: Some(Duration::from_millis(ms)),
                 }
             });
@@ -95,7 +130,7 @@ fn run(b: &Bucket, threads: usize, d: Duration, durable: bool, timeout_ms: u64) 
                 durability,
             });
             match r {
-                Ok(info) if durable => {
+                Ok(info) if level.is_some() => {
                     let asked = b.when_sync_write_completed(
                         Vbid(0),
                         info.seqno.0,
@@ -117,6 +152,29 @@ fn run(b: &Bucket, threads: usize, d: Duration, durable: bool, timeout_ms: u64) 
     })
 }
 
+/// Runs every peer `rounds` times, interleaved, and reports each one's median.
+fn compare(
+    report: &mut Report,
+    args: &Args,
+    bench: &str,
+    params: &[(&str, u64)],
+    peers: &[Runner<'_>],
+) {
+    let peers: Vec<&Runner<'_>> = peers
+        .iter()
+        .filter(|(name, _)| args.wants_impl(name))
+        .collect();
+    let mut results: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
+    for _ in 0..args.rounds() {
+        for (i, (_, f)) in peers.iter().enumerate() {
+            results[i].push(f().items_per_sec());
+        }
+    }
+    for ((name, _), r) in peers.iter().zip(results) {
+        report.push(Row::new(bench, params, name, median(r)));
+    }
+}
+
 fn main() {
     let args = Args::parse();
     let d = args.measure_time();
@@ -128,35 +186,65 @@ fn main() {
         args.threads,
     );
     if args.wants("SyncWriteOneVBucket") {
-        let with = bucket(true);
-        let without = bucket(false);
+        let with = bucket(true, None);
+        let without = bucket(false, None);
         for timeout_ms in [30_000u64, 0] {
             for &t in &args.threads {
                 let peers: Vec<Runner<'_>> = vec![
-                    ("epkv", Box::new(|| run(&with, t, d, true, timeout_ms))),
+                    (
+                        "epkv",
+                        Box::new(|| run(&with, t, d, Mode::Majority, timeout_ms)),
+                    ),
                     (
                         "no-timeouts",
-                        Box::new(|| run(&without, t, d, true, timeout_ms)),
+                        Box::new(|| run(&without, t, d, Mode::Majority, timeout_ms)),
                     ),
                     (
                         "plain-set",
-                        Box::new(|| run(&without, t, d, false, timeout_ms)),
+                        Box::new(|| run(&without, t, d, Mode::Plain, timeout_ms)),
                     ),
                 ];
-                let peers: Vec<_> = peers
-                    .into_iter()
-                    .filter(|(name, _)| args.wants_impl(name))
-                    .collect();
-                let mut results: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
-                for _ in 0..args.rounds() {
-                    for (i, (_, f)) in peers.iter().enumerate() {
-                        results[i].push(f().items_per_sec());
-                    }
-                }
                 let params = [("timeout_ms", timeout_ms), ("threads", t as u64)];
-                for ((name, _), r) in peers.iter().zip(results) {
-                    report.push(Row::new("SyncWriteOneVBucket", &params, name, median(r)));
-                }
+                compare(&mut report, &args, "SyncWriteOneVBucket", &params, &peers);
+            }
+        }
+        with.shutdown();
+        without.shutdown();
+    }
+    if args.wants("SyncWriteTracked") {
+        let base = std::path::Path::new("/dev/shm");
+        let tmp = || {
+            let made = if base.is_dir() {
+                tempfile::Builder::new()
+                    .prefix("epkv-durability-")
+                    .tempdir_in(base)
+            } else {
+                tempfile::Builder::new()
+                    .prefix("epkv-durability-")
+                    .tempdir()
+            };
+            made.unwrap_or_else(|e| {
+                eprintln!("cannot make a data directory: {e}");
+                std::process::exit(2);
+            })
+        };
+        let (dir_with, dir_without) = (tmp(), tmp());
+        let with = bucket(true, Some(dir_with.path()));
+        let without = bucket(false, Some(dir_without.path()));
+        for timeout_ms in [30_000u64, 0] {
+            for &t in &args.threads {
+                let peers: Vec<Runner<'_>> = vec![
+                    (
+                        "epkv",
+                        Box::new(|| run(&with, t, d, Mode::Persist, timeout_ms)),
+                    ),
+                    (
+                        "no-timeouts",
+                        Box::new(|| run(&without, t, d, Mode::Persist, timeout_ms)),
+                    ),
+                ];
+                let params = [("timeout_ms", timeout_ms), ("threads", t as u64)];
+                compare(&mut report, &args, "SyncWriteTracked", &params, &peers);
             }
         }
         with.shutdown();

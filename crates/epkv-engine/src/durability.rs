@@ -103,8 +103,12 @@ struct State {
     /// waiter if one asked: a waiter that asks meanwhile is attached here, so it hears
     /// the outcome only once the commit or abort is in the hash table.
     resolving: HashMap<u64, Option<SyncWriteCallback>>,
-    /// Outcomes of completed prepares nobody has asked for yet, by prepare seqno.
+    /// Failures (aborts) of completed prepares nobody has asked for yet, by prepare
+    /// seqno. A commit is not kept: a completed prepare found nowhere was committed.
     unclaimed: HashMap<u64, EngineResult<()>>,
+    /// The highest seqno `unclaimed` dropped for room: an outcome asked for at or below
+    /// it may have been a failure, so it reads as ambiguous.
+    forgotten_upto: u64,
     /// The deadline the timeout task was last armed for.
     armed: Option<Instant>,
     /// The highest prepare seqno tracked (HPS) and the highest completed (HCS).
@@ -141,6 +145,21 @@ impl Monitor {
         let mut s = self.state.lock();
         s.high_prepared = s.high_prepared.max(t.seqno);
         s.tracked.push_back(t);
+    }
+
+    /// Tracks a prepare, unless it is a Majority one with nothing in flight before it:
+    /// that one is resolved already (this node is its own majority, and no persist-level
+    /// prepare fences it), so it is recorded as completed and the caller commits it in
+    /// place. Returns whether it did so.
+    fn track_or_complete(&self, t: Tracked, majority: bool) -> bool {
+        let mut s = self.state.lock();
+        s.high_prepared = s.high_prepared.max(t.seqno);
+        if majority && s.tracked.is_empty() {
+            s.high_completed = s.high_completed.max(t.seqno);
+            return true;
+        }
+        s.tracked.push_back(t);
+        false
     }
 
     /// The high prepared and high completed seqnos.
@@ -188,12 +207,15 @@ impl Monitor {
         if let Some(w) = s.resolving.remove(&seqno).flatten() {
             return Some((w, outcome));
         }
-        if s.unclaimed.len() >= MAX_UNCLAIMED
-            && let Some(oldest) = s.unclaimed.keys().min().copied()
-        {
-            s.unclaimed.remove(&oldest);
+        if outcome.is_err() {
+            if s.unclaimed.len() >= MAX_UNCLAIMED
+                && let Some(oldest) = s.unclaimed.keys().min().copied()
+            {
+                s.unclaimed.remove(&oldest);
+                s.forgotten_upto = s.forgotten_upto.max(oldest);
+            }
+            s.unclaimed.insert(seqno, outcome);
         }
-        s.unclaimed.insert(seqno, outcome);
         None
     }
 
@@ -215,10 +237,11 @@ impl Monitor {
             *slot = Some(done);
             return None;
         }
-        let outcome = s
-            .unclaimed
-            .remove(&seqno)
-            .unwrap_or(Err(EngineStatus::SyncWriteAmbiguous));
+        let outcome = match s.unclaimed.remove(&seqno) {
+            Some(failed) => failed,
+            None if seqno > s.forgotten_upto && seqno <= s.high_completed => Ok(()),
+            None => Err(EngineStatus::SyncWriteAmbiguous),
+        };
         Some((done, outcome))
     }
 
@@ -309,19 +332,23 @@ impl Bucket {
             .map(|n| n + d.timeout.unwrap_or(DEFAULT_TIMEOUT));
         let rev = |a: &Assigned| old_rev.map_or(a.new_key_rev, |r| r + 1);
         let key = e.key().to_vec();
-        let persist = d.level != DurabilityLevel::Majority;
+        let majority = d.level == DurabilityLevel::Majority;
         let mut patched = false;
+        let mut at_once = false;
         let (a, woke) = vb.assign_sync(
             now.nanos(),
             (true, 0, None),
             |a| {
-                vb.durability.track(Tracked {
+                let t = Tracked {
                     seqno: a.seqno.0,
                     key,
-                    persist,
+                    persist: !majority,
                     deadline,
                     waiter: None,
-                });
+                };
+                at_once = vb.durability.track_or_complete(t, majority);
+                // A prepare committed at once is never persisted: its commit is.
+                !at_once
             },
             |a| {
                 patch_prepared(e, patches, a);
@@ -339,6 +366,10 @@ impl Bucket {
         }
         self.counters.incr(Counter::SyncWriteAccepted);
         self.queued(vb, woke);
+        if at_once {
+            self.commit_prepare(vb, e, a.seqno.0, now);
+            self.counters.incr(Counter::SyncWriteCommitted);
+        }
         Ok(a)
     }
 
@@ -446,7 +477,7 @@ impl Bucket {
         let (a, woke) = vb.assign_sync(
             now.nanos(),
             (false, seqno, deletes.then_some(pm.rev_seqno)),
-            |_| {},
+            |_| true,
             |a| {
                 let mut doc = document_of_prepared(e, a, pm.rev_seqno);
                 doc.key = e.key().to_vec();
@@ -483,7 +514,7 @@ impl Bucket {
         let (_, woke) = vb.assign_sync(
             now.nanos(),
             (false, seqno, None),
-            |_| {},
+            |_| true,
             |a| Document {
                 key: prepare_key(&key),
                 value: bytes::Bytes::new(),
@@ -806,6 +837,20 @@ mod tests {
         if let Some((done, r)) = m.settle(t.seqno, Ok(())) {
             done(r);
         }
+        // Committed before anyone asked: nothing kept, and it reads as committed.
+        m.track(tracked(4, false, None));
+        let Some((t, _)) = m.pop_resolved(0, None) else {
+            panic!("the head resolves")
+        };
+        assert!(m.settle(t.seqno, Ok(())).is_none());
+        if let Some((done, r)) = m.claim(4, waiter(&seen)) {
+            done(r);
+        }
+        // A Majority prepare with nothing before it completes at once.
+        assert!(m.track_or_complete(tracked(5, false, None), true));
+        if let Some((done, r)) = m.claim(5, waiter(&seen)) {
+            done(r);
+        }
         // Unknown: ambiguous, never success.
         if let Some((done, r)) = m.claim(99, waiter(&seen)) {
             done(r);
@@ -816,6 +861,8 @@ mod tests {
             vec![
                 Ok(()),
                 Err(EngineStatus::SyncWriteAmbiguous),
+                Ok(()),
+                Ok(()),
                 Ok(()),
                 Err(EngineStatus::SyncWriteAmbiguous)
             ]

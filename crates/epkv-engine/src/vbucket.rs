@@ -385,15 +385,16 @@ impl VBucket {
     }
 
     /// The ordering point of a SyncWrite step: `track` runs with the ordering lock held
-    /// (so the durability monitor learns of prepares in seqno order) and, when
-    /// persistent, the document `make` builds is queued with the step's prepared and
+    /// (so the durability monitor learns of prepares in seqno order) and says whether the
+    /// step's document is to be persisted; if so and persistent, the document `make`
+    /// builds is queued with the step's prepared and
     /// completed seqnos (see [`VbPersist::queue_sync`]; 0 for none) and, for the commit
     /// of a deletion, its revision. Returns whether the queue was empty.
     pub(crate) fn assign_sync(
         &self,
         now_nanos: u64,
         (prepared, completed, deleted_rev): (bool, u64, Option<u64>),
-        track: impl FnOnce(&Assigned),
+        track: impl FnOnce(&Assigned) -> bool,
         make: impl FnOnce(&Assigned) -> Document,
     ) -> (Assigned, bool) {
         let mut o = self.order.lock();
@@ -407,9 +408,10 @@ impl VBucket {
             cas: Cas(o.max_cas),
             new_key_rev: o.max_deleted_rev + 1,
         };
-        track(&a);
-        let hps = if prepared { a.seqno.0 } else { 0 };
-        let woke = self.persistent && {
+        let persist = track(&a);
+        // A completion also covers its prepare (HPS >= HCS).
+        let hps = if prepared { a.seqno.0 } else { completed };
+        let woke = self.persistent && persist && {
             let doc = make(&a);
             // A commit (its document under the key itself) replaces its prepare if that
             // is still queued.
