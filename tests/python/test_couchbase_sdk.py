@@ -612,6 +612,26 @@ def test_server_durability_persist_levels_ack_only_once_persisted(sdk_server, co
         coll.get(doc_id)
 
 
+def test_durable_sub_document_mutations_commit_with_their_macros(coll, doc_id):
+    """A `mutate_in` SyncWrite: its `${Mutation.CAS}` macro is written into the prepare,
+    and the commit keeps the prepare's CAS, so the attribute names the document's CAS."""
+    import couchbase.subdocument as SD
+    coll.upsert(doc_id, {"v": 1})
+    for level in (DurabilityLevel.MAJORITY, DurabilityLevel.PERSIST_TO_MAJORITY):
+        res = coll.mutate_in(doc_id, [
+            SD.upsert("_sys.cas", SD.MutationMacro.cas(), xattr=True, create_parents=True),
+            SD.upsert("v", level.value),
+        ], MutateInOptions(durability=ServerDurability(level),
+                           timeout=timedelta(seconds=10)))
+        got = coll.lookup_in(doc_id, [SD.get("_sys.cas", xattr=True), SD.get("v")])
+        assert got.content_as[str](0) == _le_hex(res.cas)
+        assert got.content_as[int](1) == level.value
+        assert got.cas == res.cas
+    coll.remove(doc_id, RemoveOptions(durability=ServerDurability(DurabilityLevel.MAJORITY)))
+    with pytest.raises(DocumentNotFoundException):
+        coll.get(doc_id)
+
+
 def test_a_sync_write_past_its_timeout_is_ambiguous_and_never_visible(tmp_path_factory,
                                                                        users_file, doc_id):
     # No flusher: a PersistToMajority write can never meet its level, so the server's
