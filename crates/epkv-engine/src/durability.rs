@@ -54,7 +54,7 @@ use parking_lot::Mutex;
 
 use crate::bucket::{Bucket, LazyNow};
 use crate::stats::Counter;
-use crate::vbucket::{Assigned, VBucket};
+use crate::vbucket::{Assigned, SyncStep, VBucket};
 
 /// The durability timeout of a SyncWrite whose client gave none (KV-Engine's 30 s).
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -337,7 +337,12 @@ impl Bucket {
         let mut at_once = false;
         let (a, woke) = vb.assign_sync(
             now.nanos(),
-            (true, 0, None),
+            SyncStep {
+                prepared: true,
+                completed: 0,
+                deleted_rev: None,
+                visible: false,
+            },
             |a| {
                 let t = Tracked {
                     seqno: a.seqno.0,
@@ -476,7 +481,12 @@ impl Bucket {
         }
         let (a, woke) = vb.assign_sync(
             now.nanos(),
-            (false, seqno, deletes.then_some(pm.rev_seqno)),
+            SyncStep {
+                prepared: false,
+                completed: seqno,
+                deleted_rev: deletes.then_some(pm.rev_seqno),
+                visible: true,
+            },
             |_| true,
             |a| {
                 let mut doc = document_of_prepared(e, a, pm.rev_seqno);
@@ -513,7 +523,12 @@ impl Bucket {
         let key = e.key().to_vec();
         let (_, woke) = vb.assign_sync(
             now.nanos(),
-            (false, seqno, None),
+            SyncStep {
+                prepared: false,
+                completed: seqno,
+                deleted_rev: None,
+                visible: false,
+            },
             |_| true,
             |a| Document {
                 key: prepare_key(&key),

@@ -177,7 +177,10 @@ impl Bucket {
             let p = format!("vb_{}", vb.id.0);
             sink(&format!("{p}:high_seqno"), &high.to_string());
             sink(&format!("{p}:abs_high_seqno"), &high.to_string());
-            sink(&format!("{p}:max_visible_seqno"), &high.to_string());
+            sink(
+                &format!("{p}:max_visible_seqno"),
+                &vb.max_visible_seqno().to_string(),
+            );
             sink(
                 &format!("{p}:last_persisted_seqno"),
                 &vb.persist.persisted().to_string(),

@@ -33,6 +33,23 @@ struct OrderPoint {
     /// The largest revision seqno any deleted (or expired) item of this vBucket had; a
     /// key created afresh starts above it.
     max_deleted_rev: u64,
+    /// The last seqno readers can see: a mutation, deletion or commit, not a SyncWrite's
+    /// prepare or abort (KV-Engine's max visible seqno).
+    max_visible: u64,
+}
+
+/// What a SyncWrite step is, at the ordering point ([`VBucket::assign_sync`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SyncStep {
+    /// A prepare (raises the high prepared seqno).
+    pub(crate) prepared: bool,
+    /// The prepare seqno a commit or abort completes (raises the high completed seqno);
+    /// 0 for a prepare.
+    pub(crate) completed: u64,
+    /// For the commit of a deletion, its revision.
+    pub(crate) deleted_rev: Option<u64>,
+    /// Readers see it: a commit.
+    pub(crate) visible: bool,
 }
 
 /// Where a vBucket is in warmup ([`VBucket::warmup_phase`]).
@@ -226,6 +243,7 @@ impl VBucket {
         {
             let mut o = self.order.lock();
             o.high_seqno = high_seqno;
+            o.max_visible = high_seqno;
             o.max_cas = o.max_cas.max(max_cas);
             o.max_deleted_rev = o.max_deleted_rev.max(max_deleted_rev);
         }
@@ -311,6 +329,11 @@ impl VBucket {
         self.failover.lock().clone()
     }
 
+    /// The last seqno readers can see (see `OrderPoint::max_visible`).
+    pub(crate) fn max_visible_seqno(&self) -> u64 {
+        self.order.lock().max_visible
+    }
+
     /// Returns (high seqno, max CAS, max deleted revision).
     pub(crate) fn ordering_snapshot(&self) -> (u64, u64, u64) {
         let o = self.order.lock();
@@ -374,6 +397,7 @@ impl VBucket {
             o.max_deleted_rev = o.max_deleted_rev.max(rev);
         }
         o.high_seqno += 1;
+        o.max_visible = o.high_seqno;
         o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
         let a = Assigned {
             seqno: Seqno(o.high_seqno),
@@ -384,24 +408,32 @@ impl VBucket {
         (a, woke)
     }
 
-    /// The ordering point of a SyncWrite step: `track` runs with the ordering lock held
+    /// The ordering point of a SyncWrite `step`: `track` runs with the ordering lock held
     /// (so the durability monitor learns of prepares in seqno order) and says whether the
     /// step's document is to be persisted; if so and persistent, the document `make`
-    /// builds is queued with the step's prepared and
-    /// completed seqnos (see [`VbPersist::queue_sync`]; 0 for none) and, for the commit
-    /// of a deletion, its revision. Returns whether the queue was empty.
+    /// builds is queued with the step's prepared and completed seqnos (see
+    /// [`VbPersist::queue_sync`]). Returns whether the queue was empty.
     pub(crate) fn assign_sync(
         &self,
         now_nanos: u64,
-        (prepared, completed, deleted_rev): (bool, u64, Option<u64>),
+        step: SyncStep,
         track: impl FnOnce(&Assigned) -> bool,
         make: impl FnOnce(&Assigned) -> Document,
     ) -> (Assigned, bool) {
+        let SyncStep {
+            prepared,
+            completed,
+            deleted_rev,
+            visible,
+        } = step;
         let mut o = self.order.lock();
         if let Some(rev) = deleted_rev {
             o.max_deleted_rev = o.max_deleted_rev.max(rev);
         }
         o.high_seqno += 1;
+        if visible {
+            o.max_visible = o.high_seqno;
+        }
         o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
         let a = Assigned {
             seqno: Seqno(o.high_seqno),

@@ -200,6 +200,12 @@ fn a_prepare_is_invisible_and_exclusive_until_persisted() {
     );
     let key = format!("vb_{}:high_prepared_seqno", vb("doc").0);
     assert_eq!(stat(b, "vbucket-seqno", &key), info.seqno.0.to_string());
+    let visible = format!("vb_{}:max_visible_seqno", vb("doc").0);
+    assert_eq!(
+        stat(b, "vbucket-seqno", &visible),
+        (info.seqno.0 - 1).to_string(),
+        "a prepare is not visible"
+    );
 
     b.flush_all().unwrap();
     assert_eq!(done.get(), Some(Ok(())), "committed once persisted");
@@ -209,6 +215,11 @@ fn a_prepare_is_invisible_and_exclusive_until_persisted() {
     assert!(
         b.high_seqno(vb("doc")).unwrap() > info.seqno.0,
         "the commit's own seqno"
+    );
+    assert_eq!(
+        stat(b, "vbucket-seqno", &visible),
+        b.high_seqno(vb("doc")).unwrap().to_string(),
+        "the commit is"
     );
     set(b, "doc", "v2", None).unwrap();
     assert_eq!(stat(b, "", "vb_active_sync_write_committed_count"), "1");
