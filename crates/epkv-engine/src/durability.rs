@@ -371,8 +371,7 @@ impl Bucket {
         }
         self.counters.incr(Counter::SyncWriteAccepted);
         self.queued(vb, woke);
-        if at_once {
-            self.commit_prepare(vb, e, a.seqno.0, now);
+        if at_once && self.commit_prepare(vb, e, a.seqno.0, now) {
             self.counters.incr(Counter::SyncWriteCommitted);
         }
         Ok(a)
@@ -447,11 +446,17 @@ impl Bucket {
         let now = LazyNow::new(&*self.clock);
         let at = self.sync_now();
         while let Some((t, commit)) = vb.durability.pop_resolved(persisted, at) {
-            let outcome = if commit {
-                vb.table
+            // A prepare missing from the table (cannot happen while the monitor tracks
+            // it) is answered ambiguous, never success.
+            let committed = commit
+                && vb
+                    .table
                     .with_entry(&t.key, |e| self.commit_prepare(vb, e, t.seqno, &now));
+            let outcome = if committed {
                 self.counters.incr(Counter::SyncWriteCommitted);
                 Ok(())
+            } else if commit {
+                Err(EngineStatus::SyncWriteAmbiguous)
             } else {
                 vb.table
                     .with_entry(&t.key, |e| self.abort_prepare(vb, e, t.seqno, &now));
@@ -465,11 +470,18 @@ impl Bucket {
     }
 
     /// Commits the entry's prepare `seqno`: it becomes the committed version with a new
-    /// seqno and the prepare's CAS, queued for the flusher.
-    fn commit_prepare(&self, vb: &VBucket, e: &mut Entry<'_>, seqno: u64, now: &LazyNow<'_>) {
+    /// seqno and the prepare's CAS, queued for the flusher. Returns false (and changes
+    /// nothing) when the prepare is not there.
+    fn commit_prepare(
+        &self,
+        vb: &VBucket,
+        e: &mut Entry<'_>,
+        seqno: u64,
+        now: &LazyNow<'_>,
+    ) -> bool {
         let Some(p) = e.prepared().filter(|p| p.meta().by_seqno.0 == seqno) else {
             tracing::error!(vbid = %vb.id, seqno, "a tracked prepare is missing from the hash table");
-            return;
+            return false;
         };
         let pm = *p.meta();
         if let Some(sv) = e.committed() {
@@ -501,7 +513,8 @@ impl Bucket {
             by_seqno: a.seqno,
             ..pm
         };
-        if let Err(err) = e.convert_prepared(meta) {
+        let converted = e.convert_prepared(meta);
+        if let Err(err) = &converted {
             tracing::error!(vbid = %vb.id, seqno, error = %err, "cannot commit a prepare");
         } else if !vb.is_persistent() {
             e.mark_clean(a.seqno);
@@ -510,6 +523,7 @@ impl Bucket {
             }
         }
         self.queued(vb, woke);
+        converted.is_ok()
     }
 
     /// Aborts the entry's prepare `seqno`: it is dropped, and a tombstone of its prepare
