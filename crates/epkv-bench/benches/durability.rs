@@ -31,7 +31,7 @@
 //!   thread flushes (`Bucket::flush_all`, timed, the same for every peer), which commits
 //!   them. Peers `epkv` and `no-timeouts` as above.
 
-use epkv_bench::harness::{Args, Measurement, Report, Row, median, run_threads};
+use epkv_bench::harness::{Args, Measurement, Report, Runner, compare, run_threads};
 use epkv_engine::{Bucket, BucketConfig, EngineClock};
 use epkv_engine_api::{DurabilityRequirements, Engine, Expiry, StoreOp, StoreRequest};
 use epkv_types::{Cas, Datatype, DurabilityLevel, Vbid};
@@ -45,7 +45,6 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const KEYS_PER_THREAD: usize = 10_000;
 
-type Runner<'a> = (&'a str, Box<dyn Fn() -> Measurement + 'a>);
 const VALUE: [u8; 64] = [b'v'; 64];
 
 fn bucket(timeouts: bool, dir: Option<&std::path::Path>) -> Arc<Bucket> {
@@ -150,29 +149,6 @@ fn run(b: &Bucket, threads: usize, d: Duration, mode: Mode, timeout_ms: u64) -> 
             }
         }
     })
-}
-
-/// Runs every peer `rounds` times, interleaved, and reports each one's median.
-fn compare(
-    report: &mut Report,
-    args: &Args,
-    bench: &str,
-    params: &[(&str, u64)],
-    peers: &[Runner<'_>],
-) {
-    let peers: Vec<&Runner<'_>> = peers
-        .iter()
-        .filter(|(name, _)| args.wants_impl(name))
-        .collect();
-    let mut results: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
-    for _ in 0..args.rounds() {
-        for (i, (_, f)) in peers.iter().enumerate() {
-            results[i].push(f().items_per_sec());
-        }
-    }
-    for ((name, _), r) in peers.iter().zip(results) {
-        report.push(Row::new(bench, params, name, median(r)));
-    }
 }
 
 fn main() {

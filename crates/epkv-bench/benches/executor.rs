@@ -27,7 +27,7 @@
 
 use epkv_bench::baton::Baton;
 use epkv_bench::floor::BarePool;
-use epkv_bench::harness::{Args, Measurement, Report, Row, median, run_threads};
+use epkv_bench::harness::{Args, Measurement, Report, Runner, compare, run_threads};
 use epkv_bench::naive::{NaivePool, NaiveTimers};
 use epkv_executor::{
     Clock, Executor, ExecutorConfig, Group, Next, Start, SystemClock, TaskContext, TaskSpec,
@@ -381,31 +381,6 @@ fn timeouts_naive(k: usize, threads: usize, d: Duration) -> Measurement {
 }
 
 // ---------------------------------------------------------------- driver
-
-type Runner<'a> = (&'a str, Box<dyn Fn() -> Measurement + 'a>);
-
-/// Runs every peer `rounds` times, interleaved, and reports each one's median.
-fn compare(
-    report: &mut Report,
-    args: &Args,
-    bench: &str,
-    params: &[(&str, u64)],
-    peers: &[Runner<'_>],
-) {
-    let peers: Vec<&Runner<'_>> = peers
-        .iter()
-        .filter(|(name, _)| args.wants_impl(name))
-        .collect();
-    let mut results: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
-    for _ in 0..args.rounds() {
-        for (i, (_, run)) in peers.iter().enumerate() {
-            results[i].push(run().items_per_sec());
-        }
-    }
-    for ((name, _), r) in peers.iter().zip(results) {
-        report.push(Row::new(bench, params, name, median(r)));
-    }
-}
 
 fn main() {
     let args = Args::parse();

@@ -175,6 +175,33 @@ where
     Measurement { ops, elapsed }
 }
 
+/// A named peer: one timed run per call.
+pub type Runner<'a> = (&'a str, Box<dyn Fn() -> Measurement + 'a>);
+
+/// Runs every peer the arguments select `rounds` times, interleaved round by round, and
+/// reports each one's median throughput as a row of `bench` with `params`.
+pub fn compare(
+    report: &mut Report,
+    args: &Args,
+    bench: &str,
+    params: &[(&str, u64)],
+    peers: &[Runner<'_>],
+) {
+    let peers: Vec<&Runner<'_>> = peers
+        .iter()
+        .filter(|(name, _)| args.wants_impl(name))
+        .collect();
+    let mut results: Vec<Vec<f64>> = vec![Vec::new(); peers.len()];
+    for _ in 0..args.rounds() {
+        for (i, (_, run)) in peers.iter().enumerate() {
+            results[i].push(run().items_per_sec());
+        }
+    }
+    for ((name, _), r) in peers.iter().zip(results) {
+        report.push(Row::new(bench, params, name, median(r)));
+    }
+}
+
 /// The median of some throughputs.
 #[must_use]
 pub fn median(mut v: Vec<f64>) -> f64 {

@@ -1058,13 +1058,20 @@ impl Bucket {
     /// Stores `sv` in the entry, refusing when item memory would pass the quota: with
     /// TempFail (and a wake of the item pager, which makes room) while the pager can free
     /// memory, with NoMemory (ENOMEM) in a memory-only bucket whose full policy is
-    /// `fail_new_data`, as Couchbase's ephemeral buckets answer.
+    /// `fail_new_data`, as Couchbase's ephemeral buckets answer. A prepare (see
+    /// [`crate::durability`]) goes to the entry's prepared slot, a committed version to
+    /// its committed one.
     pub(crate) fn insert_or_tempfail(
         &self,
         e: &mut Entry<'_>,
         sv: StoredValue,
     ) -> EngineResult<()> {
-        match e.insert(sv) {
+        let stored = if sv.is_prepared() {
+            e.insert_prepared(sv)
+        } else {
+            e.insert(sv)
+        };
+        match stored {
             Ok(_) => Ok(()),
             Err(epkv_hashtable::Error::QuotaExceeded { .. }) => {
                 if self.persistence.is_none()

@@ -54,7 +54,7 @@ use parking_lot::Mutex;
 
 use crate::bucket::{Bucket, LazyNow};
 use crate::stats::Counter;
-use crate::vbucket::{Assigned, SyncStep, VBucket};
+use crate::vbucket::{Assigned, SyncStep, VBucket, tombstone_document};
 
 /// The durability timeout of a SyncWrite whose client gave none (KV-Engine's 30 s).
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -136,7 +136,7 @@ impl std::fmt::Debug for Monitor {
 }
 
 impl Monitor {
-    /// SyncWrites in flight.
+    /// SyncWrites in flight (not counting completions being applied).
     pub(crate) fn len(&self) -> usize {
         self.state.lock().tracked.len()
     }
@@ -314,18 +314,7 @@ impl Bucket {
         patches: &crate::xattrs::Patches,
         d: &DurabilityRequirements,
     ) -> EngineResult<Assigned> {
-        match e.insert_prepared(sv.with_state(CommittedState::Pending)) {
-            Ok(_) => {}
-            Err(epkv_hashtable::Error::QuotaExceeded { .. }) => {
-                self.counters.incr(Counter::TmpOomErrors);
-                self.wake_pager();
-                return Err(EngineStatus::TempFail);
-            }
-            Err(err) => {
-                tracing::error!(error = %err, "hash table refused a prepare");
-                return Err(EngineStatus::Internal);
-            }
-        }
+        self.insert_or_tempfail(e, sv.with_state(CommittedState::Pending))?;
         let deadline = self
             .sync_now()
             .filter(|_| self.config.sync_write_timeouts)
@@ -413,6 +402,10 @@ impl Bucket {
         seqno: epkv_types::Seqno,
         level: DurabilityLevel,
     ) {
+        // Nothing in flight: the prepare was committed in place, or has completed already.
+        if vb.durability.len() == 0 {
+            return;
+        }
         if level != DurabilityLevel::Majority
             && vb.is_persistent()
             && let Some(p) = &self.persistence
@@ -544,17 +537,7 @@ impl Bucket {
                 visible: false,
             },
             |_| true,
-            |a| Document {
-                key: prepare_key(&key),
-                value: bytes::Bytes::new(),
-                seqno: a.seqno.0,
-                cas: a.cas.0,
-                rev_seqno: rev,
-                flags: 0,
-                expiry: 0,
-                datatype: 0,
-                deleted: true,
-            },
+            |a| tombstone_document(prepare_key(&key), a, rev),
         );
         e.remove_prepared();
         self.queued(vb, woke);

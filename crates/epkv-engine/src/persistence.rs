@@ -274,32 +274,14 @@ pub(crate) struct SyncSeqnos {
 impl VbPersist {
     /// Queues a document; returns true if the queue was empty.
     pub(crate) fn queue(&self, doc: Document) -> bool {
-        let mut q = self.dirty.lock();
-        let was_empty = q.items.is_empty() && !q.state_dirty;
-        q.items.replace(ByKey(doc));
-        was_empty
+        self.queue_sync(doc, (0, 0))
     }
 
     /// [`Self::queue`] of a SyncWrite step's document: a prepare raises the high
     /// prepared seqno, a commit or abort of the prepare `completed` the high completed
     /// one.
-    ///
-    /// A commit whose prepare (stored under `prepare_key`, seqno `completed`) is still
-    /// queued takes its place: that prepare was never persisted, and the commit makes it
-    /// moot (a Majority SyncWrite commits at once; persisting its prepare too would write
-    /// the value twice).
-    pub(crate) fn queue_sync(
-        &self,
-        doc: Document,
-        (prepared, completed): (u64, u64),
-        prepare_key: Option<&[u8]>,
-    ) -> bool {
+    pub(crate) fn queue_sync(&self, doc: Document, (prepared, completed): (u64, u64)) -> bool {
         let mut q = self.dirty.lock();
-        if let Some(k) = prepare_key
-            && q.items.get(k).is_some_and(|p| p.0.seqno == completed)
-        {
-            q.items.remove(k);
-        }
         let was_empty = q.items.is_empty() && !q.state_dirty;
         q.sync.prepared = q.sync.prepared.max(prepared);
         q.sync.completed = q.sync.completed.max(completed);

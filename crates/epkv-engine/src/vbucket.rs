@@ -148,6 +148,21 @@ pub(crate) struct VBucket {
     pub(crate) durability: crate::durability::Monitor,
 }
 
+/// The document the flusher persists for a deletion of `key` at `a` (revision `rev`).
+pub(crate) fn tombstone_document(key: Vec<u8>, a: &Assigned, rev: u64) -> Document {
+    Document {
+        key,
+        value: bytes::Bytes::new(),
+        seqno: a.seqno.0,
+        cas: a.cas.0,
+        rev_seqno: rev,
+        flags: 0,
+        expiry: 0,
+        datatype: 0,
+        deleted: true,
+    }
+}
+
 fn new_failover_uuid() -> u64 {
     loop {
         let uuid = rand::random::<u64>() >> 16;
@@ -443,16 +458,8 @@ impl VBucket {
         let persist = track(&a);
         // A completion also covers its prepare (HPS >= HCS).
         let hps = if prepared { a.seqno.0 } else { completed };
-        let woke = self.persistent && persist && {
-            let doc = make(&a);
-            // A commit (its document under the key itself) replaces its prepare if that
-            // is still queued.
-            let prepare_key = (completed > 0
-                && crate::durability::prepared_key_of(&doc.key).is_none())
-            .then(|| crate::durability::prepare_key(&doc.key));
-            self.persist
-                .queue_sync(doc, (hps, completed), prepare_key.as_deref())
-        };
+        let woke =
+            self.persistent && persist && self.persist.queue_sync(make(&a), (hps, completed));
         (a, woke)
     }
 
@@ -464,16 +471,8 @@ impl VBucket {
         deleted_rev: u64,
         key: &[u8],
     ) -> (Assigned, bool) {
-        self.assign_queued(now_nanos, Some(deleted_rev), |a| Document {
-            key: key.to_vec(),
-            value: bytes::Bytes::new(),
-            seqno: a.seqno.0,
-            cas: a.cas.0,
-            rev_seqno: deleted_rev,
-            flags: 0,
-            expiry: 0,
-            datatype: 0,
-            deleted: true,
+        self.assign_queued(now_nanos, Some(deleted_rev), |a| {
+            tombstone_document(key.to_vec(), a, deleted_rev)
         })
     }
 

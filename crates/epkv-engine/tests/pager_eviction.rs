@@ -9,14 +9,12 @@
     clippy::unwrap_used,
     reason = "test helpers outside #[test] functions panic on failure"
 )]
-use epkv_engine::{
-    Bucket, BucketConfig, EngineClock, EvictionPolicy, FlusherMode, PersistenceConfig,
-};
+mod support;
+use epkv_engine::{Bucket, EvictionPolicy, FlusherMode};
 use epkv_engine_api::{
     ArithmeticOp, ArithmeticRequest, Engine, EngineStatus, Expiry, RemoveRequest, StoreOp,
     StoreRequest,
 };
-use epkv_executor::{ManualClock, ManualExecutor};
 use epkv_types::{Cas, Datatype, NUM_VBUCKETS, Vbid, vbucket_for_key};
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -24,12 +22,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-
-/// A persistent bucket flushed by hand, its background tasks on a manual executor.
-struct Fixture {
-    bucket: Arc<Bucket>,
-    exec: ManualExecutor,
-}
+use support::{ExecFixture as Fixture, open_configured};
 
 fn open(dir: &Path, quota: u64) -> Fixture {
     open_with(dir, quota, EvictionPolicy::Value)
@@ -48,44 +41,6 @@ fn open_batching(dir: &Path, quota: u64, flush_delay: Duration) -> Fixture {
         p.compaction_fragmentation_percent = 0;
         p.flush_delay = flush_delay;
     })
-}
-
-/// One shard, no interval compaction, background tasks on a manual executor; `tune`
-/// adjusts the persistence settings.
-fn open_configured(
-    dir: &Path,
-    quota: u64,
-    eviction_policy: EvictionPolicy,
-    tune: impl FnOnce(&mut PersistenceConfig),
-) -> Fixture {
-    let clock = Arc::new(ManualClock::new(Duration::from_secs(1_700_000_000)));
-    let exec = ManualExecutor::new(Arc::clone(&clock));
-    let mut p = PersistenceConfig::new(dir);
-    p.shards = 1;
-    p.compaction_interval = Duration::ZERO;
-    tune(&mut p);
-    let bucket = Bucket::new_on_executor(
-        BucketConfig {
-            expiry_pager_interval: Duration::ZERO,
-            item_pager_interval: Duration::ZERO,
-            memory_quota_bytes: quota,
-            persistence: Some(p),
-            eviction_policy,
-            ..BucketConfig::default()
-        },
-        EngineClock::Custom(clock),
-        exec.handle(),
-    )
-    .unwrap();
-    // Warmup loads one vBucket per task run.
-    for _ in 0..100 {
-        exec.run_until_idle(100);
-        if bucket.is_warmed_up() {
-            break;
-        }
-    }
-    assert!(bucket.wait_warmup(Duration::from_secs(10)));
-    Fixture { bucket, exec }
 }
 
 fn vb(key: &str) -> Vbid {

@@ -13,54 +13,29 @@
     clippy::unwrap_used,
     reason = "test helpers outside #[test] functions panic on failure"
 )]
-use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
+mod support;
+use epkv_engine::{Bucket, BucketConfig, EvictionPolicy, FlusherMode};
 use epkv_engine_api::{
     ArithmeticOp, ArithmeticRequest, DurabilityRequirements, Engine, EngineResult, EngineStatus,
     Expiry, RemoveRequest, StoreOp, StoreRequest,
 };
-use epkv_executor::{ManualClock, ManualExecutor};
-use epkv_types::{Cas, Datatype, DurabilityLevel, NUM_VBUCKETS, Seqno, Vbid, vbucket_for_key};
+use epkv_types::{Cas, Datatype, DurabilityLevel, Seqno, Vbid};
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::{ExecFixture as Fixture, keys_in_one_vbucket, open_configured};
 
 const PERSIST: DurabilityLevel = DurabilityLevel::PersistToMajority;
 const MAJORITY: DurabilityLevel = DurabilityLevel::Majority;
 
 /// A persistent bucket flushed by hand, its background tasks on a manual executor.
-struct Fixture {
-    bucket: Arc<Bucket>,
-    exec: ManualExecutor,
-}
-
 fn open(dir: &Path) -> Fixture {
-    let clock = Arc::new(ManualClock::new(Duration::from_secs(1_700_000_000)));
-    let exec = ManualExecutor::new(Arc::clone(&clock));
-    let mut p = PersistenceConfig::new(dir);
-    p.shards = 1;
-    p.flusher = FlusherMode::Manual;
-    p.compaction_interval = Duration::ZERO;
-    let bucket = Bucket::new_on_executor(
-        BucketConfig {
-            expiry_pager_interval: Duration::ZERO,
-            item_pager_interval: Duration::ZERO,
-            persistence: Some(p),
-            ..BucketConfig::default()
-        },
-        EngineClock::Custom(clock),
-        exec.handle(),
-    )
-    .unwrap();
-    for _ in 0..100 {
-        exec.run_until_idle(100);
-        if bucket.is_warmed_up() {
-            break;
-        }
-    }
-    assert!(bucket.wait_warmup(Duration::from_secs(10)));
-    Fixture { bucket, exec }
+    let quota = BucketConfig::default().memory_quota_bytes;
+    open_configured(dir, quota, EvictionPolicy::Value, |p| {
+        p.flusher = FlusherMode::Manual;
+    })
 }
 
 impl Fixture {
@@ -72,17 +47,7 @@ impl Fixture {
 }
 
 fn vb(key: &str) -> Vbid {
-    vbucket_for_key(key.as_bytes(), NUM_VBUCKETS)
-}
-
-/// `n` distinct keys of one vBucket.
-fn keys_in_one_vbucket(n: usize) -> Vec<String> {
-    let target = vb("anchor");
-    (0..)
-        .map(|i| format!("k{i}"))
-        .filter(|k| vb(k) == target)
-        .take(n)
-        .collect()
+    support::vb(key.as_bytes())
 }
 
 fn req(level: DurabilityLevel, timeout_ms: u64) -> Option<DurabilityRequirements> {

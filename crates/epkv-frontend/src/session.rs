@@ -21,7 +21,7 @@ use epkv_protocol::{
     error_map_json,
 };
 use epkv_types::doc_key::{self, DocKeyBuf};
-use epkv_types::{Cas, Datatype, DurabilityLevel, NUM_VBUCKETS, Seqno, Vbid, vbucket_for_key};
+use epkv_types::{Cas, Datatype, DurabilityLevel, NUM_VBUCKETS, Vbid, vbucket_for_key};
 use std::cell::Cell;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -62,6 +62,15 @@ pub(crate) struct PendingDurable {
     /// What the success reply carries.
     body: DurableReply,
     quiet: bool,
+}
+
+/// What a deferred reply waits for ([`Session::defer_reply`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Wait {
+    /// The engine's outcome of a SyncWrite (its timeout is the engine's).
+    SyncWrite,
+    /// The persistence of the write's seqno, within this timeout (a durable TOUCH).
+    Persisted(Duration),
 }
 
 /// The success reply of a write waiting for persistence, besides its CAS.
@@ -334,7 +343,8 @@ impl Session {
     ) {
         match sync_write {
             true => {
-                self.defer_until_completed(shared, engine, out, to, vbid, (info, body), false);
+                let wait = Wait::SyncWrite;
+                self.defer_reply(shared, engine, out, to, vbid, (info, body), wait, false);
             }
             false => {
                 let (extras, n) = self.mutation_extras(&info);
@@ -353,10 +363,13 @@ impl Session {
         }
     }
 
-    /// Leaves an applied write waiting for vBucket `vbid` to persist its seqno before it
-    /// is answered (see [`PendingDurable`]).
+    /// Leaves a write's reply waiting for `wait` (see [`PendingDurable`]): the engine's
+    /// outcome of a SyncWrite (its prepare got `info.seqno` in `vbid`), or the persistence
+    /// of a durable TOUCH's seqno within its timeout. An outcome known already (Majority
+    /// on a single node, usually) is answered now, without a pass of the connection's
+    /// wait; a status the client cannot understand marks the session for disconnection.
     #[expect(clippy::too_many_arguments, reason = "the parts of one deferred reply")]
-    fn defer_until_persisted(
+    pub(crate) fn defer_reply(
         &self,
         shared: &Shared,
         engine: &dyn Engine,
@@ -364,66 +377,46 @@ impl Session {
         to: ReplyTo,
         vbid: Vbid,
         (info, body): (MutationInfo, DurableReply),
-        timeout: Duration,
+        wait: Wait,
         quiet: bool,
     ) {
         let (tx, rx) = oneshot::channel();
-        let done = Box::new(move |_persisted: Seqno| {
-            // The connection may have gone; then nobody waits.
-            let _ = tx.send(Ok(()));
-        });
-        match engine.when_persisted(vbid, info.seqno, done) {
-            Ok(()) => self.pending.set(Some(PendingDurable {
-                outcome: rx,
-                timeout: Some(timeout),
-                to,
-                info,
-                body,
-                quiet,
-            })),
-            Err(e) => self.fail(shared, out, to, e, &[]),
+        // The connection may have gone; then nobody waits.
+        let registered = match wait {
+            Wait::SyncWrite => engine.when_sync_write_completed(
+                vbid,
+                info.seqno,
+                Box::new(move |outcome| {
+                    let _ = tx.send(outcome);
+                }),
+            ),
+            Wait::Persisted(_) => engine.when_persisted(
+                vbid,
+                info.seqno,
+                Box::new(move |_persisted| {
+                    let _ = tx.send(Ok(()));
+                }),
+            ),
+        };
+        if let Err(e) = registered {
+            return self.fail(shared, out, to, e, &[]);
         }
-    }
-
-    /// Leaves a SyncWrite (its prepare got `info.seqno` in `vbid`) waiting for the engine
-    /// to commit or abort it before it is answered (see [`PendingDurable`]).
-    #[expect(clippy::too_many_arguments, reason = "the parts of one deferred reply")]
-    pub(crate) fn defer_until_completed(
-        &self,
-        shared: &Shared,
-        engine: &dyn Engine,
-        out: &mut BytesMut,
-        to: ReplyTo,
-        vbid: Vbid,
-        (info, body): (MutationInfo, DurableReply),
-        quiet: bool,
-    ) {
-        let (tx, rx) = oneshot::channel();
-        let done = Box::new(move |outcome: Result<(), EngineStatus>| {
-            // The connection may have gone; then nobody waits.
-            let _ = tx.send(outcome);
-        });
-        match engine.when_sync_write_completed(vbid, info.seqno, done) {
-            Ok(()) => {
-                let mut p = PendingDurable {
-                    outcome: rx,
-                    timeout: None,
-                    to,
-                    info,
-                    body,
-                    quiet,
-                };
-                match p.outcome.try_recv() {
-                    // Completed already (Majority on a single node, usually): answered
-                    // now, without a pass of the connection's wait. A status the client
-                    // cannot understand marks the session for disconnection.
-                    Ok(outcome) => {
-                        self.complete_durable(out, p, outcome);
-                    }
-                    Err(_) => self.pending.set(Some(p)),
-                }
+        let mut p = PendingDurable {
+            outcome: rx,
+            timeout: match wait {
+                Wait::SyncWrite => None,
+                Wait::Persisted(timeout) => Some(timeout),
+            },
+            to,
+            info,
+            body,
+            quiet,
+        };
+        match p.outcome.try_recv() {
+            Ok(outcome) => {
+                self.complete_durable(out, p, outcome);
             }
-            Err(e) => self.fail(shared, out, to, e, &[]),
+            Err(_) => self.pending.set(Some(p)),
         }
     }
 
@@ -1037,13 +1030,14 @@ impl Session {
                     durability: durability(d),
                 });
                 match (result, sync_write) {
-                    (Ok((value, info)), true) => self.defer_until_completed(
+                    (Ok((value, info)), true) => self.defer_reply(
                         shared,
                         engine,
                         out,
                         to,
                         vbid,
                         (info, DurableReply::Counter(value)),
+                        Wait::SyncWrite,
                         quiet,
                     ),
                     (Ok(_), false) if quiet => {}
@@ -1080,14 +1074,14 @@ impl Session {
                     engine.touch(vbid, key, expiry)
                 };
                 match (result, persist) {
-                    (Ok(info), Some(timeout)) => self.defer_until_persisted(
+                    (Ok(info), Some(timeout)) => self.defer_reply(
                         shared,
                         engine,
                         out,
                         to,
                         vbid,
                         (info, DurableReply::Touch),
-                        timeout,
+                        Wait::Persisted(timeout),
                         false,
                     ),
                     (Ok(info), None) => {
@@ -1331,13 +1325,14 @@ impl Session {
     ) {
         match (result, sync_write) {
             (Ok(info), true) => {
-                self.defer_until_completed(
+                self.defer_reply(
                     shared,
                     engine,
                     out,
                     to,
                     vbid,
                     (info, DurableReply::Mutation),
+                    Wait::SyncWrite,
                     quiet,
                 );
             }

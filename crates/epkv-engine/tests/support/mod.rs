@@ -158,3 +158,47 @@ pub(crate) fn keys_in_one_vbucket(n: usize) -> Vec<String> {
         .take(n)
         .collect()
 }
+
+/// A persistent bucket whose background tasks run on a manual executor, driven by hand.
+pub(crate) struct ExecFixture {
+    pub(crate) bucket: Arc<Bucket>,
+    pub(crate) exec: epkv_executor::ManualExecutor,
+}
+
+/// One shard, no interval compaction, background tasks on a manual executor (warmed up
+/// before it returns); `tune` adjusts the persistence settings.
+pub(crate) fn open_configured(
+    dir: &std::path::Path,
+    quota: u64,
+    eviction_policy: epkv_engine::EvictionPolicy,
+    tune: impl FnOnce(&mut epkv_engine::PersistenceConfig),
+) -> ExecFixture {
+    let clock = Arc::new(ManualClock::new(Duration::from_secs(START_UNIX_SECS)));
+    let exec = epkv_executor::ManualExecutor::new(Arc::clone(&clock));
+    let mut p = epkv_engine::PersistenceConfig::new(dir);
+    p.shards = 1;
+    p.compaction_interval = Duration::ZERO;
+    tune(&mut p);
+    let bucket = Bucket::new_on_executor(
+        BucketConfig {
+            expiry_pager_interval: Duration::ZERO,
+            item_pager_interval: Duration::ZERO,
+            memory_quota_bytes: quota,
+            persistence: Some(p),
+            eviction_policy,
+            ..BucketConfig::default()
+        },
+        EngineClock::Custom(clock),
+        exec.handle(),
+    )
+    .unwrap();
+    // Warmup loads one vBucket per task run.
+    for _ in 0..100 {
+        exec.run_until_idle(100);
+        if bucket.is_warmed_up() {
+            break;
+        }
+    }
+    assert!(bucket.wait_warmup(Duration::from_secs(10)));
+    ExecFixture { bucket, exec }
+}
