@@ -351,4 +351,22 @@ pub trait Engine: Send + Sync + 'static {
         let _ = (vbid, key);
         done(Ok(()));
     }
+
+    /// Opens a DCP stream of vBucket `vbid` (an active vBucket) as `req` asks: from its
+    /// start seqno, after checking the client's history against the failover log.
+    ///
+    /// The default answers `NotSupported`.
+    ///
+    /// # Errors
+    /// [`crate::DcpStreamError::Rollback`] when the client must roll back first; else
+    /// `NotMyVbucket` (not an active vBucket here), `OutOfRange` (start past the high
+    /// seqno, or end before start), `NotSupported`.
+    fn dcp_stream(
+        &self,
+        vbid: Vbid,
+        req: crate::DcpStreamRequest,
+    ) -> Result<Box<dyn crate::DcpStream>, crate::DcpStreamError> {
+        let _ = (vbid, req);
+        Err(crate::DcpStreamError::Status(EngineStatus::NotSupported))
+    }
 }

@@ -23,12 +23,14 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+pub mod dcp;
 mod engine;
 mod item;
 mod request;
 mod status;
 pub mod xattr;
 
+pub use dcp::{DcpEvent, DcpStream, DcpStreamError, DcpStreamRequest};
 pub use engine::{Engine, FetchedCallback, PersistedCallback, StatSink, SyncWriteCallback};
 pub use item::{
     DocMeta, FailoverEntry, Item, ItemView, KeyState, MutationInfo, SubdocError, SubdocLookup,

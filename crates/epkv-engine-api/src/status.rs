@@ -48,6 +48,9 @@ pub enum EngineStatus {
     UnknownCollection,
     /// The scope does not exist.
     UnknownScope,
+    /// A seqno outside what the vBucket has (a DCP stream asked to start past its high
+    /// seqno).
+    OutOfRange,
     /// A logic error inside the engine; logged by the engine with detail.
     Internal,
     /// The operation needs data that is not in memory (an evicted value): the engine has
@@ -81,6 +84,7 @@ impl fmt::Display for EngineStatus {
             Self::SyncWriteInProgress => "sync write in progress",
             Self::SyncWriteAmbiguous => "sync write ambiguous",
             Self::UnknownStatGroup => "unknown stat group",
+            Self::OutOfRange => "seqno out of range",
             Self::Internal => "internal error",
         };
         f.write_str(s)

@@ -331,6 +331,7 @@ impl Bucket {
                 completed: 0,
                 deleted_rev: None,
                 visible: false,
+                level: d.level as u8,
             },
             |a| {
                 let t = Tracked {
@@ -491,6 +492,7 @@ impl Bucket {
                 completed: seqno,
                 deleted_rev: deletes.then_some(pm.rev_seqno),
                 visible: true,
+                level: 0,
             },
             |_| true,
             |a| {
@@ -535,6 +537,7 @@ impl Bucket {
                 completed: seqno,
                 deleted_rev: None,
                 visible: false,
+                level: 0,
             },
             |_| true,
             |a| tombstone_document(prepare_key(&key), a, rev),

@@ -203,6 +203,14 @@ impl Engine for Bucket {
         self.persistence.is_some()
     }
 
+    fn dcp_stream(
+        &self,
+        vbid: Vbid,
+        req: epkv_engine_api::DcpStreamRequest,
+    ) -> Result<Box<dyn epkv_engine_api::DcpStream>, epkv_engine_api::DcpStreamError> {
+        Bucket::dcp_stream(self, vbid, req)
+    }
+
     fn durability_min_level(&self) -> Option<epkv_types::DurabilityLevel> {
         self.config.durability_min_level
     }

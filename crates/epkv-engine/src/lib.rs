@@ -196,6 +196,7 @@ mod clock;
 pub mod collections;
 mod config;
 mod counter_value;
+mod dcp;
 mod durability;
 mod engine_impl;
 mod error;

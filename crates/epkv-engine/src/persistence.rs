@@ -549,6 +549,44 @@ impl Persistence {
         usize::from(vbid.0) % self.shards.len().max(1)
     }
 
+    /// The persisted state of `vbid`, if it has one (a read error counts as none).
+    fn stored_state(&self, vbid: Vbid) -> Option<epkv_storage::VbState> {
+        let shard = self.shards.get(self.shard_of(vbid))?;
+        match shard.store.vbucket_state(vbid) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%vbid, error = %e, "cannot read the vBucket's persisted state");
+                None
+            }
+        }
+    }
+
+    /// The seqno at or below which compaction may have purged `vbid`'s tombstones.
+    pub(crate) fn purge_seqno(&self, vbid: Vbid) -> u64 {
+        self.stored_state(vbid).map_or(0, |s| s.purge_seqno)
+    }
+
+    /// The high completed seqno `vbid` last persisted.
+    pub(crate) fn high_completed_seqno(&self, vbid: Vbid) -> u64 {
+        self.stored_state(vbid)
+            .map_or(0, |s| s.high_completed_seqno)
+    }
+
+    /// Streams `vbid`'s stored documents with `start <= seqno <= end` in seqno order (a
+    /// DCP backfill).
+    pub(crate) fn scan_by_seqno(
+        &self,
+        vbid: Vbid,
+        start: u64,
+        end: u64,
+        visit: &mut dyn FnMut(Document) -> ScanControl,
+    ) -> Result<u64, epkv_storage::Error> {
+        match self.shards.get(self.shard_of(vbid)) {
+            Some(shard) => shard.store.scan_by_seqno(vbid, start, end, visit),
+            None => Ok(0),
+        }
+    }
+
     /// Notes that `vbid` has something to persist: the next flush of its shard looks at
     /// it (a flush looks only at the vBuckets so marked, not at every vBucket of the
     /// shard).

@@ -50,6 +50,8 @@ pub(crate) struct SyncStep {
     pub(crate) deleted_rev: Option<u64>,
     /// Readers see it: a commit.
     pub(crate) visible: bool,
+    /// For a prepare, its durability level (1-3) as DCP sends it; 0 otherwise.
+    pub(crate) level: u8,
 }
 
 /// Where a vBucket is in warmup ([`VBucket::warmup_phase`]).
@@ -146,6 +148,8 @@ pub(crate) struct VBucket {
     may_contain_xattrs: AtomicBool,
     /// SyncWrites in flight, in seqno order (see [`crate::durability`]).
     pub(crate) durability: crate::durability::Monitor,
+    /// Recent changes for DCP streams, kept only while one is open ([`crate::dcp`]).
+    pub(crate) dcp: crate::dcp::DcpLog,
 }
 
 /// The document the flusher persists for a deletion of `key` at `a` (revision `rev`).
@@ -196,6 +200,7 @@ impl VBucket {
             placeholders: AtomicU64::new(0),
             may_contain_xattrs: AtomicBool::new(false),
             durability: crate::durability::Monitor::default(),
+            dcp: crate::dcp::DcpLog::default(),
         })
     }
 
@@ -311,6 +316,17 @@ impl VBucket {
         }
         *state = new_state;
         self.state_hint.store(new_state as u8, Ordering::Relaxed);
+        drop(state);
+        // DCP streams end when their vBucket stops being active.
+        self.dcp.wake_all();
+    }
+
+    /// Attaches a DCP stream to the log ([`crate::dcp::DcpLog::attach`]) and returns the
+    /// high seqno the log starts after.
+    pub(crate) fn dcp_attach(&self) -> u64 {
+        let o = self.order.lock();
+        self.dcp.attach(o.high_seqno);
+        o.high_seqno
     }
 
     /// The state without taking the state lock (possibly one change behind).
@@ -419,7 +435,21 @@ impl VBucket {
             cas: Cas(o.max_cas),
             new_key_rev: o.max_deleted_rev + 1,
         };
-        let woke = self.persistent && self.persist.queue(make(&a));
+        let dcp = self.dcp.is_on();
+        let woke = if self.persistent || dcp {
+            let doc = make(&a);
+            if dcp {
+                let kind = if deleted_rev.is_some() {
+                    crate::dcp::LogKind::Deletion
+                } else {
+                    crate::dcp::LogKind::Mutation
+                };
+                self.dcp.append(kind, &doc, self.table.tracker());
+            }
+            self.persistent && self.persist.queue(doc)
+        } else {
+            false
+        };
         (a, woke)
     }
 
@@ -440,6 +470,7 @@ impl VBucket {
             completed,
             deleted_rev,
             visible,
+            level,
         } = step;
         let mut o = self.order.lock();
         if let Some(rev) = deleted_rev {
@@ -458,8 +489,21 @@ impl VBucket {
         let persist = track(&a);
         // A completion also covers its prepare (HPS >= HCS).
         let hps = if prepared { a.seqno.0 } else { completed };
-        let woke =
-            self.persistent && persist && self.persist.queue_sync(make(&a), (hps, completed));
+        let dcp = self.dcp.is_on();
+        let woke = if (self.persistent && persist) || dcp {
+            let doc = make(&a);
+            if dcp {
+                let kind = match (prepared, visible) {
+                    (true, _) => crate::dcp::LogKind::Prepare(level),
+                    (false, true) => crate::dcp::LogKind::Commit(completed),
+                    (false, false) => crate::dcp::LogKind::Abort(completed),
+                };
+                self.dcp.append(kind, &doc, self.table.tracker());
+            }
+            self.persistent && persist && self.persist.queue_sync(doc, (hps, completed))
+        } else {
+            false
+        };
         (a, woke)
     }
 

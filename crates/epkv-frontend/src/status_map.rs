@@ -34,6 +34,7 @@ pub fn engine_status_to_wire(status: EngineStatus) -> Status {
         EngineStatus::UnknownStatGroup => Status::KeyEnoent,
         EngineStatus::UnknownCollection => Status::UnknownCollection,
         EngineStatus::UnknownScope => Status::UnknownScope,
+        EngineStatus::OutOfRange => Status::Erange,
         EngineStatus::Internal => Status::Einternal,
         // The session waits for the fetch and re-executes instead of answering; should an
         // outcome ever reach a client, "retry" is what it means.

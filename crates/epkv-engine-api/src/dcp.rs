@@ -1,0 +1,212 @@
+//! DCP (Database Change Protocol) streams, as the engine gives them to the front end.
+//!
+//! A DCP producer connection asks the engine for one [`DcpStream`] per vBucket
+//! ([`crate::Engine::dcp_stream`]) and polls it for [`DcpEvent`]s, which the front end
+//! encodes as DCP messages. The engine decides where the events come from (its in-memory
+//! log of recent changes, or a backfill from disk) and groups them in snapshots: every
+//! event follows a [`DcpEvent::SnapshotMarker`] whose range holds its seqno.
+
+use bytes::Bytes;
+use std::task::{Context, Poll};
+
+/// Snapshot marker flag: the snapshot comes from memory.
+pub const SNAPSHOT_MEMORY: u32 = 0x01;
+/// Snapshot marker flag: the snapshot comes from disk (a backfill).
+pub const SNAPSHOT_DISK: u32 = 0x02;
+/// Snapshot marker flag: the snapshot ends at a checkpoint boundary.
+pub const SNAPSHOT_CHECKPOINT: u32 = 0x04;
+
+/// Why a stream ended ([`DcpEvent::End`]); the values are DCP_STREAM_END's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DcpEndReason {
+    /// The stream reached its end seqno.
+    Ok,
+    /// The client closed it (CLOSE_STREAM).
+    Closed,
+    /// The vBucket changed state (no longer active, or deleted).
+    StateChanged,
+    /// The stream fell behind what the server can still serve (a memory-only bucket
+    /// whose recent-change log moved past it).
+    Slow,
+    /// Reading the vBucket from disk failed.
+    BackfillFailed,
+}
+
+impl DcpEndReason {
+    /// The DCP_STREAM_END flags value.
+    #[must_use]
+    pub fn as_u32(self) -> u32 {
+        match self {
+            Self::Ok => 0,
+            Self::Closed => 1,
+            Self::StateChanged => 2,
+            Self::Slow => 4,
+            Self::BackfillFailed => 5,
+        }
+    }
+}
+
+/// One document carried by a stream (a mutation, deletion, expiration or prepare).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DcpDocument {
+    /// The key with its collection, as the engine stores it (`epkv_types::doc_key`).
+    pub key: Vec<u8>,
+    /// The value (empty for most deletions; a deletion may keep system attributes).
+    pub value: Bytes,
+    /// The seqno of this change.
+    pub seqno: u64,
+    /// The revision seqno.
+    pub rev_seqno: u64,
+    /// The CAS.
+    pub cas: u64,
+    /// Client flags.
+    pub flags: u32,
+    /// Absolute expiry in seconds (0 = never); for a deletion, when it was deleted, as
+    /// far as the engine knows (0 if not).
+    pub expiry: u32,
+    /// The datatype bits (JSON, Snappy, XATTR).
+    pub datatype: u8,
+}
+
+/// One step of a stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DcpEvent {
+    /// The events that follow, up to the next marker, have seqnos in `start..=end`.
+    SnapshotMarker {
+        /// First seqno of the snapshot.
+        start: u64,
+        /// Last seqno of the snapshot.
+        end: u64,
+        /// [`SNAPSHOT_MEMORY`] or [`SNAPSHOT_DISK`], with [`SNAPSHOT_CHECKPOINT`].
+        flags: u32,
+        /// The last seqno in the snapshot readers can see (leaving out prepares and
+        /// aborts).
+        max_visible: u64,
+        /// For a disk snapshot, the high completed seqno of the data it comes from.
+        high_completed: Option<u64>,
+    },
+    /// A document written.
+    Mutation(DcpDocument),
+    /// A document deleted.
+    Deletion(DcpDocument),
+    /// A SyncWrite's prepare (only on streams that asked for sync replication).
+    Prepare {
+        /// The prepared document (deleted when the SyncWrite deletes).
+        doc: DcpDocument,
+        /// The write deletes the document.
+        deleted: bool,
+        /// The durability level (1 Majority, 2 MajorityAndPersistOnMaster,
+        /// 3 PersistToMajority).
+        level: u8,
+    },
+    /// A prepare committed (only on streams that asked for sync replication; the others
+    /// get a [`DcpEvent::Mutation`] or [`DcpEvent::Deletion`] instead).
+    Commit {
+        /// The key with its collection.
+        key: Vec<u8>,
+        /// The prepare's seqno.
+        prepared_seqno: u64,
+        /// The commit's seqno.
+        commit_seqno: u64,
+    },
+    /// A prepare aborted (only on streams that asked for sync replication).
+    Abort {
+        /// The key with its collection.
+        key: Vec<u8>,
+        /// The prepare's seqno.
+        prepared_seqno: u64,
+        /// The abort's seqno.
+        abort_seqno: u64,
+    },
+    /// The stream is over; nothing follows.
+    End(DcpEndReason),
+}
+
+impl DcpEvent {
+    /// The seqno the event carries, if it carries one.
+    #[must_use]
+    pub fn seqno(&self) -> Option<u64> {
+        match self {
+            Self::Mutation(d) | Self::Deletion(d) | Self::Prepare { doc: d, .. } => Some(d.seqno),
+            Self::Commit { commit_seqno, .. } => Some(*commit_seqno),
+            Self::Abort { abort_seqno, .. } => Some(*abort_seqno),
+            Self::SnapshotMarker { .. } | Self::End(_) => None,
+        }
+    }
+
+    /// Roughly the bytes the event takes on the wire (for budgets).
+    #[must_use]
+    pub fn wire_size(&self) -> usize {
+        const HEADER: usize = 24;
+        match self {
+            Self::Mutation(d) => HEADER + 31 + d.key.len() + d.value.len(),
+            Self::Deletion(d) => HEADER + 21 + d.key.len() + d.value.len(),
+            Self::Prepare { doc, .. } => HEADER + 31 + doc.key.len() + doc.value.len(),
+            Self::Commit { key, .. } | Self::Abort { key, .. } => HEADER + 16 + key.len(),
+            Self::SnapshotMarker { .. } => HEADER + 20,
+            Self::End(_) => HEADER + 4,
+        }
+    }
+}
+
+/// What a STREAM_REQ asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DcpStreamRequest {
+    /// The last seqno the client has (0: from the beginning).
+    pub start_seqno: u64,
+    /// The last seqno to send (`u64::MAX`: never end).
+    pub end_seqno: u64,
+    /// The failover branch the client's data comes from (0 with `start_seqno` 0).
+    pub vbucket_uuid: u64,
+    /// The snapshot the client was in when it stopped.
+    pub snap_start_seqno: u64,
+    /// The end of that snapshot.
+    pub snap_end_seqno: u64,
+    /// Send prepares, commits and aborts (DCP_CONTROL `enable_sync_replication`);
+    /// otherwise committed changes only.
+    pub sync_replication: bool,
+    /// Only these collections (`None`: all of them).
+    pub collections: Option<Vec<u32>>,
+}
+
+/// Why a stream cannot start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DcpStreamError {
+    /// The client's history diverged from this vBucket's: it must roll back to this seqno
+    /// and ask again.
+    Rollback(u64),
+    /// Anything else (`NotMyVbucket`, `OutOfRange`, `NotSupported`, ...).
+    Status(crate::EngineStatus),
+}
+
+impl From<crate::EngineStatus> for DcpStreamError {
+    fn from(s: crate::EngineStatus) -> Self {
+        Self::Status(s)
+    }
+}
+
+/// One vBucket's stream. Dropping it closes it.
+pub trait DcpStream: Send {
+    /// Appends the events ready now to `out`, about `budget_bytes` of them (at least one
+    /// when any is ready), and returns `Ready`; returns `Pending` with nothing appended
+    /// when none is ready, after arranging for `cx`'s waker to be woken when one is.
+    /// Once it has appended [`DcpEvent::End`] it appends nothing more.
+    ///
+    /// It may read from disk (a backfill) for a bounded time.
+    fn poll_events(
+        &mut self,
+        cx: &mut Context<'_>,
+        budget_bytes: usize,
+        out: &mut Vec<DcpEvent>,
+    ) -> Poll<()>;
+
+    /// The vBucket's failover branch the stream follows (the newest uuid when it
+    /// started).
+    fn vbucket_uuid(&self) -> u64;
+
+    /// The last seqno handed out so far (the start seqno before any).
+    fn last_seqno(&self) -> u64;
+
+    /// True while it reads from disk.
+    fn backfilling(&self) -> bool;
+}

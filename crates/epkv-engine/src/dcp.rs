@@ -1,0 +1,712 @@
+//! DCP producer streams: each vBucket's log of recent changes and the streams that read
+//! it, falling back to a backfill from disk when they are behind it.
+//!
+//! **The log.** A vBucket keeps a [`DcpLog`] only while at least one stream is open on
+//! it, so a bucket nobody streams from pays one atomic load per write. While it is on,
+//! the ordering point ([`crate::vbucket::VBucket::assign_queued`] and `assign_sync`)
+//! appends every change to it with the ordering lock held, so the log is in seqno order
+//! and has no gaps: it holds every seqno above its `base`. It is bounded (bytes charged
+//! to the bucket's memory quota, at most [`LOG_BYTES`] per vBucket): when full, or when
+//! the quota refuses the charge, the oldest entries go and `base` moves up.
+//!
+//! **A stream** ([`Stream`]) has a cursor, the last seqno it handed out. While the log
+//! holds the seqno after it, it reads from memory: each read is one snapshot
+//! ([`SNAPSHOT_MEMORY`]) of the entries it takes. When the cursor is below the log's
+//! `base` (the stream started from an older seqno, or fell behind), a persistent bucket
+//! backfills: it reads the vBucket's file by seqno from the cursor up to the persisted
+//! seqno, as one disk snapshot ([`SNAPSHOT_DISK`]), a budget at a time, then goes back
+//! to the log (backfilling again if the log has moved on meanwhile). A disk snapshot
+//! carries the newest version of each key in its range, as KV-Engine's do; a key changed
+//! again while the backfill runs arrives later with its newer seqno. A memory-only bucket
+//! has no disk: a stream that falls behind its log ends with [`DcpEndReason::Slow`], and a
+//! stream cannot start below the high seqno.
+//!
+//! **What a stream sends.** Committed changes as mutations and deletions; with sync
+//! replication, prepares, commits and aborts as they are. A stream without the collection
+//! filter sees every collection; the front end encodes keys for the client.
+//!
+//! **Waking.** A stream with nothing to send leaves its waker with the log (new entries
+//! wake it), or with the persistence waiters when it waits for the flusher to reach the
+//! log's base. A state change wakes every waiter, so streams end with
+//! [`DcpEndReason::StateChanged`] promptly.
+
+use crate::bucket::Bucket;
+use crate::vbucket::VBucket;
+use epkv_engine_api::EngineStatus;
+use epkv_engine_api::dcp::{
+    DcpDocument, DcpEndReason, DcpEvent, DcpStream, DcpStreamError, DcpStreamRequest,
+    SNAPSHOT_CHECKPOINT, SNAPSHOT_DISK, SNAPSHOT_MEMORY,
+};
+use epkv_hashtable::MemoryTracker;
+use epkv_storage::{Document, ScanControl};
+use epkv_types::{VBucketState, Vbid};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::Weak;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
+
+/// Most bytes a vBucket's log holds (keys, values and a fixed overhead per entry).
+pub(crate) const LOG_BYTES: usize = 1 << 20;
+/// Bytes charged per entry besides its key and value.
+const ENTRY_OVERHEAD: usize = 96;
+
+/// What a log entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogKind {
+    /// A mutation, or the commit of a SyncWrite to a stream without sync replication.
+    Mutation,
+    /// A deletion or expiry.
+    Deletion,
+    /// A SyncWrite's prepare at a durability level (1-3).
+    Prepare(u8),
+    /// The commit of the prepare with this seqno.
+    Commit(u64),
+    /// The abort of the prepare with this seqno.
+    Abort(u64),
+}
+
+/// One change in the log: what it is and the document the flusher persists for it.
+#[derive(Debug, Clone)]
+struct Entry {
+    kind: LogKind,
+    doc: Document,
+}
+
+impl Entry {
+    fn charge(&self) -> usize {
+        ENTRY_OVERHEAD + self.doc.key.len() + self.doc.value.len()
+    }
+}
+
+#[derive(Debug, Default)]
+struct LogInner {
+    /// Streams attached.
+    streams: usize,
+    /// Every seqno above `base` is in `entries` (which may still be empty).
+    base: u64,
+    entries: VecDeque<Entry>,
+    /// Bytes charged for `entries`.
+    bytes: usize,
+    /// Streams waiting for an entry.
+    wakers: Vec<Waker>,
+}
+
+/// A vBucket's log of recent changes for DCP streams (see the module docs).
+#[derive(Debug, Default)]
+pub(crate) struct DcpLog {
+    /// True while a stream is attached: the ordering point appends.
+    on: AtomicBool,
+    inner: Mutex<LogInner>,
+}
+
+/// What a read of the log found.
+enum Read {
+    /// Entries after the cursor (at least one).
+    Entries(Vec<Entry>),
+    /// The cursor is below the log's base: the log cannot serve it.
+    Behind { base: u64 },
+    /// Nothing after the cursor yet; the waker is registered.
+    Empty,
+}
+
+impl DcpLog {
+    /// True while streams are attached (the ordering point must call [`Self::append`]).
+    pub(crate) fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Attaches a stream. The caller holds the vBucket's ordering lock and gives its high
+    /// seqno, so that the first stream's log starts exactly after it.
+    pub(crate) fn attach(&self, high_seqno: u64) {
+        let mut l = self.inner.lock();
+        if l.streams == 0 {
+            l.base = high_seqno;
+            self.on.store(true, Ordering::Relaxed);
+        }
+        l.streams += 1;
+    }
+
+    /// Detaches a stream; the last one turns the log off and frees it.
+    fn detach(&self, memory: &MemoryTracker) {
+        let mut l = self.inner.lock();
+        l.streams = l.streams.saturating_sub(1);
+        if l.streams == 0 {
+            self.on.store(false, Ordering::Relaxed);
+            l.entries.clear();
+            memory.release(std::mem::take(&mut l.bytes));
+            l.wakers.clear();
+        }
+    }
+
+    /// Appends the change `doc` of `kind`. Called at the ordering point, with the
+    /// ordering lock held, for every seqno while the log is on.
+    pub(crate) fn append(&self, kind: LogKind, doc: &Document, memory: &MemoryTracker) {
+        let entry = Entry {
+            kind,
+            doc: doc.clone(),
+        };
+        let charge = entry.charge();
+        let wakers = {
+            let mut l = self.inner.lock();
+            if l.streams == 0 {
+                return;
+            }
+            while !l.entries.is_empty()
+                && (l.bytes + charge > LOG_BYTES || memory.try_charge(charge).is_err())
+            {
+                let old = l.entries.pop_front().map_or(0, |e| e.charge());
+                l.bytes -= old;
+                memory.release(old);
+                l.base = l.entries.front().map_or(doc.seqno - 1, |e| e.doc.seqno - 1);
+            }
+            if l.entries.is_empty() && memory.try_charge(charge).is_err() {
+                // No room even for this one: the log restarts after it.
+                l.base = doc.seqno;
+            } else {
+                l.bytes += charge;
+                l.entries.push_back(entry);
+            }
+            std::mem::take(&mut l.wakers)
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Wakes every waiting stream (a state change).
+    pub(crate) fn wake_all(&self) {
+        let wakers = std::mem::take(&mut self.inner.lock().wakers);
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// The entries after `cursor`, up to `end` and about `budget` bytes.
+    fn read(&self, cursor: u64, end: u64, budget: usize, cx: &Context<'_>) -> Read {
+        let mut l = self.inner.lock();
+        if cursor < l.base {
+            return Read::Behind { base: l.base };
+        }
+        let from = l.entries.partition_point(|e| e.doc.seqno <= cursor);
+        if from == l.entries.len() {
+            if !l.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                l.wakers.push(cx.waker().clone());
+            }
+            return Read::Empty;
+        }
+        let mut out = Vec::new();
+        let mut size = 0;
+        for e in l.entries.range(from..) {
+            if e.doc.seqno > end || (size >= budget && !out.is_empty()) {
+                break;
+            }
+            size += e.charge();
+            out.push(e.clone());
+        }
+        Read::Entries(out)
+    }
+}
+
+/// Checks a stream request against the vBucket's failover log (newest first) and high
+/// seqno, as KV-Engine's failover table does. Returns the uuid the stream follows.
+///
+/// # Errors
+/// `Rollback(seqno)` when the client's history is not this vBucket's; `OutOfRange` when
+/// the start is past the end; `Invalid` when the start is outside the client's snapshot.
+pub(crate) fn check_history(
+    failover: &[(u64, u64)],
+    high_seqno: u64,
+    purge_seqno: u64,
+    req: &DcpStreamRequest,
+) -> Result<u64, DcpStreamError> {
+    let newest = failover.first().map_or(0, |e| e.0);
+    if req.start_seqno > req.end_seqno {
+        return Err(EngineStatus::OutOfRange.into());
+    }
+    if req.snap_start_seqno > req.start_seqno || req.start_seqno > req.snap_end_seqno {
+        return Err(EngineStatus::Invalid.into());
+    }
+    if req.start_seqno == 0 {
+        return Ok(newest);
+    }
+    let Some(i) = failover.iter().position(|e| e.0 == req.vbucket_uuid) else {
+        return Err(DcpStreamError::Rollback(0));
+    };
+    // The branch's history ends where the next branch began (or at the high seqno).
+    let upper = if i == 0 {
+        high_seqno
+    } else {
+        failover[i - 1].1
+    };
+    if req.snap_end_seqno > upper {
+        let to = if req.snap_start_seqno <= upper {
+            req.snap_start_seqno
+        } else {
+            upper
+        };
+        return Err(DcpStreamError::Rollback(to));
+    }
+    if req.start_seqno < purge_seqno {
+        // Deletions the client has not seen may be gone.
+        return Err(DcpStreamError::Rollback(0));
+    }
+    Ok(newest)
+}
+
+/// Where a stream reads from.
+#[derive(Debug)]
+enum Phase {
+    /// The log.
+    Memory,
+    /// The vBucket's file, up to `upto`; `marker` is whether its snapshot marker went.
+    Backfill { upto: u64, hcs: u64, marker: bool },
+    /// Ended.
+    Done,
+}
+
+/// One vBucket's stream (see the module docs).
+pub(crate) struct Stream {
+    bucket: Weak<Bucket>,
+    vbid: Vbid,
+    uuid: u64,
+    cursor: u64,
+    end: u64,
+    sync: bool,
+    collections: Option<Vec<u32>>,
+    phase: Phase,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("vbid", &self.vbid)
+            .field("cursor", &self.cursor)
+            .field("end", &self.end)
+            .field("phase", &self.phase)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bucket {
+    /// Opens a DCP stream of `vbid` ([`epkv_engine_api::Engine::dcp_stream`]).
+    pub(crate) fn dcp_stream(
+        &self,
+        vbid: Vbid,
+        req: DcpStreamRequest,
+    ) -> Result<Box<dyn DcpStream>, DcpStreamError> {
+        let vb = self
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        vb.check_warm()?;
+        let bucket = self
+            .self_ref
+            .get()
+            .cloned()
+            .ok_or(EngineStatus::NotSupported)?;
+        let state = vb.state();
+        if *state != VBucketState::Active {
+            return Err(EngineStatus::NotMyVbucket.into());
+        }
+        let failover: Vec<(u64, u64)> = vb
+            .failover_log()
+            .iter()
+            .map(|e| (e.uuid, e.seqno))
+            .collect();
+        let purge_seqno = match &self.persistence {
+            Some(p) => p.purge_seqno(vbid),
+            None => 0,
+        };
+        // Attached under the ordering lock: the log starts right after the high seqno
+        // the history check uses.
+        let high_seqno = vb.dcp_attach();
+        let checked = check_history(&failover, high_seqno, purge_seqno, &req).and_then(|uuid| {
+            if self.persistence.is_none() && req.start_seqno < high_seqno {
+                // Nothing to backfill from.
+                tracing::info!(bucket = %self.config.name, %vbid, start = req.start_seqno, high_seqno, "DCP stream refused: a memory-only bucket streams only from its high seqno");
+                return Err(EngineStatus::NotSupported.into());
+            }
+            Ok(uuid)
+        });
+        drop(state);
+        let uuid = match checked {
+            Ok(uuid) => uuid,
+            Err(e) => {
+                vb.dcp.detach(&self.memory);
+                return Err(e);
+            }
+        };
+        Ok(Box::new(Stream {
+            bucket,
+            vbid,
+            uuid,
+            cursor: req.start_seqno,
+            end: req.end_seqno,
+            sync: req.sync_replication,
+            collections: req.collections,
+            phase: Phase::Memory,
+        }))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if matches!(self.phase, Phase::Done) {
+            return;
+        }
+        if let Some(b) = self.bucket.upgrade()
+            && let Some(vb) = b.vbuckets.get(usize::from(self.vbid.0))
+        {
+            vb.dcp.detach(&b.memory);
+        }
+    }
+}
+
+/// The event for a change, or `None` when the stream does not send it.
+fn event_of(kind: LogKind, doc: Document, sync: bool) -> Option<DcpEvent> {
+    let document = |doc: Document, key: Vec<u8>| DcpDocument {
+        key,
+        value: doc.value,
+        seqno: doc.seqno,
+        rev_seqno: doc.rev_seqno,
+        cas: doc.cas,
+        flags: doc.flags,
+        expiry: doc.expiry,
+        datatype: doc.datatype & !crate::durability::PREPARE_DELETES,
+    };
+    match kind {
+        LogKind::Mutation if doc.deleted => {
+            let key = doc.key.clone();
+            Some(DcpEvent::Deletion(document(doc, key)))
+        }
+        LogKind::Mutation | LogKind::Commit(_) if !sync => {
+            let key = doc.key.clone();
+            Some(if doc.deleted {
+                DcpEvent::Deletion(document(doc, key))
+            } else {
+                DcpEvent::Mutation(document(doc, key))
+            })
+        }
+        LogKind::Mutation => {
+            let key = doc.key.clone();
+            Some(DcpEvent::Mutation(document(doc, key)))
+        }
+        LogKind::Deletion => {
+            let key = doc.key.clone();
+            Some(DcpEvent::Deletion(document(doc, key)))
+        }
+        LogKind::Prepare(_) | LogKind::Abort(_) if !sync => None,
+        LogKind::Prepare(level) => {
+            let key = crate::durability::prepared_key_of(&doc.key)?.to_vec();
+            let deleted = doc.datatype & crate::durability::PREPARE_DELETES != 0;
+            Some(DcpEvent::Prepare {
+                doc: document(doc, key),
+                deleted,
+                level,
+            })
+        }
+        LogKind::Commit(prepared_seqno) => Some(DcpEvent::Commit {
+            key: doc.key,
+            prepared_seqno,
+            commit_seqno: doc.seqno,
+        }),
+        LogKind::Abort(prepared_seqno) => Some(DcpEvent::Abort {
+            key: crate::durability::prepared_key_of(&doc.key)?.to_vec(),
+            prepared_seqno,
+            abort_seqno: doc.seqno,
+        }),
+    }
+}
+
+impl Stream {
+    fn wanted(&self, key: &[u8]) -> bool {
+        let cid = match crate::durability::prepared_key_of(key) {
+            Some(k) => epkv_types::doc_key::collection_of(k),
+            None => epkv_types::doc_key::collection_of(key),
+        };
+        self.collections.as_ref().is_none_or(|c| c.contains(&cid))
+    }
+
+    fn end(&mut self, reason: DcpEndReason, out: &mut Vec<DcpEvent>) -> Poll<()> {
+        if let Some(b) = self.bucket.upgrade()
+            && let Some(vb) = b.vbuckets.get(usize::from(self.vbid.0))
+        {
+            vb.dcp.detach(&b.memory);
+        }
+        self.phase = Phase::Done;
+        out.push(DcpEvent::End(reason));
+        Poll::Ready(())
+    }
+
+    fn read_memory(
+        &mut self,
+        b: &Bucket,
+        vb: &VBucket,
+        cx: &Context<'_>,
+        budget: usize,
+        out: &mut Vec<DcpEvent>,
+    ) -> Poll<()> {
+        match vb.dcp.read(self.cursor, self.end, budget, cx) {
+            Read::Empty => Poll::Pending,
+            Read::Entries(entries) => {
+                let last = entries.last().map_or(self.cursor, |e| e.doc.seqno);
+                let mut events = Vec::with_capacity(entries.len());
+                let mut max_visible = 0;
+                for e in entries {
+                    if matches!(
+                        e.kind,
+                        LogKind::Mutation | LogKind::Deletion | LogKind::Commit(_)
+                    ) {
+                        max_visible = e.doc.seqno;
+                    }
+                    if self.wanted(&e.doc.key)
+                        && let Some(ev) = event_of(e.kind, e.doc, self.sync)
+                    {
+                        events.push(ev);
+                    }
+                }
+                let sent = !events.is_empty();
+                if sent {
+                    out.push(DcpEvent::SnapshotMarker {
+                        start: self.cursor + 1,
+                        end: last,
+                        flags: SNAPSHOT_MEMORY | SNAPSHOT_CHECKPOINT,
+                        max_visible: max_visible.max(self.cursor),
+                        high_completed: None,
+                    });
+                    out.extend(events);
+                }
+                self.cursor = last;
+                if self.cursor >= self.end {
+                    return self.end(DcpEndReason::Ok, out);
+                }
+                if !sent {
+                    // Everything was filtered out: look again at once.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Poll::Ready(())
+            }
+            Read::Behind { base } => {
+                let Some(p) = &b.persistence else {
+                    return self.end(DcpEndReason::Slow, out);
+                };
+                let persisted = vb.persist.persisted();
+                if persisted < base.min(self.end) {
+                    // The disk has not reached the log yet: wait for the flusher.
+                    let waker = cx.waker().clone();
+                    if !vb
+                        .persist
+                        .when_persisted(base.min(self.end), Box::new(move |_| waker.wake()))
+                    {
+                        cx.waker().wake_by_ref();
+                    } else {
+                        p.urgent(self.vbid);
+                    }
+                    return Poll::Pending;
+                }
+                let hcs = p.high_completed_seqno(self.vbid);
+                self.phase = Phase::Backfill {
+                    upto: persisted.min(self.end),
+                    hcs,
+                    marker: false,
+                };
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+
+    fn read_disk(&mut self, b: &Bucket, budget: usize, out: &mut Vec<DcpEvent>) -> Poll<()> {
+        let Phase::Backfill { upto, hcs, marker } = self.phase else {
+            return Poll::Pending;
+        };
+        let Some(p) = &b.persistence else {
+            return self.end(DcpEndReason::BackfillFailed, out);
+        };
+        let mut events = Vec::new();
+        let mut size = 0usize;
+        let mut last = self.cursor;
+        let mut max_visible = 0;
+        let mut stopped = false;
+        let sync = self.sync;
+        let scanned = p.scan_by_seqno(self.vbid, self.cursor + 1, upto, &mut |d: Document| {
+            if size >= budget {
+                stopped = true;
+                return ScanControl::Stop;
+            }
+            last = d.seqno;
+            let prepare = crate::durability::prepared_key_of(&d.key).is_some();
+            if !prepare {
+                max_visible = d.seqno;
+            }
+            if !self.wanted(&d.key)
+                || !b
+                    .collections
+                    .is_live(epkv_types::doc_key::collection_of(&d.key))
+                    && !prepare
+            {
+                return ScanControl::Continue;
+            }
+            let kind = if prepare {
+                if d.deleted || d.seqno <= hcs {
+                    // Aborted or completed: its outcome is what the snapshot carries.
+                    return ScanControl::Continue;
+                }
+                // The level is not stored: a pending prepare read back is Majority.
+                LogKind::Prepare(1)
+            } else if d.deleted {
+                LogKind::Deletion
+            } else {
+                LogKind::Mutation
+            };
+            if let Some(ev) = event_of(kind, d, sync) {
+                size += ev.wire_size();
+                events.push(ev);
+            }
+            ScanControl::Continue
+        });
+        if let Err(e) = scanned {
+            tracing::error!(vbid = %self.vbid, error = %e, "DCP backfill failed");
+            return self.end(DcpEndReason::BackfillFailed, out);
+        }
+        if !events.is_empty() && !marker {
+            out.push(DcpEvent::SnapshotMarker {
+                start: self.cursor + 1,
+                end: upto,
+                flags: SNAPSHOT_DISK | SNAPSHOT_CHECKPOINT,
+                max_visible: max_visible.max(self.cursor),
+                high_completed: Some(hcs),
+            });
+        }
+        let sent_marker = marker || !events.is_empty();
+        out.extend(events);
+        if stopped {
+            self.cursor = last;
+            self.phase = Phase::Backfill {
+                upto,
+                hcs,
+                marker: sent_marker,
+            };
+        } else {
+            self.cursor = upto;
+            self.phase = Phase::Memory;
+            if self.cursor >= self.end {
+                return self.end(DcpEndReason::Ok, out);
+            }
+        }
+        Poll::Ready(())
+    }
+}
+
+impl DcpStream for Stream {
+    fn poll_events(
+        &mut self,
+        cx: &mut Context<'_>,
+        budget_bytes: usize,
+        out: &mut Vec<DcpEvent>,
+    ) -> Poll<()> {
+        if matches!(self.phase, Phase::Done) {
+            return Poll::Pending;
+        }
+        let Some(b) = self.bucket.upgrade() else {
+            return self.end(DcpEndReason::StateChanged, out);
+        };
+        let Some(vb) = b.vbuckets.get(usize::from(self.vbid.0)) else {
+            return self.end(DcpEndReason::StateChanged, out);
+        };
+        if vb.state_hint() != VBucketState::Active || vb.uuid() != self.uuid {
+            return self.end(DcpEndReason::StateChanged, out);
+        }
+        if self.cursor >= self.end {
+            return self.end(DcpEndReason::Ok, out);
+        }
+        let before = out.len();
+        let r = match self.phase {
+            Phase::Memory => self.read_memory(&b, vb, cx, budget_bytes, out),
+            Phase::Backfill { .. } => self.read_disk(&b, budget_bytes, out),
+            Phase::Done => Poll::Pending,
+        };
+        if r.is_ready() && out.len() == before {
+            // A backfill chunk with nothing to send: go on at the next poll.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        r
+    }
+
+    fn vbucket_uuid(&self) -> u64 {
+        self.uuid
+    }
+
+    fn last_seqno(&self) -> u64 {
+        self.cursor
+    }
+
+    fn backfilling(&self) -> bool {
+        matches!(self.phase, Phase::Backfill { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(start: u64, uuid: u64, snap: (u64, u64)) -> DcpStreamRequest {
+        DcpStreamRequest {
+            start_seqno: start,
+            end_seqno: u64::MAX,
+            vbucket_uuid: uuid,
+            snap_start_seqno: snap.0,
+            snap_end_seqno: snap.1,
+            ..DcpStreamRequest::default()
+        }
+    }
+
+    #[test]
+    fn history_check_follows_the_failover_log() {
+        // Branch 7 began at 0, branch 9 at 100; high seqno 150.
+        let log = [(9, 100), (7, 0)];
+        assert_eq!(check_history(&log, 150, 0, &req(0, 0, (0, 0))), Ok(9));
+        assert_eq!(check_history(&log, 150, 0, &req(120, 9, (120, 120))), Ok(9));
+        // On the old branch, up to where the new one began.
+        assert_eq!(check_history(&log, 150, 0, &req(90, 7, (90, 90))), Ok(9));
+        // Past the branch point on the old branch: roll back to it.
+        assert_eq!(
+            check_history(&log, 150, 0, &req(120, 7, (120, 120))),
+            Err(DcpStreamError::Rollback(100))
+        );
+        // In a snapshot that straddles the branch point: to the snapshot's start.
+        assert_eq!(
+            check_history(&log, 150, 0, &req(95, 7, (90, 110))),
+            Err(DcpStreamError::Rollback(90))
+        );
+        // An unknown branch: from scratch.
+        assert_eq!(
+            check_history(&log, 150, 0, &req(10, 5, (10, 10))),
+            Err(DcpStreamError::Rollback(0))
+        );
+        // Ahead of the vBucket: roll back to its high seqno.
+        assert_eq!(
+            check_history(&log, 150, 0, &req(200, 9, (200, 200))),
+            Err(DcpStreamError::Rollback(150))
+        );
+        // Deletions purged after the client's seqno.
+        assert_eq!(
+            check_history(&log, 150, 50, &req(40, 9, (40, 40))),
+            Err(DcpStreamError::Rollback(0))
+        );
+        // Malformed requests.
+        let mut r = req(10, 9, (10, 10));
+        r.end_seqno = 5;
+        assert_eq!(
+            check_history(&log, 150, 0, &r),
+            Err(DcpStreamError::Status(EngineStatus::OutOfRange))
+        );
+        assert_eq!(
+            check_history(&log, 150, 0, &req(10, 9, (11, 12))),
+            Err(DcpStreamError::Status(EngineStatus::Invalid))
+        );
+    }
+}

@@ -1,0 +1,469 @@
+//! DCP streams through the engine: from the in-memory log, backfilled from disk, with and
+//! without sync replication, ending and refusing as KV-Engine's do; and a property test
+//! that a stream from zero rebuilds the bucket's documents.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers outside #[test] functions panic on failure"
+)]
+use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
+use epkv_engine_api::dcp::{DcpEndReason, SNAPSHOT_DISK, SNAPSHOT_MEMORY};
+use epkv_engine_api::{
+    DcpEvent, DcpStream, DcpStreamError, DcpStreamRequest, DurabilityRequirements, Engine,
+    EngineStatus, Expiry, RemoveRequest, StoreOp, StoreRequest,
+};
+use epkv_types::{
+    Cas, Datatype, DurabilityLevel, NUM_VBUCKETS, VBucketState, Vbid, vbucket_for_key,
+};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+/// A waker that counts its wakes.
+#[derive(Default)]
+struct Counter(AtomicUsize);
+
+impl Wake for Counter {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct Poller {
+    counter: Arc<Counter>,
+    waker: Waker,
+}
+
+impl Poller {
+    fn new() -> Self {
+        let counter = Arc::new(Counter::default());
+        let waker = Waker::from(Arc::clone(&counter));
+        Self { counter, waker }
+    }
+
+    fn wakes(&self) -> usize {
+        self.counter.0.load(Ordering::SeqCst)
+    }
+
+    /// Polls until the stream has nothing more to give now (at most `rounds` polls).
+    fn drain(&self, s: &mut dyn DcpStream, rounds: usize) -> Vec<DcpEvent> {
+        let mut out = Vec::new();
+        let mut cx = Context::from_waker(&self.waker);
+        for _ in 0..rounds {
+            let before = self.wakes();
+            match s.poll_events(&mut cx, 4096, &mut out) {
+                Poll::Ready(()) => {
+                    if matches!(out.last(), Some(DcpEvent::End(_))) {
+                        break;
+                    }
+                }
+                // Pending with a self-wake means "poll again"; without, it is waiting.
+                Poll::Pending if self.wakes() == before => break,
+                Poll::Pending => {}
+            }
+        }
+        out
+    }
+}
+
+fn open(dir: &Path, persistent: bool) -> Arc<Bucket> {
+    let persistence = persistent.then(|| {
+        let mut p = PersistenceConfig::new(dir);
+        p.flusher = FlusherMode::Manual;
+        p.shards = 2;
+        p
+    });
+    let b = Bucket::new(
+        BucketConfig {
+            expiry_pager_interval: Duration::ZERO,
+            flush_enabled: true,
+            persistence,
+            ..BucketConfig::default()
+        },
+        EngineClock::System,
+    )
+    .unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
+    b
+}
+
+const VB: Vbid = Vbid(5);
+
+/// The `i`th key (from 0) of vBucket `vb`.
+fn key_in(vb: Vbid, i: usize) -> String {
+    (0..)
+        .map(|n| format!("key-{n}"))
+        .filter(|k| vbucket_for_key(k.as_bytes(), NUM_VBUCKETS) == vb)
+        .nth(i)
+        .unwrap()
+}
+
+fn set(b: &Bucket, key: &str, value: &str) -> u64 {
+    set_durable(b, key, value, None).unwrap()
+}
+
+fn set_durable(
+    b: &Bucket,
+    key: &str,
+    value: &str,
+    durability: Option<DurabilityRequirements>,
+) -> Result<u64, EngineStatus> {
+    b.store(StoreRequest {
+        op: StoreOp::Set,
+        vbid: vbucket_for_key(key.as_bytes(), NUM_VBUCKETS),
+        key: key.as_bytes(),
+        value: value.as_bytes(),
+        flags: 3,
+        expiry: Expiry::Never,
+        cas: Cas(0),
+        datatype: Datatype::RAW,
+        durability,
+        preserve_ttl: false,
+    })
+    .map(|m| m.seqno.0)
+}
+
+fn delete(b: &Bucket, key: &str) -> u64 {
+    b.remove(RemoveRequest {
+        vbid: vbucket_for_key(key.as_bytes(), NUM_VBUCKETS),
+        key: key.as_bytes(),
+        cas: Cas(0),
+        durability: None,
+    })
+    .unwrap()
+    .seqno
+    .0
+}
+
+fn high_seqno(b: &Bucket, vb: Vbid) -> u64 {
+    b.vbucket_seqnos(vb).unwrap().high_seqno.0
+}
+
+fn uuid(b: &Bucket, vb: Vbid) -> u64 {
+    b.vbucket_seqnos(vb).unwrap().failover_log[0].uuid
+}
+
+fn from(start: u64) -> DcpStreamRequest {
+    DcpStreamRequest {
+        start_seqno: start,
+        end_seqno: u64::MAX,
+        snap_start_seqno: start,
+        snap_end_seqno: start,
+        ..DcpStreamRequest::default()
+    }
+}
+
+fn stream(b: &Bucket, vb: Vbid, mut req: DcpStreamRequest) -> Box<dyn DcpStream> {
+    if req.start_seqno > 0 {
+        req.vbucket_uuid = uuid(b, vb);
+    }
+    b.dcp_stream(vb, req).unwrap()
+}
+
+/// (kind, key, seqno) of the document events.
+fn docs(events: &[DcpEvent]) -> Vec<(&'static str, String, u64)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            DcpEvent::Mutation(d) => Some(("mutation", d.key.clone(), d.seqno)),
+            DcpEvent::Deletion(d) => Some(("deletion", d.key.clone(), d.seqno)),
+            DcpEvent::Prepare { doc, .. } => Some(("prepare", doc.key.clone(), doc.seqno)),
+            DcpEvent::Commit {
+                key, commit_seqno, ..
+            } => Some(("commit", key.clone(), *commit_seqno)),
+            DcpEvent::Abort {
+                key, abort_seqno, ..
+            } => Some(("abort", key.clone(), *abort_seqno)),
+            _ => None,
+        })
+        .map(|(k, key, s)| (k, String::from_utf8(key).unwrap(), s))
+        .collect()
+}
+
+fn markers(events: &[DcpEvent]) -> Vec<(u64, u64, u32)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            DcpEvent::SnapshotMarker {
+                start, end, flags, ..
+            } => Some((*start, *end, *flags)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_stream_from_the_high_seqno_sends_new_changes_from_memory_and_wakes_its_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    let (k1, k2) = (key_in(VB, 1), key_in(VB, 2));
+    set(&b, &k1, "old");
+    let mut s = stream(&b, VB, from(high_seqno(&b, VB)));
+    let p = Poller::new();
+    assert!(p.drain(s.as_mut(), 5).is_empty(), "nothing new yet");
+    let s1 = set(&b, &k1, "new");
+    assert_eq!(p.wakes(), 1, "the write woke the waiting stream");
+    let s2 = set(&b, &k2, "v");
+    let s3 = delete(&b, &k1);
+    let events = p.drain(s.as_mut(), 5);
+    assert_eq!(
+        docs(&events),
+        vec![
+            ("mutation", k1.clone(), s1),
+            ("mutation", k2.clone(), s2),
+            ("deletion", k1.clone(), s3)
+        ]
+    );
+    let m = markers(&events);
+    assert_eq!(m.len(), 1);
+    assert_eq!((m[0].0, m[0].1), (s1, s3));
+    assert!(m[0].2 & SNAPSHOT_MEMORY != 0);
+    assert_eq!(s.last_seqno(), s3);
+    b.shutdown();
+}
+
+#[test]
+fn a_stream_from_zero_backfills_the_newest_versions_from_disk_then_follows_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    let keys: Vec<String> = (0..20).map(|i| key_in(VB, i)).collect();
+    for k in &keys {
+        set(&b, k, "v1");
+    }
+    for k in &keys[..5] {
+        set(&b, k, "v2");
+    }
+    for k in &keys[5..8] {
+        delete(&b, k);
+    }
+    b.flush_all().unwrap();
+    let persisted = high_seqno(&b, VB);
+    let mut s = stream(&b, VB, from(0));
+    let p = Poller::new();
+    let events = p.drain(s.as_mut(), 100);
+    let got = docs(&events);
+    // Each key once, at its newest seqno, in seqno order.
+    assert_eq!(got.len(), 20);
+    assert!(got.windows(2).all(|w| w[0].2 < w[1].2));
+    assert_eq!(got.iter().filter(|d| d.0 == "deletion").count(), 3);
+    let m = markers(&events);
+    assert_eq!(m, vec![(1, persisted, m[0].2)]);
+    assert!(m[0].2 & SNAPSHOT_DISK != 0);
+    assert!(!s.backfilling());
+    // Then new writes come from memory.
+    let next = set(&b, &keys[0], "v3");
+    let events = p.drain(s.as_mut(), 5);
+    assert_eq!(docs(&events), vec![("mutation", keys[0].clone(), next)]);
+    assert!(markers(&events)[0].2 & SNAPSHOT_MEMORY != 0);
+    b.shutdown();
+}
+
+#[test]
+fn a_backfill_waits_for_the_flusher_and_a_stream_ends_at_its_end_seqno() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    let keys: Vec<String> = (0..5).map(|i| key_in(VB, i)).collect();
+    let seqnos: Vec<u64> = keys.iter().map(|k| set(&b, k, "v")).collect();
+    let mut req = from(0);
+    req.end_seqno = seqnos[3];
+    let mut s = stream(&b, VB, req);
+    let p = Poller::new();
+    assert!(p.drain(s.as_mut(), 5).is_empty(), "nothing on disk yet");
+    b.flush_all().unwrap();
+    assert!(p.wakes() > 0, "the flush woke the stream");
+    let events = p.drain(s.as_mut(), 100);
+    assert_eq!(docs(&events).len(), 4);
+    assert_eq!(events.last(), Some(&DcpEvent::End(DcpEndReason::Ok)));
+    assert_eq!(s.last_seqno(), seqnos[3]);
+    b.shutdown();
+}
+
+#[test]
+fn sync_replication_streams_get_prepares_and_commits_the_others_the_mutation() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    let k = key_in(VB, 1);
+    let start = high_seqno(&b, VB);
+    let mut plain = stream(&b, VB, from(start));
+    let mut sync = stream(
+        &b,
+        VB,
+        DcpStreamRequest {
+            sync_replication: true,
+            ..from(start)
+        },
+    );
+    let prepared = set_durable(
+        &b,
+        &k,
+        "durable",
+        Some(DurabilityRequirements {
+            level: DurabilityLevel::Majority,
+            timeout: None,
+        }),
+    )
+    .unwrap();
+    let p = Poller::new();
+    let got = docs(&p.drain(sync.as_mut(), 5));
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0], ("prepare", k.clone(), prepared));
+    assert_eq!((got[1].0, &got[1].1), ("commit", &k));
+    assert!(got[1].2 > prepared);
+    let events = p.drain(plain.as_mut(), 5);
+    assert_eq!(docs(&events), vec![("mutation", k.clone(), got[1].2)]);
+    if let Some(DcpEvent::Mutation(d)) = events.iter().find(|e| matches!(e, DcpEvent::Mutation(_)))
+    {
+        assert_eq!(&d.value[..], b"durable");
+    }
+    b.shutdown();
+}
+
+#[test]
+fn stream_requests_are_checked_against_the_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    let k = key_in(VB, 1);
+    set(&b, &k, "v");
+    let high = high_seqno(&b, VB);
+    // An unknown branch rolls back to zero.
+    let mut r = from(high);
+    r.vbucket_uuid = 12345;
+    assert_eq!(b.dcp_stream(VB, r).err(), Some(DcpStreamError::Rollback(0)));
+    // Ahead of the vBucket: back to its high seqno.
+    let mut r = from(high + 10);
+    r.vbucket_uuid = uuid(&b, VB);
+    assert_eq!(
+        b.dcp_stream(VB, r).err(),
+        Some(DcpStreamError::Rollback(high))
+    );
+    // Not active here.
+    b.set_vbucket_state(Vbid(6), VBucketState::Replica).unwrap();
+    assert_eq!(
+        b.dcp_stream(Vbid(6), from(0)).err(),
+        Some(DcpStreamError::Status(EngineStatus::NotMyVbucket))
+    );
+    b.shutdown();
+}
+
+#[test]
+fn a_state_change_ends_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    let mut s = stream(&b, VB, from(high_seqno(&b, VB)));
+    let p = Poller::new();
+    assert!(p.drain(s.as_mut(), 5).is_empty());
+    b.set_vbucket_state(VB, VBucketState::Replica).unwrap();
+    assert!(p.wakes() > 0, "the state change woke the stream");
+    assert_eq!(
+        p.drain(s.as_mut(), 5),
+        vec![DcpEvent::End(DcpEndReason::StateChanged)]
+    );
+    b.shutdown();
+}
+
+#[test]
+fn a_memory_only_bucket_streams_from_its_high_seqno_only() {
+    let b = open(Path::new("/nonexistent"), false);
+    let k = key_in(VB, 1);
+    set(&b, &k, "v");
+    assert_eq!(
+        b.dcp_stream(VB, from(0)).err(),
+        Some(DcpStreamError::Status(EngineStatus::NotSupported))
+    );
+    let mut s = stream(&b, VB, from(high_seqno(&b, VB)));
+    let seqno = set(&b, &k, "w");
+    let p = Poller::new();
+    assert_eq!(
+        docs(&p.drain(s.as_mut(), 5)),
+        vec![("mutation", k.clone(), seqno)]
+    );
+    b.shutdown();
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Set(usize, u8),
+    Delete(usize),
+    Flush,
+    /// Poll the live stream.
+    Poll,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..12usize, any::<u8>()).prop_map(|(k, v)| Op::Set(k, v)),
+        2 => (0..12usize).prop_map(Op::Delete),
+        1 => Just(Op::Flush),
+        2 => Just(Op::Poll),
+    ]
+}
+
+/// Applies stream events to a replica model: key → value (deletions remove).
+fn apply(model: &mut BTreeMap<String, Vec<u8>>, events: &[DcpEvent], last: &mut u64) {
+    for e in events {
+        if let Some(s) = e.seqno() {
+            assert!(s > *last, "seqnos increase: {s} after {last}");
+            *last = s;
+        }
+        match e {
+            DcpEvent::Mutation(d) => {
+                model.insert(String::from_utf8(d.key.clone()).unwrap(), d.value.to_vec());
+            }
+            DcpEvent::Deletion(d) => {
+                model.remove(&String::from_utf8(d.key.clone()).unwrap());
+            }
+            _ => {}
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// A stream opened at the start, polled now and then while writes and flushes go on,
+    /// and a second stream opened from zero at the end, both leave a consumer with exactly
+    /// the bucket's documents, their seqnos increasing.
+    #[test]
+    fn streams_rebuild_the_bucket(ops in proptest::collection::vec(op(), 1..60)) {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path(), true);
+        let keys: Vec<String> = (0..12).map(|i| key_in(VB, i)).collect();
+        let mut truth: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let p = Poller::new();
+        let mut live = stream(&b, VB, from(0));
+        let mut replica = BTreeMap::new();
+        let mut last = 0;
+        for op in &ops {
+            match op {
+                Op::Set(k, v) => {
+                    let value = format!("v{v}");
+                    set(&b, &keys[*k], &value);
+                    truth.insert(keys[*k].clone(), value.into_bytes());
+                }
+                Op::Delete(k) => {
+                    if truth.remove(&keys[*k]).is_some() {
+                        delete(&b, &keys[*k]);
+                    }
+                }
+                Op::Flush => {
+                    b.flush_all().unwrap();
+                }
+                Op::Poll => apply(&mut replica, &p.drain(live.as_mut(), 50), &mut last),
+            }
+        }
+        b.flush_all().unwrap();
+        apply(&mut replica, &p.drain(live.as_mut(), 200), &mut last);
+        prop_assert_eq!(&replica, &truth);
+        prop_assert_eq!(last, high_seqno(&b, VB));
+        let mut fresh = stream(&b, VB, from(0));
+        let mut rebuilt = BTreeMap::new();
+        let mut last = 0;
+        apply(&mut rebuilt, &p.drain(fresh.as_mut(), 200), &mut last);
+        prop_assert_eq!(&rebuilt, &truth);
+        b.shutdown();
+    }
+}
