@@ -3,8 +3,11 @@
 //!
 //! - Debian packages: `libmemcached-tools` (memccapable, memcaslap), `memcached` (the
 //!   benchmark and parity peer), `python3-venv`, `prometheus` (`promtool` and the server
-//!   the metrics tests scrape with), `openssl` (certificates for the SDK TLS test);
-//!   `apt-get update && apt-get install` runs only when one is missing.
+//!   the metrics tests scrape with), `openssl` (certificates for the SDK TLS test),
+//!   `golang-go` when no `go` is on PATH (tests/dcp-go, the gocbcore DCP client: gocbcore
+//!   v10.8.1 needs Go >= 1.21, as in trixie; bookworm's golang-go is 1.19, too old, and the
+//!   pytest fixture says so); `apt-get update && apt-get install` runs only when one is
+//!   missing.
 //! - A Python virtualenv at `.venv` with the pinned packages of
 //!   `tests/python/requirements.txt` (python-binary-memcached, pytest and the Couchbase
 //!   Python SDK `couchbase==4.6.3`, a manylinux wheel bundling its C++ core); pip runs only when that file changed since the last
@@ -47,6 +50,12 @@ const APT_PACKAGES: &[AptPackage] = &[
     AptPackage {
         name: "openssl",
         provides: Some("openssl"),
+    },
+    // tests/python/test_dcp_gocbcore.py builds tests/dcp-go (gocbcore's DCP client) with it.
+    // A `go` already on PATH (such as an upstream toolchain in /usr/local/go) counts.
+    AptPackage {
+        name: "golang-go",
+        provides: Some("go"),
     },
 ];
 
