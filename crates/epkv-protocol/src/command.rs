@@ -489,7 +489,9 @@ impl<'a> Command<'a> {
     ///
     /// # Errors
     /// The status to answer the request with:
-    /// - [`Status::UnknownCommand`]: an opcode that is not in the table or not implemented;
+    /// - [`Status::UnknownCommand`]: an opcode that is not in the table or not implemented,
+    ///   and every DCP opcode ([`Opcode::is_dcp`]): those are decoded from the raw
+    ///   [`Request`] by [`crate::dcp::DcpRequest::decode`] instead;
     /// - [`Status::Einval`]: unknown datatype bits or bits the opcode does not accept;
     ///   wrong extras length; a key or value that must be absent or present and is not;
     ///   a key over 250 bytes; a CAS that must be zero or set and is not; a malformed

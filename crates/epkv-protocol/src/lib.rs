@@ -12,7 +12,9 @@
 //! Key types: [`Request`] (a borrowed view of one request packet), [`Command`] (a
 //! validated, typed request), [`Response`] (encode and parse), [`RequestHeader`] /
 //! [`ResponseHeader`], [`Limits`], [`HeaderError`] (the connection must be closed) and
-//! [`Status`] (the request is answered with this status).
+//! [`Status`] (the request is answered with this status). The [`dcp`] module holds the
+//! DCP codecs: [`dcp::DcpRequest`] for what a DCP client sends, [`dcp::DcpMessage`] and
+//! the `dcp::encode_*` functions for what a producer streams back.
 //!
 //! Invariants: nothing from the wire is trusted. Every length is checked against the
 //! buffer and against [`Limits`] before it is used; decoding never panics and never
@@ -46,6 +48,7 @@
 #![deny(rustdoc::broken_intra_doc_links)]
 
 mod command;
+pub mod dcp;
 mod doc_tables;
 mod durability;
 mod error_map;

@@ -126,6 +126,50 @@ opcodes! {
     GetVbucket = 0x3e, "GET_VBUCKET", true;
     /// Delete a vBucket.
     DelVbucket = 0x3f, "DEL_VBUCKET", false;
+    /// DCP: name a connection and make it a producer or a consumer (extras: seqno u32,
+    /// flags u32; key: the connection name; value: optional JSON).
+    DcpOpen = 0x50, "DCP_OPEN", true;
+    /// DCP: ask a consumer to open a stream with its producer.
+    DcpAddStream = 0x51, "DCP_ADD_STREAM", false;
+    /// DCP: close the stream of the header's vBucket.
+    DcpCloseStream = 0x52, "DCP_CLOSE_STREAM", true;
+    /// DCP: open a stream of one vBucket's changes (48 bytes of extras).
+    DcpStreamReq = 0x53, "DCP_STREAM_REQ", true;
+    /// DCP: a vBucket's failover log (pairs of vBucket UUID and seqno, newest first).
+    DcpGetFailoverLog = 0x54, "DCP_GET_FAILOVER_LOG", true;
+    /// DCP, producer to consumer: a stream has ended (extras: reason u32).
+    DcpStreamEnd = 0x55, "DCP_STREAM_END", false;
+    /// DCP, producer to consumer: the seqno range of the snapshot that follows.
+    DcpSnapshotMarker = 0x56, "DCP_SNAPSHOT_MARKER", false;
+    /// DCP, producer to consumer: a document was created or changed.
+    DcpMutation = 0x57, "DCP_MUTATION", false;
+    /// DCP, producer to consumer: a document was deleted.
+    DcpDeletion = 0x58, "DCP_DELETION", false;
+    /// DCP, producer to consumer: a document expired.
+    DcpExpiration = 0x59, "DCP_EXPIRATION", false;
+    /// DCP, producer to consumer: a vBucket changed state (takeover).
+    DcpSetVbucketState = 0x5b, "DCP_SET_VBUCKET_STATE", false;
+    /// DCP: keep-alive the producer sends and the consumer answers.
+    DcpNoop = 0x5c, "DCP_NOOP", true;
+    /// DCP, consumer to producer: flow control, the bytes the consumer has processed.
+    DcpBufferAcknowledgement = 0x5d, "DCP_BUFFER_ACKNOWLEDGEMENT", true;
+    /// DCP: set a connection option (key: the name, value: the setting).
+    DcpControl = 0x5e, "DCP_CONTROL", true;
+    /// DCP, producer to consumer: a collection or scope event.
+    DcpSystemEvent = 0x5f, "DCP_SYSTEM_EVENT", false;
+    /// DCP, producer to consumer: the first stage of a SyncWrite.
+    DcpPrepare = 0x60, "DCP_PREPARE", false;
+    /// DCP, consumer to producer: the highest seqno the replica has prepared.
+    DcpSeqnoAcknowledged = 0x61, "DCP_SEQNO_ACKNOWLEDGED", false;
+    /// DCP, producer to consumer: a prepared SyncWrite was committed.
+    DcpCommit = 0x62, "DCP_COMMIT", false;
+    /// DCP, producer to consumer: a prepared SyncWrite was aborted.
+    DcpAbort = 0x63, "DCP_ABORT", false;
+    /// DCP, producer to consumer: the vBucket's seqno moved past changes the stream does
+    /// not carry.
+    DcpSeqnoAdvanced = 0x64, "DCP_SEQNO_ADVANCED", false;
+    /// DCP, producer to consumer: the start or end of an out-of-seqno-order snapshot.
+    DcpOsoSnapshot = 0x65, "DCP_OSO_SNAPSHOT", false;
     /// Read from a replica vBucket.
     GetReplica = 0x83, "GET_REPLICA", false;
     /// Select the bucket for this connection.
@@ -214,6 +258,39 @@ impl Opcode {
     }
 }
 
+impl Opcode {
+    /// Returns true for the DCP opcodes (0x50..=0x65). They are not [`crate::Command`]s:
+    /// [`crate::Command::decode`] answers them [`crate::Status::UnknownCommand`], and the
+    /// front end decodes them with [`crate::dcp`] instead.
+    #[must_use]
+    pub fn is_dcp(self) -> bool {
+        matches!(
+            self,
+            Opcode::DcpOpen
+                | Opcode::DcpAddStream
+                | Opcode::DcpCloseStream
+                | Opcode::DcpStreamReq
+                | Opcode::DcpGetFailoverLog
+                | Opcode::DcpStreamEnd
+                | Opcode::DcpSnapshotMarker
+                | Opcode::DcpMutation
+                | Opcode::DcpDeletion
+                | Opcode::DcpExpiration
+                | Opcode::DcpSetVbucketState
+                | Opcode::DcpNoop
+                | Opcode::DcpBufferAcknowledgement
+                | Opcode::DcpControl
+                | Opcode::DcpSystemEvent
+                | Opcode::DcpPrepare
+                | Opcode::DcpSeqnoAcknowledged
+                | Opcode::DcpCommit
+                | Opcode::DcpAbort
+                | Opcode::DcpSeqnoAdvanced
+                | Opcode::DcpOsoSnapshot
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,6 +304,14 @@ mod tests {
             if let Some(op) = Opcode::from_u8(v) {
                 assert_eq!(op.as_u8(), v);
             }
+        }
+    }
+
+    #[test]
+    fn dcp_opcodes_are_exactly_the_dcp_range() {
+        for op in Opcode::ALL {
+            assert_eq!(op.is_dcp(), (0x50..=0x65).contains(&op.as_u8()), "{op:?}");
+            assert_eq!(op.is_dcp(), op.name().starts_with("DCP_"), "{op:?}");
         }
     }
 }

@@ -203,8 +203,12 @@ fn sample(op: Opcode) -> Command<'static> {
     }
 }
 
+/// The implemented opcodes that are commands (DCP opcodes are decoded by `dcp` instead).
 fn implemented() -> impl Iterator<Item = Opcode> {
-    Opcode::ALL.iter().copied().filter(|op| op.is_implemented())
+    Opcode::ALL
+        .iter()
+        .copied()
+        .filter(|op| op.is_implemented() && !op.is_dcp())
 }
 
 #[test]
