@@ -15,6 +15,7 @@ mod auth_storm;
 mod collections;
 mod commands;
 mod couchbase;
+mod dcp;
 mod durability;
 mod eviction;
 mod expiry;

@@ -14,6 +14,16 @@ use crate::util;
 /// after making sure `.venv` has the pinned packages (the Couchbase SDK among them; pip
 /// runs only when `tests/python/requirements.txt` changed).
 pub(crate) fn pytest(profile: &str, extra: &[String]) -> Result<()> {
+    run_pytest(profile, extra, false)
+}
+
+/// [`pytest`] as CI runs it: with `EPKV_CI` set, so that tests needing a tool (Go for
+/// the gocbcore DCP client) fail instead of skipping when it is missing.
+pub(crate) fn pytest_ci(profile: &str, extra: &[String]) -> Result<()> {
+    run_pytest(profile, extra, true)
+}
+
+fn run_pytest(profile: &str, extra: &[String], ci: bool) -> Result<()> {
     deps::python_venv()?;
     let python = deps::venv_python();
     if !python.is_file() {
@@ -45,6 +55,9 @@ pub(crate) fn pytest(profile: &str, extra: &[String]) -> Result<()> {
         .args(extra)
         .env("EPKV_SERVER_BIN", &bin)
         .env("PYTHONDONTWRITEBYTECODE", "1");
+    if ci {
+        cmd.env("EPKV_CI", "1");
+    }
     // pytest exits 5 when it collected no test; `run` treats any non-zero exit as failure.
     util::run(&mut cmd)
 }

@@ -65,6 +65,17 @@ fn nodes_ext(local: SocketAddr, ports: NodePorts) -> String {
     )
 }
 
+/// The legacy `nodes` array: Go clients (gocbcore) keep a `nodesExt` entry only when
+/// `nodes` has one at the same position, named `host:mgmt port` with the KV port as
+/// `ports.direct` (the KV port stands in for the management port when none is served).
+fn nodes(local: SocketAddr, ports: NodePorts) -> String {
+    let (_, server) = host_and_server(local, ports.mgmt.unwrap_or(ports.kv));
+    format!(
+        "[{{\"hostname\":\"{server}\",\"ports\":{{\"direct\":{}}},\"thisNode\":true}}]",
+        ports.kv
+    )
+}
+
 /// The bucket config for `name` (a valid bucket name: no characters that need JSON
 /// escaping), for a client that connected to `local`. A vBucket maps to this node (0)
 /// while it is active here, else to no node (-1).
@@ -90,12 +101,13 @@ pub(crate) fn bucket_config(
     let _ = write!(
         s,
         "{{\"rev\":{rev},\"revEpoch\":{REV_EPOCH},\"name\":\"{name}\",\
-         \"nodeLocator\":\"vbucket\",\"nodesExt\":{},\
+         \"nodeLocator\":\"vbucket\",\"nodes\":{},\"nodesExt\":{},\
          \"collectionsManifestUid\":\"{uid:x}\",\
          \"vBucketServerMap\":{{\"hashAlgorithm\":\"CRC\",\"numReplicas\":0,\
          \"serverList\":[\"{server}\"],\"vBucketMap\":[{map}]}},\
          \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\",\"collections\"],\
          \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
+        nodes(local, ports),
         nodes_ext(local, ports)
     );
     s
@@ -157,6 +169,21 @@ mod tests {
             "{g}"
         );
         assert!(!g.contains("mgmtSSL"));
+    }
+
+    #[test]
+    fn the_legacy_nodes_array_pairs_the_management_and_kv_ports() {
+        let a: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let with_mgmt = NodePorts {
+            mgmt: Some(8091),
+            ..PLAIN
+        };
+        assert_eq!(
+            nodes(a, with_mgmt),
+            "[{\"hostname\":\"127.0.0.1:8091\",\"ports\":{\"direct\":4000},\"thisNode\":true}]"
+        );
+        let v6: SocketAddr = "[::1]:4000".parse().unwrap();
+        assert!(nodes(v6, PLAIN).contains("\"hostname\":\"[::1]:4000\""));
     }
 
     #[test]

@@ -38,7 +38,9 @@ use crate::transport::Transport;
 use crate::worker::ConnectionSlot;
 use bytes::{Buf, BytesMut};
 use epkv_engine_api::EngineStatus;
-use epkv_protocol::{Magic, Request, frame_hint, frame_len};
+use epkv_protocol::{
+    HEADER_LEN, Magic, Request, ResponseHeader, frame_hint, frame_len, response_frame_len,
+};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -201,6 +203,10 @@ impl<S: Transport> Connection<S> {
         let mut last_activity = tokio::time::Instant::now();
         let idle_sleep = tokio::time::sleep(idle.unwrap_or(std::time::Duration::MAX / 4));
         tokio::pin!(idle_sleep);
+        // A DCP producer's NOOP timer, armed once DCP_CONTROL enables NOOPs.
+        let noop_sleep = tokio::time::sleep(std::time::Duration::MAX / 4);
+        tokio::pin!(noop_sleep);
+        let mut noop_interval: Option<std::time::Duration> = None;
         let mut stop_signal = StopSignal::new(stop);
         // Replies handed to a stream that buffers writes (TLS) but not yet flushed to the
         // socket. Always false for TCP, where the compiler drops every use.
@@ -239,6 +245,9 @@ impl<S: Transport> Connection<S> {
                     );
                     rx
                 });
+                if let Some(p) = session.dcp.as_mut() {
+                    p.drain(&mut out, out_limit);
+                }
                 backlog = out.len() >= out_limit;
                 if let Some(nodelay) = session.nodelay_change.take()
                     && let Err(e) = stream.set_nodelay(nodelay)
@@ -310,6 +319,21 @@ impl<S: Transport> Connection<S> {
                     inbuf.reserve(READ_CHUNK);
                 }
             }
+            let dcp_room = session.dcp.is_some() && closing.is_none() && out.len() < out_limit;
+            let interval = session
+                .dcp
+                .as_ref()
+                .and_then(crate::dcp::Producer::noop_interval);
+            if interval != noop_interval {
+                // NOOPs switched on or their interval changed: the first is due one
+                // interval from now.
+                noop_interval = interval;
+                if let Some(every) = interval {
+                    noop_sleep
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + every);
+                }
+            }
             tokio::select! {
                 biased;
                 io = std::future::poll_fn(|cx| poll_io(
@@ -362,6 +386,25 @@ impl<S: Transport> Connection<S> {
                     // The blocked request is still first in the input buffer: the next
                     // pass executes it again, or answers the fetch's error.
                     session.fetch_done(outcome);
+                },
+                () = std::future::poll_fn(|cx| match session.dcp.as_mut() {
+                    Some(p) => p.poll_ready(cx),
+                    None => Poll::Pending,
+                }), if dcp_room => {
+                    if let Some(p) = session.dcp.as_mut() {
+                        p.drain(&mut out, out_limit);
+                    }
+                },
+                () = &mut noop_sleep, if noop_interval.is_some() => {
+                    if let Some(p) = session.dcp.as_mut()
+                        && !p.noop_due(&mut out)
+                    {
+                        tracing::info!(conn = id, %peer, "closing DCP connection: NOOP not answered");
+                        break "dcp noop not answered";
+                    }
+                    if let Some(every) = noop_interval {
+                        noop_sleep.as_mut().reset(tokio::time::Instant::now() + every);
+                    }
                 },
                 () = &mut idle_sleep, if idle.is_some() => {
                     let Some(idle) = idle else { continue };
@@ -507,6 +550,31 @@ fn process(
     let clock = &*shared.config.clock;
     let mut started = None;
     while out.len() < out_limit {
+        if session.dcp.is_some()
+            && inbuf
+                .first()
+                .is_some_and(|&b| Magic::from_u8(b).is_some_and(Magic::is_client_response))
+        {
+            // A DCP consumer answering the producer (a NOOP's response).
+            match response_frame_len(inbuf, limits) {
+                Ok(Some(n)) => {
+                    if let (Some(head), Some(p)) =
+                        (inbuf.first_chunk::<HEADER_LEN>(), session.dcp.as_mut())
+                        && let Ok(h) = ResponseHeader::decode(head, limits)
+                    {
+                        p.response(h.opcode, h.status);
+                    }
+                    inbuf.advance(n);
+                    continue;
+                }
+                Ok(None) => return None,
+                Err(e) => {
+                    tracing::info!(conn = id, %peer, error = %e, "closing DCP connection: response header cannot be trusted");
+                    inbuf.clear();
+                    return Some(Closing::BadHeader);
+                }
+            }
+        }
         let n = match frame_len(inbuf, limits) {
             Ok(Some(n)) => n,
             Ok(None) => {

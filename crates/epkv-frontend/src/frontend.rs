@@ -44,6 +44,8 @@ pub(crate) struct Shared {
     pub(crate) ports: NodePorts,
     /// The TLS configuration and its reload counters, when TLS is on.
     pub(crate) tls: Option<TlsReloader>,
+    /// The DCP producers, for the `dcp` STAT group.
+    pub(crate) dcp: crate::dcp::Registry,
 }
 
 impl Shared {
@@ -239,6 +241,7 @@ impl Frontend {
                 auth,
                 ports,
                 tls: tls_reloader,
+                dcp: crate::dcp::Registry::default(),
             }),
         })
     }

@@ -72,6 +72,7 @@ mod buckets;
 mod cluster_config;
 mod config;
 mod connection;
+mod dcp;
 mod error;
 mod frontend;
 mod response;

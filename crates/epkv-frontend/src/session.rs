@@ -17,7 +17,7 @@ use epkv_engine_api::{
     MutationInfo, RemoveRequest, StoreRequest, VBucketSeqnos,
 };
 use epkv_protocol::{
-    Command, DurabilityRequirement, Feature, HelloFeatures, ObserveState, Request, Status,
+    Command, DurabilityRequirement, Feature, HelloFeatures, ObserveState, Opcode, Request, Status,
     error_map_json,
 };
 use epkv_types::doc_key::{self, DocKeyBuf};
@@ -182,6 +182,8 @@ pub(crate) struct Session {
     /// The outcome a failed background fetch left for the request executed next (the one
     /// that waited for it), answered instead of executing it again.
     fail_next: Cell<Option<EngineStatus>>,
+    /// Set by DCP_OPEN: the connection is a DCP producer ([`crate::dcp`]).
+    pub(crate) dcp: Option<crate::dcp::Producer>,
 }
 
 /// A write's durability under a bucket minimum level: at least `min`, with the client's
@@ -243,6 +245,7 @@ impl Session {
             refetches: Cell::new(0),
             blocked_key: Cell::new(None),
             fail_next: Cell::new(None),
+            dcp: None,
         }
     }
 
@@ -431,6 +434,16 @@ impl Session {
             opcode: req.header.opcode,
             opaque: req.header.opaque,
         };
+        if let Some(op) = Opcode::from_u8(req.header.opcode)
+            && crate::dcp::is_dcp(op)
+        {
+            self.execute_dcp(shared, req, op, out, to);
+            return if self.disconnect.get() {
+                Flow::Disconnect
+            } else {
+                Flow::Continue
+            };
+        }
         let mut cmd = match Command::decode(req) {
             Ok(cmd) => cmd,
             Err(status) => {
@@ -530,6 +543,109 @@ impl Session {
             Flow::Disconnect
         } else {
             flow
+        }
+    }
+
+    /// A DCP request ([`crate::dcp`]).
+    fn execute_dcp(
+        &mut self,
+        shared: &Shared,
+        req: &Request<'_>,
+        op: Opcode,
+        out: &mut BytesMut,
+        to: ReplyTo,
+    ) {
+        use crate::dcp::{Producer, answer, not_a_producer};
+        use epkv_protocol::dcp as wire;
+        let Some(bucket) = self.bucket.clone() else {
+            self.fail_wire(out, to, Status::NoBucket, &[]);
+            return;
+        };
+        let vbid = req.header.vbucket;
+        match op {
+            Opcode::DcpOpen => {
+                let Ok(open) = wire::DcpOpen::decode(req.extras) else {
+                    return answer(out, to, Status::Einval);
+                };
+                if open.flags & wire::OPEN_PRODUCER == 0 {
+                    // Consumers and notifiers: epkv has no DCP consumer yet.
+                    return answer(out, to, Status::NotSupported);
+                }
+                if self.dcp.is_some() {
+                    return answer(out, to, Status::Einval);
+                }
+                let Ok(name) = std::str::from_utf8(req.key) else {
+                    return answer(out, to, Status::Einval);
+                };
+                tracing::info!(name, bucket = %bucket.name, flags = open.flags, "DCP producer opened");
+                self.dcp = Some(Producer::new(
+                    &shared.dcp,
+                    &bucket.name,
+                    bucket.engine.clone(),
+                    name,
+                    open.flags,
+                    self.collections,
+                ));
+                answer(out, to, Status::Success);
+            }
+            Opcode::DcpGetFailoverLog => match bucket.engine.vbucket_seqnos(vbid) {
+                Ok(_) => {
+                    let body = crate::dcp::failover_log_body(&*bucket.engine, vbid);
+                    put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &body);
+                }
+                Err(e) => self.fail(shared, out, to, e, &[]),
+            },
+            Opcode::DcpNoop => answer(out, to, Status::Success),
+            _ => {
+                let Some(p) = self.dcp.as_mut() else {
+                    return not_a_producer(out, to);
+                };
+                match op {
+                    Opcode::DcpControl => {
+                        let status = p.control(req.key, req.value);
+                        answer(out, to, status);
+                    }
+                    Opcode::DcpStreamReq => {
+                        let Ok(r) = wire::StreamReq::decode(req.extras) else {
+                            return answer(out, to, Status::Einval);
+                        };
+                        let collections = if self.collections {
+                            match crate::dcp::collection_filter(&*bucket.engine, req.value) {
+                                Ok(c) => c,
+                                Err(s) => return answer(out, to, s),
+                            }
+                        } else if req.value.is_empty() {
+                            None
+                        } else {
+                            return answer(out, to, Status::Einval);
+                        };
+                        let request = epkv_engine_api::DcpStreamRequest {
+                            start_seqno: r.start_seqno,
+                            end_seqno: r.end_seqno,
+                            vbucket_uuid: r.vbucket_uuid,
+                            snap_start_seqno: r.snap_start_seqno,
+                            snap_end_seqno: r.snap_end_seqno,
+                            sync_replication: false,
+                            // A consumer without collections sees the default collection.
+                            collections: collections.or((!self.collections).then(|| vec![0])),
+                        };
+                        if let Err(s) = p.stream_req(out, to, vbid, request) {
+                            answer(out, to, s);
+                        }
+                    }
+                    Opcode::DcpCloseStream => {
+                        let status = p.close_stream(vbid);
+                        answer(out, to, status);
+                    }
+                    Opcode::DcpBufferAcknowledgement => match wire::BufferAck::decode(req.extras) {
+                        // Not answered when it succeeds, as KV-Engine.
+                        Ok(ack) => p.buffer_ack(ack.bytes),
+                        Err(_) => answer(out, to, Status::Einval),
+                    },
+                    // Messages only a consumer takes.
+                    _ => answer(out, to, Status::NotSupported),
+                }
+            }
         }
     }
 
@@ -1377,6 +1493,12 @@ impl Session {
             ("", Some(engine)) => {
                 default_stats(shared, &mut sink);
                 engine.stats("", &mut sink)
+            }
+            ("dcp", Some(_)) => {
+                if let Some(b) = &self.bucket {
+                    shared.dcp.emit(&b.name, &mut sink);
+                }
+                Ok(())
             }
             (other, Some(engine)) => engine.stats(other, &mut sink),
             (_, None) => Err(EngineStatus::Internal),

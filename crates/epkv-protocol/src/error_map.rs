@@ -105,6 +105,7 @@ pub fn entry(status: Status) -> (&'static str, &'static [ErrorAttribute]) {
         Status::AuthError => ("AUTH_ERROR", &[A::Auth]),
         Status::AuthContinue => ("AUTH_CONTINUE", &[A::Auth, A::SpecialHandling]),
         Status::Erange => ("ERANGE", &[A::InvalidInput]),
+        Status::Rollback => ("ROLLBACK", &[A::SpecialHandling]),
         Status::Eaccess => ("EACCESS", &[A::Auth]),
         Status::UnknownFrameInfo => ("UNKNOWN_FRAME_INFO", &[A::Support]),
         Status::UnknownCommand => ("UNKNOWN_COMMAND", &[A::Support]),

@@ -70,6 +70,8 @@ statuses! {
     AuthContinue = 0x21, "Auth continue";
     /// Range error.
     Erange = 0x22, "Outside range";
+    /// A DCP stream request must roll back first (the value is the seqno to roll back to).
+    Rollback = 0x23, "Rollback required";
     /// No access.
     Eaccess = 0x24, "No access";
     /// Unknown frame info id.

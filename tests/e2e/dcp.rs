@@ -1,0 +1,343 @@
+//! DCP producer over a real socket: a raw consumer streams a vBucket with flow control,
+//! bad DCP requests get clear errors on a connection that stays usable, and a consumer
+//! that never answers NOOPs is disconnected while the server keeps serving.
+
+use crate::harness::{Server, key};
+use epkv_client::StoreOptions;
+use epkv_protocol::dcp::{self, DcpMessage, StreamReq};
+use epkv_protocol::{Limits, Request, ResponseHeader, Status};
+use epkv_types::{VBucketState, Vbid};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A packet the server sent: a response (to our request) or a request (a DCP message).
+enum Packet {
+    Response { status: u16, value: Vec<u8> },
+    Message(Vec<u8>),
+}
+
+/// A raw DCP consumer connection.
+struct Consumer {
+    sock: TcpStream,
+}
+
+impl Consumer {
+    async fn connect(server: &Server) -> Consumer {
+        Consumer {
+            sock: TcpStream::connect(server.addr).await.unwrap(),
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.sock.write_all(bytes).await.unwrap();
+    }
+
+    /// The next packet, or `None` when nothing comes within `wait` (or the server closed).
+    async fn next(&mut self, wait: Duration) -> Option<Packet> {
+        let mut head = [0u8; 24];
+        match tokio::time::timeout(wait, self.sock.read_exact(&mut head)).await {
+            Ok(Ok(_)) => {}
+            _ => return None,
+        }
+        let body_len = u32::from_be_bytes(head[8..12].try_into().unwrap()) as usize;
+        let mut packet = head.to_vec();
+        packet.resize(24 + body_len, 0);
+        self.sock.read_exact(&mut packet[24..]).await.unwrap();
+        if head[0] == 0x81 {
+            let h = ResponseHeader::decode(&head, &Limits::default()).unwrap();
+            let value_at = 24 + usize::from(h.extras_len) + usize::from(h.key_len);
+            Some(Packet::Response {
+                status: h.status,
+                value: packet[value_at..].to_vec(),
+            })
+        } else {
+            Some(Packet::Message(packet))
+        }
+    }
+
+    /// Sends `bytes` and returns the response's status and value.
+    async fn call(&mut self, bytes: &[u8]) -> (u16, Vec<u8>) {
+        self.send(bytes).await;
+        loop {
+            match self.next(Duration::from_secs(10)).await {
+                Some(Packet::Response { status, value, .. }) => return (status, value),
+                Some(Packet::Message(_)) => continue,
+                None => panic!("no response"),
+            }
+        }
+    }
+
+    async fn open(&mut self, name: &str, flags: u32) -> u16 {
+        let mut b = Vec::new();
+        dcp::encode_open(&mut b, 1, name.as_bytes(), flags).unwrap();
+        self.call(&b).await.0
+    }
+
+    async fn control(&mut self, k: &str, v: &str) -> u16 {
+        let mut b = Vec::new();
+        dcp::encode_control(&mut b, 2, k.as_bytes(), v.as_bytes()).unwrap();
+        self.call(&b).await.0
+    }
+
+    async fn stream_req(&mut self, vbid: Vbid, req: &StreamReq) -> (u16, Vec<u8>) {
+        let mut b = Vec::new();
+        dcp::encode_stream_req(&mut b, 7, vbid, req).unwrap();
+        self.call(&b).await
+    }
+}
+
+fn from_zero() -> StreamReq {
+    StreamReq {
+        flags: 0,
+        reserved: 0,
+        start_seqno: 0,
+        end_seqno: u64::MAX,
+        vbucket_uuid: 0,
+        snap_start_seqno: 0,
+        snap_end_seqno: 0,
+    }
+}
+
+/// Keys that all land in one vBucket, and that vBucket.
+async fn keys_in_one_vbucket(server: &Server, n: usize) -> (Vbid, Vec<Vec<u8>>) {
+    let c = server.client().await;
+    let target = c.vbucket_for(&key("dcp-0"));
+    let keys = (0..)
+        .map(|i| key(&format!("dcp-{i}")))
+        .filter(|k| c.vbucket_for(k) == target)
+        .take(n)
+        .collect();
+    (target, keys)
+}
+
+#[tokio::test]
+async fn a_raw_consumer_streams_a_vbucket_and_flow_control_holds_it_back() {
+    let server = Server::start();
+    let (vbid, keys) = keys_in_one_vbucket(&server, 60).await;
+    let mut c = server.client().await;
+    let value = vec![b'x'; 400];
+    for k in &keys {
+        assert!(
+            c.set(k, &value, StoreOptions::new())
+                .await
+                .unwrap()
+                .is_success()
+        );
+    }
+    for k in &keys[..10] {
+        assert!(c.delete(k, epkv_types::Cas(0)).await.unwrap().is_success());
+    }
+    let mut d = Consumer::connect(&server).await;
+    assert_eq!(d.open("e2e-flow", dcp::OPEN_PRODUCER).await, 0);
+    assert_eq!(d.control("connection_buffer_size", "4096").await, 0);
+    let (status, log) = d.stream_req(vbid, &from_zero()).await;
+    assert_eq!(status, 0);
+    assert_eq!(log.len() % 16, 0);
+    assert!(!log.is_empty(), "the reply carries the failover log");
+
+    // Without acknowledgements the producer stops near the window.
+    let mut unacked = 0usize;
+    let mut mutations = 0;
+    let mut deletions = 0;
+    let mut last_seqno = 0;
+    let mut ended = false;
+    for round in 0..200 {
+        let mut got_any = false;
+        while let Some(p) = d.next(Duration::from_millis(300)).await {
+            let Packet::Message(bytes) = p else { continue };
+            got_any = true;
+            unacked += bytes.len();
+            let req = Request::parse(&bytes, &Limits::default()).unwrap();
+            match DcpMessage::decode(&req).unwrap() {
+                DcpMessage::Mutation { meta, .. } => {
+                    assert!(meta.by_seqno > last_seqno);
+                    last_seqno = meta.by_seqno;
+                    mutations += 1;
+                }
+                DcpMessage::Deletion { meta, .. } => {
+                    assert!(meta.by_seqno > last_seqno);
+                    last_seqno = meta.by_seqno;
+                    deletions += 1;
+                }
+                DcpMessage::StreamEnd { .. } => ended = true,
+                _ => {}
+            }
+        }
+        if mutations + deletions == keys.len() {
+            break;
+        }
+        assert!(
+            got_any || round == 0 || unacked > 0,
+            "the stream stalled with nothing unacknowledged"
+        );
+        // Bounded by the window (plus the one message that crossed it).
+        assert!(unacked < 4096 + 600, "{unacked} bytes sent unacknowledged");
+        let mut ack = Vec::new();
+        dcp::encode_buffer_ack(&mut ack, 9, u32::try_from(unacked).unwrap()).unwrap();
+        d.send(&ack).await;
+        unacked = 0;
+    }
+    assert_eq!((mutations, deletions), (50, 10));
+    assert!(!ended, "an open-ended stream does not end");
+    // The STAT group shows the producer.
+    let stats = c.stat("dcp").await.unwrap();
+    assert!(
+        stats
+            .iter()
+            .any(|(k, v)| k == "eq_dcpq:e2e-flow:type" && v == "producer")
+    );
+    // Closing the stream; then the vBucket has none.
+    let mut close = Vec::new();
+    dcp::encode_close_stream(&mut close, 11, vbid).unwrap();
+    assert_eq!(d.call(&close).await.0, 0);
+    assert_eq!(d.call(&close).await.0, Status::KeyEnoent as u16);
+}
+
+#[tokio::test]
+async fn bad_dcp_requests_get_clear_errors_and_the_connection_stays() {
+    let server = Server::start();
+    let (vbid, keys) = keys_in_one_vbucket(&server, 1).await;
+    let mut c = server.client().await;
+    assert!(
+        c.set(&keys[0], b"v", StoreOptions::new())
+            .await
+            .unwrap()
+            .is_success()
+    );
+    let mut d = Consumer::connect(&server).await;
+    // Before DCP_OPEN.
+    assert_eq!(
+        d.stream_req(vbid, &from_zero()).await.0,
+        Status::Einval as u16
+    );
+    assert_eq!(
+        d.control("enable_noop", "true").await,
+        Status::Einval as u16
+    );
+    // A consumer (no producer flag): epkv has no DCP consumer yet.
+    assert_eq!(d.open("c", 0).await, Status::NotSupported as u16);
+    assert_eq!(d.open("p", dcp::OPEN_PRODUCER).await, 0);
+    assert_eq!(d.open("p", dcp::OPEN_PRODUCER).await, Status::Einval as u16);
+    assert_eq!(
+        d.control("no_such_control", "1").await,
+        Status::Einval as u16
+    );
+    assert_eq!(
+        d.control("enable_noop", "maybe").await,
+        Status::Einval as u16
+    );
+    // History the vBucket never had: roll back to zero.
+    let stranger = StreamReq {
+        start_seqno: 1,
+        snap_start_seqno: 1,
+        snap_end_seqno: 1,
+        vbucket_uuid: 0xdead,
+        ..from_zero()
+    };
+    let (status, body) = d.stream_req(vbid, &stranger).await;
+    assert_eq!(status, Status::Rollback as u16);
+    assert_eq!(body, 0u64.to_be_bytes());
+    // Start past end.
+    let backwards = StreamReq {
+        start_seqno: 5,
+        end_seqno: 2,
+        snap_start_seqno: 5,
+        snap_end_seqno: 5,
+        ..from_zero()
+    };
+    assert_eq!(
+        d.stream_req(vbid, &backwards).await.0,
+        Status::Erange as u16
+    );
+    // Not an active vBucket.
+    let other = Vbid((vbid.0 + 1) % 1024);
+    assert!(
+        c.set_vbucket(other, VBucketState::Replica)
+            .await
+            .unwrap()
+            .is_success()
+    );
+    assert_eq!(
+        d.stream_req(other, &from_zero()).await.0,
+        Status::NotMyVbucket as u16
+    );
+    // Short extras.
+    let mut bad = Vec::new();
+    dcp::encode_stream_req(&mut bad, 3, vbid, &from_zero()).unwrap();
+    bad[4] = 40; // extras length 48 -> 40: key and value shift, lengths still add up
+    assert_ne!(d.call(&bad).await.0, 0);
+    // A stream, then the same vBucket again.
+    assert_eq!(d.stream_req(vbid, &from_zero()).await.0, 0);
+    assert_eq!(
+        d.stream_req(vbid, &from_zero()).await.0,
+        Status::KeyEexists as u16
+    );
+    // Messages only a consumer takes.
+    let mut m = Vec::new();
+    dcp::encode_mutation(&mut m, 5, vbid, &dcp::DcpDocMeta::default(), b"k", b"v").unwrap();
+    assert_eq!(d.call(&m).await.0, Status::NotSupported as u16);
+    // Still a working connection, and the server still serves others.
+    let mut noop = Vec::new();
+    epkv_protocol::RequestBuilder::new(epkv_protocol::Opcode::Noop)
+        .encode(&mut noop)
+        .unwrap();
+    assert_eq!(d.call(&noop).await.0, 0);
+    c.noop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_consumer_that_never_answers_noops_is_disconnected() {
+    let server = Server::start();
+    let mut d = Consumer::connect(&server).await;
+    assert_eq!(d.open("deaf", dcp::OPEN_PRODUCER).await, 0);
+    assert_eq!(d.control("set_noop_interval", "1").await, 0);
+    assert_eq!(d.control("enable_noop", "true").await, 0);
+    let mut noops = 0;
+    let mut closed = false;
+    for _ in 0..20 {
+        match d.next(Duration::from_secs(1)).await {
+            Some(Packet::Message(bytes)) => {
+                let req = Request::parse(&bytes, &Limits::default()).unwrap();
+                if matches!(DcpMessage::decode(&req), Ok(DcpMessage::Noop)) {
+                    noops += 1;
+                }
+            }
+            Some(Packet::Response { .. }) => {}
+            None => {
+                // Either a quiet second or the close: a read of 0 bytes tells.
+                let mut b = [0u8; 1];
+                if let Ok(Ok(0)) =
+                    tokio::time::timeout(Duration::from_millis(100), d.sock.read(&mut b)).await
+                {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+    }
+    assert_eq!(noops, 1, "one NOOP, then the close");
+    assert!(closed, "the server closed the deaf consumer");
+    // A consumer that answers stays.
+    let mut ok = Consumer::connect(&server).await;
+    assert_eq!(ok.open("polite", dcp::OPEN_PRODUCER).await, 0);
+    assert_eq!(ok.control("set_noop_interval", "1").await, 0);
+    assert_eq!(ok.control("enable_noop", "true").await, 0);
+    let mut answered = 0;
+    for _ in 0..40 {
+        if let Some(Packet::Message(bytes)) = ok.next(Duration::from_millis(500)).await {
+            let opaque = u32::from_be_bytes(bytes[12..16].try_into().unwrap());
+            let mut resp = Vec::new();
+            epkv_protocol::Response::new(0x5c, Status::Success, opaque)
+                .encode(&mut resp)
+                .unwrap();
+            ok.send(&resp).await;
+            answered += 1;
+            if answered == 3 {
+                break;
+            }
+        }
+    }
+    assert_eq!(answered, 3, "NOOPs keep coming to a consumer that answers");
+    server.client().await.noop().await.unwrap();
+}
