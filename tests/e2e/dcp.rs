@@ -20,12 +20,18 @@ enum Packet {
 /// A raw DCP consumer connection.
 struct Consumer {
     sock: TcpStream,
+    /// Bytes read and not yet framed (reads are cancel-safe: a timeout loses nothing).
+    buf: Vec<u8>,
+    /// The server closed the connection.
+    closed: bool,
 }
 
 impl Consumer {
     async fn connect(server: &Server) -> Consumer {
         Consumer {
             sock: TcpStream::connect(server.addr).await.unwrap(),
+            buf: Vec::new(),
+            closed: false,
         }
     }
 
@@ -33,26 +39,41 @@ impl Consumer {
         self.sock.write_all(bytes).await.unwrap();
     }
 
-    /// The next packet, or `None` when nothing comes within `wait` (or the server closed).
+    /// The next packet, or `None` when nothing comes within `wait` (or the server closed:
+    /// then `closed` is set).
     async fn next(&mut self, wait: Duration) -> Option<Packet> {
-        let mut head = [0u8; 24];
-        match tokio::time::timeout(wait, self.sock.read_exact(&mut head)).await {
-            Ok(Ok(_)) => {}
-            _ => return None,
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if self.buf.len() >= 24 {
+                let body_len = u32::from_be_bytes(self.buf[8..12].try_into().unwrap()) as usize;
+                if self.buf.len() >= 24 + body_len {
+                    let packet: Vec<u8> = self.buf.drain(..24 + body_len).collect();
+                    return Some(Self::packet(packet));
+                }
+            }
+            if self.closed {
+                return None;
+            }
+            let mut chunk = [0u8; 4096];
+            match tokio::time::timeout_at(deadline, self.sock.read(&mut chunk)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => self.closed = true,
+                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(_) => return None,
+            }
         }
-        let body_len = u32::from_be_bytes(head[8..12].try_into().unwrap()) as usize;
-        let mut packet = head.to_vec();
-        packet.resize(24 + body_len, 0);
-        self.sock.read_exact(&mut packet[24..]).await.unwrap();
-        if head[0] == 0x81 {
+    }
+
+    fn packet(packet: Vec<u8>) -> Packet {
+        if packet[0] == 0x81 {
+            let head: [u8; 24] = packet[..24].try_into().unwrap();
             let h = ResponseHeader::decode(&head, &Limits::default()).unwrap();
             let value_at = 24 + usize::from(h.extras_len) + usize::from(h.key_len);
-            Some(Packet::Response {
+            Packet::Response {
                 status: h.status,
                 value: packet[value_at..].to_vec(),
-            })
+            }
         } else {
-            Some(Packet::Message(packet))
+            Packet::Message(packet)
         }
     }
 
@@ -304,16 +325,11 @@ async fn a_consumer_that_never_answers_noops_is_disconnected() {
                 }
             }
             Some(Packet::Response { .. }) => {}
-            None => {
-                // Either a quiet second or the close: a read of 0 bytes tells.
-                let mut b = [0u8; 1];
-                if let Ok(Ok(0)) =
-                    tokio::time::timeout(Duration::from_millis(100), d.sock.read(&mut b)).await
-                {
-                    closed = true;
-                    break;
-                }
+            None if d.closed => {
+                closed = true;
+                break;
             }
+            None => {}
         }
     }
     assert_eq!(noops, 1, "one NOOP, then the close");
