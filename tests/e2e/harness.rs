@@ -131,6 +131,12 @@ impl Server {
         Server::spawn_on(&args, &[], data_dir)
     }
 
+    /// A fresh process with exactly `args` on the data directory `data_dir`, which
+    /// outlives the server (see [`TestDir`]).
+    pub(crate) fn spawn_in_exact(data_dir: &std::path::Path, args: &[&str]) -> Server {
+        Server::spawn_on(args, &[], data_dir)
+    }
+
     fn spawn_on(args: &[&str], env: &[(&str, &str)], data_dir: &std::path::Path) -> Server {
         let data_dir = data_dir.to_owned();
         let mut child = Command::new(server_binary())

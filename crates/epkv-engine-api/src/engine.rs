@@ -369,4 +369,46 @@ pub trait Engine: Send + Sync + 'static {
         let _ = (vbid, req);
         Err(crate::DcpStreamError::Status(EngineStatus::NotSupported))
     }
+
+    /// GET_REPLICA: reads a document from replica vBucket `vbid`.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here; `KeyNotFound`; `WouldBlock`;
+    /// `NotSupported` from the default implementation.
+    fn get_replica(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
+        let _ = (vbid, key);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Applies one change of a replication stream (a mutation or deletion with the
+    /// active's seqno, CAS and metadata; markers are accepted and ignored) to replica
+    /// vBucket `vbid`.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here; `Invalid` for a seqno not above the
+    /// replica's; `TempFail` when memory is full (apply it again later); `NotSupported`.
+    fn replicate(&self, vbid: Vbid, event: crate::DcpEvent) -> EngineResult<()> {
+        let _ = (vbid, event);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Makes replica vBucket `vbid`'s failover log (uuid, seqno; newest first) the
+    /// active's.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here; `Invalid`; `NotSupported`.
+    fn adopt_failover_log(&self, vbid: Vbid, log: &[(u64, u64)]) -> EngineResult<()> {
+        let _ = (vbid, log);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Starts replica vBucket `vbid` over from seqno 0 (a rollback): its documents and
+    /// files are dropped.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here; `TempFail`; `NotSupported`.
+    fn reset_replica(&self, vbid: Vbid) -> EngineResult<()> {
+        let _ = vbid;
+        Err(EngineStatus::NotSupported)
+    }
 }

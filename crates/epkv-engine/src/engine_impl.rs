@@ -203,6 +203,22 @@ impl Engine for Bucket {
         self.persistence.is_some()
     }
 
+    fn get_replica(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
+        self.op_get_replica(vbid, key)
+    }
+
+    fn replicate(&self, vbid: Vbid, event: epkv_engine_api::DcpEvent) -> EngineResult<()> {
+        self.op_replicate(vbid, event)
+    }
+
+    fn adopt_failover_log(&self, vbid: Vbid, log: &[(u64, u64)]) -> EngineResult<()> {
+        Bucket::adopt_failover_log(self, vbid, log)
+    }
+
+    fn reset_replica(&self, vbid: Vbid) -> EngineResult<()> {
+        Bucket::reset_replica(self, vbid)
+    }
+
     fn dcp_stream(
         &self,
         vbid: Vbid,

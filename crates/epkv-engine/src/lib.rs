@@ -206,6 +206,7 @@ mod hlc;
 mod item_pager;
 mod ops;
 mod persistence;
+mod replica;
 mod stat_groups;
 mod stats;
 mod subdoc;

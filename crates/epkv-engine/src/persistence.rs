@@ -360,6 +360,11 @@ impl VbPersist {
         self.persisted_seqno.load(Relaxed)
     }
 
+    /// Sets the persisted seqno back to 0 (a replica starting over).
+    pub(crate) fn reset_persisted(&self) {
+        self.persisted_seqno.store(0, Relaxed);
+    }
+
     /// Raises the persisted seqno and runs the waiters it satisfies.
     pub(crate) fn set_persisted(&self, seqno: u64) {
         self.persisted_seqno.fetch_max(seqno, Relaxed);
@@ -848,6 +853,20 @@ impl Persistence {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Deletes one vBucket's files and forgets what it had queued (a replica starting
+    /// over); its state is written again by the next flush.
+    pub(crate) fn wipe_one(&self, vb: &VBucket) -> Result<(), epkv_storage::Error> {
+        let Some(sh) = self.shards.get(self.shard_of(vb.id)) else {
+            return Ok(());
+        };
+        let _one_at_a_time = sh.flush_lock.lock();
+        vb.persist.clear();
+        sh.store.delete_vbucket(vb.id)?;
+        vb.persist.mark_state_dirty();
+        self.mark_dirty(vb.id);
         Ok(())
     }
 

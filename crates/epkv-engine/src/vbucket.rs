@@ -520,6 +520,55 @@ impl VBucket {
         })
     }
 
+    /// The ordering point of a change a replica receives: the active's seqno and CAS
+    /// (above every earlier one; the caller checked) become this vBucket's, and the
+    /// document `make` builds is queued when persistent. Returns whether the queue was
+    /// empty.
+    pub(crate) fn assign_replicated(
+        &self,
+        seqno: u64,
+        cas: u64,
+        deleted_rev: Option<u64>,
+        make: impl FnOnce(&Assigned) -> Document,
+    ) -> (Assigned, bool) {
+        let mut o = self.order.lock();
+        if let Some(rev) = deleted_rev {
+            o.max_deleted_rev = o.max_deleted_rev.max(rev);
+        }
+        o.high_seqno = o.high_seqno.max(seqno);
+        o.max_visible = o.high_seqno;
+        o.max_cas = o.max_cas.max(cas);
+        let a = Assigned {
+            seqno: Seqno(seqno),
+            cas: Cas(cas),
+            new_key_rev: o.max_deleted_rev + 1,
+        };
+        let woke = self.persistent && self.persist.queue(make(&a));
+        (a, woke)
+    }
+
+    /// Replaces the failover log (newest first) with the active's, as a replica does.
+    pub(crate) fn replace_failover_log(&self, log: &[(u64, u64)]) {
+        let mut f = self.failover.lock();
+        *f = log
+            .iter()
+            .take(MAX_FAILOVER_ENTRIES)
+            .map(|&(uuid, seqno)| FailoverEntry { uuid, seqno })
+            .collect();
+        if let Some(first) = f.first() {
+            self.uuid.store(first.uuid, Ordering::Relaxed);
+        }
+    }
+
+    /// Restarts the seqnos at 0 (a replica starting over; its documents are gone).
+    pub(crate) fn reset_seqnos(&self) {
+        let mut o = self.order.lock();
+        o.high_seqno = 0;
+        o.max_visible = 0;
+        drop(o);
+        self.persist.reset_persisted();
+    }
+
     /// Hands out a CAS without a seqno (the CAS of a GET_LOCKED lock).
     pub(crate) fn assign_lock_cas(&self, now_nanos: u64) -> Cas {
         let mut o = self.order.lock();

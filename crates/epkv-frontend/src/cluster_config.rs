@@ -85,7 +85,11 @@ pub(crate) fn bucket_config(
     local: SocketAddr,
     ports: NodePorts,
     engine: &dyn Engine,
+    cluster: Option<&crate::cluster::Topology>,
 ) -> String {
+    if let Some(t) = cluster {
+        return clustered_bucket_config(name, rev, ports, engine, t);
+    }
     let (_, server) = host_and_server(local, ports.kv);
     let mut map = String::with_capacity(usize::from(NUM_VBUCKETS) * 5);
     for vb in 0..NUM_VBUCKETS {
@@ -111,6 +115,60 @@ pub(crate) fn bucket_config(
         nodes_ext(local, ports)
     );
     s
+}
+
+/// The bucket config of a node in a cluster ([`crate::cluster`]): every node, named as
+/// the cluster file names it (this node with its TLS and management ports), and the
+/// vBucket map with its replicas.
+fn clustered_bucket_config(
+    name: &str,
+    rev: i64,
+    ports: NodePorts,
+    engine: &dyn Engine,
+    t: &crate::cluster::Topology,
+) -> String {
+    let mut nodes = String::new();
+    let mut nodes_ext = String::new();
+    for (i, n) in t.nodes().iter().enumerate() {
+        let this = i == t.this();
+        let mgmt = if this { ports.mgmt } else { n.mgmt_port };
+        if i > 0 {
+            nodes.push(',');
+            nodes_ext.push(',');
+        }
+        let _ = write!(
+            nodes,
+            "{{\"hostname\":\"{}\",\"ports\":{{\"direct\":{}}}{}}}",
+            crate::cluster::host_port(&n.host, mgmt.unwrap_or(n.port)),
+            n.port,
+            if this { ",\"thisNode\":true" } else { "" }
+        );
+        let mut services = format!("\"kv\":{}", n.port);
+        if this && let Some(p) = ports.kv_ssl {
+            let _ = write!(services, ",\"kvSSL\":{p}");
+        }
+        if let Some(p) = mgmt {
+            let _ = write!(services, ",\"mgmt\":{p}");
+        }
+        let _ = write!(
+            nodes_ext,
+            "{{\"hostname\":\"{}\",\"services\":{{{services}}}{}}}",
+            n.host,
+            if this { ",\"thisNode\":true" } else { "" }
+        );
+    }
+    let (servers, map) = t.map_json();
+    let uid = engine.manifest_uid();
+    format!(
+        "{{\"rev\":{rev},\"revEpoch\":{REV_EPOCH},\"name\":\"{name}\",\
+         \"nodeLocator\":\"vbucket\",\"nodes\":[{nodes}],\"nodesExt\":[{nodes_ext}],\
+         \"collectionsManifestUid\":\"{uid:x}\",\
+         \"vBucketServerMap\":{{\"hashAlgorithm\":\"CRC\",\"numReplicas\":{},\
+         \"serverList\":[{servers}],\"vBucketMap\":[{map}]}},\
+         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\",\"collections\"],\
+         \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
+        t.replicas()
+    )
 }
 
 /// The global (no bucket selected) config.

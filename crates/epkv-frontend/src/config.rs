@@ -58,6 +58,10 @@ pub struct FrontendConfig {
     /// A second listener serving the same protocol over TLS, on the same address as
     /// `bind`; `None` (the default) has no TLS listener.
     pub tls: Option<TlsConfig>,
+    /// The cluster this node belongs to (`--cluster`): its vBucket states, replication
+    /// and cluster map follow it. `None` (the default): a single node holding every
+    /// vBucket active.
+    pub cluster: Option<crate::cluster::Topology>,
 }
 
 /// The KV-Engine release whose protocol epkv speaks: the first part of the version it
@@ -90,6 +94,7 @@ impl Default for FrontendConfig {
             mgmt_port: None,
             auth_threads: std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             tls: None,
+            cluster: None,
         }
     }
 }

@@ -46,6 +46,12 @@ pub(crate) struct Shared {
     pub(crate) tls: Option<TlsReloader>,
     /// The DCP producers, for the `dcp` STAT group.
     pub(crate) dcp: crate::dcp::Registry,
+    /// The cluster this node is in, if any.
+    pub(crate) topology: parking_lot::RwLock<Option<crate::cluster::Topology>>,
+    /// Stops the current replication tasks (replaced on every topology change).
+    replication_stop: parking_lot::Mutex<Option<watch::Sender<bool>>>,
+    /// The runtime replication tasks run on (the acceptor's), once serving.
+    runtime: std::sync::OnceLock<tokio::runtime::Handle>,
 }
 
 impl Shared {
@@ -63,6 +69,80 @@ impl Shared {
     pub(crate) fn may_access(&self, user: &str, bucket: &str) -> bool {
         self.users.current().may_access(user, bucket)
     }
+
+    /// Brings every bucket's vBucket states in line with the topology, and restarts
+    /// replication from the nodes holding the active copies of this node's replicas.
+    /// Runs on the serving runtime (a state change waits for warmup: TempFail is retried
+    /// for up to a minute).
+    pub(crate) fn apply_topology(self: &Arc<Self>) {
+        let Some(rt) = self.runtime.get() else {
+            return;
+        };
+        let Some(t) = self.topology.read().clone() else {
+            return;
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        if let Some(old) = self.replication_stop.lock().replace(stop_tx) {
+            let _ = old.send(true);
+        }
+        let shared = Arc::clone(self);
+        rt.spawn(async move {
+            for (name, engine) in shared.buckets.iter() {
+                set_states(&name, &*engine, &t).await;
+                for (node, vbuckets) in t.sources() {
+                    let addr = match t.kv_addr(node) {
+                        Ok(a) => a,
+                        Err(e) => {
+                            tracing::error!(bucket = %name, node, error = %e, "cannot replicate from a node");
+                            continue;
+                        }
+                    };
+                    let source = crate::replication::Source {
+                        bucket: name.clone(),
+                        engine: Arc::clone(&engine),
+                        addr,
+                        vbuckets,
+                        credentials: t.credentials(),
+                        name: format!("replication:{}->{}:{name}", node, t.this()),
+                    };
+                    tokio::spawn(crate::replication::run(source, stop_rx.clone()));
+                }
+            }
+        });
+    }
+}
+
+/// Sets each vBucket of `engine` to the state the topology gives it.
+async fn set_states(bucket: &str, engine: &dyn Engine, t: &crate::cluster::Topology) {
+    let mut changed = 0;
+    for v in 0..epkv_types::NUM_VBUCKETS {
+        let vb = epkv_types::Vbid(v);
+        let want = t.state_of(vb);
+        for attempt in 0..600 {
+            if engine.vbucket_state(vb) == Some(want) {
+                break;
+            }
+            match engine.set_vbucket_state(vb, want) {
+                Ok(()) => {
+                    changed += 1;
+                    break;
+                }
+                Err(epkv_engine_api::EngineStatus::TempFail) if attempt < 599 => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    tracing::error!(bucket, %vb, state = want.as_str(), error = %e, "cannot set a vBucket's state from the cluster map");
+                    break;
+                }
+            }
+        }
+    }
+    tracing::info!(
+        bucket,
+        changed,
+        node = t.this(),
+        "vBucket states follow the cluster map"
+    );
 }
 
 /// What the management REST API needs of a running front end: its buckets and users
@@ -123,7 +203,35 @@ impl FrontendHandle {
             local,
             self.shared.ports,
             &*engine,
+            self.shared.topology.read().as_ref(),
         ))
+    }
+
+    /// Fails node `node` (`host:port` as the cluster file names it, or its index) over
+    /// ([`crate::cluster::Topology::fail_over`]): this node promotes the replicas it holds
+    /// of that node's active vBuckets, replicates from the new actives, and the cluster
+    /// map's revision moves on. Returns whether anything changed.
+    ///
+    /// # Errors
+    /// No cluster is configured, or no such node.
+    pub fn fail_over(&self, node: &str) -> std::result::Result<bool, String> {
+        let changed = {
+            let mut t = self.shared.topology.write();
+            let t = t.as_mut().ok_or("this node is not in a cluster")?;
+            let i = t
+                .node_named(node)
+                .ok_or_else(|| format!("no node {node} in the cluster"))?;
+            if i == t.this() {
+                return Err("a node cannot fail itself over".into());
+            }
+            t.fail_over(i)
+        };
+        if changed {
+            tracing::warn!(node, "node failed over");
+            self.shared.bump_cluster_rev();
+            self.shared.apply_topology();
+        }
+        Ok(changed)
     }
 
     /// Records a change of the cluster map (a bucket created or dropped), so clients that
@@ -224,6 +332,7 @@ impl Frontend {
         let started = config.clock.now();
         let auth = crate::auth_guard::AuthGuard::new(config.auth_threads)?;
         let tls_reloader = tls.as_ref().map(|t| t.reloader.clone());
+        let cluster = config.cluster.clone();
         Ok(Frontend {
             listener,
             local_addr,
@@ -242,6 +351,9 @@ impl Frontend {
                 ports,
                 tls: tls_reloader,
                 dcp: crate::dcp::Registry::default(),
+                topology: parking_lot::RwLock::new(cluster),
+                replication_stop: parking_lot::Mutex::new(None),
+                runtime: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -313,6 +425,8 @@ impl Frontend {
             None => None,
         };
         let (stop_tx, stop_rx) = watch::channel(false);
+        let _ = shared.runtime.set(tokio::runtime::Handle::current());
+        shared.apply_topology();
 
         let mut senders = Vec::with_capacity(shared.config.threads);
         let mut done = Vec::with_capacity(shared.config.threads);

@@ -69,12 +69,14 @@
 
 mod auth_guard;
 mod buckets;
+pub mod cluster;
 mod cluster_config;
 mod config;
 mod connection;
 mod dcp;
 mod error;
 mod frontend;
+mod replication;
 mod response;
 mod sasl;
 mod session;

@@ -764,7 +764,14 @@ impl Session {
             return;
         }
         let config = match &self.bucket {
-            Some(b) => bucket_config(&b.name, rev, self.local, shared.ports, &*b.engine),
+            Some(b) => bucket_config(
+                &b.name,
+                rev,
+                self.local,
+                shared.ports,
+                &*b.engine,
+                shared.topology.read().as_ref(),
+            ),
             None => global_config(rev, self.local, shared.ports),
         };
         put_success(
@@ -804,6 +811,7 @@ impl Session {
                 self.local,
                 shared.ports,
                 &*b.engine,
+                shared.topology.read().as_ref(),
             );
             put(
                 out,
@@ -935,6 +943,10 @@ impl Session {
                     };
                     self.fail(shared, out, to, e, key);
                 }
+            },
+            Command::GetReplica { key } => match engine.get_replica(vbid, key) {
+                Ok(item) => self.put_item(out, to, &item.view(), false),
+                Err(e) => self.fail(shared, out, to, e, &[]),
             },
             Command::Store {
                 op,

@@ -32,6 +32,11 @@ pub enum Command<'a> {
         /// GETQ/GETKQ: no response on a miss.
         quiet: bool,
     },
+    /// GET_REPLICA: read from a replica vBucket.
+    GetReplica {
+        /// The key.
+        key: &'a [u8],
+    },
     /// SET, ADD, REPLACE, APPEND, PREPEND and their quiet variants.
     Store {
         /// Which store.
@@ -386,7 +391,7 @@ fn spec_for(op: Opcode) -> Option<Spec> {
     let bare = spec(E::Exactly(0), P::Zero, P::Zero, C::NotSet);
     let gat = spec(E::Exactly(4), P::NonZero, P::Zero, C::NotSet);
     Some(match op {
-        Opcode::Get | Opcode::GetQ | Opcode::GetK | Opcode::GetKQ => get,
+        Opcode::Get | Opcode::GetQ | Opcode::GetK | Opcode::GetKQ | Opcode::GetReplica => get,
         Opcode::Set | Opcode::Replace => ttl(durable(store)),
         Opcode::SetQ | Opcode::ReplaceQ => ttl(store),
         Opcode::Add => durable(add),
@@ -585,6 +590,7 @@ impl<'a> Command<'a> {
                 with_key: true,
                 quiet,
             },
+            Opcode::GetReplica => Command::GetReplica { key },
             Opcode::Set | Opcode::SetQ => store(StoreOp::Set),
             Opcode::Add | Opcode::AddQ => store(StoreOp::Add),
             Opcode::Replace | Opcode::ReplaceQ => store(StoreOp::Replace),
@@ -763,6 +769,7 @@ impl<'a> Command<'a> {
     #[must_use]
     pub fn opcode(&self) -> Opcode {
         match *self {
+            Command::GetReplica { .. } => Opcode::GetReplica,
             Command::Get {
                 with_key: false,
                 quiet: false,
@@ -850,6 +857,7 @@ impl<'a> Command<'a> {
         let mut c: Command<'b> = *self;
         match &mut c {
             Command::Get { key, .. }
+            | Command::GetReplica { key }
             | Command::Store { key, .. }
             | Command::Delete { key, .. }
             | Command::Arithmetic { key, .. }
@@ -873,6 +881,7 @@ impl<'a> Command<'a> {
     pub fn document_key(&self) -> Option<&'a [u8]> {
         match *self {
             Command::Get { key, .. }
+            | Command::GetReplica { key }
             | Command::Store { key, .. }
             | Command::Delete { key, .. }
             | Command::Arithmetic { key, .. }

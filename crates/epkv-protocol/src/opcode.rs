@@ -171,7 +171,7 @@ opcodes! {
     /// DCP, producer to consumer: the start or end of an out-of-seqno-order snapshot.
     DcpOsoSnapshot = 0x65, "DCP_OSO_SNAPSHOT", false;
     /// Read from a replica vBucket.
-    GetReplica = 0x83, "GET_REPLICA", false;
+    GetReplica = 0x83, "GET_REPLICA", true;
     /// Select the bucket for this connection.
     SelectBucket = 0x89, "SELECT_BUCKET", true;
     /// Persistence/replication state of a vBucket.

@@ -99,7 +99,7 @@ impl<'a> RequestBuilder<'a> {
     pub fn from_command(cmd: &Command<'a>) -> RequestBuilder<'a> {
         let b = RequestBuilder::new(cmd.opcode());
         match *cmd {
-            Command::Get { key, .. } => b.key(key),
+            Command::Get { key, .. } | Command::GetReplica { key } => b.key(key),
             Command::Store {
                 op,
                 key,

@@ -76,6 +76,7 @@ fn sample(op: Opcode) -> Command<'static> {
         quiet,
     };
     match op {
+        Opcode::GetReplica => Command::GetReplica { key: b"k" },
         Opcode::Get | Opcode::GetQ => Command::Get {
             key,
             with_key: false,

@@ -207,6 +207,7 @@ fn run(cli: Cli) -> Result<()> {
             s.auth_threads
         },
         tls,
+        cluster: settings::cluster_topology(s).map_err(anyhow::Error::msg)?,
     };
     let frontend =
         Frontend::bind_buckets(config, manager.buckets().clone()).map_err(explain_bind_error)?;

@@ -150,6 +150,23 @@ impl<'de> serde::Deserialize<'de> for TlsClientAuth {
     }
 }
 
+/// The cluster this node is in, from the cluster file (`--cluster`) and its index
+/// (`--cluster-node`); `None` without a file.
+///
+/// # Errors
+/// The file cannot be read or is invalid, or the index names no node.
+pub(crate) fn cluster_topology(
+    s: &Settings,
+) -> Result<Option<epkv_frontend::cluster::Topology>, String> {
+    if s.cluster.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&s.cluster)
+        .map_err(|e| format!("cannot read the cluster file {}: {e}", s.cluster.display()))?;
+    let file = epkv_frontend::cluster::ClusterFile::parse(&text)?;
+    epkv_frontend::cluster::Topology::new(file, s.cluster_node).map(Some)
+}
+
 /// The TLS listener's configuration from the settings: `None` without `tls-cert` and
 /// `tls-key` (no TLS listener).
 ///
@@ -358,6 +375,10 @@ settings! {
         help = "Serve Prometheus metrics (text format) at http://BIND:PORT/metrics; off unless set, 0 picks a free port (the startup line names it). Same address and authentication as the KV port: with users configured, HTTP Basic auth with a user's password";
     mgmt_port: OptionalPort = "8091", unit = "port",
         help = "Serve the management REST subset the Couchbase SDKs and tools use (/pools, buckets, users; see docs/rest.md) at http://BIND:PORT, advertised to SDKs as `mgmt`; 0 picks a free port (the startup line names it), off turns it off. Same users and access as the KV port (HTTP Basic auth). When left at its default and 8091 is taken, the server starts without it and logs a warning";
+    cluster: PathBuf = "", unit = "path",
+        help = "Cluster file (TOML: replicas, nodes in order as host and port; see docs/cluster.md). Every node of a static cluster is started with the same file and its own cluster-node; vBucket states, replication and the cluster map follow from it";
+    cluster_node: usize = "0", unit = "index",
+        help = "This node's index in the cluster file's node list (with cluster)";
     tls_cert: PathBuf = "", unit = "path",
         help = "PEM file with the server's TLS certificate chain, leaf first. With tls-key it turns on a second listener serving the same protocol over TLS 1.2/1.3 on tls-port (same address as bind), advertised to Couchbase SDKs as kvSSL so that couchbases:// clients work. SIGHUP reloads the certificate and key from the same paths (new connections get them; a bad file keeps the old ones)";
     tls_key: PathBuf = "", unit = "path",

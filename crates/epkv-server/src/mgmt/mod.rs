@@ -266,6 +266,20 @@ fn route(
     let get = method == Method::GET || method == Method::HEAD;
     match segs {
         ["pools"] if get => Reply::json(pools::pools(&m.facts(), admin)),
+        ["controller", "failOver"] => match *method {
+            Method::POST if !admin => Reply::forbidden("cluster.admin!write"),
+            Method::POST => match form.get("otpNode") {
+                None => Reply::invalid(
+                    "otpNode",
+                    "name the node to fail over (host:port or its index)",
+                ),
+                Some(node) => match m.frontend.fail_over(node) {
+                    Ok(_) => Reply::empty(StatusCode::OK),
+                    Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
+                },
+            },
+            _ => method_not_allowed("POST"),
+        },
         ["pools", "default"] if get => Reply::json(pools::pools_default(
             &m.facts(),
             local,

@@ -1,0 +1,177 @@
+//! Replica vBuckets: applying the changes a DCP consumer receives from the active copy,
+//! reading them (GET_REPLICA), and starting over when the active's history differs.
+//!
+//! A replica vBucket takes no client writes (NotMyVbucket). Its only writer is the
+//! replication stream, which hands each change to [`Bucket::replicate`] in the active's
+//! seqno order: the document keeps the active's seqno, CAS, revision, flags, expiry and
+//! datatype, goes into the hash table, and is queued for the flusher like any write, so
+//! the replica persists what it holds and serves it again after a restart. A change whose
+//! seqno is not above the replica's high seqno is refused (Invalid): a producer that
+//! sends seqnos out of order does not corrupt the replica.
+//!
+//! **History.** A stream request names the replica's position (its high seqno and the
+//! failover branch it came from); the active answers with its failover log, which the
+//! replica adopts ([`Bucket::adopt_failover_log`]), or with a rollback. A replica rolls
+//! back by starting over ([`Bucket::reset_replica`]: its documents and file are dropped
+//! and its seqnos restart at 0), then streams everything again. KV-Engine rolls back to
+//! the seqno asked for when its files still hold that point; epkv's files keep only the
+//! newest version of each key, so starting over is what it can do correctly.
+//!
+//! SyncWrites are replicated as their committed outcome (the stream does not ask for sync
+//! replication yet), so a replica does not acknowledge prepares.
+
+use crate::bucket::{Bucket, LazyNow, document_of, expired, item_of};
+use crate::vbucket::{VBucket, tombstone_document};
+use epkv_engine_api::{DcpEvent, EngineResult, EngineStatus, Item};
+use epkv_hashtable::{ItemMeta, StoredValue};
+use epkv_types::{Cas, Datatype, Seqno, VBucketState, Vbid, vbucket_for_key};
+
+impl Bucket {
+    /// The replica vBucket `vbid`, ready (warm) and in the replica state.
+    fn replica_vbucket(&self, vbid: Vbid) -> EngineResult<&VBucket> {
+        let vb = self
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        vb.check_warm()?;
+        if vb.state_hint() != VBucketState::Replica {
+            return Err(EngineStatus::NotMyVbucket);
+        }
+        Ok(vb)
+    }
+
+    /// GET_REPLICA: reads `key` from replica vBucket `vbid`.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here; `KeyNotFound`; `WouldBlock` while
+    /// an evicted value is read back.
+    pub(crate) fn op_get_replica(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
+        let (_, raw) = epkv_types::doc_key::decode(key);
+        if vbucket_for_key(raw, self.config.num_vbuckets) != vbid {
+            return Err(EngineStatus::NotMyVbucket);
+        }
+        self.collections.check_key(key)?;
+        let vb = self.replica_vbucket(vbid)?;
+        let state = vb.state();
+        if *state != VBucketState::Replica {
+            return Err(EngineStatus::NotMyVbucket);
+        }
+        let now = LazyNow::new(&*self.clock);
+        vb.table.with_entry(key, |e| {
+            self.fetch_if_evicted(vb, e)?;
+            let sv = e.get().ok_or(EngineStatus::KeyNotFound)?;
+            // A replica does not expire documents (the active's deletion arrives); it
+            // just does not serve them.
+            if expired(sv.meta(), &now) {
+                return Err(EngineStatus::KeyNotFound);
+            }
+            Ok(item_of(sv, vbid, sv.meta().cas))
+        })
+    }
+
+    /// Applies one change of the replication stream to replica vBucket `vbid`.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here; `Invalid` for a seqno not above the
+    /// replica's high seqno; `TempFail` when memory is full (apply it again later);
+    /// `NotSupported` for SyncWrite steps.
+    pub(crate) fn op_replicate(&self, vbid: Vbid, event: DcpEvent) -> EngineResult<()> {
+        let vb = self.replica_vbucket(vbid)?;
+        let state = vb.state();
+        if *state != VBucketState::Replica {
+            return Err(EngineStatus::NotMyVbucket);
+        }
+        let (doc, deleted) = match event {
+            DcpEvent::Mutation(d) => (d, false),
+            DcpEvent::Deletion(d) => (d, true),
+            DcpEvent::SnapshotMarker { .. } | DcpEvent::End(_) => return Ok(()),
+            DcpEvent::Prepare { .. } | DcpEvent::Commit { .. } | DcpEvent::Abort { .. } => {
+                return Err(EngineStatus::NotSupported);
+            }
+        };
+        let (high, _, _) = vb.ordering_snapshot();
+        if doc.seqno <= high {
+            tracing::warn!(%vbid, seqno = doc.seqno, high_seqno = high, "replication stream sent a seqno out of order; refused");
+            return Err(EngineStatus::Invalid);
+        }
+        let rev = doc.rev_seqno;
+        vb.table.with_entry(&doc.key, |e| {
+            if deleted {
+                let (a, woke) = vb.assign_replicated(doc.seqno, doc.cas, Some(rev), |a| {
+                    tombstone_document(doc.key.clone(), a, rev)
+                });
+                Self::remove_deleted(vb, e, &a, rev);
+                self.queued(vb, woke);
+                return Ok(());
+            }
+            let meta = ItemMeta {
+                cas: Cas(doc.cas),
+                rev_seqno: rev,
+                by_seqno: Seqno(doc.seqno),
+                flags: doc.flags,
+                expiry: doc.expiry,
+                datatype: Datatype(doc.datatype),
+                ..ItemMeta::default()
+            };
+            let sv =
+                StoredValue::new(&doc.key, &doc.value, meta).map_err(|_| EngineStatus::Invalid)?;
+            vb.note_xattrs(Datatype(doc.datatype));
+            self.insert_or_tempfail(e, sv)?;
+            Self::note_written(vb, e.key());
+            let (a, woke) =
+                vb.assign_replicated(doc.seqno, doc.cas, None, |a| document_of(e, a, rev, None));
+            if !vb.is_persistent() {
+                e.mark_clean(a.seqno);
+            }
+            self.queued(vb, woke);
+            Ok(())
+        })
+    }
+
+    /// Makes replica vBucket `vbid`'s failover log the active's (newest first), as the
+    /// stream request's answer gives it.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here; `Invalid` for an empty log.
+    pub(crate) fn adopt_failover_log(&self, vbid: Vbid, log: &[(u64, u64)]) -> EngineResult<()> {
+        if log.is_empty() {
+            return Err(EngineStatus::Invalid);
+        }
+        let vb = self.replica_vbucket(vbid)?;
+        vb.replace_failover_log(log);
+        if vb.is_persistent() {
+            vb.persist.mark_state_dirty();
+            if let Some(p) = &self.persistence {
+                p.wake(vbid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts replica vBucket `vbid` over: drops its documents and its file, and restarts
+    /// its seqnos at 0 (a rollback; see the module docs).
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here; `TempFail` when its file cannot be
+    /// deleted.
+    pub(crate) fn reset_replica(&self, vbid: Vbid) -> EngineResult<()> {
+        let vb = self.replica_vbucket(vbid)?;
+        let state = vb.state();
+        if *state != VBucketState::Replica {
+            return Err(EngineStatus::NotMyVbucket);
+        }
+        if let Some(full) = &vb.full {
+            full.reset();
+        }
+        let removed = vb.table.clear();
+        if let Some(p) = &self.persistence
+            && let Err(e) = p.wipe_one(vb)
+        {
+            tracing::error!(bucket = %self.config.name, %vbid, error = %e, "cannot delete a replica vBucket's file to roll it back");
+            return Err(EngineStatus::TempFail);
+        }
+        vb.reset_seqnos();
+        tracing::info!(bucket = %self.config.name, %vbid, removed, "replica vBucket rolled back to seqno 0");
+        Ok(())
+    }
+}

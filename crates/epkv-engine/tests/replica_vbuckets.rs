@@ -1,0 +1,201 @@
+//! Replica vBuckets through the engine: a DCP stream from an active bucket applied to a
+//! replica bucket gives the same documents with the same seqnos and CAS, served by
+//! GET_REPLICA and again after a restart; out-of-order changes are refused; a reset
+//! starts the replica over.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers outside #[test] functions panic on failure"
+)]
+use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
+use epkv_engine_api::dcp::DcpDocument;
+use epkv_engine_api::{
+    DcpEvent, DcpStreamRequest, Engine, EngineStatus, Expiry, RemoveRequest, StoreOp, StoreRequest,
+};
+use epkv_types::{Cas, Datatype, NUM_VBUCKETS, VBucketState, Vbid, vbucket_for_key};
+use std::path::Path;
+use std::sync::Arc;
+use std::task::{Context, Waker};
+use std::time::Duration;
+
+const VB: Vbid = Vbid(9);
+
+fn open(dir: &Path) -> Arc<Bucket> {
+    let mut p = PersistenceConfig::new(dir);
+    p.flusher = FlusherMode::Manual;
+    p.shards = 2;
+    let b = Bucket::new(
+        BucketConfig {
+            expiry_pager_interval: Duration::ZERO,
+            persistence: Some(p),
+            ..BucketConfig::default()
+        },
+        EngineClock::System,
+    )
+    .unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
+    b
+}
+
+fn key_in(vb: Vbid, i: usize) -> String {
+    (0..)
+        .map(|n| format!("key-{n}"))
+        .filter(|k| vbucket_for_key(k.as_bytes(), NUM_VBUCKETS) == vb)
+        .nth(i)
+        .unwrap()
+}
+
+fn set(b: &Bucket, key: &str, value: &str) {
+    b.store(StoreRequest {
+        op: StoreOp::Set,
+        vbid: VB,
+        key: key.as_bytes(),
+        value: value.as_bytes(),
+        flags: 7,
+        expiry: Expiry::Never,
+        cas: Cas(0),
+        datatype: Datatype::RAW,
+        durability: None,
+        preserve_ttl: false,
+    })
+    .unwrap();
+}
+
+/// Everything `active`'s stream of VB from `start` has now.
+fn stream_all(active: &Bucket, start: u64) -> Vec<DcpEvent> {
+    let uuid = active.vbucket_seqnos(VB).unwrap().failover_log[0].uuid;
+    let mut s = active
+        .dcp_stream(
+            VB,
+            DcpStreamRequest {
+                start_seqno: start,
+                end_seqno: active.vbucket_seqnos(VB).unwrap().high_seqno.0,
+                vbucket_uuid: uuid,
+                snap_start_seqno: start,
+                snap_end_seqno: start,
+                ..DcpStreamRequest::default()
+            },
+        )
+        .unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut out = Vec::new();
+    for _ in 0..1000 {
+        let _ = s.as_mut().poll_events(&mut cx, 1 << 20, &mut out);
+        if matches!(out.last(), Some(DcpEvent::End(_))) {
+            break;
+        }
+    }
+    assert!(
+        matches!(out.last(), Some(DcpEvent::End(_))),
+        "the stream ended"
+    );
+    out
+}
+
+#[test]
+fn a_replica_applies_a_stream_and_serves_it_with_the_actives_metadata() {
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let active = open(da.path());
+    let replica = open(dr.path());
+    replica
+        .set_vbucket_state(VB, VBucketState::Replica)
+        .unwrap();
+    let keys: Vec<String> = (0..10).map(|i| key_in(VB, i)).collect();
+    for k in &keys {
+        set(&active, k, "v1");
+    }
+    set(&active, &keys[0], "v2");
+    active
+        .remove(RemoveRequest {
+            vbid: VB,
+            key: keys[1].as_bytes(),
+            cas: Cas(0),
+            durability: None,
+        })
+        .unwrap();
+    active.flush_all().unwrap();
+    let events = stream_all(&active, 0);
+    for e in events {
+        replica.replicate(VB, e).unwrap();
+    }
+    let log: Vec<(u64, u64)> = active
+        .vbucket_seqnos(VB)
+        .unwrap()
+        .failover_log
+        .iter()
+        .map(|e| (e.uuid, e.seqno.0))
+        .collect();
+    replica.adopt_failover_log(VB, &log).unwrap();
+    // Same documents, seqnos, CAS and flags.
+    for k in &keys[2..] {
+        let a = active.get(VB, k.as_bytes()).unwrap();
+        let r = replica.get_replica(VB, k.as_bytes()).unwrap();
+        assert_eq!((r.value, r.cas, r.flags), (a.value, a.cas, a.flags));
+    }
+    assert_eq!(
+        &replica.get_replica(VB, keys[0].as_bytes()).unwrap().value[..],
+        b"v2"
+    );
+    assert_eq!(
+        replica.get_replica(VB, keys[1].as_bytes()).err(),
+        Some(EngineStatus::KeyNotFound)
+    );
+    // Not readable as active data, and no client writes.
+    assert_eq!(
+        replica.get(VB, keys[0].as_bytes()).err(),
+        Some(EngineStatus::NotMyVbucket)
+    );
+    let rs = replica.vbucket_seqnos(VB).unwrap();
+    let as_ = active.vbucket_seqnos(VB).unwrap();
+    assert_eq!(rs.high_seqno, as_.high_seqno);
+    assert_eq!(rs.failover_log, as_.failover_log);
+    // A change at or below the high seqno is refused.
+    let stale = DcpEvent::Mutation(DcpDocument {
+        key: keys[2].clone().into_bytes(),
+        value: bytes::Bytes::from_static(b"old"),
+        seqno: 1,
+        rev_seqno: 1,
+        cas: 1,
+        flags: 0,
+        expiry: 0,
+        datatype: 0,
+    });
+    assert_eq!(replica.replicate(VB, stale), Err(EngineStatus::Invalid));
+    // An active vBucket takes no replicated changes.
+    let mut fresh = stream_all(&active, 0);
+    assert_eq!(
+        active.replicate(VB, fresh.remove(1)),
+        Err(EngineStatus::NotMyVbucket)
+    );
+    // Persisted and served again after a restart.
+    replica.flush_all().unwrap();
+    replica.shutdown();
+    drop(replica);
+    let replica = open(dr.path());
+    assert_eq!(replica.vbucket_state(VB), Some(VBucketState::Replica));
+    assert_eq!(
+        &replica.get_replica(VB, keys[0].as_bytes()).unwrap().value[..],
+        b"v2"
+    );
+    assert_eq!(
+        replica.vbucket_seqnos(VB).unwrap().high_seqno,
+        as_.high_seqno
+    );
+    // Starting over empties it and restarts its seqnos; the stream fills it again.
+    replica.reset_replica(VB).unwrap();
+    assert_eq!(replica.vbucket_seqnos(VB).unwrap().high_seqno.0, 0);
+    assert_eq!(
+        replica.get_replica(VB, keys[0].as_bytes()).err(),
+        Some(EngineStatus::KeyNotFound)
+    );
+    for e in stream_all(&active, 0) {
+        replica.replicate(VB, e).unwrap();
+    }
+    assert_eq!(
+        &replica.get_replica(VB, keys[0].as_bytes()).unwrap().value[..],
+        b"v2"
+    );
+    replica.flush_all().unwrap();
+    replica.shutdown();
+    active.shutdown();
+}

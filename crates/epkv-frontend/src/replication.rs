@@ -1,0 +1,407 @@
+//! Replication: a node's DCP consumer. For each bucket and each node holding the active
+//! copy of some of this node's replica vBuckets, one task keeps a DCP connection to that
+//! node, streams those vBuckets from where the replica is, and applies what arrives to
+//! the replica ([`Engine::replicate`]).
+//!
+//! **A session.** Connect, HELLO (collections, so keys carry their collection), SASL PLAIN
+//! when the cluster has credentials, SELECT_BUCKET, DCP_OPEN as a producer's client with
+//! extended attributes, `connection_buffer_size` (acknowledged as it is consumed) and
+//! NOOPs every [`NOOP_INTERVAL`], then one STREAM_REQ per vBucket from its high seqno and
+//! newest failover uuid. A successful answer carries the active's failover log, which the
+//! replica adopts; a rollback answer makes the replica start over
+//! ([`Engine::reset_replica`]) and ask again from 0.
+//!
+//! **Errors.** Any failure (connection refused, a closed connection, a stream that ended,
+//! a refused change) ends the session; the task waits (100 ms doubling up to 5 s) and
+//! starts a new one from where each replica is. Memory pressure (TempFail) is waited out
+//! change by change, without dropping the session. A change the replica refuses (a seqno
+//! out of order) is logged and ends the session, so the stream restarts from the
+//! replica's real position.
+
+use bytes::BytesMut;
+use epkv_engine_api::dcp::DcpDocument;
+use epkv_engine_api::{DcpEvent, Engine, EngineStatus};
+use epkv_protocol::dcp::{self, DcpMessage, StreamReq};
+use epkv_protocol::{
+    Feature, Limits, Opcode, Request, RequestBuilder, Response, ResponseHeader, Status,
+};
+use epkv_types::{Vbid, doc_key};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+/// The NOOP interval asked of the active (seconds).
+const NOOP_INTERVAL: &str = "10";
+/// The flow-control window asked of the active.
+const BUFFER_SIZE: usize = 4 << 20;
+/// How long a connection attempt or a setup reply may take.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Reconnection backoff.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// What one replication task streams.
+#[derive(Clone)]
+pub(crate) struct Source {
+    /// The bucket (same name on both nodes).
+    pub(crate) bucket: String,
+    /// This node's engine for it.
+    pub(crate) engine: Arc<dyn Engine>,
+    /// The node holding the active copies.
+    pub(crate) addr: SocketAddr,
+    /// The replica vBuckets whose active copy is there.
+    pub(crate) vbuckets: Vec<Vbid>,
+    /// SASL PLAIN credentials, when the cluster has them.
+    pub(crate) credentials: Option<(String, String)>,
+    /// The DCP connection name.
+    pub(crate) name: String,
+}
+
+/// Runs replication from `source` until `stop` is raised.
+pub(crate) async fn run(source: Source, mut stop: watch::Receiver<bool>) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let outcome = tokio::select! {
+            r = session(&source) => r,
+            _ = stop.changed() => return,
+        };
+        match outcome {
+            Ok(()) => backoff = BACKOFF_MIN,
+            Err(e) => {
+                tracing::info!(bucket = %source.bucket, source = %source.addr, error = %e, "replication session ended; reconnecting");
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// A DCP client connection: framing over a read buffer.
+struct Conn {
+    sock: TcpStream,
+    buf: BytesMut,
+    limits: Limits,
+    /// Message bytes consumed and not yet acknowledged.
+    unacked: usize,
+}
+
+/// A packet from the active: a response or a DCP message (a request).
+enum Packet {
+    Response {
+        opcode: u8,
+        status: u16,
+        opaque: u32,
+        value: Vec<u8>,
+    },
+    Message(BytesMut),
+}
+
+impl Conn {
+    async fn send(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.sock
+            .write_all(bytes)
+            .await
+            .map_err(|e| format!("write: {e}"))
+    }
+
+    async fn next(&mut self) -> Result<Packet, String> {
+        loop {
+            if self.buf.len() >= 24 {
+                let head: [u8; 24] = self.buf[..24].try_into().map_err(|_| "short header")?;
+                let body = u32::from_be_bytes([head[8], head[9], head[10], head[11]]) as usize;
+                if body > self.limits.max_packet_bytes as usize {
+                    return Err(format!("packet of {body} bytes is over the limit"));
+                }
+                if self.buf.len() >= 24 + body {
+                    let packet = self.buf.split_to(24 + body);
+                    if head[0] == 0x81 || head[0] == 0x18 {
+                        let h = ResponseHeader::decode(&head, &self.limits)
+                            .map_err(|e| format!("bad response header: {e}"))?;
+                        let at = 24
+                            + usize::from(h.framing_extras_len)
+                            + usize::from(h.extras_len)
+                            + usize::from(h.key_len);
+                        return Ok(Packet::Response {
+                            opcode: h.opcode,
+                            status: h.status,
+                            opaque: h.opaque,
+                            value: packet.get(at..).unwrap_or_default().to_vec(),
+                        });
+                    }
+                    return Ok(Packet::Message(packet));
+                }
+            }
+            self.buf.reserve(64 * 1024);
+            let n = self
+                .sock
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(|e| format!("read: {e}"))?;
+            if n == 0 {
+                return Err("the active closed the connection".into());
+            }
+        }
+    }
+
+    /// Sends a setup request and waits for its response (ignoring DCP messages, which
+    /// cannot come before a stream exists).
+    async fn call(&mut self, req: RequestBuilder<'_>) -> Result<(u16, Vec<u8>), String> {
+        let bytes = req.to_vec().map_err(|e| format!("encode: {e}"))?;
+        self.send(&bytes).await?;
+        let next = tokio::time::timeout(SETUP_TIMEOUT, async {
+            loop {
+                if let Packet::Response { status, value, .. } = self.next().await? {
+                    return Ok::<_, String>((status, value));
+                }
+            }
+        });
+        next.await.map_err(|_| "setup reply timed out".to_owned())?
+    }
+
+    async fn expect_ok(&mut self, what: &str, req: RequestBuilder<'_>) -> Result<Vec<u8>, String> {
+        match self.call(req).await? {
+            (0, value) => Ok(value),
+            (status, value) => Err(format!(
+                "{what} answered {status:#x}: {}",
+                String::from_utf8_lossy(&value)
+            )),
+        }
+    }
+}
+
+/// The stream request for `vbid` from where the replica is.
+fn stream_request(engine: &dyn Engine, vbid: Vbid) -> Result<StreamReq, String> {
+    let seqnos = engine
+        .vbucket_seqnos(vbid)
+        .map_err(|e| format!("{vbid}: {e}"))?;
+    let high = seqnos.high_seqno.0;
+    let uuid = if high == 0 {
+        0
+    } else {
+        seqnos.failover_log.first().map_or(0, |e| e.uuid)
+    };
+    Ok(StreamReq {
+        flags: 0,
+        reserved: 0,
+        start_seqno: high,
+        end_seqno: u64::MAX,
+        vbucket_uuid: uuid,
+        snap_start_seqno: high,
+        snap_end_seqno: high,
+    })
+}
+
+fn opaque_of(vbid: Vbid) -> u32 {
+    u32::from(vbid.0) + 1
+}
+
+/// The key as the engine stores it, from a DCP key with its collection prefix.
+fn engine_key(wire: &[u8]) -> Result<Vec<u8>, String> {
+    let (cid, n) = doc_key::leb128_decode(wire).ok_or("a DCP key without a collection id")?;
+    let mut buf = doc_key::DocKeyBuf::new();
+    Ok(doc_key::encode(cid, &wire[n..], &mut buf).to_vec())
+}
+
+fn document(meta: &dcp::DcpDocMeta, key: &[u8], value: &[u8]) -> Result<DcpDocument, String> {
+    Ok(DcpDocument {
+        key: engine_key(key)?,
+        value: bytes::Bytes::copy_from_slice(value),
+        seqno: meta.by_seqno,
+        rev_seqno: meta.rev_seqno,
+        cas: meta.cas.0,
+        flags: meta.flags,
+        expiry: meta.expiration,
+        datatype: meta.datatype.0,
+    })
+}
+
+async fn session(source: &Source) -> Result<(), String> {
+    let sock = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect(source.addr))
+        .await
+        .map_err(|_| "connect timed out".to_owned())?
+        .map_err(|e| format!("connect: {e}"))?;
+    let _ = sock.set_nodelay(true);
+    let mut c = Conn {
+        sock,
+        buf: BytesMut::with_capacity(64 * 1024),
+        limits: Limits::default(),
+        unacked: 0,
+    };
+    let features: Vec<u8> = [Feature::Xerror, Feature::SelectBucket, Feature::Collections]
+        .iter()
+        .flat_map(|f| f.as_u16().to_be_bytes())
+        .collect();
+    c.expect_ok(
+        "HELLO",
+        RequestBuilder::new(Opcode::Hello)
+            .key(b"epkv-replication")
+            .value(&features),
+    )
+    .await?;
+    if let Some((user, password)) = &source.credentials {
+        let plain = format!("\0{user}\0{password}");
+        c.expect_ok(
+            "SASL_AUTH",
+            RequestBuilder::new(Opcode::SaslAuth)
+                .key(b"PLAIN")
+                .value(plain.as_bytes()),
+        )
+        .await?;
+    }
+    c.expect_ok(
+        "SELECT_BUCKET",
+        RequestBuilder::new(Opcode::SelectBucket).key(source.bucket.as_bytes()),
+    )
+    .await?;
+    let open = dcp::DcpOpen {
+        seqno: 0,
+        flags: dcp::OPEN_PRODUCER | dcp::OPEN_INCLUDE_XATTRS,
+    }
+    .to_extras();
+    c.expect_ok(
+        "DCP_OPEN",
+        RequestBuilder::new(Opcode::DcpOpen)
+            .key(source.name.as_bytes())
+            .extras(&open),
+    )
+    .await?;
+    let buffer = BUFFER_SIZE.to_string();
+    for (k, v) in [
+        ("connection_buffer_size", buffer.as_str()),
+        ("set_noop_interval", NOOP_INTERVAL),
+        ("enable_noop", "true"),
+    ] {
+        c.expect_ok(
+            "DCP_CONTROL",
+            RequestBuilder::new(Opcode::DcpControl)
+                .key(k.as_bytes())
+                .value(v.as_bytes()),
+        )
+        .await?;
+    }
+    for &vbid in &source.vbuckets {
+        request_stream(&mut c, &*source.engine, vbid).await?;
+    }
+    tracing::info!(bucket = %source.bucket, source = %source.addr, vbuckets = source.vbuckets.len(), "replication streams requested");
+    loop {
+        match c.next().await? {
+            Packet::Response {
+                opcode,
+                status,
+                opaque,
+                value,
+            } => {
+                if opcode == Opcode::DcpStreamReq.as_u8() {
+                    let vbid = Vbid(u16::try_from(opaque.saturating_sub(1)).unwrap_or(u16::MAX));
+                    stream_answer(&mut c, source, vbid, status, &value).await?;
+                } else if status != 0 {
+                    return Err(format!("the active answered {opcode:#x} with {status:#x}"));
+                }
+            }
+            Packet::Message(packet) => {
+                let len = packet.len();
+                apply(&mut c, source, &packet).await?;
+                c.unacked += len;
+                if c.unacked >= BUFFER_SIZE / 2 {
+                    let mut ack = Vec::new();
+                    let bytes = u32::try_from(c.unacked).unwrap_or(u32::MAX);
+                    dcp::encode_buffer_ack(&mut ack, 0, bytes).map_err(|e| e.to_string())?;
+                    c.send(&ack).await?;
+                    c.unacked = 0;
+                }
+            }
+        }
+    }
+}
+
+async fn request_stream(c: &mut Conn, engine: &dyn Engine, vbid: Vbid) -> Result<(), String> {
+    let req = stream_request(engine, vbid)?;
+    let mut bytes = Vec::new();
+    dcp::encode_stream_req(&mut bytes, opaque_of(vbid), vbid, &req).map_err(|e| e.to_string())?;
+    c.send(&bytes).await
+}
+
+/// The active's answer to a stream request.
+async fn stream_answer(
+    c: &mut Conn,
+    source: &Source,
+    vbid: Vbid,
+    status: u16,
+    value: &[u8],
+) -> Result<(), String> {
+    match Status::from_u16(status) {
+        Some(Status::Success) => {
+            let log = dcp::decode_failover_log_body(value)
+                .map_err(|_| format!("{vbid}: a malformed failover log"))?;
+            source
+                .engine
+                .adopt_failover_log(vbid, &log)
+                .map_err(|e| format!("{vbid}: cannot adopt the failover log: {e}"))
+        }
+        Some(Status::Rollback) => {
+            tracing::info!(bucket = %source.bucket, %vbid, "the active asked the replica to roll back: starting it over");
+            source
+                .engine
+                .reset_replica(vbid)
+                .map_err(|e| format!("{vbid}: cannot roll back: {e}"))?;
+            request_stream(c, &*source.engine, vbid).await
+        }
+        _ => Err(format!("{vbid}: stream request answered {status:#x}")),
+    }
+}
+
+/// Applies one DCP message to its replica vBucket.
+async fn apply(c: &mut Conn, source: &Source, packet: &[u8]) -> Result<(), String> {
+    let req = Request::parse(packet, &c.limits).map_err(|e| format!("bad DCP message: {e}"))?;
+    let vbid = req.header.vbucket;
+    let msg = DcpMessage::decode(&req).map_err(|s| format!("bad DCP message: {s:?}"))?;
+    let event = match msg {
+        DcpMessage::Noop => {
+            let mut resp = Vec::new();
+            Response::new(req.header.opcode, Status::Success, req.header.opaque)
+                .encode(&mut resp)
+                .map_err(|e| e.to_string())?;
+            return c.send(&resp).await;
+        }
+        DcpMessage::SnapshotMarker(_) => return Ok(()),
+        DcpMessage::Mutation { meta, key, value } => {
+            DcpEvent::Mutation(document(&meta, key, value)?)
+        }
+        DcpMessage::Deletion {
+            meta, key, value, ..
+        }
+        | DcpMessage::Expiration {
+            meta, key, value, ..
+        } => DcpEvent::Deletion(document(&meta, key, value)?),
+        DcpMessage::StreamEnd { reason } => {
+            return Err(format!(
+                "{vbid}: the active ended the stream (reason {reason})"
+            ));
+        }
+        other => {
+            tracing::debug!(%vbid, opcode = ?other.opcode(), "replication ignores a DCP message");
+            return Ok(());
+        }
+    };
+    // Memory pressure on the replica: wait it out, the stream paused behind it.
+    let mut wait = Duration::from_millis(10);
+    loop {
+        match source.engine.replicate(vbid, event.clone()) {
+            Ok(()) => return Ok(()),
+            Err(EngineStatus::TempFail | EngineStatus::NoMemory) => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(format!("{vbid}: the replica refused a change: {e}")),
+        }
+    }
+}
