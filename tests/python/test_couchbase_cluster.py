@@ -164,3 +164,94 @@ def test_after_a_failover_the_survivor_serves_every_document(two_nodes):
         assert coll.get(keys[0]).content_as[dict] == {"after": True}
     finally:
         c.close()
+
+
+def test_sync_writes_wait_for_the_replica_and_are_impossible_without_one(two_nodes):
+    from couchbase.durability import DurabilityLevel, ServerDurability
+    from couchbase.exceptions import (
+        DurabilityImpossibleException,
+        DurabilitySyncWriteAmbiguousException,
+    )
+    from couchbase.options import UpsertOptions
+
+    c = _connect(two_nodes[0].addr)
+    coll = c.bucket("default").default_collection()
+    keys = [f"sw-{i}-{uuid.uuid4().hex[:6]}" for i in range(20)]
+    for level in (DurabilityLevel.MAJORITY, DurabilityLevel.MAJORITY_AND_PERSIST_TO_ACTIVE,
+                  DurabilityLevel.PERSIST_TO_MAJORITY):
+        for i, k in enumerate(keys):
+            coll.upsert(k, {"i": i, "level": int(level.value)},
+                        UpsertOptions(durability=ServerDurability(level)))
+            # Acknowledged at a majority of two: the replica holds the prepare; its
+            # commit follows on the stream.
+            _wait_replica_equals(coll, k, {"i": i, "level": int(level.value)})
+    c.close()
+    # Node 0 stops: SyncWrites to the vBuckets whose replica was there cannot be
+    # acknowledged, and time out ambiguous; after the failover they are impossible.
+    dead, survivor = two_nodes
+    dead.proc.kill()
+    dead.proc.wait()
+    c = _connect_surviving(survivor.addr)
+    try:
+        coll = c.bucket("default").default_collection()
+        # A key whose vBucket is active on the survivor (odd vBuckets, node 1).
+        k = next(k for k in (f"lone-{i}" for i in range(1000)) if _vbucket(k) % 2 == 1)
+        with pytest.raises(DurabilitySyncWriteAmbiguousException):
+            coll.upsert(k, {"x": 1}, UpsertOptions(
+                durability=ServerDurability(DurabilityLevel.MAJORITY),
+                timeout=timedelta(seconds=2)))
+        _fail_over(survivor, dead)
+        with pytest.raises(DurabilityImpossibleException):
+            coll.upsert(k, {"x": 2}, UpsertOptions(
+                durability=ServerDurability(DurabilityLevel.MAJORITY),
+                timeout=timedelta(seconds=2)))
+        # Writes without durability go on.
+        coll.upsert(k, {"x": 3})
+        assert coll.get(k).content_as[dict] == {"x": 3}
+    finally:
+        c.close()
+
+
+def _wait_replica_equals(coll, key, want):
+    deadline = time.monotonic() + REPLICA_WAIT_SECS
+    while True:
+        try:
+            got = [r.content_as[dict] for r in coll.get_all_replicas(key) if r.is_replica]
+        except DocumentUnretrievableException:
+            got = []
+        if want in got:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"{key} never reached its replica as {want}: {got}")
+        time.sleep(0.02)
+
+
+def _vbucket(key):
+    import zlib
+    return (zlib.crc32(key.encode()) >> 16) & 0x3FF
+
+
+def _connect_surviving(addr):
+    """Connects through ``addr`` while another node of the map is down (no readiness wait
+    on every node)."""
+    timeouts = ClusterTimeoutOptions(
+        kv_timeout=timedelta(seconds=5),
+        connect_timeout=timedelta(seconds=10),
+        bootstrap_timeout=timedelta(seconds=10),
+    )
+    opts = ClusterOptions(PasswordAuthenticator(*ADMIN), timeout_options=timeouts,
+                          enable_app_telemetry=False)
+    return Cluster(f"couchbase://{addr}", opts)
+
+
+def _fail_over(survivor, dead):
+    import base64
+    req = urllib.request.Request(
+        f"http://{survivor.mgmt_addr}/controller/failOver",
+        data=f"otpNode={dead.addr}".encode(),
+        method="POST",
+    )
+    req.add_header("Authorization", "Basic " + base64.b64encode(
+        f"{ADMIN[0]}:{ADMIN[1]}".encode()).decode())
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200

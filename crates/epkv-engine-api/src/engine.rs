@@ -411,4 +411,36 @@ pub trait Engine: Send + Sync + 'static {
         let _ = vbid;
         Err(EngineStatus::NotSupported)
     }
+
+    /// The high prepared seqno replica vBucket `vbid` may acknowledge to its active
+    /// (DCP_SEQNO_ACKNOWLEDGED): past every prepare it holds, except before the first
+    /// persist-level one not yet on its disk.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here; `NotSupported`.
+    fn replica_prepared_seqno(&self, vbid: Vbid) -> EngineResult<u64> {
+        let _ = vbid;
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// A replica (named by its DCP connection) acknowledged `seqno` of active vBucket
+    /// `vbid`: the SyncWrites that now have a majority commit.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is active here; `NotSupported`.
+    fn seqno_acknowledged(&self, vbid: Vbid, replica: &str, seqno: u64) -> EngineResult<()> {
+        let _ = (vbid, replica, seqno);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Tells active vBucket `vbid` its replication chain: `replicas` replica slots, `live`
+    /// of them held by a node. SyncWrites then need a majority of the chain
+    /// (DurabilityImpossible when the live nodes cannot make one).
+    ///
+    /// # Errors
+    /// `NotMyVbucket` for a vBucket outside the bucket; `NotSupported`.
+    fn set_replication_chain(&self, vbid: Vbid, replicas: usize, live: usize) -> EngineResult<()> {
+        let _ = (vbid, replicas, live);
+        Err(EngineStatus::NotSupported)
+    }
 }

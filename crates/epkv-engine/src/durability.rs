@@ -8,12 +8,20 @@
 //!   completes.
 //!
 //! Each vBucket's [`Monitor`] tracks its prepares in seqno order and completes them in
-//! that order, from the head, as the active durability monitor does. This node has no
-//! replicas, so it is its own majority:
-//! - **Majority** is satisfied once the prepare is queued, unless an earlier prepare of a
-//!   persist level is still waiting for the disk (it fences the ones behind it);
-//! - **MajorityAndPersistOnMaster** and **PersistToMajority** are satisfied once the
-//!   flusher has persisted the prepare.
+//! that order, from the head, as the active durability monitor does. A majority is of
+//! the vBucket's chain (this node and its replicas, [`Monitor::set_chain`]); a replica
+//! counts once it acknowledged the prepare (DCP_SEQNO_ACKNOWLEDGED: a replica
+//! acknowledges a PersistToMajority prepare only once it is on its disk):
+//! - **Majority** is satisfied once a majority holds the prepare: at once on a single
+//!   node, unless an earlier prepare of a persist level is still waiting for the disk (it
+//!   fences the ones behind it);
+//! - **MajorityAndPersistOnMaster** also needs the prepare on this node's disk;
+//! - **PersistToMajority** needs it on this node's disk and acknowledged (persisted) by
+//!   enough replicas.
+//!
+//! A chain whose live nodes cannot make a majority (a failed-over replica) answers
+//! DurabilityImpossible. A replica vBucket keeps the prepares it receives in its
+//! passive state until their commit or abort arrives (`crate::replica`).
 //!
 //! A **commit** turns the prepare into the committed version in place. It gets a new
 //! seqno and keeps the prepare's CAS. The client hears success.
@@ -93,6 +101,29 @@ struct Tracked {
     /// When it is aborted if not committed; `None` for prepares warmup restored.
     deadline: Option<Instant>,
     waiter: Option<SyncWriteCallback>,
+    /// It needs the replicas' acknowledgements (false for prepares warmup restored or a
+    /// promoted replica held: they are committed once this node has them on disk).
+    needs_acks: bool,
+}
+
+/// A prepare a replica vBucket holds, until its commit or abort arrives.
+#[derive(Debug, Clone)]
+pub(crate) struct Passive {
+    pub(crate) seqno: u64,
+    pub(crate) key: Vec<u8>,
+    /// Its level needs persistence (the replica acknowledges it only once persisted).
+    pub(crate) persist: bool,
+}
+
+/// The prepares of a replica vBucket and what it has acknowledged.
+#[derive(Debug, Default)]
+struct PassiveState {
+    /// In seqno order.
+    prepares: VecDeque<Passive>,
+    /// The highest prepare seqno received.
+    high_prepared: u64,
+    /// The highest prepared seqno acknowledgeable (see [`Monitor::replica_hps`]).
+    acked: u64,
 }
 
 #[derive(Default)]
@@ -114,10 +145,29 @@ struct State {
     /// The highest prepare seqno tracked (HPS) and the highest completed (HCS).
     high_prepared: u64,
     high_completed: u64,
+    /// Replica slots of the vBucket's chain (0: this node alone is the majority).
+    replicas: usize,
+    /// Of those, the slots a node holds (a failed-over node leaves an empty slot).
+    live_replicas: usize,
+    /// Each replica's acknowledged high prepared seqno, by its DCP connection name.
+    acks: Vec<(String, u64)>,
 }
 
-/// A vBucket's SyncWrites in flight (KV-Engine's ActiveDurabilityMonitor for a
-/// vBucket without replicas).
+impl State {
+    /// Replica acknowledgements a prepare needs: a majority of the chain of
+    /// `1 + replicas` nodes (`(1 + replicas) / 2 + 1`), minus this node.
+    fn acks_needed(&self) -> usize {
+        self.replicas.div_ceil(2)
+    }
+
+    /// Replicas that acknowledged `seqno`.
+    fn acked(&self, seqno: u64) -> usize {
+        self.acks.iter().filter(|(_, a)| *a >= seqno).count()
+    }
+}
+
+/// A vBucket's SyncWrites in flight (KV-Engine's ActiveDurabilityMonitor), and as a
+/// replica the prepares it holds (its PassiveDurabilityMonitor).
 #[derive(Default)]
 pub(crate) struct Monitor {
     state: Mutex<State>,
@@ -125,6 +175,8 @@ pub(crate) struct Monitor {
     completing: Mutex<()>,
     /// The timeout task, once the vBucket has had a SyncWrite with a deadline.
     task: OnceLock<epkv_executor::TaskHandle>,
+    /// As a replica: the prepares received and not completed.
+    passive: Mutex<PassiveState>,
 }
 
 impl std::fmt::Debug for Monitor {
@@ -154,7 +206,7 @@ impl Monitor {
     fn track_or_complete(&self, t: Tracked, majority: bool) -> bool {
         let mut s = self.state.lock();
         s.high_prepared = s.high_prepared.max(t.seqno);
-        if majority && s.tracked.is_empty() {
+        if majority && s.tracked.is_empty() && s.replicas == 0 {
             s.high_completed = s.high_completed.max(t.seqno);
             return true;
         }
@@ -180,7 +232,8 @@ impl Monitor {
     fn pop_resolved(&self, persisted: u64, now: Option<Instant>) -> Option<(Tracked, bool)> {
         let mut s = self.state.lock();
         let head = s.tracked.front()?;
-        let commit = !head.persist || head.seqno <= persisted;
+        let commit = (!head.persist || head.seqno <= persisted)
+            && (!head.needs_acks || s.acked(head.seqno) >= s.acks_needed());
         let expired = head
             .deadline
             .zip(now)
@@ -269,6 +322,90 @@ impl Monitor {
         s.armed
     }
 
+    /// Sets the chain this active vBucket replicates to: `replicas` slots, `live` of them
+    /// held by a node. Acknowledgements so far are forgotten (new replicas start over).
+    pub(crate) fn set_chain(&self, replicas: usize, live: usize) {
+        let mut s = self.state.lock();
+        if s.replicas != replicas || s.live_replicas != live {
+            s.acks.clear();
+        }
+        s.replicas = replicas;
+        s.live_replicas = live.min(replicas);
+    }
+
+    /// True when the chain has too few nodes for a majority (DurabilityImpossible).
+    fn impossible(&self) -> bool {
+        let s = self.state.lock();
+        s.live_replicas < s.acks_needed()
+    }
+
+    /// Records replica `name`'s acknowledged high prepared seqno. Returns whether it
+    /// moved.
+    fn ack(&self, name: &str, seqno: u64) -> bool {
+        let mut s = self.state.lock();
+        if s.replicas == 0 {
+            return false;
+        }
+        match s.acks.iter_mut().find(|(n, _)| n == name) {
+            Some((_, a)) if *a >= seqno => false,
+            Some((_, a)) => {
+                *a = seqno;
+                true
+            }
+            None => {
+                s.acks.push((name.to_owned(), seqno));
+                true
+            }
+        }
+    }
+
+    /// As a replica: a prepare received.
+    pub(crate) fn passive_prepare(&self, p: Passive) {
+        let mut s = self.passive.lock();
+        s.high_prepared = s.high_prepared.max(p.seqno);
+        s.prepares.push_back(p);
+    }
+
+    /// As a replica: the prepare `seqno` completed (committed or aborted). Returns it.
+    pub(crate) fn passive_complete(&self, seqno: u64) -> Option<Passive> {
+        let mut s = self.passive.lock();
+        let i = s.prepares.iter().position(|p| p.seqno == seqno)?;
+        s.prepares.remove(i)
+    }
+
+    /// As a replica: the high prepared seqno it may acknowledge with the vBucket
+    /// persisted up to `persisted`: past every prepare received, except that it stops
+    /// before the first persist-level prepare not yet on disk. Never goes back.
+    pub(crate) fn replica_hps(&self, persisted: u64) -> u64 {
+        let mut s = self.passive.lock();
+        let blocked = s
+            .prepares
+            .iter()
+            .find(|p| p.persist && p.seqno > persisted)
+            .map(|p| p.seqno);
+        let hps = match blocked {
+            None => s.high_prepared,
+            Some(b) => s
+                .prepares
+                .iter()
+                .map(|p| p.seqno)
+                .filter(|&q| q < b)
+                .max()
+                .unwrap_or(0)
+                .max(s.acked),
+        };
+        s.acked = s.acked.max(hps);
+        s.acked
+    }
+
+    /// As a replica becoming active, or starting over: takes the prepares it held.
+    pub(crate) fn take_passive(&self) -> Vec<Passive> {
+        let mut s = self.passive.lock();
+        s.acked = 0;
+        s.high_prepared = 0;
+        s.prepares.drain(..).collect()
+    }
+
     /// Takes every prepare in flight (FLUSH, a state change): their waiters hear
     /// SyncWriteAmbiguous.
     fn drain(&self) -> Vec<Tracked> {
@@ -314,6 +451,9 @@ impl Bucket {
         patches: &crate::xattrs::Patches,
         d: &DurabilityRequirements,
     ) -> EngineResult<Assigned> {
+        if vb.durability.impossible() {
+            return Err(EngineStatus::DurabilityImpossible);
+        }
         self.insert_or_tempfail(e, sv.with_state(CommittedState::Pending))?;
         let deadline = self
             .sync_now()
@@ -340,6 +480,7 @@ impl Bucket {
                     persist: !majority,
                     deadline,
                     waiter: None,
+                    needs_acks: true,
                 };
                 at_once = vb.durability.track_or_complete(t, majority);
                 // A prepare committed at once is never persisted: its commit is.
@@ -677,13 +818,104 @@ impl Bucket {
             tracing::error!(vbid = %vb.id, seqno = d.seqno, error = %err, "cannot restore a pending prepare");
             return;
         }
+        if vb.state_hint() == epkv_types::VBucketState::Replica {
+            // A replica keeps it until the active's commit or abort arrives.
+            vb.durability.passive_prepare(Passive {
+                seqno: d.seqno,
+                key: key.to_vec(),
+                persist: true,
+            });
+            return;
+        }
         vb.durability.track(Tracked {
             seqno: d.seqno,
             key: key.to_vec(),
             persist: true,
             deadline: None,
             waiter: None,
+            needs_acks: false,
         });
+    }
+
+    /// A replica vBucket just became active: the prepares it held are tracked as its
+    /// own, committed once this node has them on disk (they may have been acknowledged
+    /// by the old active), as warmup does with the prepares it finds.
+    pub(crate) fn adopt_passive_prepares(&self, vb: &VBucket) {
+        let held = vb.durability.take_passive();
+        if held.is_empty() {
+            return;
+        }
+        tracing::info!(vbid = %vb.id, prepares = held.len(), "a promoted replica commits the SyncWrites it held");
+        for p in held {
+            vb.durability.track(Tracked {
+                seqno: p.seqno,
+                key: p.key,
+                persist: true,
+                deadline: None,
+                waiter: None,
+                needs_acks: false,
+            });
+        }
+        self.complete_sync_writes(vb);
+        let weak = self.self_ref.get().cloned().unwrap_or_default();
+        let index = usize::from(vb.id.0);
+        let (high, _, _) = vb.ordering_snapshot();
+        let resolve = Box::new(move |_persisted: u64| {
+            if let Some(b) = weak.upgrade()
+                && let Some(vb) = b.vbuckets.get(index)
+            {
+                b.complete_sync_writes(vb);
+            }
+        });
+        if vb.persist.when_persisted(high, resolve)
+            && let Some(p) = &self.persistence
+        {
+            p.urgent(vb.id);
+        }
+    }
+
+    /// A replica's acknowledgement (DCP_SEQNO_ACKNOWLEDGED) of `seqno` for active vBucket
+    /// `vbid`: the prepares it satisfies commit.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is active here.
+    pub(crate) fn op_seqno_acknowledged(
+        &self,
+        vbid: Vbid,
+        replica: &str,
+        seqno: u64,
+    ) -> EngineResult<()> {
+        let vb = self
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        if vb.state_hint() != epkv_types::VBucketState::Active {
+            return Err(EngineStatus::NotMyVbucket);
+        }
+        if vb.durability.ack(replica, seqno) {
+            self.complete_sync_writes(vb);
+        }
+        Ok(())
+    }
+
+    /// Sets active vBucket `vbid`'s replication chain (see [`Monitor::set_chain`]).
+    ///
+    /// # Errors
+    /// `NotMyVbucket` for a vBucket outside the bucket.
+    pub(crate) fn op_set_replication_chain(
+        &self,
+        vbid: Vbid,
+        replicas: usize,
+        live: usize,
+    ) -> EngineResult<()> {
+        let vb = self
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        vb.durability.set_chain(replicas, live);
+        // Fewer acknowledgements may now be needed.
+        self.complete_sync_writes(vb);
+        Ok(())
     }
 }
 
@@ -736,6 +968,7 @@ mod tests {
 
     fn tracked(seqno: u64, persist: bool, deadline: Option<Instant>) -> Tracked {
         Tracked {
+            needs_acks: true,
             seqno,
             key: format!("k{seqno}").into_bytes(),
             persist,

@@ -140,11 +140,22 @@ impl Engine for Bucket {
             .ok_or(EngineStatus::NotMyVbucket)?;
         // Warmup restores the stored state; a change now would be overwritten.
         vb.check_warm()?;
+        let was = vb.state_hint();
         vb.set_state(state);
         if state != VBucketState::Active {
             // KV-Engine answers SyncWrites in flight ambiguous when their vBucket stops
             // being active; a single node aborts them.
             self.abandon_sync_writes(vb);
+        }
+        if was == VBucketState::Replica && state == VBucketState::Active {
+            self.adopt_passive_prepares(vb);
+        } else if was == VBucketState::Replica && state != VBucketState::Replica {
+            let dropped = vb.durability.take_passive();
+            for p in dropped {
+                vb.table.with_entry(&p.key, |e| {
+                    e.remove_prepared();
+                });
+            }
         }
         if let Some(p) = &self.persistence {
             p.wake(vbid);
@@ -217,6 +228,18 @@ impl Engine for Bucket {
 
     fn reset_replica(&self, vbid: Vbid) -> EngineResult<()> {
         Bucket::reset_replica(self, vbid)
+    }
+
+    fn replica_prepared_seqno(&self, vbid: Vbid) -> EngineResult<u64> {
+        self.op_replica_prepared_seqno(vbid)
+    }
+
+    fn seqno_acknowledged(&self, vbid: Vbid, replica: &str, seqno: u64) -> EngineResult<()> {
+        self.op_seqno_acknowledged(vbid, replica, seqno)
+    }
+
+    fn set_replication_chain(&self, vbid: Vbid, replicas: usize, live: usize) -> EngineResult<()> {
+        self.op_set_replication_chain(vbid, replicas, live)
     }
 
     fn dcp_stream(

@@ -17,14 +17,23 @@
 //! the seqno asked for when its files still hold that point; epkv's files keep only the
 //! newest version of each key, so starting over is what it can do correctly.
 //!
-//! SyncWrites are replicated as their committed outcome (the stream does not ask for sync
-//! replication yet), so a replica does not acknowledge prepares.
+//! **SyncWrites.** The stream asks for sync replication: a prepare is held in the
+//! replica's prepared slot (readers of the replica see the committed version), persisted
+//! under the prepare namespace, and tracked until the active's commit (the prepare becomes
+//! the committed version at the commit's seqno) or abort. The replica acknowledges its
+//! high prepared seqno ([`Bucket::op_replica_prepared_seqno`]): past every prepare it
+//! received, except that it stops before a persist-level prepare not yet on its disk. When
+//! the replica is promoted, the prepares it holds become the new active's and are
+//! committed once on its disk.
 
 use crate::bucket::{Bucket, LazyNow, document_of, expired, item_of};
-use crate::vbucket::{VBucket, tombstone_document};
+use crate::durability::{PREPARE_DELETES, Passive, prepare_key};
+use crate::vbucket::{SyncStep, VBucket, tombstone_document};
+use epkv_engine_api::dcp::DcpDocument;
 use epkv_engine_api::{DcpEvent, EngineResult, EngineStatus, Item};
-use epkv_hashtable::{ItemMeta, StoredValue};
-use epkv_types::{Cas, Datatype, Seqno, VBucketState, Vbid, vbucket_for_key};
+use epkv_hashtable::{CommittedState, ItemMeta, StoredValue};
+use epkv_storage::Document;
+use epkv_types::{Cas, Datatype, DurabilityLevel, Seqno, VBucketState, Vbid, vbucket_for_key};
 
 impl Bucket {
     /// The replica vBucket `vbid`, ready (warm) and in the replica state.
@@ -81,23 +90,37 @@ impl Bucket {
         if *state != VBucketState::Replica {
             return Err(EngineStatus::NotMyVbucket);
         }
+        let (high, _, _) = vb.ordering_snapshot();
+        if let Some(seqno) = event.seqno()
+            && seqno <= high
+        {
+            tracing::warn!(%vbid, seqno, high_seqno = high, "replication stream sent a seqno out of order; refused");
+            return Err(EngineStatus::Invalid);
+        }
         let (doc, deleted) = match event {
             DcpEvent::Mutation(d) => (d, false),
             DcpEvent::Deletion(d) => (d, true),
             DcpEvent::SnapshotMarker { .. } | DcpEvent::End(_) => return Ok(()),
-            DcpEvent::Prepare { .. } | DcpEvent::Commit { .. } | DcpEvent::Abort { .. } => {
-                return Err(EngineStatus::NotSupported);
-            }
+            DcpEvent::Prepare {
+                doc,
+                deleted,
+                level,
+            } => return self.replicate_prepare(vb, doc, deleted, level),
+            DcpEvent::Commit {
+                key,
+                prepared_seqno,
+                commit_seqno,
+            } => return self.replicate_commit(vb, &key, prepared_seqno, commit_seqno),
+            DcpEvent::Abort {
+                key,
+                prepared_seqno,
+                abort_seqno,
+            } => return self.replicate_abort(vb, &key, prepared_seqno, abort_seqno),
         };
-        let (high, _, _) = vb.ordering_snapshot();
-        if doc.seqno <= high {
-            tracing::warn!(%vbid, seqno = doc.seqno, high_seqno = high, "replication stream sent a seqno out of order; refused");
-            return Err(EngineStatus::Invalid);
-        }
         let rev = doc.rev_seqno;
         vb.table.with_entry(&doc.key, |e| {
             if deleted {
-                let (a, woke) = vb.assign_replicated(doc.seqno, doc.cas, Some(rev), |a| {
+                let (a, woke) = vb.assign_replicated(doc.seqno, doc.cas, Some(rev), None, |a| {
                     tombstone_document(doc.key.clone(), a, rev)
                 });
                 Self::remove_deleted(vb, e, &a, rev);
@@ -118,14 +141,183 @@ impl Bucket {
             vb.note_xattrs(Datatype(doc.datatype));
             self.insert_or_tempfail(e, sv)?;
             Self::note_written(vb, e.key());
-            let (a, woke) =
-                vb.assign_replicated(doc.seqno, doc.cas, None, |a| document_of(e, a, rev, None));
+            let (a, woke) = vb.assign_replicated(doc.seqno, doc.cas, None, None, |a| {
+                document_of(e, a, rev, None)
+            });
             if !vb.is_persistent() {
                 e.mark_clean(a.seqno);
             }
             self.queued(vb, woke);
             Ok(())
         })
+    }
+
+    /// A SyncWrite's prepare reaches the replica: held in the prepared slot (readers see
+    /// the committed version), persisted under the prepare namespace, and tracked until
+    /// its commit or abort.
+    fn replicate_prepare(
+        &self,
+        vb: &VBucket,
+        doc: DcpDocument,
+        deleted: bool,
+        level: u8,
+    ) -> EngineResult<()> {
+        let meta = ItemMeta {
+            cas: Cas(doc.cas),
+            rev_seqno: doc.rev_seqno,
+            by_seqno: Seqno(doc.seqno),
+            flags: doc.flags,
+            expiry: doc.expiry,
+            datatype: Datatype(doc.datatype),
+            ..ItemMeta::default()
+        };
+        let sv = if deleted {
+            StoredValue::new_tombstone(&doc.key, &doc.value, meta)
+        } else {
+            StoredValue::new(&doc.key, &doc.value, meta)
+        }
+        .map_err(|_| EngineStatus::Invalid)?
+        .with_state(CommittedState::Pending);
+        vb.table.with_entry(&doc.key, |e| {
+            self.insert_or_tempfail(e, sv)?;
+            let step = SyncStep {
+                prepared: true,
+                completed: 0,
+                deleted_rev: None,
+                visible: false,
+                level,
+            };
+            let (_, woke) =
+                vb.assign_replicated(doc.seqno, doc.cas, None, Some(step), |_| Document {
+                    key: prepare_key(&doc.key),
+                    value: doc.value.clone(),
+                    seqno: doc.seqno,
+                    cas: doc.cas,
+                    rev_seqno: doc.rev_seqno,
+                    flags: doc.flags,
+                    expiry: doc.expiry,
+                    datatype: doc.datatype | if deleted { PREPARE_DELETES } else { 0 },
+                    deleted: false,
+                });
+            vb.durability.passive_prepare(Passive {
+                seqno: doc.seqno,
+                key: doc.key.clone(),
+                // Only PersistToMajority needs the replica's disk (MajorityAndPersistOnMaster
+                // needs the active's).
+                persist: level == DurabilityLevel::PersistToMajority as u8,
+            });
+            self.queued(vb, woke);
+            Ok(())
+        })
+    }
+
+    /// The active committed prepare `prepared_seqno` at `commit_seqno`: the replica's
+    /// prepare becomes the committed version with that seqno.
+    fn replicate_commit(
+        &self,
+        vb: &VBucket,
+        key: &[u8],
+        prepared_seqno: u64,
+        commit_seqno: u64,
+    ) -> EngineResult<()> {
+        vb.durability.passive_complete(prepared_seqno);
+        vb.table.with_entry(key, |e| {
+            let Some(p) = e.prepared().filter(|p| p.meta().by_seqno.0 == prepared_seqno) else {
+                tracing::error!(vbid = %vb.id, prepared_seqno, "a replicated commit names a prepare the replica does not hold");
+                return Err(EngineStatus::Invalid);
+            };
+            let pm = *p.meta();
+            let deletes = p.is_deleted();
+            let step = SyncStep {
+                prepared: false,
+                completed: prepared_seqno,
+                deleted_rev: deletes.then_some(pm.rev_seqno),
+                visible: true,
+                level: 0,
+            };
+            let value = bytes::Bytes::copy_from_slice(p.value());
+            let (a, woke) = vb.assign_replicated(
+                commit_seqno,
+                pm.cas.0,
+                deletes.then_some(pm.rev_seqno),
+                Some(step),
+                |a| Document {
+                    key: key.to_vec(),
+                    value,
+                    seqno: a.seqno.0,
+                    cas: pm.cas.0,
+                    rev_seqno: pm.rev_seqno,
+                    flags: pm.flags,
+                    expiry: pm.expiry,
+                    datatype: pm.datatype.0,
+                    deleted: deletes,
+                },
+            );
+            let meta = ItemMeta {
+                by_seqno: a.seqno,
+                ..pm
+            };
+            e.convert_prepared(meta).map_err(|err| {
+                tracing::error!(vbid = %vb.id, prepared_seqno, error = %err, "cannot commit a replicated prepare");
+                EngineStatus::Internal
+            })?;
+            if !deletes {
+                Self::note_written(vb, key);
+            }
+            if !vb.is_persistent() {
+                e.mark_clean(a.seqno);
+                if deletes {
+                    e.remove();
+                }
+            }
+            self.queued(vb, woke);
+            Ok(())
+        })
+    }
+
+    /// The active aborted prepare `prepared_seqno` at `abort_seqno`.
+    fn replicate_abort(
+        &self,
+        vb: &VBucket,
+        key: &[u8],
+        prepared_seqno: u64,
+        abort_seqno: u64,
+    ) -> EngineResult<()> {
+        vb.durability.passive_complete(prepared_seqno);
+        vb.table.with_entry(key, |e| {
+            let rev = e
+                .prepared()
+                .filter(|p| p.meta().by_seqno.0 == prepared_seqno)
+                .map_or(0, |p| p.meta().rev_seqno);
+            e.remove_prepared();
+            let step = SyncStep {
+                prepared: false,
+                completed: prepared_seqno,
+                deleted_rev: None,
+                visible: false,
+                level: 0,
+            };
+            let (_, woke) = vb.assign_replicated(abort_seqno, 0, None, Some(step), |a| {
+                tombstone_document(prepare_key(key), a, rev)
+            });
+            self.queued(vb, woke);
+            Ok(())
+        })
+    }
+
+    /// The high prepared seqno replica vBucket `vbid` may acknowledge now
+    /// ([`crate::durability::Monitor::replica_hps`]).
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here.
+    pub(crate) fn op_replica_prepared_seqno(&self, vbid: Vbid) -> EngineResult<u64> {
+        let vb = self.replica_vbucket(vbid)?;
+        let persisted = if vb.is_persistent() {
+            vb.persist.persisted()
+        } else {
+            u64::MAX
+        };
+        Ok(vb.durability.replica_hps(persisted))
     }
 
     /// Makes replica vBucket `vbid`'s failover log the active's (newest first), as the
@@ -163,6 +355,7 @@ impl Bucket {
         if let Some(full) = &vb.full {
             full.reset();
         }
+        vb.durability.take_passive();
         let removed = vb.table.clear();
         if let Some(p) = &self.persistence
             && let Err(e) = p.wipe_one(vb)

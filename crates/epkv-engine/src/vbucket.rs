@@ -529,6 +529,7 @@ impl VBucket {
         seqno: u64,
         cas: u64,
         deleted_rev: Option<u64>,
+        sync: Option<SyncStep>,
         make: impl FnOnce(&Assigned) -> Document,
     ) -> (Assigned, bool) {
         let mut o = self.order.lock();
@@ -536,14 +537,23 @@ impl VBucket {
             o.max_deleted_rev = o.max_deleted_rev.max(rev);
         }
         o.high_seqno = o.high_seqno.max(seqno);
-        o.max_visible = o.high_seqno;
+        if sync.is_none_or(|s| s.visible) {
+            o.max_visible = o.high_seqno;
+        }
         o.max_cas = o.max_cas.max(cas);
         let a = Assigned {
             seqno: Seqno(seqno),
             cas: Cas(cas),
             new_key_rev: o.max_deleted_rev + 1,
         };
-        let woke = self.persistent && self.persist.queue(make(&a));
+        let woke = self.persistent
+            && match sync {
+                None => self.persist.queue(make(&a)),
+                Some(s) => {
+                    let hps = if s.prepared { seqno } else { s.completed };
+                    self.persist.queue_sync(make(&a), (hps, s.completed))
+                }
+            };
         (a, woke)
     }
 

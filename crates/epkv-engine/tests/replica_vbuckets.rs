@@ -199,3 +199,176 @@ fn a_replica_applies_a_stream_and_serves_it_with_the_actives_metadata() {
     replica.shutdown();
     active.shutdown();
 }
+
+/// The events of a sync-replication stream of `active`'s VB after `start`, polled now.
+fn sync_events(s: &mut dyn epkv_engine_api::DcpStream) -> Vec<DcpEvent> {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut out = Vec::new();
+    for _ in 0..100 {
+        if s.poll_events(&mut cx, 1 << 20, &mut out).is_pending() {
+            break;
+        }
+    }
+    out
+}
+
+fn durable(level: epkv_types::DurabilityLevel) -> StoreRequest<'static> {
+    StoreRequest {
+        op: StoreOp::Set,
+        vbid: VB,
+        key: b"",
+        value: b"durable",
+        flags: 0,
+        expiry: Expiry::Never,
+        cas: Cas(0),
+        datatype: Datatype::RAW,
+        durability: Some(epkv_engine_api::DurabilityRequirements {
+            level,
+            timeout: Some(Duration::from_secs(30)),
+        }),
+        preserve_ttl: false,
+    }
+}
+
+#[test]
+fn sync_writes_commit_only_once_the_replica_acknowledges_them() {
+    use epkv_types::DurabilityLevel;
+    use std::sync::Mutex;
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let active = open(da.path());
+    let replica = open(dr.path());
+    replica
+        .set_vbucket_state(VB, VBucketState::Replica)
+        .unwrap();
+    active.set_replication_chain(VB, 1, 1).unwrap();
+    let mut stream = active
+        .dcp_stream(
+            VB,
+            DcpStreamRequest {
+                start_seqno: 0,
+                end_seqno: u64::MAX,
+                sync_replication: true,
+                ..DcpStreamRequest::default()
+            },
+        )
+        .unwrap();
+    let k = key_in(VB, 0);
+    let outcome = Arc::new(Mutex::new(None));
+    for (i, level) in [
+        DurabilityLevel::Majority,
+        DurabilityLevel::PersistToMajority,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let value = format!("durable-{i}");
+        let mut req = durable(level);
+        req.key = k.as_bytes();
+        req.value = value.as_bytes();
+        let info = active.store(req).unwrap();
+        let seen = Arc::clone(&outcome);
+        active
+            .when_sync_write_completed(
+                VB,
+                info.seqno.0,
+                Box::new(move |r| *seen.lock().unwrap() = Some(r)),
+            )
+            .unwrap();
+        // A majority of two needs the replica: still pending, and readers see the old.
+        assert!(
+            outcome.lock().unwrap().is_none(),
+            "{level:?} waits for the replica"
+        );
+        assert_ne!(
+            active
+                .get(VB, k.as_bytes())
+                .ok()
+                .map(|it| it.value.to_vec()),
+            Some(value.clone().into_bytes())
+        );
+        active.flush_all().unwrap();
+        // The prepare reaches the replica; it acknowledges what it may.
+        for e in sync_events(stream.as_mut()) {
+            replica.replicate(VB, e).unwrap();
+        }
+        let hps = replica.replica_prepared_seqno(VB).unwrap();
+        if level == DurabilityLevel::PersistToMajority {
+            // Not on the replica's disk yet: not acknowledgeable.
+            assert!(hps < info.seqno.0, "hps {hps} before the replica persisted");
+            active.seqno_acknowledged(VB, "replica", hps).unwrap();
+            assert!(outcome.lock().unwrap().is_none());
+            replica.flush_all().unwrap();
+        }
+        let hps = replica.replica_prepared_seqno(VB).unwrap();
+        assert_eq!(hps, info.seqno.0);
+        active.seqno_acknowledged(VB, "replica", hps).unwrap();
+        assert_eq!(
+            *outcome.lock().unwrap(),
+            Some(Ok(())),
+            "{level:?} committed"
+        );
+        *outcome.lock().unwrap() = None;
+        assert_eq!(
+            active.get(VB, k.as_bytes()).unwrap().value.to_vec(),
+            value.clone().into_bytes()
+        );
+        // The commit reaches the replica too.
+        for e in sync_events(stream.as_mut()) {
+            replica.replicate(VB, e).unwrap();
+        }
+        assert_eq!(
+            replica
+                .get_replica(VB, k.as_bytes())
+                .unwrap()
+                .value
+                .to_vec(),
+            value.into_bytes()
+        );
+    }
+    // Without a live replica a majority cannot be had.
+    active.set_replication_chain(VB, 1, 0).unwrap();
+    let mut req = durable(DurabilityLevel::Majority);
+    req.key = k.as_bytes();
+    assert_eq!(
+        active.store(req).err(),
+        Some(EngineStatus::DurabilityImpossible)
+    );
+    // A replica promoted with a prepare in flight commits it.
+    active.set_replication_chain(VB, 1, 1).unwrap();
+    let mut req = durable(DurabilityLevel::Majority);
+    req.key = k.as_bytes();
+    req.value = b"in flight";
+    active.store(req).unwrap();
+    for e in sync_events(stream.as_mut()) {
+        replica.replicate(VB, e).unwrap();
+    }
+    assert_ne!(
+        replica
+            .get_replica(VB, k.as_bytes())
+            .unwrap()
+            .value
+            .to_vec(),
+        b"in flight".to_vec()
+    );
+    replica.set_vbucket_state(VB, VBucketState::Active).unwrap();
+    replica.flush_all().unwrap();
+    let mut committed = false;
+    for _ in 0..100 {
+        if replica
+            .get(VB, k.as_bytes())
+            .is_ok_and(|it| &it.value[..] == b"in flight")
+        {
+            committed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        replica.flush_all().unwrap();
+    }
+    assert!(
+        committed,
+        "the promoted replica committed the prepare it held"
+    );
+    drop(stream);
+    replica.shutdown();
+    active.shutdown();
+}

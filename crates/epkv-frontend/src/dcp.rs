@@ -108,6 +108,8 @@ struct Slot {
 /// A DCP producer connection's state (see the module docs).
 pub(crate) struct Producer {
     engine: Arc<dyn Engine>,
+    /// The connection's name (a replica's acknowledgements are counted by it).
+    name: String,
     /// Keys carry their collection id (the connection negotiated collections).
     collections: bool,
     /// DCP_OPEN asked for deletion times (DELETION v2).
@@ -164,6 +166,7 @@ impl Producer {
         registry.add(&stats);
         Self {
             engine,
+            name: name.to_owned(),
             collections,
             delete_times: flags & wire::OPEN_INCLUDE_DELETE_TIMES != 0,
             no_value: flags & wire::OPEN_NO_VALUE != 0,
@@ -256,6 +259,18 @@ impl Producer {
             self.noop_outstanding = false;
         } else if status != 0 {
             tracing::debug!(opcode, status, "DCP consumer answered an error");
+        }
+    }
+
+    /// DCP_SEQNO_ACKNOWLEDGED: the consumer (a replica) holds `vbid`'s prepares up to
+    /// `seqno`.
+    pub(crate) fn seqno_acknowledged(&self, vbid: Vbid, seqno: u64) -> Status {
+        if !self.sync_replication {
+            return Status::Einval;
+        }
+        match self.engine.seqno_acknowledged(vbid, &self.name, seqno) {
+            Ok(()) => Status::Success,
+            Err(e) => crate::status_map::engine_status_to_wire(e),
         }
     }
 

@@ -137,6 +137,17 @@ async fn set_states(bucket: &str, engine: &dyn Engine, t: &crate::cluster::Topol
             }
         }
     }
+    for v in 0..epkv_types::NUM_VBUCKETS {
+        let vb = epkv_types::Vbid(v);
+        if t.state_of(vb) == epkv_types::VBucketState::Active {
+            let chain = t.chain(vb);
+            let replicas = chain.len().saturating_sub(1);
+            let live = chain.iter().skip(1).filter(|n| n.is_some()).count();
+            if let Err(e) = engine.set_replication_chain(vb, replicas, live) {
+                tracing::error!(bucket, %vb, error = %e, "cannot set a vBucket's replication chain");
+            }
+        }
+    }
     tracing::info!(
         bucket,
         changed,

@@ -279,6 +279,7 @@ async fn session(source: &Source) -> Result<(), String> {
         ("connection_buffer_size", buffer.as_str()),
         ("set_noop_interval", NOOP_INTERVAL),
         ("enable_noop", "true"),
+        ("enable_sync_replication", "true"),
     ] {
         c.expect_ok(
             "DCP_CONTROL",
@@ -292,8 +293,18 @@ async fn session(source: &Source) -> Result<(), String> {
         request_stream(&mut c, &*source.engine, vbid).await?;
     }
     tracing::info!(bucket = %source.bucket, source = %source.addr, vbuckets = source.vbuckets.len(), "replication streams requested");
+    // vBuckets whose persistence moved past a PersistToMajority prepare: acknowledge.
+    let (persisted_tx, mut persisted_rx) = tokio::sync::mpsc::unbounded_channel::<Vbid>();
+    let mut acked: std::collections::HashMap<Vbid, u64> = std::collections::HashMap::new();
     loop {
-        match c.next().await? {
+        let packet = tokio::select! {
+            p = c.next() => p?,
+            Some(vbid) = persisted_rx.recv() => {
+                acknowledge(&mut c, source, vbid, &mut acked).await?;
+                continue;
+            }
+        };
+        match packet {
             Packet::Response {
                 opcode,
                 status,
@@ -309,7 +320,20 @@ async fn session(source: &Source) -> Result<(), String> {
             }
             Packet::Message(packet) => {
                 let len = packet.len();
-                apply(&mut c, source, &packet).await?;
+                if let Some((vbid, prepared)) = apply(&mut c, source, &packet).await? {
+                    if let Some(seqno) = prepared {
+                        // A PersistToMajority prepare: acknowledge once it is on disk.
+                        let tx = persisted_tx.clone();
+                        let _ = source.engine.when_persisted(
+                            vbid,
+                            epkv_types::Seqno(seqno),
+                            Box::new(move |_| {
+                                let _ = tx.send(vbid);
+                            }),
+                        );
+                    }
+                    acknowledge(&mut c, source, vbid, &mut acked).await?;
+                }
                 c.unacked += len;
                 if c.unacked >= BUFFER_SIZE / 2 {
                     let mut ack = Vec::new();
@@ -359,8 +383,34 @@ async fn stream_answer(
     }
 }
 
-/// Applies one DCP message to its replica vBucket.
-async fn apply(c: &mut Conn, source: &Source, packet: &[u8]) -> Result<(), String> {
+/// Sends DCP_SEQNO_ACKNOWLEDGED for `vbid` when its acknowledgeable high prepared seqno
+/// moved.
+async fn acknowledge(
+    c: &mut Conn,
+    source: &Source,
+    vbid: Vbid,
+    acked: &mut std::collections::HashMap<Vbid, u64>,
+) -> Result<(), String> {
+    let Ok(hps) = source.engine.replica_prepared_seqno(vbid) else {
+        return Ok(());
+    };
+    let last = acked.entry(vbid).or_insert(0);
+    if hps <= *last {
+        return Ok(());
+    }
+    *last = hps;
+    let mut b = Vec::new();
+    dcp::encode_seqno_ack(&mut b, 0, vbid, hps).map_err(|e| e.to_string())?;
+    c.send(&b).await
+}
+
+/// Applies one DCP message to its replica vBucket. Returns, for a prepare, its vBucket
+/// (to acknowledge) and, when its level needs the replica's disk, its seqno.
+async fn apply(
+    c: &mut Conn,
+    source: &Source,
+    packet: &[u8],
+) -> Result<Option<(Vbid, Option<u64>)>, String> {
     let req = Request::parse(packet, &c.limits).map_err(|e| format!("bad DCP message: {e}"))?;
     let vbid = req.header.vbucket;
     let msg = DcpMessage::decode(&req).map_err(|s| format!("bad DCP message: {s:?}"))?;
@@ -370,9 +420,45 @@ async fn apply(c: &mut Conn, source: &Source, packet: &[u8]) -> Result<(), Strin
             Response::new(req.header.opcode, Status::Success, req.header.opaque)
                 .encode(&mut resp)
                 .map_err(|e| e.to_string())?;
-            return c.send(&resp).await;
+            c.send(&resp).await?;
+            return Ok(None);
         }
-        DcpMessage::SnapshotMarker(_) => return Ok(()),
+        DcpMessage::SnapshotMarker(_) => return Ok(None),
+        DcpMessage::Prepare {
+            meta,
+            key,
+            value,
+            state,
+            level,
+        } => {
+            let persist = level == epkv_types::DurabilityLevel::PersistToMajority;
+            let seqno = meta.by_seqno;
+            let event = DcpEvent::Prepare {
+                doc: document(&meta, key, value)?,
+                deleted: state == dcp::DocumentState::Deleted,
+                level: level as u8,
+            };
+            replicate(source, vbid, event).await?;
+            return Ok(Some((vbid, persist.then_some(seqno))));
+        }
+        DcpMessage::Commit {
+            key,
+            prepared_seqno,
+            commit_seqno,
+        } => DcpEvent::Commit {
+            key: engine_key(key)?,
+            prepared_seqno,
+            commit_seqno,
+        },
+        DcpMessage::Abort {
+            key,
+            prepared_seqno,
+            abort_seqno,
+        } => DcpEvent::Abort {
+            key: engine_key(key)?,
+            prepared_seqno,
+            abort_seqno,
+        },
         DcpMessage::Mutation { meta, key, value } => {
             DcpEvent::Mutation(document(&meta, key, value)?)
         }
@@ -389,10 +475,16 @@ async fn apply(c: &mut Conn, source: &Source, packet: &[u8]) -> Result<(), Strin
         }
         other => {
             tracing::debug!(%vbid, opcode = ?other.opcode(), "replication ignores a DCP message");
-            return Ok(());
+            return Ok(None);
         }
     };
-    // Memory pressure on the replica: wait it out, the stream paused behind it.
+    replicate(source, vbid, event).await?;
+    Ok(None)
+}
+
+/// Applies `event` to the replica, waiting out memory pressure (the stream pauses behind
+/// it).
+async fn replicate(source: &Source, vbid: Vbid, event: DcpEvent) -> Result<(), String> {
     let mut wait = Duration::from_millis(10);
     loop {
         match source.engine.replicate(vbid, event.clone()) {

@@ -642,6 +642,14 @@ impl Session {
                         Ok(ack) => p.buffer_ack(ack.bytes),
                         Err(_) => answer(out, to, Status::Einval),
                     },
+                    Opcode::DcpSeqnoAcknowledged => match wire::SeqnoAck::decode(req.extras) {
+                        Ok(ack) => match p.seqno_acknowledged(vbid, ack.prepared_seqno) {
+                            // Not answered when it succeeds, as KV-Engine.
+                            Status::Success => {}
+                            s => answer(out, to, s),
+                        },
+                        Err(_) => answer(out, to, Status::Einval),
+                    },
                     // Messages only a consumer takes.
                     _ => answer(out, to, Status::NotSupported),
                 }

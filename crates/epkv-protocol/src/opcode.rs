@@ -160,7 +160,7 @@ opcodes! {
     /// DCP, producer to consumer: the first stage of a SyncWrite.
     DcpPrepare = 0x60, "DCP_PREPARE", false;
     /// DCP, consumer to producer: the highest seqno the replica has prepared.
-    DcpSeqnoAcknowledged = 0x61, "DCP_SEQNO_ACKNOWLEDGED", false;
+    DcpSeqnoAcknowledged = 0x61, "DCP_SEQNO_ACKNOWLEDGED", true;
     /// DCP, producer to consumer: a prepared SyncWrite was committed.
     DcpCommit = 0x62, "DCP_COMMIT", false;
     /// DCP, producer to consumer: a prepared SyncWrite was aborted.
