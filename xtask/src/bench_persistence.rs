@@ -107,7 +107,7 @@ fn nofile_limit(pid: u32) -> Option<(u64, u64)> {
 /// Makes sure this process (and so the server and epkv-fight it starts) may open `need`
 /// files: raises the soft RLIMIT_NOFILE to the hard limit with util-linux `prlimit` when
 /// it is lower, and fails if even the hard limit is too low.
-fn ensure_nofile(need: u64) -> Result<()> {
+pub(crate) fn ensure_nofile(need: u64) -> Result<()> {
     let pid = std::process::id();
     let Some((soft, hard)) = nofile_limit(pid) else {
         return Ok(());

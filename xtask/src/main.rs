@@ -8,6 +8,7 @@
 //! and docs/testing.md.
 
 mod bench_auth;
+mod bench_cluster;
 mod bench_collections;
 mod bench_flusher;
 mod bench_frontend;
@@ -114,6 +115,9 @@ enum BenchCmd {
     /// Data directory over live bytes under random overwrites, fragmentation compaction
     /// on vs off (issue 22).
     Space(bench_space::SpaceOptions),
+    /// Two nodes with one replica (issue 23): replication throughput and lag against no
+    /// replica, and seed 001's PersistToMajority run on two nodes.
+    Cluster(bench_cluster::ClusterOptions),
     /// Any other name runs the epkv-bench bench of that name:
     /// `cargo xtask bench executor --quick` is
     /// `cargo bench -p epkv-bench --bench executor -- --quick`.
@@ -143,6 +147,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Persistence(opts),
         } => bench_persistence::bench_persistence(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Cluster(opts),
+        } => bench_cluster::bench_cluster(&opts),
         Cmd::Bench {
             which: BenchCmd::Memory(opts),
         } => bench_memory::bench_memory(&opts),

@@ -62,6 +62,8 @@ impl Durability {
 )]
 pub struct FightOptions {
     /// Server address (start one with `epkv-server --port 0` or use `cargo xtask bench persistence`).
+    /// A node of a cluster works too: the cluster map it serves names the others, and
+    /// each key goes to the node holding its vBucket's active copy.
     #[arg(long, default_value = "127.0.0.1:11210")]
     pub addr: String,
     /// Concurrent connections, each with one request outstanding.
@@ -259,6 +261,70 @@ impl XorShift {
     }
 }
 
+/// Where each key goes: the nodes of the cluster map and the node of each vBucket's
+/// active copy (one node holding everything for a single server).
+#[derive(Debug, Clone)]
+pub struct Router {
+    /// KV `host:port` of each node, as the map's `serverList` names them.
+    pub nodes: Vec<String>,
+    /// Per vBucket, the index in `nodes` of its active copy.
+    pub active: Vec<usize>,
+}
+
+impl Router {
+    /// Reads the cluster map from `addr`.
+    ///
+    /// # Errors
+    /// Connection errors, or a map without a server list or vBucket map.
+    pub async fn discover(addr: &str) -> Result<Router, String> {
+        let mut c = Client::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let r = c
+            .get_cluster_config(None)
+            .await
+            .map_err(|e| format!("cluster map: {e}"))?;
+        let map: serde_json::Value =
+            serde_json::from_slice(&r.value).map_err(|e| format!("cluster map: {e}"))?;
+        let servers = map["vBucketServerMap"]["serverList"]
+            .as_array()
+            .ok_or("cluster map without a server list")?;
+        let rows = map["vBucketServerMap"]["vBucketMap"]
+            .as_array()
+            .ok_or("cluster map without a vBucket map")?;
+        let nodes: Vec<String> = servers
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect();
+        if nodes.len() <= 1 {
+            // A single node: the address the caller gave (the map may name another
+            // interface).
+            return Ok(Router {
+                nodes: vec![addr.to_owned()],
+                active: vec![0; rows.len().max(1)],
+            });
+        }
+        let active = rows
+            .iter()
+            .map(|row| {
+                row[0]
+                    .as_i64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .unwrap_or(0)
+            })
+            .collect();
+        Ok(Router { nodes, active })
+    }
+
+    /// The node of `key`'s active copy.
+    #[must_use]
+    pub fn node_of(&self, key: &[u8]) -> usize {
+        let n = u16::try_from(self.active.len()).unwrap_or(1).max(1);
+        let vb = epkv_types::vbucket_for_key(key, n);
+        self.active.get(usize::from(vb.0)).copied().unwrap_or(0)
+    }
+}
+
 /// The key of index `i` (fixed width, as pillowfight's keys).
 #[must_use]
 pub fn key_of(i: u64) -> Vec<u8> {
@@ -275,18 +341,25 @@ fn new_hist() -> Result<Histogram<u64>, String> {
 /// Fails on a connection error or a non-success status.
 pub async fn populate(opts: &FightOptions, pool: Arc<Vec<u8>>) -> Result<(), String> {
     let tasks = opts.connections.clamp(1, 32) as u64;
+    let router = Arc::new(Router::discover(&opts.addr).await?);
     let mut handles = Vec::new();
     for t in 0..tasks {
-        let addr = opts.addr.clone();
+        let router = Arc::clone(&router);
         let (keys, value_bytes) = (opts.keys, opts.value_bytes);
         let pool = Arc::clone(&pool);
         handles.push(tokio::spawn(async move {
-            let mut c = Client::connect(addr.as_str())
-                .await
-                .map_err(|e| format!("connect {addr}: {e}"))?;
+            let mut conns = Vec::with_capacity(router.nodes.len());
+            for addr in &router.nodes {
+                conns.push(
+                    Client::connect(addr.as_str())
+                        .await
+                        .map_err(|e| format!("connect {addr}: {e}"))?,
+                );
+            }
             let mut i = t;
             while i < keys {
                 let off = usize::try_from(i * 7 % (pool.len() - value_bytes) as u64).unwrap_or(0);
+                let c = &mut conns[router.node_of(&key_of(i))];
                 let r = c
                     .set(
                         &key_of(i),
@@ -324,13 +397,16 @@ pub async fn run(opts: &FightOptions, pool: Arc<Vec<u8>>) -> Result<FightResult,
         durability,
         ..StoreOptions::new()
     };
-    // Connect everyone first so that connection set-up is not measured.
+    // Connect everyone first so that connection set-up is not measured. Connection n
+    // goes to node n mod nodes and writes only keys whose active copy is there.
+    let router = Arc::new(Router::discover(&opts.addr).await?);
     let mut clients = Vec::with_capacity(opts.connections);
-    for _ in 0..opts.connections {
+    for n in 0..opts.connections {
+        let addr = &router.nodes[n % router.nodes.len()];
         clients.push(
-            Client::connect(opts.addr.as_str())
+            Client::connect(addr.as_str())
                 .await
-                .map_err(|e| format!("connect {}: {e}", opts.addr))?,
+                .map_err(|e| format!("connect {addr}: {e}"))?,
         );
     }
     let start = SystemClock.now();
@@ -342,6 +418,8 @@ pub async fn run(opts: &FightOptions, pool: Arc<Vec<u8>>) -> Result<FightResult,
     }));
     let mut handles = Vec::with_capacity(clients.len());
     for (n, mut c) in clients.into_iter().enumerate() {
+        let node = n % router.nodes.len();
+        let router = Arc::clone(&router);
         let pool = Arc::clone(&pool);
         let budget = Arc::clone(&budget);
         let (keys, value_bytes) = (opts.keys.max(1), opts.value_bytes);
@@ -362,7 +440,12 @@ pub async fn run(opts: &FightOptions, pool: Arc<Vec<u8>>) -> Result<FightResult,
                 if took.is_err() {
                     break;
                 }
-                let key = key_of(rng.below(keys));
+                let key = loop {
+                    let k = key_of(rng.below(keys));
+                    if router.node_of(&k) == node {
+                        break k;
+                    }
+                };
                 let off = usize::try_from(rng.below(span)).unwrap_or(0);
                 let t0 = SystemClock.now();
                 let mut r = c

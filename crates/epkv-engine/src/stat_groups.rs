@@ -194,6 +194,30 @@ impl Bucket {
         Ok(())
     }
 
+    /// `replication`: the sums of the high seqnos of the active and of the replica
+    /// vBuckets, and how many there are (a replica's lag behind its active, summed, is
+    /// the difference between two nodes' sums; `cargo xtask bench cluster` samples it).
+    fn emit_replication(&self, sink: StatSink<'_>) {
+        let (mut active, mut replica, mut na, mut nr) = (0u64, 0u64, 0u64, 0u64);
+        for vb in &self.vbuckets {
+            match vb.state_hint() {
+                VBucketState::Active => {
+                    active += vb.ordering_snapshot().0;
+                    na += 1;
+                }
+                VBucketState::Replica => {
+                    replica += vb.ordering_snapshot().0;
+                    nr += 1;
+                }
+                _ => {}
+            }
+        }
+        sink("vb_active_high_seqno_sum", &active.to_string());
+        sink("vb_replica_high_seqno_sum", &replica.to_string());
+        sink("vb_active_num", &na.to_string());
+        sink("vb_replica_num", &nr.to_string());
+    }
+
     /// `kvstore`: each shard's storage counters, prefixed `rw_N:` as in KV-Engine.
     fn emit_kvstore(&self, sink: StatSink<'_>) {
         let Some(p) = &self.persistence else {
@@ -360,6 +384,10 @@ impl Bucket {
             }
             "vbucket-details" => self.emit_vbucket_details(None, sink),
             "vbucket-seqno" => self.emit_vbucket_seqno(None, sink),
+            "replication" => {
+                self.emit_replication(sink);
+                Ok(())
+            }
             "kvstore" => {
                 self.emit_kvstore(sink);
                 Ok(())

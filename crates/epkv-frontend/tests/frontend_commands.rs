@@ -375,7 +375,7 @@ fn unknown_and_invalid_requests_get_an_error_and_the_connection_stays() {
     assert_eq!(too_long.status, 0x04);
     let bad_extras = c.request(RequestBuilder::new(Opcode::Set).extras(&[0; 3]).key(b"k"));
     assert_eq!(bad_extras.status, 0x04);
-    let not_implemented = c.request(RequestBuilder::new(Opcode::GetReplica).key(b"k"));
+    let not_implemented = c.request(RequestBuilder::new(Opcode::DelVbucket));
     assert_eq!(not_implemented.status, 0x81);
     assert_eq!(c.request(RequestBuilder::new(Opcode::Noop)).status, 0);
 }
