@@ -25,7 +25,8 @@ fn free_ports(n: usize) -> Vec<u16> {
 /// directory.
 pub(crate) struct Cluster {
     pub(crate) nodes: Vec<Option<Server>>,
-    _dir: TestDir,
+    ports: Vec<u16>,
+    dir: TestDir,
 }
 
 impl Cluster {
@@ -39,28 +40,36 @@ impl Cluster {
         }
         let path = dir.path().join("cluster.toml");
         std::fs::write(&path, file).unwrap();
-        let nodes = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let data = dir.path().join(format!("node{i}"));
-                let port = p.to_string();
-                let index = i.to_string();
-                Some(Server::spawn_in_exact(
-                    &data,
-                    &[
-                        "--port",
-                        &port,
-                        "--testing",
-                        "--cluster",
-                        path.to_str().unwrap(),
-                        "--cluster-node",
-                        &index,
-                    ],
-                ))
-            })
-            .collect();
-        Cluster { nodes, _dir: dir }
+        let mut cluster = Cluster {
+            nodes: Vec::new(),
+            ports,
+            dir,
+        };
+        for i in 0..n {
+            let node = cluster.spawn(i);
+            cluster.nodes.push(Some(node));
+        }
+        cluster
+    }
+
+    /// Starts node `i` on its port and data directory.
+    fn spawn(&self, i: usize) -> Server {
+        let data = self.dir.path().join(format!("node{i}"));
+        let path = self.dir.path().join("cluster.toml");
+        let port = self.ports[i].to_string();
+        let index = i.to_string();
+        Server::spawn_in_exact(
+            &data,
+            &[
+                "--port",
+                &port,
+                "--testing",
+                "--cluster",
+                path.to_str().unwrap(),
+                "--cluster-node",
+                &index,
+            ],
+        )
     }
 
     pub(crate) fn node(&self, i: usize) -> &Server {
@@ -211,4 +220,158 @@ async fn two_nodes_replicate_and_a_failover_serves_the_replicas() {
             .is_success()
     );
     assert_eq!(c.get(k).await.unwrap().value.as_ref(), b"after");
+}
+
+async fn wait_for<F>(what: &str, mut check: F)
+where
+    F: AsyncFnMut() -> bool,
+{
+    for _ in 0..400 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn post(server: &Server, path: &str, node: &Server) -> u16 {
+    http_request(
+        server.mgmt_addr(),
+        "POST",
+        path,
+        None,
+        Some(&format!("otpNode={}", node.addr)),
+    )
+    .status
+}
+
+#[tokio::test]
+async fn a_failed_node_rejoins_as_a_replica_and_rolls_back_what_the_new_active_never_had() {
+    let mut cluster = Cluster::start(2, 1);
+    let mut c0 = cluster.client(0).await;
+    let mut c1 = cluster.client(1).await;
+    // Keys whose vBucket is active on node 0 (even vBuckets) and on node 1 (odd).
+    let on = |node: usize, prefix: &str, n: usize, c: &Client| -> Vec<Vec<u8>> {
+        (0..)
+            .map(|i| key(&format!("{prefix}-{i}")))
+            .filter(|k| active_of(c.vbucket_for(k), 2) == node)
+            .take(n)
+            .collect()
+    };
+    let a0 = on(0, "a", 50, &c0);
+    let a1 = on(1, "a", 50, &c0);
+    for k in &a0 {
+        assert!(
+            c0.set(k, b"a", StoreOptions::new())
+                .await
+                .unwrap()
+                .is_success()
+        );
+    }
+    for k in &a1 {
+        assert!(
+            c1.set(k, b"a", StoreOptions::new())
+                .await
+                .unwrap()
+                .is_success()
+        );
+    }
+    for k in &a0 {
+        wait_for("A on node 1's replicas", async || {
+            get_replica(&mut c1, k).await == (0, b"a".to_vec())
+        })
+        .await;
+    }
+    // Node 1 stops (cleanly); node 0 takes writes it cannot replicate, then dies; node
+    // 1 comes back and is told node 0 is gone.
+    let (status, _) = cluster.nodes[1].take().unwrap().terminate();
+    assert!(status.success());
+    let unreplicated = on(0, "u", 20, &c0);
+    for k in &unreplicated {
+        assert!(
+            c0.set(k, b"u", StoreOptions::new())
+                .await
+                .unwrap()
+                .is_success()
+        );
+    }
+    let dead = cluster.nodes[0].take().unwrap();
+    let dead_addr = dead.addr;
+    let _ = dead.kill();
+    let node1 = cluster.spawn(1);
+    cluster.nodes[1] = Some(node1);
+    assert_eq!(
+        http_request(
+            cluster.node(1).mgmt_addr(),
+            "POST",
+            "/controller/failOver",
+            None,
+            Some(&format!("otpNode={dead_addr}")),
+        )
+        .status,
+        200
+    );
+    let mut c1 = cluster.client(1).await;
+    let b0 = on(0, "b", 30, &c1);
+    for k in &b0 {
+        // The promotion is applied right after the failover call returns.
+        wait_for("the promoted vBuckets to take writes", async || {
+            c1.set(k, b"b", StoreOptions::new())
+                .await
+                .unwrap()
+                .is_success()
+        })
+        .await;
+    }
+    for k in &unreplicated {
+        assert_eq!(
+            c1.get(k).await.unwrap().status_raw,
+            Status::KeyEnoent as u16
+        );
+    }
+    // Node 0 comes back: it learns it was failed over and holds nothing.
+    let node0 = cluster.spawn(0);
+    cluster.nodes[0] = Some(node0);
+    let mut c0 = cluster.client(0).await;
+    let r = c0.get(&a0[0]).await.unwrap();
+    assert_eq!(
+        r.status_raw,
+        Status::NotMyVbucket as u16,
+        "a failed node serves nothing"
+    );
+    // Added back on both nodes, it replicates again: its vBuckets that diverged roll back.
+    assert_eq!(
+        post(cluster.node(1), "/controller/reAddNode", cluster.node(0)),
+        200
+    );
+    assert_eq!(
+        post(cluster.node(0), "/controller/reAddNode", cluster.node(0)),
+        200
+    );
+    for k in a0.iter().chain(&a1).chain(&b0) {
+        let want = if b0.contains(k) {
+            b"b".to_vec()
+        } else {
+            b"a".to_vec()
+        };
+        wait_for("every write of node 1 on node 0's replicas", async || {
+            get_replica(&mut c0, k).await == (0, want.clone())
+        })
+        .await;
+    }
+    for k in &unreplicated {
+        assert_eq!(
+            get_replica(&mut c0, k).await.0,
+            Status::KeyEnoent as u16,
+            "node 0 rolled back the writes the new active never had"
+        );
+    }
+    // Node 1 stays the active of everything.
+    let map = c1.get_cluster_config(None).await.unwrap();
+    let map: serde_json::Value = serde_json::from_slice(&map.value).unwrap();
+    assert_eq!(
+        map["vBucketServerMap"]["vBucketMap"][0],
+        serde_json::json!([1, 0])
+    );
 }

@@ -241,7 +241,17 @@ impl Topology {
     /// active, and takes it out of every chain. Returns false when it already was (or is
     /// this node, which cannot fail itself over).
     pub fn fail_over(&mut self, node: usize) -> bool {
-        if node == self.this || node >= self.failed.len() || self.failed[node] {
+        if node == self.this {
+            return false;
+        }
+        self.mark_failed(node)
+    }
+
+    /// Applies a failover of `node` that other nodes made (this node included: a node
+    /// that restarts after being failed over learns it from its peers, and holds nothing
+    /// until it is added back).
+    pub fn mark_failed(&mut self, node: usize) -> bool {
+        if node >= self.failed.len() || self.failed[node] {
             return false;
         }
         self.failed[node] = true;
@@ -254,6 +264,33 @@ impl Topology {
             let len = chain.len();
             *chain = live;
             chain.resize(len, None);
+        }
+        true
+    }
+
+    /// The nodes failed over.
+    #[must_use]
+    pub fn failed_nodes(&self) -> Vec<usize> {
+        (0..self.failed.len()).filter(|&i| self.failed[i]).collect()
+    }
+
+    /// Adds failed-over node `node` back (`POST /controller/reAddNode`): it becomes a
+    /// replica again of the vBuckets the file gave it, in their empty replica slots; the
+    /// actives stay where the failover put them. Returns whether it was failed.
+    pub fn re_add(&mut self, node: usize) -> bool {
+        if node >= self.failed.len() || !self.failed[node] {
+            return false;
+        }
+        self.failed[node] = false;
+        let n = self.file.nodes.len();
+        for (v, chain) in self.chains.iter_mut().enumerate() {
+            let held = (0..=self.file.replicas).any(|i| (v + i) % n == node);
+            if held
+                && !chain.contains(&Some(node))
+                && let Some(slot) = chain.iter_mut().skip(1).find(|s| s.is_none())
+            {
+                *slot = Some(node);
+            }
         }
         true
     }
@@ -397,5 +434,18 @@ mod tests {
         assert_eq!(t.node_named("127.0.0.1:12000"), Some(0));
         assert_eq!(t.node_named("1"), Some(1));
         assert_eq!(t.node_named("9"), None);
+        // Back as the replica of what it held; the actives stay.
+        assert!(t.re_add(0));
+        assert!(!t.re_add(0));
+        assert_eq!(t.chain(Vbid(0)), &[Some(1), Some(0)]);
+        assert_eq!(t.chain(Vbid(1)), &[Some(1), Some(0)]);
+        let mut zero = Topology::new(file(2, 1), 0).unwrap();
+        assert!(zero.mark_failed(0));
+        for v in 0..NUM_VBUCKETS {
+            assert_eq!(zero.state_of(Vbid(v)), VBucketState::Dead);
+        }
+        assert!(zero.re_add(0));
+        assert_eq!(zero.state_of(Vbid(0)), VBucketState::Replica);
+        assert_eq!(zero.sources().get(&1).map(Vec::len), Some(1024));
     }
 }

@@ -158,15 +158,18 @@ fn clustered_bucket_config(
         );
     }
     let (servers, map) = t.map_json();
+    let failed: Vec<String> = t.failed_nodes().iter().map(ToString::to_string).collect();
     let uid = engine.manifest_uid();
     format!(
         "{{\"rev\":{rev},\"revEpoch\":{REV_EPOCH},\"name\":\"{name}\",\
          \"nodeLocator\":\"vbucket\",\"nodes\":[{nodes}],\"nodesExt\":[{nodes_ext}],\
+         \"epkvFailedNodes\":[{}],\
          \"collectionsManifestUid\":\"{uid:x}\",\
          \"vBucketServerMap\":{{\"hashAlgorithm\":\"CRC\",\"numReplicas\":{},\
          \"serverList\":[{servers}],\"vBucketMap\":[{map}]}},\
          \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\",\"collections\"],\
          \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
+        failed.join(","),
         t.replicas()
     )
 }

@@ -52,6 +52,9 @@ pub(crate) struct Shared {
     replication_stop: parking_lot::Mutex<Option<watch::Sender<bool>>>,
     /// The runtime replication tasks run on (the acceptor's), once serving.
     runtime: std::sync::OnceLock<tokio::runtime::Handle>,
+    /// Serializes topology applications, so that the last one applied is the newest
+    /// topology (a failover may arrive while the first one waits for warmup).
+    apply_lock: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -78,6 +81,12 @@ impl Shared {
         let Some(rt) = self.runtime.get() else {
             return;
         };
+        rt.spawn(Arc::clone(self).apply_topology_now());
+    }
+
+    /// [`Self::apply_topology`], awaited (the first time, before the node serves).
+    async fn apply_topology_now(self: Arc<Self>) {
+        let _one_at_a_time = self.apply_lock.lock().await;
         let Some(t) = self.topology.read().clone() else {
             return;
         };
@@ -85,8 +94,8 @@ impl Shared {
         if let Some(old) = self.replication_stop.lock().replace(stop_tx) {
             let _ = old.send(true);
         }
-        let shared = Arc::clone(self);
-        rt.spawn(async move {
+        let shared = &self;
+        {
             for (name, engine) in shared.buckets.iter() {
                 set_states(&name, &*engine, &t).await;
                 for (node, vbuckets) in t.sources() {
@@ -108,7 +117,65 @@ impl Shared {
                     tokio::spawn(crate::replication::run(source, stop_rx.clone()));
                 }
             }
-        });
+        }
+    }
+
+    /// Before serving: asks the other nodes which nodes they failed over (a node that
+    /// was failed over while it was down must not take its old vBuckets back) and
+    /// applies those failovers. Nodes that do not answer within a few seconds are
+    /// skipped (a whole cluster starting together has none to learn).
+    async fn learn_failovers(&self) {
+        let Some(t) = self.topology.read().clone() else {
+            return;
+        };
+        let Some((bucket, _)) = self.buckets.iter().next() else {
+            return;
+        };
+        let mut failed = std::collections::BTreeSet::new();
+        for i in 0..t.nodes().len() {
+            if i == t.this() {
+                continue;
+            }
+            let Ok(addr) = t.kv_addr(i) else { continue };
+            let credentials = t.credentials();
+            let asked = tokio::time::timeout(
+                std::time::Duration::from_secs(3),
+                crate::replication::fetch_map(addr, credentials.as_ref(), &bucket),
+            )
+            .await;
+            match asked {
+                Ok(Ok(map)) => {
+                    for f in map["epkvFailedNodes"].as_array().into_iter().flatten() {
+                        if let Some(f) = f.as_u64().and_then(|f| usize::try_from(f).ok()) {
+                            failed.insert(f);
+                        }
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::info!(node = i, error = %e, "cannot ask a node for its cluster map")
+                }
+                Err(_) => tracing::info!(node = i, "a node did not answer for its cluster map"),
+            }
+        }
+        if failed.is_empty() {
+            return;
+        }
+        let mut t = self.topology.write();
+        if let Some(t) = t.as_mut() {
+            for f in failed {
+                if t.mark_failed(f) {
+                    if f == t.this() {
+                        tracing::warn!(
+                            "this node was failed over while it was down: it holds no vBuckets until it is added back (POST /controller/reAddNode)"
+                        );
+                    } else {
+                        tracing::warn!(node = f, "learned a failover from the other nodes");
+                    }
+                }
+            }
+        }
+        drop(t);
+        self.bump_cluster_rev();
     }
 }
 
@@ -216,6 +283,29 @@ impl FrontendHandle {
             &*engine,
             self.shared.topology.read().as_ref(),
         ))
+    }
+
+    /// Adds failed-over node `node` back ([`crate::cluster::Topology::re_add`]): it
+    /// becomes a replica again of the vBuckets the cluster file gave it. Sent to every
+    /// node, the re-added one included. Returns whether anything changed.
+    ///
+    /// # Errors
+    /// No cluster is configured, or no such node.
+    pub fn re_add(&self, node: &str) -> std::result::Result<bool, String> {
+        let changed = {
+            let mut t = self.shared.topology.write();
+            let t = t.as_mut().ok_or("this node is not in a cluster")?;
+            let i = t
+                .node_named(node)
+                .ok_or_else(|| format!("no node {node} in the cluster"))?;
+            t.re_add(i)
+        };
+        if changed {
+            tracing::warn!(node, "node added back as a replica");
+            self.shared.bump_cluster_rev();
+            self.shared.apply_topology();
+        }
+        Ok(changed)
     }
 
     /// Fails node `node` (`host:port` as the cluster file names it, or its index) over
@@ -365,6 +455,7 @@ impl Frontend {
                 topology: parking_lot::RwLock::new(cluster),
                 replication_stop: parking_lot::Mutex::new(None),
                 runtime: std::sync::OnceLock::new(),
+                apply_lock: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -437,7 +528,12 @@ impl Frontend {
         };
         let (stop_tx, stop_rx) = watch::channel(false);
         let _ = shared.runtime.set(tokio::runtime::Handle::current());
-        shared.apply_topology();
+        if shared.topology.read().is_some() {
+            // A cluster node takes its vBuckets' states from the map before it serves
+            // (clients wait in the listen backlog meanwhile).
+            shared.learn_failovers().await;
+            Arc::clone(&shared).apply_topology_now().await;
+        }
 
         let mut senders = Vec::with_capacity(shared.config.threads);
         let mut done = Vec::with_capacity(shared.config.threads);

@@ -224,8 +224,13 @@ fn document(meta: &dcp::DcpDocMeta, key: &[u8], value: &[u8]) -> Result<DcpDocum
     })
 }
 
-async fn session(source: &Source) -> Result<(), String> {
-    let sock = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect(source.addr))
+/// Connects to `addr`, authenticates (when `credentials`) and selects `bucket`.
+async fn connect(
+    addr: SocketAddr,
+    credentials: Option<&(String, String)>,
+    bucket: &str,
+) -> Result<Conn, String> {
+    let sock = tokio::time::timeout(SETUP_TIMEOUT, TcpStream::connect(addr))
         .await
         .map_err(|_| "connect timed out".to_owned())?
         .map_err(|e| format!("connect: {e}"))?;
@@ -247,7 +252,7 @@ async fn session(source: &Source) -> Result<(), String> {
             .value(&features),
     )
     .await?;
-    if let Some((user, password)) = &source.credentials {
+    if let Some((user, password)) = credentials {
         let plain = format!("\0{user}\0{password}");
         c.expect_ok(
             "SASL_AUTH",
@@ -259,9 +264,33 @@ async fn session(source: &Source) -> Result<(), String> {
     }
     c.expect_ok(
         "SELECT_BUCKET",
-        RequestBuilder::new(Opcode::SelectBucket).key(source.bucket.as_bytes()),
+        RequestBuilder::new(Opcode::SelectBucket).key(bucket.as_bytes()),
     )
     .await?;
+    Ok(c)
+}
+
+/// The cluster map node `addr` serves for `bucket` (to learn the failovers it knows of).
+///
+/// # Errors
+/// The node cannot be reached or answers something else than a map.
+pub(crate) async fn fetch_map(
+    addr: SocketAddr,
+    credentials: Option<&(String, String)>,
+    bucket: &str,
+) -> Result<serde_json::Value, String> {
+    let mut c = connect(addr, credentials, bucket).await?;
+    let value = c
+        .expect_ok(
+            "GET_CLUSTER_CONFIG",
+            RequestBuilder::new(Opcode::GetClusterConfig),
+        )
+        .await?;
+    serde_json::from_slice(&value).map_err(|e| format!("cluster map: {e}"))
+}
+
+async fn session(source: &Source) -> Result<(), String> {
+    let mut c = connect(source.addr, source.credentials.as_ref(), &source.bucket).await?;
     let open = dcp::DcpOpen {
         seqno: 0,
         flags: dcp::OPEN_PRODUCER | dcp::OPEN_INCLUDE_XATTRS,

@@ -266,6 +266,20 @@ fn route(
     let get = method == Method::GET || method == Method::HEAD;
     match segs {
         ["pools"] if get => Reply::json(pools::pools(&m.facts(), admin)),
+        ["controller", "reAddNode"] => match *method {
+            Method::POST if !admin => Reply::forbidden("cluster.admin!write"),
+            Method::POST => match form.get("otpNode") {
+                None => Reply::invalid(
+                    "otpNode",
+                    "name the node to add back (host:port or its index)",
+                ),
+                Some(node) => match m.frontend.re_add(node) {
+                    Ok(_) => Reply::empty(StatusCode::OK),
+                    Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
+                },
+            },
+            _ => method_not_allowed("POST"),
+        },
         ["controller", "failOver"] => match *method {
             Method::POST if !admin => Reply::forbidden("cluster.admin!write"),
             Method::POST => match form.get("otpNode") {
