@@ -375,3 +375,162 @@ async fn a_failed_node_rejoins_as_a_replica_and_rolls_back_what_the_new_active_n
         serde_json::json!([1, 0])
     );
 }
+
+/// Writers at Majority and PersistToMajority against node 0's active vBuckets while node
+/// 0 is SIGKILLed: after the failover, every write that was acknowledged is on node 1
+/// with its value (or a later one of the same writer).
+#[tokio::test]
+async fn every_acknowledged_durable_write_survives_a_failover() {
+    use epkv_protocol::DurabilityRequirement;
+    use epkv_types::DurabilityLevel;
+    let mut cluster = Cluster::start(2, 1);
+    let c = cluster.client(0).await;
+    let keys: Vec<Vec<u8>> = (0..)
+        .map(|i| key(&format!("d-{i}")))
+        .filter(|k| active_of(c.vbucket_for(k), 2) == 0)
+        .take(16)
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for (w, k) in keys.iter().enumerate() {
+        let mut c = cluster.client(0).await;
+        let (k, stop) = (k.clone(), std::sync::Arc::clone(&stop));
+        let level = if w % 2 == 0 {
+            DurabilityLevel::Majority
+        } else {
+            DurabilityLevel::PersistToMajority
+        };
+        writers.push(tokio::spawn(async move {
+            let opts = StoreOptions {
+                durability: Some(DurabilityRequirement {
+                    level,
+                    timeout: Some(Duration::from_secs(5)),
+                }),
+                ..StoreOptions::new()
+            };
+            // The last value acknowledged.
+            let mut acked: Option<u64> = None;
+            for n in 0u64..100_000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                match c.set(&k, n.to_string().as_bytes(), opts).await {
+                    Ok(r) if r.is_success() => acked = Some(n),
+                    Ok(_) => {}
+                    // Node 0 died.
+                    Err(_) => break,
+                }
+            }
+            (k, acked)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let dead = cluster.nodes[0].take().unwrap();
+    let dead_addr = dead.addr;
+    let _ = dead.kill();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked = Vec::new();
+    for w in writers {
+        acked.push(w.await.unwrap());
+    }
+    assert!(
+        acked.iter().any(|(_, a)| a.is_some()),
+        "some durable writes were acknowledged before the kill"
+    );
+    assert_eq!(
+        http_request(
+            cluster.node(1).mgmt_addr(),
+            "POST",
+            "/controller/failOver",
+            None,
+            Some(&format!("otpNode={dead_addr}")),
+        )
+        .status,
+        200
+    );
+    let mut c1 = cluster.client(1).await;
+    for (k, last) in acked {
+        let Some(last) = last else { continue };
+        let mut found = None;
+        wait_for("the promoted copy of an acknowledged write", async || {
+            let r = c1.get(&k).await.unwrap();
+            if r.is_success() {
+                found = std::str::from_utf8(&r.value)
+                    .ok()
+                    .and_then(|v| v.parse::<u64>().ok());
+                true
+            } else {
+                false
+            }
+        })
+        .await;
+        let found = found.expect("a value");
+        // The acknowledged value, or the one after it (prepared on the replica when node
+        // 0 died, committed by the promotion).
+        assert!(
+            found == last || found == last + 1,
+            "{}: acknowledged {last}, found {found}",
+            String::from_utf8_lossy(&k)
+        );
+    }
+}
+
+/// Three nodes, one replica: each vBucket's replica is on the node after its active's,
+/// and a failover of one node promotes its vBuckets' replicas on the next node while the
+/// third keeps its own.
+#[tokio::test]
+async fn three_nodes_replicate_to_the_next_node_and_fail_over_one() {
+    let mut cluster = Cluster::start(3, 1);
+    let mut clients = Vec::new();
+    for i in 0..3 {
+        clients.push(cluster.client(i).await);
+    }
+    let keys: Vec<Vec<u8>> = (0..90).map(|i| key(&format!("t-{i}"))).collect();
+    for k in &keys {
+        let node = active_of(clients[0].vbucket_for(k), 3);
+        assert!(
+            clients[node]
+                .set(k, b"3", StoreOptions::new())
+                .await
+                .unwrap()
+                .is_success()
+        );
+    }
+    for k in &keys {
+        let replica = (active_of(clients[0].vbucket_for(k), 3) + 1) % 3;
+        wait_for("a write on the next node's replica", async || {
+            get_replica(&mut clients[replica], k).await == (0, b"3".to_vec())
+        })
+        .await;
+    }
+    let dead = cluster.nodes[2].take().unwrap();
+    let dead_addr = dead.addr;
+    let _ = dead.kill();
+    for i in 0..2 {
+        assert_eq!(
+            http_request(
+                cluster.node(i).mgmt_addr(),
+                "POST",
+                "/controller/failOver",
+                None,
+                Some(&format!("otpNode={dead_addr}")),
+            )
+            .status,
+            200
+        );
+    }
+    for k in &keys {
+        let vb = clients[0].vbucket_for(k);
+        // Node 2's vBuckets now live on node 0 (its replica); the others stay.
+        let node = match active_of(vb, 3) {
+            2 => 0,
+            n => n,
+        };
+        let mut c = cluster.client(node).await;
+        wait_for("every key on its (possibly promoted) active", async || {
+            let r = c.get(k).await.unwrap();
+            r.is_success() && r.value.as_ref() == b"3"
+        })
+        .await;
+    }
+}

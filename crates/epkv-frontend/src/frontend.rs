@@ -84,6 +84,27 @@ impl Shared {
         rt.spawn(Arc::clone(self).apply_topology_now());
     }
 
+    /// The state and replication-chain part of [`Self::apply_topology`], at once, so that
+    /// a failover's promotions and chains are in place when the REST call returns (a
+    /// vBucket still warming up is left to the asynchronous pass).
+    pub(crate) fn apply_states_now(&self) {
+        let Some(t) = self.topology.read().clone() else {
+            return;
+        };
+        for (name, engine) in self.buckets.iter() {
+            for v in 0..epkv_types::NUM_VBUCKETS {
+                let vb = epkv_types::Vbid(v);
+                let want = t.state_of(vb);
+                if engine.vbucket_state(vb) != Some(want)
+                    && let Err(e) = engine.set_vbucket_state(vb, want)
+                {
+                    tracing::debug!(bucket = %name, %vb, error = %e, "state change left to the asynchronous pass");
+                }
+            }
+            set_chains(&name, &*engine, &t);
+        }
+    }
+
     /// [`Self::apply_topology`], awaited (the first time, before the node serves).
     async fn apply_topology_now(self: Arc<Self>) {
         let _one_at_a_time = self.apply_lock.lock().await;
@@ -179,6 +200,21 @@ impl Shared {
     }
 }
 
+/// Tells each active vBucket of `engine` its replication chain.
+fn set_chains(bucket: &str, engine: &dyn Engine, t: &crate::cluster::Topology) {
+    for v in 0..epkv_types::NUM_VBUCKETS {
+        let vb = epkv_types::Vbid(v);
+        if t.state_of(vb) == epkv_types::VBucketState::Active {
+            let chain = t.chain(vb);
+            let replicas = chain.len().saturating_sub(1);
+            let live = chain.iter().skip(1).filter(|n| n.is_some()).count();
+            if let Err(e) = engine.set_replication_chain(vb, replicas, live) {
+                tracing::error!(bucket, %vb, error = %e, "cannot set a vBucket's replication chain");
+            }
+        }
+    }
+}
+
 /// Sets each vBucket of `engine` to the state the topology gives it.
 async fn set_states(bucket: &str, engine: &dyn Engine, t: &crate::cluster::Topology) {
     let mut changed = 0;
@@ -204,17 +240,7 @@ async fn set_states(bucket: &str, engine: &dyn Engine, t: &crate::cluster::Topol
             }
         }
     }
-    for v in 0..epkv_types::NUM_VBUCKETS {
-        let vb = epkv_types::Vbid(v);
-        if t.state_of(vb) == epkv_types::VBucketState::Active {
-            let chain = t.chain(vb);
-            let replicas = chain.len().saturating_sub(1);
-            let live = chain.iter().skip(1).filter(|n| n.is_some()).count();
-            if let Err(e) = engine.set_replication_chain(vb, replicas, live) {
-                tracing::error!(bucket, %vb, error = %e, "cannot set a vBucket's replication chain");
-            }
-        }
-    }
+    set_chains(bucket, engine, t);
     tracing::info!(
         bucket,
         changed,
@@ -302,6 +328,7 @@ impl FrontendHandle {
         };
         if changed {
             tracing::warn!(node, "node added back as a replica");
+            self.shared.apply_states_now();
             self.shared.bump_cluster_rev();
             self.shared.apply_topology();
         }
@@ -329,6 +356,7 @@ impl FrontendHandle {
         };
         if changed {
             tracing::warn!(node, "node failed over");
+            self.shared.apply_states_now();
             self.shared.bump_cluster_rev();
             self.shared.apply_topology();
         }
