@@ -100,6 +100,11 @@ async fn get_replica(c: &mut Client, k: &[u8]) -> (u16, Vec<u8>) {
     (r.status_raw, r.value.to_vec())
 }
 
+/// `POST /controller/failOver` of the node at `dead` to `server`; the HTTP status.
+fn fail_over(server: &Server, dead: std::net::SocketAddr) -> u16 {
+    post(server, "/controller/failOver", dead)
+}
+
 #[tokio::test]
 async fn two_nodes_replicate_and_a_failover_serves_the_replicas() {
     let mut cluster = Cluster::start(2, 1);
@@ -166,14 +171,8 @@ async fn two_nodes_replicate_and_a_failover_serves_the_replicas() {
     let dead = cluster.nodes[0].take().unwrap();
     let dead_addr = dead.addr;
     let _ = dead.kill();
-    let r = http_request(
-        cluster.node(1).mgmt_addr(),
-        "POST",
-        "/controller/failOver",
-        None,
-        Some(&format!("otpNode={dead_addr}")),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
+    let r = fail_over(cluster.node(1), dead_addr);
+    assert_eq!(r, 200);
     let mut c = cluster.client(1).await;
     for (i, k) in keys.iter().enumerate() {
         let want = format!("value-{i}").into_bytes();
@@ -195,22 +194,10 @@ async fn two_nodes_replicate_and_a_failover_serves_the_replicas() {
         serde_json::json!([1, -1])
     );
     // A second failover of the same node changes nothing; an unknown node is an error.
-    let again = http_request(
-        cluster.node(1).mgmt_addr(),
-        "POST",
-        "/controller/failOver",
-        None,
-        Some(&format!("otpNode={dead_addr}")),
-    );
-    assert_eq!(again.status, 200);
-    let unknown = http_request(
-        cluster.node(1).mgmt_addr(),
-        "POST",
-        "/controller/failOver",
-        None,
-        Some("otpNode=10.9.9.9:1"),
-    );
-    assert_eq!(unknown.status, 400);
+    let again = fail_over(cluster.node(1), dead_addr);
+    assert_eq!(again, 200);
+    let unknown = fail_over(cluster.node(1), "10.9.9.9:1".parse().unwrap());
+    assert_eq!(unknown, 400);
     // New writes go to the promoted vBuckets.
     let k = &keys[0];
     assert!(
@@ -235,13 +222,14 @@ where
     panic!("timed out waiting for {what}");
 }
 
-fn post(server: &Server, path: &str, node: &Server) -> u16 {
+/// `POST path` with `otpNode` = `node` to `server`'s management port; the HTTP status.
+fn post(server: &Server, path: &str, node: std::net::SocketAddr) -> u16 {
     http_request(
         server.mgmt_addr(),
         "POST",
         path,
         None,
-        Some(&format!("otpNode={}", node.addr)),
+        Some(&format!("otpNode={node}")),
     )
     .status
 }
@@ -301,17 +289,7 @@ async fn a_failed_node_rejoins_as_a_replica_and_rolls_back_what_the_new_active_n
     let _ = dead.kill();
     let node1 = cluster.spawn(1);
     cluster.nodes[1] = Some(node1);
-    assert_eq!(
-        http_request(
-            cluster.node(1).mgmt_addr(),
-            "POST",
-            "/controller/failOver",
-            None,
-            Some(&format!("otpNode={dead_addr}")),
-        )
-        .status,
-        200
-    );
+    assert_eq!(fail_over(cluster.node(1), dead_addr), 200);
     let mut c1 = cluster.client(1).await;
     let b0 = on(0, "b", 30, &c1);
     for k in &b0 {
@@ -342,11 +320,19 @@ async fn a_failed_node_rejoins_as_a_replica_and_rolls_back_what_the_new_active_n
     );
     // Added back on both nodes, it replicates again: its vBuckets that diverged roll back.
     assert_eq!(
-        post(cluster.node(1), "/controller/reAddNode", cluster.node(0)),
+        post(
+            cluster.node(1),
+            "/controller/reAddNode",
+            cluster.node(0).addr
+        ),
         200
     );
     assert_eq!(
-        post(cluster.node(0), "/controller/reAddNode", cluster.node(0)),
+        post(
+            cluster.node(0),
+            "/controller/reAddNode",
+            cluster.node(0).addr
+        ),
         200
     );
     for k in a0.iter().chain(&a1).chain(&b0) {
@@ -437,17 +423,7 @@ async fn every_acknowledged_durable_write_survives_a_failover() {
         acked.iter().any(|(_, a)| a.is_some()),
         "some durable writes were acknowledged before the kill"
     );
-    assert_eq!(
-        http_request(
-            cluster.node(1).mgmt_addr(),
-            "POST",
-            "/controller/failOver",
-            None,
-            Some(&format!("otpNode={dead_addr}")),
-        )
-        .status,
-        200
-    );
+    assert_eq!(fail_over(cluster.node(1), dead_addr), 200);
     let mut c1 = cluster.client(1).await;
     for (k, last) in acked {
         let Some(last) = last else { continue };
@@ -507,17 +483,7 @@ async fn three_nodes_replicate_to_the_next_node_and_fail_over_one() {
     let dead_addr = dead.addr;
     let _ = dead.kill();
     for i in 0..2 {
-        assert_eq!(
-            http_request(
-                cluster.node(i).mgmt_addr(),
-                "POST",
-                "/controller/failOver",
-                None,
-                Some(&format!("otpNode={dead_addr}")),
-            )
-            .status,
-            200
-        );
+        assert_eq!(fail_over(cluster.node(i), dead_addr), 200);
     }
     for k in &keys {
         let vb = clients[0].vbucket_for(k);

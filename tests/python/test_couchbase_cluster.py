@@ -145,16 +145,7 @@ def test_after_a_failover_the_survivor_serves_every_document(two_nodes):
     dead.proc.kill()
     dead.proc.wait()
     survivor = two_nodes[1]
-    req = urllib.request.Request(
-        f"http://{survivor.mgmt_addr}/controller/failOver",
-        data=f"otpNode={dead.addr}".encode(),
-        method="POST",
-    )
-    import base64
-    req.add_header("Authorization", "Basic " + base64.b64encode(
-        f"{ADMIN[0]}:{ADMIN[1]}".encode()).decode())
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 200
+    _fail_over(survivor, dead)
     c = _connect(survivor.addr)
     try:
         coll = c.bucket("default").default_collection()

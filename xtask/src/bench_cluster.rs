@@ -21,15 +21,14 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-use crate::bench_persistence::{ensure_nofile, parse_fight};
+use crate::bench_persistence::{FightRun, ensure_nofile};
 use crate::memcapable::tempdir;
 use crate::process::{self, ServerProcess};
 use crate::util;
@@ -216,26 +215,6 @@ fn lag_stats(samples: &[Sample]) -> Value {
     })
 }
 
-fn fight(addr: &str, conns: usize, keys: u64, secs: u64, durability: &str) -> Result<Value> {
-    let mut cmd = Command::new(util::target_dir().join("release").join("epkv-fight"));
-    cmd.args(["--addr", addr])
-        .args(["--connections", &conns.to_string()])
-        .args(["--keys", &keys.to_string()])
-        .args(["--secs", &secs.to_string()])
-        .args(["--durability", durability])
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit());
-    let line = util::describe(&cmd);
-    println!("\n$ {line}");
-    let out = cmd.output().with_context(|| format!("run `{line}`"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    print!("{stdout}");
-    if !out.status.success() {
-        bail!("`{line}` failed with {}", out.status);
-    }
-    parse_fight(&stdout).with_context(|| format!("no fight-result from `{line}`"))
-}
-
 /// One run: a fresh cluster with `replicas`, the load, and (with `lag`) the sampler.
 fn run(
     replicas: usize,
@@ -253,13 +232,13 @@ fn run(
         let (addrs, stop) = (addrs.clone(), Arc::clone(&stop));
         std::thread::spawn(move || sample(&addrs, &stop))
     });
-    let result = fight(&addrs[0], conns, keys, secs, durability);
+    let result = FightRun::start(&addrs[0], conns, keys, secs, durability);
     stop.store(true, Ordering::Relaxed);
     let lag = sampler
         .and_then(|h| h.join().ok())
         .map(|samples| lag_stats(&samples));
     cluster.stop()?;
-    Ok((result?, lag))
+    Ok((result?.result()?, lag))
 }
 
 fn num(v: &Value, k: &str) -> f64 {

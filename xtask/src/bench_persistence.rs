@@ -140,6 +140,51 @@ fn fight_bin() -> PathBuf {
     util::target_dir().join("release").join("epkv-fight")
 }
 
+/// One `epkv-fight` run: its command line, whether it succeeded, and its stdout (echoed).
+pub(crate) struct FightRun {
+    pub(crate) line: String,
+    pub(crate) ok: bool,
+    pub(crate) stdout: String,
+}
+
+impl FightRun {
+    /// Runs the release `epkv-fight` against `addr`.
+    pub(crate) fn start(
+        addr: &str,
+        conns: usize,
+        keys: u64,
+        secs: u64,
+        durability: &str,
+    ) -> Result<FightRun> {
+        let mut cmd = Command::new(fight_bin());
+        cmd.args(["--addr", addr])
+            .args(["--connections", &conns.to_string()])
+            .args(["--keys", &keys.to_string()])
+            .args(["--secs", &secs.to_string()])
+            .args(["--durability", durability])
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit());
+        let line = util::describe(&cmd);
+        println!("\n$ {line}");
+        let out = cmd.output().with_context(|| format!("run `{line}`"))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        print!("{stdout}");
+        Ok(FightRun {
+            line,
+            ok: out.status.success(),
+            stdout,
+        })
+    }
+
+    /// The `fight-result` object, or the failure.
+    pub(crate) fn result(&self) -> Result<Value> {
+        if !self.ok {
+            bail!("`{}` failed", self.line);
+        }
+        parse_fight(&self.stdout).with_context(|| format!("no fight-result from `{}`", self.line))
+    }
+}
+
 fn num(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(f64::NAN)
 }
@@ -303,19 +348,8 @@ pub(crate) fn bench_persistence(opts: &PersistenceOptions) -> Result<()> {
         args.extend(mode_args(&mode).iter().map(|a| (*a).to_owned()));
         let log = out_dir.join(format!("persistence-epkv-{mode}-{c}.log"));
         let mut server = ServerProcess::start_epkv(&server_bin, &args, log)?;
-        let mut cmd = Command::new(fight_bin());
-        cmd.args(["--addr", &server.addr()])
-            .args(["--connections", &c.to_string()])
-            .args(["--keys", &keys.to_string()])
-            .args(["--secs", &secs.to_string()])
-            .args(["--durability", "persist-majority"])
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit());
-        let line = util::describe(&cmd);
-        println!("\n$ {line}");
-        let out = cmd.output().with_context(|| format!("run `{line}`"))?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        print!("{stdout}");
+        let fought = FightRun::start(&server.addr(), c, keys, secs, "persist-majority")?;
+        let line = fought.line.clone();
         let alive = server.is_running();
         let stopped = server.stop();
         drop(data);
@@ -323,11 +357,7 @@ pub(crate) fn bench_persistence(opts: &PersistenceOptions) -> Result<()> {
             bail!("epkv died during `{line}`");
         }
         stopped?;
-        if !out.status.success() {
-            bail!("`{line}` failed with {}", out.status);
-        }
-        let result =
-            parse_fight(&stdout).with_context(|| format!("no fight-result from `{line}`"))?;
+        let result = fought.result()?;
         runs.push(Run {
             connections: c,
             mode,

@@ -548,25 +548,31 @@ impl Bucket {
         if vb.durability.len() == 0 {
             return;
         }
-        if level != DurabilityLevel::Majority
-            && vb.is_persistent()
-            && let Some(p) = &self.persistence
-        {
-            let weak = self.self_ref.get().cloned().unwrap_or_default();
-            let index = usize::from(vb.id.0);
-            let resolve = Box::new(move |_persisted: u64| {
-                if let Some(b) = weak.upgrade()
-                    && let Some(vb) = b.vbuckets.get(index)
-                {
-                    b.complete_sync_writes(vb);
-                }
-            });
-            if vb.persist.when_persisted(seqno.0, resolve) {
-                p.urgent(vb.id);
-            }
+        if level != DurabilityLevel::Majority && vb.is_persistent() {
+            self.complete_when_persisted(vb, seqno.0);
         }
         self.complete_sync_writes(vb);
         self.arm_sync_timeout(vb);
+    }
+
+    /// Completes `vb`'s resolved SyncWrites again once it has persisted `seqno` (making
+    /// the flush urgent when it has not yet).
+    fn complete_when_persisted(&self, vb: &VBucket, seqno: u64) {
+        let Some(p) = &self.persistence else {
+            return;
+        };
+        let weak = self.self_ref.get().cloned().unwrap_or_default();
+        let index = usize::from(vb.id.0);
+        let resolve = Box::new(move |_persisted: u64| {
+            if let Some(b) = weak.upgrade()
+                && let Some(vb) = b.vbuckets.get(index)
+            {
+                b.complete_sync_writes(vb);
+            }
+        });
+        if vb.persist.when_persisted(seqno, resolve) {
+            p.urgent(vb.id);
+        }
     }
 
     /// Commits or aborts the resolved prepares at the head of `vb`'s monitor, in seqno
@@ -857,21 +863,8 @@ impl Bucket {
             });
         }
         self.complete_sync_writes(vb);
-        let weak = self.self_ref.get().cloned().unwrap_or_default();
-        let index = usize::from(vb.id.0);
         let (high, _, _) = vb.ordering_snapshot();
-        let resolve = Box::new(move |_persisted: u64| {
-            if let Some(b) = weak.upgrade()
-                && let Some(vb) = b.vbuckets.get(index)
-            {
-                b.complete_sync_writes(vb);
-            }
-        });
-        if vb.persist.when_persisted(high, resolve)
-            && let Some(p) = &self.persistence
-        {
-            p.urgent(vb.id);
-        }
+        self.complete_when_persisted(vb, high);
     }
 
     /// A replica's acknowledgement (DCP_SEQNO_ACKNOWLEDGED) of `seqno` for active vBucket

@@ -318,16 +318,28 @@ impl FrontendHandle {
     /// # Errors
     /// No cluster is configured, or no such node.
     pub fn re_add(&self, node: &str) -> std::result::Result<bool, String> {
+        self.change_topology(node, "node added back as a replica", |t, i| Ok(t.re_add(i)))
+    }
+
+    /// Applies `change` to the topology for node `node`; when it changed anything, the
+    /// new states and chains take effect before this returns, the map's revision moves
+    /// on, and replication restarts.
+    fn change_topology(
+        &self,
+        node: &str,
+        what: &str,
+        change: impl FnOnce(&mut crate::cluster::Topology, usize) -> std::result::Result<bool, String>,
+    ) -> std::result::Result<bool, String> {
         let changed = {
             let mut t = self.shared.topology.write();
             let t = t.as_mut().ok_or("this node is not in a cluster")?;
             let i = t
                 .node_named(node)
                 .ok_or_else(|| format!("no node {node} in the cluster"))?;
-            t.re_add(i)
+            change(t, i)?
         };
         if changed {
-            tracing::warn!(node, "node added back as a replica");
+            tracing::warn!(node, "{what}");
             self.shared.apply_states_now();
             self.shared.bump_cluster_rev();
             self.shared.apply_topology();
@@ -343,24 +355,12 @@ impl FrontendHandle {
     /// # Errors
     /// No cluster is configured, or no such node.
     pub fn fail_over(&self, node: &str) -> std::result::Result<bool, String> {
-        let changed = {
-            let mut t = self.shared.topology.write();
-            let t = t.as_mut().ok_or("this node is not in a cluster")?;
-            let i = t
-                .node_named(node)
-                .ok_or_else(|| format!("no node {node} in the cluster"))?;
+        self.change_topology(node, "node failed over", |t, i| {
             if i == t.this() {
                 return Err("a node cannot fail itself over".into());
             }
-            t.fail_over(i)
-        };
-        if changed {
-            tracing::warn!(node, "node failed over");
-            self.shared.apply_states_now();
-            self.shared.bump_cluster_rev();
-            self.shared.apply_topology();
-        }
-        Ok(changed)
+            Ok(t.fail_over(i))
+        })
     }
 
     /// Records a change of the cluster map (a bucket created or dropped), so clients that
