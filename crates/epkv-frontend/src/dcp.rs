@@ -5,9 +5,12 @@
 //! [`DcpStream`]s give them.
 //!
 //! **Sending.** The connection loop polls [`Producer::poll_ready`] while its output
-//! buffer has room; it polls the streams round robin (a budget each, so one busy
-//! vBucket cannot starve the others) and keeps what they give in a queue that
-//! [`Producer::drain`] encodes into the output buffer. Nothing is taken from a stream
+//! buffer has room. Each stream has its own waker: the engine wakes it when the stream
+//! has events, which queues the stream and wakes the connection, so a poll looks only at
+//! the streams that were woken (not at every stream of a replication connection's
+//! hundreds), a budget each, taking turns (one busy vBucket cannot starve the others).
+//! What they give waits in a queue that [`Producer::drain`] encodes into the output
+//! buffer. Nothing is taken from a stream
 //! while the output buffer is over its limit, so a consumer that does not read holds at
 //! most about the output limit plus one budget of the server's memory.
 //!
@@ -27,10 +30,11 @@ use epkv_protocol::Status;
 use epkv_protocol::dcp as wire;
 use epkv_types::{Cas, Datatype, DurabilityLevel, Vbid, doc_key};
 use parking_lot::Mutex;
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 /// Bytes of events taken from one stream per turn.
@@ -98,11 +102,46 @@ impl Registry {
     }
 }
 
+/// The streams that have something (or may have: they were woken) to give, by slot id,
+/// and the connection task to wake when one is added.
+#[derive(Default)]
+struct ReadyQueue {
+    ids: Mutex<VecDeque<u64>>,
+    task: Mutex<Option<Waker>>,
+}
+
+/// One stream's waker: the engine wakes it when the stream has new events, which queues
+/// the stream (once) and wakes the connection. The connection then polls only the queued
+/// streams, not every stream it has.
+struct SlotWaker {
+    id: u64,
+    queued: AtomicBool,
+    queue: Arc<ReadyQueue>,
+}
+
+impl Wake for SlotWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if !self.queued.swap(true, AcqRel) {
+            self.queue.ids.lock().push_back(self.id);
+            if let Some(task) = self.queue.task.lock().as_ref() {
+                task.wake_by_ref();
+            }
+        }
+    }
+}
+
 /// One open stream.
 struct Slot {
     vbid: Vbid,
     opaque: u32,
     stream: Box<dyn DcpStream>,
+    waker: Arc<SlotWaker>,
+    /// Its last poll left it backfilling.
+    backfilling: bool,
 }
 
 /// A DCP producer connection's state (see the module docs).
@@ -131,8 +170,12 @@ pub(crate) struct Producer {
     /// Flow-control window in bytes (0: none).
     buffer_size: usize,
     unacked: usize,
-    streams: Vec<Slot>,
-    next: usize,
+    /// Open streams by slot id.
+    streams: HashMap<u64, Slot>,
+    next_id: u64,
+    /// Streams to poll.
+    queue: Arc<ReadyQueue>,
+    /// Events taken from the streams, to encode.
     ready: VecDeque<(Vbid, u32, DcpEvent)>,
     stats: Arc<ProducerStats>,
 }
@@ -179,8 +222,9 @@ impl Producer {
             next_noop_opaque: 0x4e4f_0000,
             buffer_size: 0,
             unacked: 0,
-            streams: Vec::new(),
-            next: 0,
+            streams: HashMap::new(),
+            next_id: 0,
+            queue: Arc::new(ReadyQueue::default()),
             ready: VecDeque::new(),
             stats,
         }
@@ -288,7 +332,7 @@ impl Producer {
         vbid: Vbid,
         mut req: DcpStreamRequest,
     ) -> Result<(), Status> {
-        if self.streams.iter().any(|s| s.vbid == vbid) {
+        if self.streams.values().any(|s| s.vbid == vbid) {
             return Err(Status::KeyEexists);
         }
         req.sync_replication = self.sync_replication;
@@ -296,11 +340,25 @@ impl Producer {
             Ok(stream) => {
                 let log = failover_log_body(&*self.engine, vbid);
                 put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &log);
-                self.streams.push(Slot {
-                    vbid,
-                    opaque: to.opaque,
-                    stream,
+                let id = self.next_id;
+                self.next_id += 1;
+                let waker = Arc::new(SlotWaker {
+                    id,
+                    queued: AtomicBool::new(false),
+                    queue: Arc::clone(&self.queue),
                 });
+                // A new stream is polled at once.
+                waker.wake_by_ref();
+                self.streams.insert(
+                    id,
+                    Slot {
+                        vbid,
+                        opaque: to.opaque,
+                        stream,
+                        waker,
+                        backfilling: false,
+                    },
+                );
                 self.stats.streams.store(self.streams.len() as u64, Relaxed);
                 Ok(())
             }
@@ -317,10 +375,19 @@ impl Producer {
 
     /// CLOSE_STREAM for `vbid`.
     pub(crate) fn close_stream(&mut self, vbid: Vbid) -> Status {
-        let Some(i) = self.streams.iter().position(|s| s.vbid == vbid) else {
+        let Some(id) = self
+            .streams
+            .iter()
+            .find_map(|(id, s)| (s.vbid == vbid).then_some(*id))
+        else {
             return Status::KeyEnoent;
         };
-        let slot = self.streams.remove(i);
+        let Some(slot) = self.streams.remove(&id) else {
+            return Status::KeyEnoent;
+        };
+        if slot.backfilling {
+            self.stats.backfilling.fetch_sub(1, Relaxed);
+        }
         self.ready.retain(|(v, _, _)| *v != vbid);
         if self.end_on_close {
             self.ready.push_back((
@@ -338,8 +405,10 @@ impl Producer {
         self.buffer_size > 0 && self.unacked >= self.buffer_size
     }
 
-    /// Resolves when events are queued for [`Self::drain`]: polls the streams round
-    /// robin. Pending (every stream's waker registered) when none has anything, or when
+    /// Resolves when events are queued for [`Self::drain`]: polls the streams the engine
+    /// woke (queued by their [`SlotWaker`]), in the order they were woken; a stream that
+    /// gave events goes to the back of the queue, so busy streams take turns. Pending
+    /// when no queued stream has anything (each left its waker with the engine), or when
     /// the flow-control window is closed (a BUFFER_ACKNOWLEDGEMENT is read by the
     /// connection, which then polls again).
     pub(crate) fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
@@ -351,41 +420,57 @@ impl Producer {
             return Poll::Pending;
         }
         self.stats.paused.store(0, Relaxed);
-        let n = self.streams.len();
+        {
+            let mut task = self.queue.task.lock();
+            if !task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *task = Some(cx.waker().clone());
+            }
+        }
         let mut events = Vec::new();
-        let mut ended = Vec::new();
-        for k in 0..n {
-            let i = (self.next + k) % n;
-            let slot = &mut self.streams[i];
+        while self.ready.is_empty() {
+            let Some(id) = self.queue.ids.lock().pop_front() else {
+                break;
+            };
+            let Some(slot) = self.streams.get_mut(&id) else {
+                // Closed since it was woken.
+                continue;
+            };
+            // Cleared before the poll, so that a wake during it queues the stream again.
+            slot.waker.queued.store(false, Release);
+            let waker = Waker::from(Arc::clone(&slot.waker));
+            let mut scx = Context::from_waker(&waker);
             events.clear();
-            if slot
+            let polled = slot
                 .stream
-                .poll_events(cx, STREAM_BUDGET, &mut events)
-                .is_ready()
-            {
-                for e in events.drain(..) {
-                    if matches!(e, DcpEvent::End(_)) {
-                        ended.push(slot.vbid);
-                    }
-                    self.ready.push_back((slot.vbid, slot.opaque, e));
+                .poll_events(&mut scx, STREAM_BUDGET, &mut events);
+            let backfilling = slot.stream.backfilling();
+            if backfilling != slot.backfilling {
+                slot.backfilling = backfilling;
+                if backfilling {
+                    self.stats.backfilling.fetch_add(1, Relaxed);
+                } else {
+                    self.stats.backfilling.fetch_sub(1, Relaxed);
                 }
             }
-            if !self.ready.is_empty() {
-                self.next = (i + 1) % n;
-                break;
+            if polled.is_pending() {
+                continue;
+            }
+            let mut ended = false;
+            for e in events.drain(..) {
+                ended |= matches!(e, DcpEvent::End(_));
+                self.ready.push_back((slot.vbid, slot.opaque, e));
+            }
+            if ended {
+                if slot.backfilling {
+                    self.stats.backfilling.fetch_sub(1, Relaxed);
+                }
+                self.streams.remove(&id);
+                self.stats.streams.store(self.streams.len() as u64, Relaxed);
+            } else {
+                // It may have more: its turn comes again after the others queued.
+                slot.waker.wake_by_ref();
             }
         }
-        if !ended.is_empty() {
-            self.streams.retain(|s| !ended.contains(&s.vbid));
-            self.stats.streams.store(self.streams.len() as u64, Relaxed);
-        }
-        self.stats.backfilling.store(
-            self.streams
-                .iter()
-                .filter(|s| s.stream.backfilling())
-                .count() as u64,
-            Relaxed,
-        );
         if self.ready.is_empty() {
             Poll::Pending
         } else {
