@@ -357,3 +357,71 @@ async fn a_consumer_that_never_answers_noops_is_disconnected() {
     assert_eq!(answered, 3, "NOOPs keep coming to a consumer that answers");
     server.client().await.noop().await.unwrap();
 }
+
+#[tokio::test]
+async fn stream_flags_end_at_the_latest_seqno_or_start_there() {
+    let server = Server::start();
+    let (vbid, keys) = keys_in_one_vbucket(&server, 12).await;
+    let mut c = server.client().await;
+    for k in &keys[..10] {
+        assert!(
+            c.set(k, b"v", StoreOptions::new())
+                .await
+                .unwrap()
+                .is_success()
+        );
+    }
+    let mut d = Consumer::connect(&server).await;
+    assert_eq!(d.open("flags", dcp::OPEN_PRODUCER).await, 0);
+    // TO_LATEST: everything up to now, then STREAM_END.
+    let to_latest = StreamReq {
+        flags: dcp::STREAM_TO_LATEST,
+        ..from_zero()
+    };
+    assert_eq!(d.stream_req(vbid, &to_latest).await.0, 0);
+    let (mut mutations, mut ended) = (0, false);
+    while let Some(p) = d.next(Duration::from_secs(5)).await {
+        let Packet::Message(bytes) = p else { continue };
+        let req = Request::parse(&bytes, &Limits::default()).unwrap();
+        match DcpMessage::decode(&req).unwrap() {
+            DcpMessage::Mutation { .. } => mutations += 1,
+            DcpMessage::StreamEnd { reason } => {
+                assert_eq!(reason, 0);
+                ended = true;
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!((mutations, ended), (10, true));
+    // FROM_LATEST: nothing old, only what comes next.
+    let from_latest = StreamReq {
+        flags: dcp::STREAM_FROM_LATEST,
+        ..from_zero()
+    };
+    assert_eq!(d.stream_req(vbid, &from_latest).await.0, 0);
+    assert!(
+        c.set(&keys[10], b"new", StoreOptions::new())
+            .await
+            .unwrap()
+            .is_success()
+    );
+    let mut got = Vec::new();
+    while let Some(p) = d.next(Duration::from_millis(500)).await {
+        let Packet::Message(bytes) = p else { continue };
+        let req = Request::parse(&bytes, &Limits::default()).unwrap();
+        if let DcpMessage::Mutation { key, .. } = DcpMessage::decode(&req).unwrap() {
+            got.push(key.to_vec());
+        }
+    }
+    assert_eq!(got, vec![keys[10].clone()]);
+    // TAKEOVER needs rebalance.
+    let takeover = StreamReq {
+        flags: dcp::STREAM_TAKEOVER,
+        ..from_zero()
+    };
+    assert_eq!(
+        d.stream_req(Vbid((vbid.0 + 1) % 1024), &takeover).await.0,
+        Status::NotSupported as u16
+    );
+}

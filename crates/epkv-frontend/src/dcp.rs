@@ -635,6 +635,45 @@ fn put(out: &mut BytesMut, resp: &epkv_protocol::Response<'_>) {
     crate::response::put(out, resp);
 }
 
+/// Applies a STREAM_REQ's flags to its range: `FROM_LATEST` starts at the vBucket's high
+/// seqno (on its newest branch), `TO_LATEST` ends there, `DISK_ONLY` ends at the
+/// persisted seqno. `ACTIVE_VB_ONLY` and `STRICT_VBUUID` need nothing (streams are of
+/// active vBuckets, and a uuid unknown to the failover log rolls back to 0 anyway).
+///
+/// # Errors
+/// `NotSupported` for `TAKEOVER` (vBucket moves come with rebalance); the engine's status
+/// when the vBucket's seqnos cannot be read.
+pub(crate) fn apply_stream_flags(
+    engine: &dyn Engine,
+    vbid: Vbid,
+    mut r: wire::StreamReq,
+) -> Result<wire::StreamReq, Status> {
+    if r.flags & wire::STREAM_TAKEOVER != 0 {
+        return Err(Status::NotSupported);
+    }
+    let latest = wire::STREAM_FROM_LATEST | wire::STREAM_TO_LATEST | wire::STREAM_DISK_ONLY;
+    if r.flags & latest == 0 {
+        return Ok(r);
+    }
+    let seqnos = engine
+        .vbucket_seqnos(vbid)
+        .map_err(crate::status_map::engine_status_to_wire)?;
+    let high = seqnos.high_seqno.0;
+    if r.flags & wire::STREAM_FROM_LATEST != 0 {
+        r.start_seqno = high;
+        r.snap_start_seqno = high;
+        r.snap_end_seqno = high;
+        r.vbucket_uuid = seqnos.failover_log.first().map_or(0, |e| e.uuid);
+    }
+    if r.flags & wire::STREAM_TO_LATEST != 0 {
+        r.end_seqno = high.max(r.start_seqno);
+    }
+    if r.flags & wire::STREAM_DISK_ONLY != 0 {
+        r.end_seqno = r.end_seqno.min(seqnos.persisted_seqno.0.max(r.start_seqno));
+    }
+    Ok(r)
+}
+
 /// GET_FAILOVER_LOG's (and STREAM_REQ's) value: the vBucket's failover log, newest first.
 pub(crate) fn failover_log_body(engine: &dyn Engine, vbid: Vbid) -> Vec<u8> {
     let entries: Vec<(u64, u64)> = engine

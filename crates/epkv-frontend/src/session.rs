@@ -609,6 +609,10 @@ impl Session {
                         let Ok(r) = wire::StreamReq::decode(req.extras) else {
                             return answer(out, to, Status::Einval);
                         };
+                        let r = match crate::dcp::apply_stream_flags(&*bucket.engine, vbid, r) {
+                            Ok(r) => r,
+                            Err(s) => return answer(out, to, s),
+                        };
                         let collections = if self.collections {
                             match crate::dcp::collection_filter(&*bucket.engine, req.value) {
                                 Ok(c) => c,
