@@ -500,3 +500,45 @@ async fn three_nodes_replicate_to_the_next_node_and_fail_over_one() {
         .await;
     }
 }
+
+/// A survivor that restarts while the failed node is still down keeps the map it had
+/// (its state file), so it still serves the promoted vBuckets.
+#[tokio::test]
+async fn a_restarted_survivor_keeps_its_failovers() {
+    let mut cluster = Cluster::start(2, 1);
+    let mut c0 = cluster.client(0).await;
+    let k = (0..)
+        .map(|i| key(&format!("s-{i}")))
+        .find(|k| active_of(c0.vbucket_for(k), 2) == 0)
+        .unwrap();
+    assert!(
+        c0.set(&k, b"kept", StoreOptions::new())
+            .await
+            .unwrap()
+            .is_success()
+    );
+    let mut c1 = cluster.client(1).await;
+    wait_for("the replica", async || {
+        get_replica(&mut c1, &k).await == (0, b"kept".to_vec())
+    })
+    .await;
+    let dead = cluster.nodes[0].take().unwrap();
+    let dead_addr = dead.addr;
+    let _ = dead.kill();
+    assert_eq!(fail_over(cluster.node(1), dead_addr), 200);
+    let (status, _) = cluster.nodes[1].take().unwrap().terminate();
+    assert!(status.success());
+    cluster.nodes[1] = Some(cluster.spawn(1));
+    let mut c1 = cluster.client(1).await;
+    wait_for(
+        "the restarted survivor to serve the promoted vBucket",
+        async || {
+            let r = c1.get(&k).await.unwrap();
+            r.is_success() && r.value.as_ref() == b"kept"
+        },
+    )
+    .await;
+    let map = c1.get_cluster_config(None).await.unwrap();
+    let map: serde_json::Value = serde_json::from_slice(&map.value).unwrap();
+    assert_eq!(map["epkvFailedNodes"], serde_json::json!([0]));
+}

@@ -434,7 +434,7 @@ impl Collections {
         change(&mut m)?;
         m.uid += 1;
         if let Some(f) = &self.file {
-            write_atomically(f, &serde_json::to_vec_pretty(&m.to_file_json()).unwrap_or_default())
+            epkv_types::fs::write_atomically(f, &serde_json::to_vec_pretty(&m.to_file_json()).unwrap_or_default())
                 .map_err(|e| {
                     tracing::error!(file = %f.display(), error = %e, "cannot write the collections manifest");
                     EngineStatus::TempFail
@@ -546,22 +546,6 @@ impl Collections {
             Ok(())
         });
     }
-}
-
-/// Writes `bytes` to `path` so that a crash leaves the old file or the new one.
-fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("json.tmp");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// Operation counts per collection (`STAT collections`): GETs, stores and deletions. Ids

@@ -26,6 +26,11 @@
 //! file, sets its vBuckets' states from it (active, replica, or dead for the ones it does
 //! not hold), and serves it in the cluster map so that SDKs route by it.
 //!
+//! **State.** The failovers and re-adds a node applied are kept, in order, in its state
+//! file (`DATA_DIR/cluster-state.json`, written atomically before the change takes
+//! effect) and replayed at start, so a node that restarts keeps the map it had, even if
+//! every node restarts at once.
+//!
 //! **Failover** ([`Topology::fail_over`]) is manual: an operator tells every surviving
 //! node that a node is gone (`POST /controller/failOver`). Each vBucket whose active copy
 //! was there gets its first live replica promoted; copies on the failed node leave every
@@ -36,6 +41,21 @@
 use epkv_types::{NUM_VBUCKETS, VBucketState, Vbid};
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+/// A change of the map after the file's: what the state file records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Change {
+    Failed { node: usize },
+    ReAdded { node: usize },
+}
+
+/// The state file's content.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct StateFile {
+    changes: Vec<Change>,
+}
 
 /// Most nodes a cluster file may name.
 pub const MAX_NODES: usize = 16;
@@ -118,6 +138,10 @@ pub struct Topology {
     chains: Vec<Vec<Option<usize>>>,
     /// Nodes failed over.
     failed: Vec<bool>,
+    /// The changes applied after the file's map, in order.
+    changes: Vec<Change>,
+    /// Where they are kept, if anywhere.
+    state_path: Option<PathBuf>,
 }
 
 impl Topology {
@@ -145,7 +169,51 @@ impl Topology {
             file,
             this,
             chains,
+            changes: Vec::new(),
+            state_path: None,
         })
+    }
+
+    /// Keeps the changes in the state file `path` from now on, after replaying the ones it
+    /// holds (a node that restarts keeps the map it had).
+    ///
+    /// # Errors
+    /// The file exists but cannot be read or parsed.
+    pub fn with_state_file(mut self, path: impl Into<PathBuf>) -> Result<Topology, String> {
+        let path = path.into();
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let state: StateFile = serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("cluster state {}: {e}", path.display()))?;
+                for c in state.changes {
+                    match c {
+                        Change::Failed { node } => self.mark_failed(node),
+                        Change::ReAdded { node } => self.re_add(node),
+                    };
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cluster state {}: {e}", path.display())),
+        }
+        self.state_path = Some(path);
+        Ok(self)
+    }
+
+    /// Records `change` (and writes the state file).
+    fn record(&mut self, change: Change) {
+        self.changes.push(change);
+        let Some(path) = &self.state_path else {
+            return;
+        };
+        let state = StateFile {
+            changes: self.changes.clone(),
+        };
+        let written = serde_json::to_vec_pretty(&state)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| epkv_types::fs::write_atomically(path, &bytes));
+        if let Err(e) = written {
+            tracing::error!(path = %path.display(), error = %e, "cannot write the cluster state file; a restart will not know this change");
+        }
     }
 
     /// This node's index.
@@ -255,6 +323,7 @@ impl Topology {
             return false;
         }
         self.failed[node] = true;
+        self.record(Change::Failed { node });
         for chain in &mut self.chains {
             let live: Vec<Option<usize>> = chain
                 .iter()
@@ -282,6 +351,7 @@ impl Topology {
             return false;
         }
         self.failed[node] = false;
+        self.record(Change::ReAdded { node });
         let n = self.file.nodes.len();
         for (v, chain) in self.chains.iter_mut().enumerate() {
             let held = (0..=self.file.replicas).any(|i| (v + i) % n == node);
@@ -351,6 +421,37 @@ mod tests {
             user: None,
             password: None,
         }
+    }
+
+    #[test]
+    fn the_state_file_replays_failovers_and_re_adds_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster-state.json");
+        let mut t = Topology::new(file(3, 1), 1)
+            .unwrap()
+            .with_state_file(&path)
+            .unwrap();
+        assert!(t.fail_over(0));
+        assert!(t.fail_over(2));
+        assert!(t.re_add(0));
+        let chains: Vec<Vec<Option<usize>>> = (0..NUM_VBUCKETS)
+            .map(|v| t.chain(Vbid(v)).to_vec())
+            .collect();
+        let again = Topology::new(file(3, 1), 1)
+            .unwrap()
+            .with_state_file(&path)
+            .unwrap();
+        assert_eq!(again.failed_nodes(), vec![2]);
+        for v in 0..NUM_VBUCKETS {
+            assert_eq!(again.chain(Vbid(v)), &chains[usize::from(v)][..]);
+        }
+        std::fs::write(&path, b"not json").unwrap();
+        assert!(
+            Topology::new(file(3, 1), 1)
+                .unwrap()
+                .with_state_file(&path)
+                .is_err()
+        );
     }
 
     #[test]

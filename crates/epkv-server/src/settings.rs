@@ -164,7 +164,15 @@ pub(crate) fn cluster_topology(
     let text = std::fs::read_to_string(&s.cluster)
         .map_err(|e| format!("cannot read the cluster file {}: {e}", s.cluster.display()))?;
     let file = epkv_frontend::cluster::ClusterFile::parse(&text)?;
-    epkv_frontend::cluster::Topology::new(file, s.cluster_node).map(Some)
+    std::fs::create_dir_all(&s.data_dir).map_err(|e| {
+        format!(
+            "cannot create the data directory {}: {e}",
+            s.data_dir.display()
+        )
+    })?;
+    epkv_frontend::cluster::Topology::new(file, s.cluster_node)?
+        .with_state_file(s.data_dir.join("cluster-state.json"))
+        .map(Some)
 }
 
 /// The TLS listener's configuration from the settings: `None` without `tls-cert` and

@@ -21,6 +21,7 @@
 
 mod datatype;
 pub mod doc_key;
+pub mod fs;
 mod ids;
 mod ops;
 mod thread_shard;
