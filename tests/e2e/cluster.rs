@@ -27,14 +27,39 @@ pub(crate) struct Cluster {
     pub(crate) nodes: Vec<Option<Server>>,
     ports: Vec<u16>,
     dir: TestDir,
+    /// Extra server flags (users).
+    extra: Vec<String>,
 }
+
+/// The administrator of [`Cluster::start_with_admin`]'s nodes.
+const ADMIN: (&str, &str) = ("Administrator", "password");
 
 impl Cluster {
     pub(crate) fn start(n: usize, replicas: usize) -> Cluster {
+        Cluster::start_as(n, replicas, false)
+    }
+
+    /// As [`Cluster::start`], the nodes with an administrator ([`ADMIN`]) they also
+    /// replicate as.
+    pub(crate) fn start_with_admin(n: usize, replicas: usize) -> Cluster {
+        Cluster::start_as(n, replicas, true)
+    }
+
+    fn start_as(n: usize, replicas: usize, admin: bool) -> Cluster {
         let dir = TestDir::new();
         std::fs::create_dir_all(dir.path()).unwrap();
         let ports = free_ports(n);
         let mut file = format!("replicas = {replicas}\n");
+        let mut extra = Vec::new();
+        if admin {
+            file.push_str(&format!(
+                "user = \"{}\"\npassword = \"{}\"\n",
+                ADMIN.0, ADMIN.1
+            ));
+            extra = ["--admin-user", ADMIN.0, "--admin-password", ADMIN.1]
+                .map(String::from)
+                .to_vec();
+        }
         for p in &ports {
             file.push_str(&format!("[[nodes]]\nhost = \"127.0.0.1\"\nport = {p}\n"));
         }
@@ -44,6 +69,7 @@ impl Cluster {
             nodes: Vec::new(),
             ports,
             dir,
+            extra,
         };
         for i in 0..n {
             let node = cluster.spawn(i);
@@ -58,18 +84,17 @@ impl Cluster {
         let path = self.dir.path().join("cluster.toml");
         let port = self.ports[i].to_string();
         let index = i.to_string();
-        Server::spawn_in_exact(
-            &data,
-            &[
-                "--port",
-                &port,
-                "--testing",
-                "--cluster",
-                path.to_str().unwrap(),
-                "--cluster-node",
-                &index,
-            ],
-        )
+        let mut args = vec![
+            "--port",
+            &port,
+            "--testing",
+            "--cluster",
+            path.to_str().unwrap(),
+            "--cluster-node",
+            &index,
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        Server::spawn_in_exact(&data, &args)
     }
 
     pub(crate) fn node(&self, i: usize) -> &Server {
@@ -541,4 +566,60 @@ async fn a_restarted_survivor_keeps_its_failovers() {
     let map = c1.get_cluster_config(None).await.unwrap();
     let map: serde_json::Value = serde_json::from_slice(&map.value).unwrap();
     assert_eq!(map["epkvFailedNodes"], serde_json::json!([0]));
+}
+
+/// A bucket created at run time on every node of a cluster takes the map's states and
+/// replicates like the others.
+#[tokio::test]
+async fn a_bucket_created_on_every_node_follows_the_map() {
+    let cluster = Cluster::start_with_admin(2, 1);
+    for i in 0..2 {
+        let r = http_request(
+            cluster.node(i).mgmt_addr(),
+            "POST",
+            "/pools/default/buckets",
+            Some(ADMIN),
+            Some("name=rt&ramQuotaMB=16"),
+        );
+        assert!(
+            r.status == 202 || r.status == 200,
+            "{} {}",
+            r.status,
+            r.body
+        );
+    }
+    let mut c = [cluster.client(0).await, cluster.client(1).await];
+    for x in &mut c {
+        x.auth_plain(ADMIN.0, ADMIN.1).await.unwrap();
+        // The bucket is there once the creation (202 Accepted) has finished.
+        wait_for("the new bucket", async || {
+            x.select_bucket("rt").await.unwrap().is_success()
+        })
+        .await;
+    }
+    let k = key("rt-key");
+    let active = active_of(c[0].vbucket_for(&k), 2);
+    wait_for("the other node to refuse the key", async || {
+        c[1 - active]
+            .set(&k, b"x", StoreOptions::new())
+            .await
+            .unwrap()
+            .status_raw
+            == Status::NotMyVbucket as u16
+    })
+    .await;
+    assert!(
+        c[active]
+            .set(&k, b"rt", StoreOptions::new())
+            .await
+            .unwrap()
+            .is_success()
+    );
+    let mut replica = cluster.client(1 - active).await;
+    replica.auth_plain(ADMIN.0, ADMIN.1).await.unwrap();
+    assert!(replica.select_bucket("rt").await.unwrap().is_success());
+    wait_for("the new bucket's replica", async || {
+        get_replica(&mut replica, &k).await == (0, b"rt".to_vec())
+    })
+    .await;
 }

@@ -364,8 +364,14 @@ impl FrontendHandle {
     }
 
     /// Records a change of the cluster map (a bucket created or dropped), so clients that
-    /// poll it see a new revision.
+    /// poll it see a new revision. In a cluster, a new bucket's vBuckets then take the
+    /// states the map gives them (at once where they can, the rest once warm), and
+    /// replication restarts for every bucket.
     pub fn bump_cluster_rev(&self) {
+        if self.shared.topology.read().is_some() {
+            self.shared.apply_states_now();
+            self.shared.apply_topology();
+        }
         self.shared.bump_cluster_rev();
     }
 }
