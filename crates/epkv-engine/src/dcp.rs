@@ -365,8 +365,8 @@ impl Drop for Stream {
 
 /// The event for a change, or `None` when the stream does not send it.
 fn event_of(kind: LogKind, doc: Document, sync: bool) -> Option<DcpEvent> {
-    let document = |doc: Document, key: Vec<u8>| DcpDocument {
-        key,
+    let document = |doc: Document| DcpDocument {
+        key: doc.key,
         value: doc.value,
         seqno: doc.seqno,
         rev_seqno: doc.rev_seqno,
@@ -375,33 +375,27 @@ fn event_of(kind: LogKind, doc: Document, sync: bool) -> Option<DcpEvent> {
         expiry: doc.expiry,
         datatype: doc.datatype & !crate::durability::PREPARE_DELETES,
     };
+    // A committed change: a mutation, or a deletion when its document is a tombstone.
+    let committed = |doc: Document| {
+        if doc.deleted {
+            DcpEvent::Deletion(document(doc))
+        } else {
+            DcpEvent::Mutation(document(doc))
+        }
+    };
     match kind {
-        LogKind::Mutation if doc.deleted => {
-            let key = doc.key.clone();
-            Some(DcpEvent::Deletion(document(doc, key)))
-        }
-        LogKind::Mutation | LogKind::Commit(_) if !sync => {
-            let key = doc.key.clone();
-            Some(if doc.deleted {
-                DcpEvent::Deletion(document(doc, key))
-            } else {
-                DcpEvent::Mutation(document(doc, key))
-            })
-        }
-        LogKind::Mutation => {
-            let key = doc.key.clone();
-            Some(DcpEvent::Mutation(document(doc, key)))
-        }
-        LogKind::Deletion => {
-            let key = doc.key.clone();
-            Some(DcpEvent::Deletion(document(doc, key)))
-        }
+        LogKind::Mutation | LogKind::Deletion => Some(committed(doc)),
+        // Without sync replication a commit is the committed change itself.
+        LogKind::Commit(_) if !sync => Some(committed(doc)),
         LogKind::Prepare(_) | LogKind::Abort(_) if !sync => None,
         LogKind::Prepare(level) => {
             let key = crate::durability::prepared_key_of(&doc.key)?.to_vec();
             let deleted = doc.datatype & crate::durability::PREPARE_DELETES != 0;
             Some(DcpEvent::Prepare {
-                doc: document(doc, key),
+                doc: DcpDocument {
+                    key,
+                    ..document(doc)
+                },
                 deleted,
                 level,
             })

@@ -6,6 +6,8 @@
     clippy::unwrap_used,
     reason = "test helpers outside #[test] functions panic on failure"
 )]
+mod support;
+
 use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
 use epkv_engine_api::dcp::{DcpEndReason, SNAPSHOT_DISK, SNAPSHOT_MEMORY};
 use epkv_engine_api::{
@@ -22,6 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
+use support::key_in;
 
 /// A waker that counts its wakes.
 #[derive(Default)]
@@ -92,15 +95,6 @@ fn open(dir: &Path, persistent: bool) -> Arc<Bucket> {
 }
 
 const VB: Vbid = Vbid(5);
-
-/// The `i`th key (from 0) of vBucket `vb`.
-fn key_in(vb: Vbid, i: usize) -> String {
-    (0..)
-        .map(|n| format!("key-{n}"))
-        .filter(|k| vbucket_for_key(k.as_bytes(), NUM_VBUCKETS) == vb)
-        .nth(i)
-        .unwrap()
-}
 
 fn set(b: &Bucket, key: &str, value: &str) -> u64 {
     set_durable(b, key, value, None).unwrap()

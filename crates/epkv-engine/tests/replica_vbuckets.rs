@@ -7,16 +7,19 @@
     clippy::unwrap_used,
     reason = "test helpers outside #[test] functions panic on failure"
 )]
+mod support;
+
 use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
 use epkv_engine_api::dcp::DcpDocument;
 use epkv_engine_api::{
     DcpEvent, DcpStreamRequest, Engine, EngineStatus, Expiry, RemoveRequest, StoreOp, StoreRequest,
 };
-use epkv_types::{Cas, Datatype, NUM_VBUCKETS, VBucketState, Vbid, vbucket_for_key};
+use epkv_types::{Cas, Datatype, VBucketState, Vbid};
 use std::path::Path;
 use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
+use support::key_in;
 
 const VB: Vbid = Vbid(9);
 
@@ -35,14 +38,6 @@ fn open(dir: &Path) -> Arc<Bucket> {
     .unwrap();
     assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
     b
-}
-
-fn key_in(vb: Vbid, i: usize) -> String {
-    (0..)
-        .map(|n| format!("key-{n}"))
-        .filter(|k| vbucket_for_key(k.as_bytes(), NUM_VBUCKETS) == vb)
-        .nth(i)
-        .unwrap()
 }
 
 fn set(b: &Bucket, key: &str, value: &str) {

@@ -115,28 +115,25 @@ impl Shared {
         if let Some(old) = self.replication_stop.lock().replace(stop_tx) {
             let _ = old.send(true);
         }
-        let shared = &self;
-        {
-            for (name, engine) in shared.buckets.iter() {
-                set_states(&name, &*engine, &t).await;
-                for (node, vbuckets) in t.sources() {
-                    let addr = match t.kv_addr(node) {
-                        Ok(a) => a,
-                        Err(e) => {
-                            tracing::error!(bucket = %name, node, error = %e, "cannot replicate from a node");
-                            continue;
-                        }
-                    };
-                    let source = crate::replication::Source {
-                        bucket: name.clone(),
-                        engine: Arc::clone(&engine),
-                        addr,
-                        vbuckets,
-                        credentials: t.credentials(),
-                        name: format!("replication:{}->{}:{name}", node, t.this()),
-                    };
-                    tokio::spawn(crate::replication::run(source, stop_rx.clone()));
-                }
+        for (name, engine) in self.buckets.iter() {
+            set_states(&name, &*engine, &t).await;
+            for (node, vbuckets) in t.sources() {
+                let addr = match t.kv_addr(node) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::error!(bucket = %name, node, error = %e, "cannot replicate from a node");
+                        continue;
+                    }
+                };
+                let source = crate::replication::Source {
+                    bucket: name.clone(),
+                    engine: Arc::clone(&engine),
+                    addr,
+                    vbuckets,
+                    credentials: t.credentials(),
+                    name: format!("replication:{}->{}:{name}", node, t.this()),
+                };
+                tokio::spawn(crate::replication::run(source, stop_rx.clone()));
             }
         }
     }

@@ -149,6 +149,15 @@ pub(crate) fn must_get(b: &Bucket, key: &str) -> Item {
     get(b, key).unwrap()
 }
 
+/// The `i`th key (from 0) of the keys `key-N` that map to vBucket `vb`.
+pub(crate) fn key_in(vb: Vbid, i: usize) -> String {
+    (0..)
+        .map(|n| format!("key-{n}"))
+        .filter(|k| vbucket_for_key(k.as_bytes(), NUM_VBUCKETS) == vb)
+        .nth(i)
+        .unwrap()
+}
+
 /// Returns `n` distinct keys that all map to the same vBucket.
 pub(crate) fn keys_in_one_vbucket(n: usize) -> Vec<String> {
     let target = vb(b"anchor");

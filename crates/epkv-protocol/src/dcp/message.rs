@@ -370,11 +370,33 @@ pub fn encode_commit(
     prepared_seqno: u64,
     commit_seqno: u64,
 ) -> Result<(), EncodeError> {
+    encode_completion(
+        out,
+        Opcode::DcpCommit,
+        opaque,
+        vbid,
+        key,
+        prepared_seqno,
+        commit_seqno,
+    )
+}
+
+/// A DCP_COMMIT or DCP_ABORT: the prepare seqno and the completion's own seqno as
+/// extras (the two have the same 16-byte layout), the key, no value.
+fn encode_completion(
+    out: &mut impl BufMut,
+    opcode: Opcode,
+    opaque: u32,
+    vbid: Vbid,
+    key: &[u8],
+    prepared_seqno: u64,
+    seqno: u64,
+) -> Result<(), EncodeError> {
     let extras = ExtrasWriter::<COMMIT_EXTRAS_LEN>::new()
         .put(&prepared_seqno.to_be_bytes())
-        .put(&commit_seqno.to_be_bytes())
+        .put(&seqno.to_be_bytes())
         .finish();
-    builder(Opcode::DcpCommit, opaque, vbid)
+    builder(opcode, opaque, vbid)
         .extras(&extras)
         .key(key)
         .encode(out)
@@ -393,14 +415,15 @@ pub fn encode_abort(
     prepared_seqno: u64,
     abort_seqno: u64,
 ) -> Result<(), EncodeError> {
-    let extras = ExtrasWriter::<ABORT_EXTRAS_LEN>::new()
-        .put(&prepared_seqno.to_be_bytes())
-        .put(&abort_seqno.to_be_bytes())
-        .finish();
-    builder(Opcode::DcpAbort, opaque, vbid)
-        .extras(&extras)
-        .key(key)
-        .encode(out)
+    encode_completion(
+        out,
+        Opcode::DcpAbort,
+        opaque,
+        vbid,
+        key,
+        prepared_seqno,
+        abort_seqno,
+    )
 }
 
 /// Appends a DCP_STREAM_END for stream `opaque` of vBucket `vbid` (4 bytes of extras: the
