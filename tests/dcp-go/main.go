@@ -77,6 +77,7 @@ type options struct {
 	name          string
 	vbuckets      int
 	collections   bool
+	expiryOpcode  bool
 	bufferSize    int
 	statePath     string
 	end           string
@@ -99,6 +100,7 @@ func parseFlags() options {
 	flag.StringVar(&o.name, "name", "epkv-dcp-check", "DCP connection name (DCP_OPEN key)")
 	flag.IntVar(&o.vbuckets, "vbuckets", 1024, "stream vBuckets 0..N-1 (at most the bucket's vBucket count)")
 	flag.BoolVar(&o.collections, "collections", false, "HELLO collections, so that the DCP connection is collection-aware")
+	flag.BoolVar(&o.expiryOpcode, "expiry-opcode", false, "DCP_CONTROL enable_expiry_opcode, so that expiries arrive as DCP_EXPIRATION")
 	flag.IntVar(&o.bufferSize, "buffer-size", 1<<20,
 		"flow control: DCP_CONTROL connection_buffer_size in bytes, acknowledged with DCP_BUFFER_ACKNOWLEDGEMENT every half buffer; 0 turns flow control off")
 	flag.StringVar(&o.statePath, "state", "",
@@ -363,6 +365,7 @@ func run(o options) int {
 		DCPConfig: gocbcore.DCPConfig{
 			BufferSize:                   o.bufferSize,
 			DisableBufferAcknowledgement: o.bufferSize <= 0,
+			UseExpiryOpcode:              o.expiryOpcode,
 		},
 	}
 	agent, err := gocbcore.CreateDcpAgent(&config, o.name, memd.DcpOpenFlagProducer)

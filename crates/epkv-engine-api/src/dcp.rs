@@ -30,6 +30,8 @@ pub enum DcpEndReason {
     Slow,
     /// Reading the vBucket from disk failed.
     BackfillFailed,
+    /// Every collection (or the scope) the stream's filter named was dropped.
+    FilterEmpty,
 }
 
 impl DcpEndReason {
@@ -42,6 +44,7 @@ impl DcpEndReason {
             Self::StateChanged => 2,
             Self::Slow => 4,
             Self::BackfillFailed => 5,
+            Self::FilterEmpty => 7,
         }
     }
 }
@@ -89,6 +92,17 @@ pub enum DcpEvent {
     Mutation(DcpDocument),
     /// A document deleted.
     Deletion(DcpDocument),
+    /// A document deleted because it expired (a front end whose client did not enable
+    /// the expiry opcode sends it as a deletion).
+    Expiration(DcpDocument),
+    /// A scope or collection created or dropped, at `seqno` (only to clients that
+    /// negotiated collections).
+    System {
+        /// The seqno the vBucket gave the change.
+        seqno: u64,
+        /// What changed.
+        event: CollectionEvent,
+    },
     /// A SyncWrite's prepare (only on streams that asked for sync replication).
     Prepare {
         /// The prepared document (deleted when the SyncWrite deletes).
@@ -127,7 +141,11 @@ impl DcpEvent {
     #[must_use]
     pub fn seqno(&self) -> Option<u64> {
         match self {
-            Self::Mutation(d) | Self::Deletion(d) | Self::Prepare { doc: d, .. } => Some(d.seqno),
+            Self::Mutation(d)
+            | Self::Deletion(d)
+            | Self::Expiration(d)
+            | Self::Prepare { doc: d, .. } => Some(d.seqno),
+            Self::System { seqno, .. } => Some(*seqno),
             Self::Commit { commit_seqno, .. } => Some(*commit_seqno),
             Self::Abort { abort_seqno, .. } => Some(*abort_seqno),
             Self::SnapshotMarker { .. } | Self::End(_) => None,
@@ -140,12 +158,138 @@ impl DcpEvent {
         const HEADER: usize = 24;
         match self {
             Self::Mutation(d) => HEADER + 31 + d.key.len() + d.value.len(),
-            Self::Deletion(d) => HEADER + 21 + d.key.len() + d.value.len(),
+            Self::Deletion(d) | Self::Expiration(d) => HEADER + 21 + d.key.len() + d.value.len(),
+            Self::System { event, .. } => HEADER + 13 + event.name.len() + 20,
             Self::Prepare { doc, .. } => HEADER + 31 + doc.key.len() + doc.value.len(),
             Self::Commit { key, .. } | Self::Abort { key, .. } => HEADER + 16 + key.len(),
             Self::SnapshotMarker { .. } => HEADER + 20,
             Self::End(_) => HEADER + 4,
         }
+    }
+}
+
+/// What a [`CollectionEvent`] records; the values are DCP_SYSTEM_EVENT's event ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CollectionEventKind {
+    /// A collection was created.
+    CreateCollection,
+    /// A collection was dropped.
+    DropCollection,
+    /// A scope was created.
+    CreateScope,
+    /// A scope was dropped.
+    DropScope,
+}
+
+impl CollectionEventKind {
+    /// The DCP_SYSTEM_EVENT event id.
+    #[must_use]
+    pub fn id(self) -> u32 {
+        match self {
+            Self::CreateCollection => 0,
+            Self::DropCollection => 1,
+            Self::CreateScope => 3,
+            Self::DropScope => 4,
+        }
+    }
+
+    /// The kind of event id `id`, if it is one of these.
+    #[must_use]
+    pub fn from_id(id: u32) -> Option<Self> {
+        Some(match id {
+            0 => Self::CreateCollection,
+            1 => Self::DropCollection,
+            3 => Self::CreateScope,
+            4 => Self::DropScope,
+            _ => return None,
+        })
+    }
+}
+
+/// A scope or collection change, as a vBucket records it and DCP_SYSTEM_EVENT carries it
+/// (kv_engine's `docs/dcp/documentation/commands/system_event.md`, versions 0 and 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectionEvent {
+    /// What changed.
+    pub kind: CollectionEventKind,
+    /// The manifest uid the vBucket has completely applied with this event (the new
+    /// manifest's on the last event of a change, the previous one's on those before).
+    pub manifest_uid: u64,
+    /// The scope (of the collection, for collection events).
+    pub scope_id: u32,
+    /// The collection (0 for scope events).
+    pub collection_id: u32,
+    /// The name created (empty for drops).
+    pub name: String,
+    /// A created collection's maxTTL in seconds, if it has one.
+    pub max_ttl: Option<u32>,
+}
+
+impl CollectionEvent {
+    /// The version of the value [`Self::encode_value`] writes: 1 for a collection
+    /// created with a maxTTL, else 0.
+    #[must_use]
+    pub fn version(&self) -> u8 {
+        u8::from(self.kind == CollectionEventKind::CreateCollection && self.max_ttl.is_some())
+    }
+
+    /// Appends the event's DCP value (network byte order): manifest uid, scope id, then
+    /// for collection events the collection id and, in version 1, the maxTTL.
+    pub fn encode_value(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.manifest_uid.to_be_bytes());
+        out.extend_from_slice(&self.scope_id.to_be_bytes());
+        if matches!(
+            self.kind,
+            CollectionEventKind::CreateCollection | CollectionEventKind::DropCollection
+        ) {
+            out.extend_from_slice(&self.collection_id.to_be_bytes());
+        }
+        if self.version() == 1 {
+            out.extend_from_slice(&self.max_ttl.unwrap_or(0).to_be_bytes());
+        }
+    }
+
+    /// Reads a DCP_SYSTEM_EVENT's event id, version, key and value back.
+    ///
+    /// # Errors
+    /// A description when the event id is not a scope or collection event, or the value
+    /// does not have the length its version gives.
+    pub fn decode(id: u32, version: u8, key: &[u8], value: &[u8]) -> Result<Self, String> {
+        let kind = CollectionEventKind::from_id(id).ok_or(format!("unknown system event {id}"))?;
+        let collection = matches!(
+            kind,
+            CollectionEventKind::CreateCollection | CollectionEventKind::DropCollection
+        );
+        let want = match (collection, version) {
+            (false, 0) => 12,
+            (true, 0) => 16,
+            (true, 1) if kind == CollectionEventKind::CreateCollection => 20,
+            _ => return Err(format!("system event {id}: unknown version {version}")),
+        };
+        if value.len() != want {
+            return Err(format!(
+                "system event {id} version {version}: {} value bytes, not {want}",
+                value.len()
+            ));
+        }
+        let u32_at = |i: usize| {
+            let mut b = [0; 4];
+            b.copy_from_slice(&value[i..i + 4]);
+            u32::from_be_bytes(b)
+        };
+        let mut uid = [0; 8];
+        uid.copy_from_slice(&value[..8]);
+        let name = std::str::from_utf8(key)
+            .map_err(|_| format!("system event {id}: the name is not UTF-8"))?
+            .to_owned();
+        Ok(Self {
+            kind,
+            manifest_uid: u64::from_be_bytes(uid),
+            scope_id: u32_at(8),
+            collection_id: if collection { u32_at(12) } else { 0 },
+            name,
+            max_ttl: (version == 1).then(|| u32_at(16)).filter(|t| *t > 0),
+        })
     }
 }
 
@@ -165,8 +309,10 @@ pub struct DcpStreamRequest {
     /// Send prepares, commits and aborts (DCP_CONTROL `enable_sync_replication`);
     /// otherwise committed changes only.
     pub sync_replication: bool,
-    /// Only these collections (`None`: all of them).
+    /// Only these collections (`None`: all of them, or the scope's).
     pub collections: Option<Vec<u32>>,
+    /// Only the collections of this scope, including those created later.
+    pub scope: Option<u32>,
 }
 
 /// Why a stream cannot start.

@@ -454,7 +454,7 @@ impl Bucket {
             by_seqno: epkv_types::Seqno(d.seqno),
             flags: d.flags,
             expiry: d.expiry,
-            datatype: epkv_types::Datatype(d.datatype),
+            datatype: crate::vbucket::client_datatype(d.datatype),
             ..ItemMeta::default()
         };
         let (sv, seqno, live) = match &doc {

@@ -4,7 +4,7 @@
 use crate::expiry_pager::ExpiryPager;
 use crate::persistence::{PersistedFuture, Persistence, RETRY_AFTER};
 use crate::stats::{Counter, Counters};
-use crate::vbucket::{Assigned, VBucket, WarmupPhase};
+use crate::vbucket::{Assigned, DeleteSource, VBucket, WarmupPhase};
 use crate::{BucketConfig, EngineClock, Result};
 use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, Item, MutationInfo};
 use epkv_executor::{Clock, OffsetClock};
@@ -346,6 +346,12 @@ impl Bucket {
             task_executor: std::sync::OnceLock::new(),
         });
         let _ = bucket.self_ref.set(Arc::downgrade(&bucket));
+        let weak = Arc::downgrade(&bucket);
+        bucket.collections.set_on_change(Box::new(move |events| {
+            if let Some(b) = weak.upgrade() {
+                b.record_collection_events(events);
+            }
+        }));
         Self::start_tasks(&bucket, executor)?;
         if !interval.is_zero() {
             ExpiryPager::start(&bucket, interval)?;
@@ -909,8 +915,12 @@ impl Bucket {
             }
             removed += vb.table.retain(|sv| {
                 if expired(sv.meta(), &now) {
-                    let (_, woke) =
-                        vb.assign_deletion_queued(now.nanos(), sv.meta().rev_seqno + 1, sv.key());
+                    let (_, woke) = vb.assign_deletion_queued(
+                        now.nanos(),
+                        sv.meta().rev_seqno + 1,
+                        sv.key(),
+                        DeleteSource::Expiry,
+                    );
                     self.queued(vb, woke);
                     false
                 } else {
@@ -992,7 +1002,7 @@ impl Bucket {
             }
             _ => return false,
         }
-        self.delete_entry(vb, e, now);
+        self.delete_entry(vb, e, now, DeleteSource::Expiry);
         true
     }
 
@@ -1005,6 +1015,7 @@ impl Bucket {
         vb: &VBucket,
         e: &mut Entry<'_>,
         now: &LazyNow<'_>,
+        source: DeleteSource,
     ) -> Assigned {
         let (meta, kept) = match e.get() {
             Some(sv) => (*sv.meta(), system_section(sv)),
@@ -1021,7 +1032,7 @@ impl Bucket {
                 .and_then(|t| e.insert(t).ok());
             if stored.is_some() {
                 let none = crate::xattrs::Patches::default();
-                let a = self.commit_stored(vb, e, now, Some(meta.rev_seqno), &none);
+                let a = self.commit_stored(vb, e, now, Some(meta.rev_seqno), &none, source);
                 if !vb.is_persistent() {
                     e.mark_clean(a.seqno);
                 }
@@ -1029,7 +1040,7 @@ impl Bucket {
             }
             tracing::error!(vbid = %vb.id, "cannot keep a deleted document's system attributes in memory; they are dropped");
         }
-        let (a, woke) = vb.assign_deletion_queued(now.nanos(), meta.rev_seqno + 1, e.key());
+        let (a, woke) = vb.assign_deletion_queued(now.nanos(), meta.rev_seqno + 1, e.key(), source);
         Self::remove_deleted(vb, e, &a, meta.rev_seqno + 1);
         self.queued(vb, woke);
         a
@@ -1104,6 +1115,7 @@ impl Bucket {
         now: &LazyNow<'_>,
         old_rev: Option<u64>,
         patches: &crate::xattrs::Patches,
+        source: DeleteSource,
     ) -> Assigned {
         let deleted = e.committed().is_some_and(StoredValue::is_deleted);
         if let Some(sv) = e.committed() {
@@ -1124,7 +1136,11 @@ impl Bucket {
         let (a, woke) = vb.assign_queued(now.nanos(), deleted_rev, |a| {
             patch(e, a);
             patched = true;
-            document_of(e, a, old_rev.map_or(a.new_key_rev, |r| r + 1), None)
+            let mut doc = document_of(e, a, old_rev.map_or(a.new_key_rev, |r| r + 1), None);
+            if doc.deleted {
+                doc.datatype |= source.tombstone_bits();
+            }
+            doc
         });
         if !patched {
             patch(e, &a);
@@ -1159,7 +1175,7 @@ impl Bucket {
             Some(d) => self.prepare_version(vb, e, sv, now, old_rev, patches, d),
             None => {
                 self.insert_or_tempfail(e, sv)?;
-                Ok(self.commit_stored(vb, e, now, old_rev, patches))
+                Ok(self.commit_stored(vb, e, now, old_rev, patches, DeleteSource::Explicit))
             }
         }
     }

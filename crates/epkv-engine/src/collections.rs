@@ -18,6 +18,7 @@
 //! - The manifest is kept in `collections.json` in the bucket's data directory, written
 //!   atomically (temporary file, fsync, rename, fsync of the directory).
 
+use epkv_engine_api::dcp::{CollectionEvent, CollectionEventKind};
 use epkv_engine_api::{EngineResult, EngineStatus};
 use epkv_types::doc_key::{self, DEFAULT_COLLECTION};
 use parking_lot::{Mutex, RwLock};
@@ -241,7 +242,12 @@ pub struct Collections {
     file: Option<PathBuf>,
     /// Serializes changes (and their file writes).
     change: Mutex<()>,
+    /// Records a change's events in the vBuckets ([`Self::set_on_change`]).
+    on_change: std::sync::OnceLock<ChangeHook>,
 }
+
+/// What [`Collections::set_on_change`] installs.
+type ChangeHook = Box<dyn Fn(&[CollectionEvent]) + Send + Sync>;
 
 impl std::fmt::Debug for Collections {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -276,6 +282,7 @@ impl Collections {
             any_named: AtomicBool::new(false),
             file,
             change: Mutex::new(()),
+            on_change: std::sync::OnceLock::new(),
         };
         c.install(manifest);
         Ok(c)
@@ -426,13 +433,43 @@ impl Collections {
         Ok((m.uid, s.id))
     }
 
+    /// Installs what records each change's scope and collection events in the vBuckets
+    /// (the bucket's [`crate::system_events`]); called once, when the bucket is built.
+    pub(crate) fn set_on_change(&self, hook: ChangeHook) {
+        let _ = self.on_change.set(hook);
+    }
+
     /// Applies `change` to a copy of the manifest, persists it, then installs it;
-    /// returns the new uid.
-    fn update(&self, change: impl FnOnce(&mut Manifest) -> EngineResult<()>) -> EngineResult<u64> {
+    /// returns the new uid. The events `change` returns (their manifest uids are set
+    /// here: the new uid on the last, the previous one on the others) are recorded with
+    /// the change lock held: creations before the manifest is installed, drops after it
+    /// (see [`crate::system_events`]).
+    fn update(
+        &self,
+        change: impl FnOnce(&mut Manifest) -> EngineResult<Vec<CollectionEvent>>,
+    ) -> EngineResult<u64> {
         let _one_at_a_time = self.change.lock();
         let mut m = (*self.manifest()).clone();
-        change(&mut m)?;
+        let mut events = change(&mut m)?;
+        let previous = m.uid;
         m.uid += 1;
+        let count = events.len();
+        for (i, ev) in events.iter_mut().enumerate() {
+            ev.manifest_uid = if i + 1 == count { m.uid } else { previous };
+        }
+        let (creations, drops): (Vec<_>, Vec<_>) = events.into_iter().partition(|e| {
+            matches!(
+                e.kind,
+                CollectionEventKind::CreateCollection | CollectionEventKind::CreateScope
+            )
+        });
+        let record = |events: &[CollectionEvent]| {
+            if let Some(hook) = self.on_change.get()
+                && !events.is_empty()
+            {
+                hook(events);
+            }
+        };
         if let Some(f) = &self.file {
             epkv_types::fs::write_atomically(f, &serde_json::to_vec_pretty(&m.to_file_json()).unwrap_or_default())
                 .map_err(|e| {
@@ -441,7 +478,9 @@ impl Collections {
                 })?;
         }
         let uid = m.uid;
+        record(&creations);
         self.install(m);
+        record(&drops);
         Ok(uid)
     }
 
@@ -460,13 +499,20 @@ impl Collections {
             if m.scopes.len() >= MAX_SCOPES {
                 return Err(EngineStatus::TooBig);
             }
+            let id = m.next_id;
             m.scopes.push(ScopeEntry {
-                id: m.next_id,
+                id,
                 name: name.into(),
                 collections: Vec::new(),
             });
             m.next_id += 1;
-            Ok(())
+            Ok(vec![event(
+                CollectionEventKind::CreateScope,
+                id,
+                0,
+                name,
+                None,
+            )])
         })
     }
 
@@ -486,7 +532,13 @@ impl Collections {
                 .ok_or(EngineStatus::UnknownScope)?;
             let s = m.scopes.remove(i);
             m.dropped.extend(s.collections.iter().map(|c| c.id));
-            Ok(())
+            let mut events: Vec<_> = s
+                .collections
+                .iter()
+                .map(|c| event(CollectionEventKind::DropCollection, s.id, c.id, "", None))
+                .collect();
+            events.push(event(CollectionEventKind::DropScope, s.id, 0, "", None));
+            Ok(events)
         })
     }
 
@@ -508,13 +560,21 @@ impl Collections {
             if s.collections.iter().any(|c| c.name == name) {
                 return Err(EngineStatus::KeyExists);
             }
+            let max_ttl = (max_ttl > 0).then_some(max_ttl);
             s.collections.push(CollectionEntry {
                 id,
                 name: name.into(),
-                max_ttl: (max_ttl > 0).then_some(max_ttl),
+                max_ttl,
             });
+            let sid = s.id;
             m.next_id += 1;
-            Ok(())
+            Ok(vec![event(
+                CollectionEventKind::CreateCollection,
+                sid,
+                id,
+                name,
+                max_ttl,
+            )])
         })
     }
 
@@ -531,8 +591,15 @@ impl Collections {
                 .position(|c| c.name == name)
                 .ok_or(EngineStatus::UnknownCollection)?;
             let c = s.collections.remove(i);
+            let sid = s.id;
             m.dropped.push(c.id);
-            Ok(())
+            Ok(vec![event(
+                CollectionEventKind::DropCollection,
+                sid,
+                c.id,
+                "",
+                None,
+            )])
         })
     }
 
@@ -543,8 +610,26 @@ impl Collections {
         }
         let _ = self.update(|m| {
             m.dropped.retain(|d| !purged.contains(d));
-            Ok(())
+            Ok(Vec::new())
         });
+    }
+}
+
+/// A change's event, its manifest uid set by [`Collections::update`].
+fn event(
+    kind: CollectionEventKind,
+    scope_id: u32,
+    collection_id: u32,
+    name: &str,
+    max_ttl: Option<u32>,
+) -> CollectionEvent {
+    CollectionEvent {
+        kind,
+        manifest_uid: 0,
+        scope_id,
+        collection_id,
+        name: name.into(),
+        max_ttl,
     }
 }
 

@@ -34,8 +34,8 @@ use crate::bucket::Bucket;
 use crate::vbucket::VBucket;
 use epkv_engine_api::EngineStatus;
 use epkv_engine_api::dcp::{
-    DcpDocument, DcpEndReason, DcpEvent, DcpStream, DcpStreamError, DcpStreamRequest,
-    SNAPSHOT_CHECKPOINT, SNAPSHOT_DISK, SNAPSHOT_MEMORY,
+    CollectionEvent, CollectionEventKind, DcpDocument, DcpEndReason, DcpEvent, DcpStream,
+    DcpStreamError, DcpStreamRequest, SNAPSHOT_CHECKPOINT, SNAPSHOT_DISK, SNAPSHOT_MEMORY,
 };
 use epkv_hashtable::MemoryTracker;
 use epkv_storage::{Document, ScanControl};
@@ -64,6 +64,8 @@ pub(crate) enum LogKind {
     Commit(u64),
     /// The abort of the prepare with this seqno.
     Abort(u64),
+    /// A scope or collection change ([`crate::system_events`]).
+    System,
 }
 
 /// One change in the log: what it is and the document the flusher persists for it.
@@ -265,6 +267,100 @@ enum Phase {
     Done,
 }
 
+/// Which collections a stream sends, and their scope and collection events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Filter {
+    /// Every collection and every event.
+    All,
+    /// These collections, and their creation and drop; when the last one is dropped the
+    /// stream ends ([`DcpEndReason::FilterEmpty`]).
+    Collections(Vec<u32>),
+    /// The collections of this scope (created before or after the stream began), their
+    /// events and the scope's drop, which ends the stream.
+    Scope(u32),
+}
+
+impl Filter {
+    /// Whether a document of stored key `key` (a prepare's or a committed one) passes.
+    fn wants(&self, b: &Bucket, key: &[u8]) -> bool {
+        let cid = match crate::durability::prepared_key_of(key) {
+            Some(k) => epkv_types::doc_key::collection_of(k),
+            None => epkv_types::doc_key::collection_of(key),
+        };
+        match self {
+            Self::All => true,
+            Self::Collections(c) => c.contains(&cid),
+            Self::Scope(sid) => b
+                .collections
+                .manifest()
+                .collection(cid)
+                .is_some_and(|(s, _)| s.id == *sid),
+        }
+    }
+
+    /// Whether `ev` passes, and whether the filter is empty after it (the stream ends
+    /// once it is sent).
+    fn on_event(&mut self, ev: &CollectionEvent) -> (bool, bool) {
+        let collection_event = matches!(
+            ev.kind,
+            CollectionEventKind::CreateCollection | CollectionEventKind::DropCollection
+        );
+        match self {
+            Self::All => (true, false),
+            Self::Collections(c) => {
+                if !collection_event || !c.contains(&ev.collection_id) {
+                    return (false, false);
+                }
+                if ev.kind == CollectionEventKind::DropCollection {
+                    c.retain(|id| *id != ev.collection_id);
+                }
+                (true, c.is_empty())
+            }
+            Self::Scope(sid) => {
+                if ev.scope_id != *sid {
+                    return (false, false);
+                }
+                (true, ev.kind == CollectionEventKind::DropScope)
+            }
+        }
+    }
+}
+
+/// The event a stream with `filter` sends for the change `doc` of `kind`, if any. Sets
+/// `emptied` when the change empties the filter. A committed change of a collection that
+/// no longer exists is not sent (as a backfill skips them), so that a write racing a
+/// drop never reaches a client after the drop's event.
+fn select(
+    filter: &mut Filter,
+    b: &Bucket,
+    sync: bool,
+    kind: LogKind,
+    doc: Document,
+    emptied: &mut bool,
+) -> Option<DcpEvent> {
+    if kind == LogKind::System {
+        let ev = event_of(kind, doc, sync)?;
+        let DcpEvent::System { event, .. } = &ev else {
+            return None;
+        };
+        let (wanted, empty) = filter.on_event(event);
+        *emptied = empty;
+        return wanted.then_some(ev);
+    }
+    if !filter.wants(b, &doc.key) {
+        return None;
+    }
+    let committed = match kind {
+        LogKind::Mutation | LogKind::Deletion => true,
+        LogKind::Commit(_) => !sync,
+        _ => false,
+    };
+    if committed && b.collections.check_key(&doc.key).is_err() {
+        return None;
+    }
+    event_of(kind, doc, sync)
+}
+
 /// One vBucket's stream (see the module docs).
 pub(crate) struct Stream {
     bucket: Weak<Bucket>,
@@ -273,7 +369,7 @@ pub(crate) struct Stream {
     cursor: u64,
     end: u64,
     sync: bool,
-    collections: Option<Vec<u32>>,
+    filter: Filter,
     phase: Phase,
 }
 
@@ -344,7 +440,11 @@ impl Bucket {
             cursor: req.start_seqno,
             end: req.end_seqno,
             sync: req.sync_replication,
-            collections: req.collections,
+            filter: match (req.collections, req.scope) {
+                (Some(c), _) => Filter::Collections(c),
+                (None, Some(sid)) => Filter::Scope(sid),
+                (None, None) => Filter::All,
+            },
             phase: Phase::Memory,
         }))
     }
@@ -373,17 +473,26 @@ fn event_of(kind: LogKind, doc: Document, sync: bool) -> Option<DcpEvent> {
         cas: doc.cas,
         flags: doc.flags,
         expiry: doc.expiry,
-        datatype: doc.datatype & !crate::durability::PREPARE_DELETES,
+        datatype: crate::vbucket::client_datatype(doc.datatype).0,
     };
-    // A committed change: a mutation, or a deletion when its document is a tombstone.
+    // A committed change: a mutation, or a deletion (an expiration, when the expiry
+    // pass or an access found it expired) when its document is a tombstone.
     let committed = |doc: Document| {
-        if doc.deleted {
-            DcpEvent::Deletion(document(doc))
-        } else {
+        if !doc.deleted {
             DcpEvent::Mutation(document(doc))
+        } else if doc.datatype & crate::vbucket::EXPIRED_TOMBSTONE != 0 {
+            DcpEvent::Expiration(document(doc))
+        } else {
+            DcpEvent::Deletion(document(doc))
         }
     };
     match kind {
+        LogKind::System => {
+            crate::system_events::event_of_document(&doc).map(|event| DcpEvent::System {
+                seqno: doc.seqno,
+                event,
+            })
+        }
         LogKind::Mutation | LogKind::Deletion => Some(committed(doc)),
         // Without sync replication a commit is the committed change itself.
         LogKind::Commit(_) if !sync => Some(committed(doc)),
@@ -414,14 +523,6 @@ fn event_of(kind: LogKind, doc: Document, sync: bool) -> Option<DcpEvent> {
 }
 
 impl Stream {
-    fn wanted(&self, key: &[u8]) -> bool {
-        let cid = match crate::durability::prepared_key_of(key) {
-            Some(k) => epkv_types::doc_key::collection_of(k),
-            None => epkv_types::doc_key::collection_of(key),
-        };
-        self.collections.as_ref().is_none_or(|c| c.contains(&cid))
-    }
-
     fn end(&mut self, reason: DcpEndReason, out: &mut Vec<DcpEvent>) -> Poll<()> {
         if let Some(b) = self.bucket.upgrade()
             && let Some(vb) = b.vbuckets.get(usize::from(self.vbid.0))
@@ -444,20 +545,28 @@ impl Stream {
         match vb.dcp.read(self.cursor, self.end, budget, cx) {
             Read::Empty => Poll::Pending,
             Read::Entries(entries) => {
-                let last = entries.last().map_or(self.cursor, |e| e.doc.seqno);
+                let mut last = self.cursor;
                 let mut events = Vec::with_capacity(entries.len());
                 let mut max_visible = 0;
+                let mut emptied = false;
                 for e in entries {
+                    last = e.doc.seqno;
                     if matches!(
                         e.kind,
-                        LogKind::Mutation | LogKind::Deletion | LogKind::Commit(_)
+                        LogKind::Mutation
+                            | LogKind::Deletion
+                            | LogKind::Commit(_)
+                            | LogKind::System
                     ) {
                         max_visible = e.doc.seqno;
                     }
-                    if self.wanted(&e.doc.key)
-                        && let Some(ev) = event_of(e.kind, e.doc, self.sync)
+                    if let Some(ev) =
+                        select(&mut self.filter, b, self.sync, e.kind, e.doc, &mut emptied)
                     {
                         events.push(ev);
+                    }
+                    if emptied {
+                        break;
                     }
                 }
                 let sent = !events.is_empty();
@@ -472,6 +581,9 @@ impl Stream {
                     out.extend(events);
                 }
                 self.cursor = last;
+                if emptied {
+                    return self.end(DcpEndReason::FilterEmpty, out);
+                }
                 if self.cursor >= self.end {
                     return self.end(DcpEndReason::Ok, out);
                 }
@@ -524,7 +636,9 @@ impl Stream {
         let mut last = self.cursor;
         let mut max_visible = 0;
         let mut stopped = false;
+        let mut emptied = false;
         let sync = self.sync;
+        let filter = &mut self.filter;
         let scanned = p.scan_by_seqno(self.vbid, self.cursor + 1, upto, &mut |d: Document| {
             if size >= budget {
                 stopped = true;
@@ -535,15 +649,9 @@ impl Stream {
             if !prepare {
                 max_visible = d.seqno;
             }
-            if !self.wanted(&d.key)
-                || !b
-                    .collections
-                    .is_live(epkv_types::doc_key::collection_of(&d.key))
-                    && !prepare
-            {
-                return ScanControl::Continue;
-            }
-            let kind = if prepare {
+            let kind = if crate::system_events::is_system_key(&d.key) {
+                LogKind::System
+            } else if prepare {
                 if d.deleted || d.seqno <= hcs {
                     // Aborted or completed: its outcome is what the snapshot carries.
                     return ScanControl::Continue;
@@ -555,9 +663,13 @@ impl Stream {
             } else {
                 LogKind::Mutation
             };
-            if let Some(ev) = event_of(kind, d, sync) {
+            if let Some(ev) = select(filter, b, sync, kind, d, &mut emptied) {
                 size += ev.wire_size();
                 events.push(ev);
+            }
+            if emptied {
+                stopped = true;
+                return ScanControl::Stop;
             }
             ScanControl::Continue
         });
@@ -576,6 +688,10 @@ impl Stream {
         }
         let sent_marker = marker || !events.is_empty();
         out.extend(events);
+        if emptied {
+            self.cursor = last;
+            return self.end(DcpEndReason::FilterEmpty, out);
+        }
         if stopped {
             self.cursor = last;
             self.phase = Phase::Backfill {

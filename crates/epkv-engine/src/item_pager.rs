@@ -375,7 +375,12 @@ impl Bucket {
         }
         if delete {
             let (rev, key) = (sv.meta().rev_seqno, sv.key_bytes());
-            let (_, woke) = vb.assign_deletion_queued(now.nanos(), rev + 1, &key);
+            let (_, woke) = vb.assign_deletion_queued(
+                now.nanos(),
+                rev + 1,
+                &key,
+                crate::vbucket::DeleteSource::Explicit,
+            );
             item.remove();
             self.queued(vb, woke);
             self.counters.incr(Counter::PagerDeletes);

@@ -211,6 +211,7 @@ mod stat_groups;
 mod stats;
 mod subdoc;
 mod subdoc_ops;
+mod system_events;
 mod vbucket;
 mod xattrs;
 

@@ -9,7 +9,7 @@ use crate::bucket::{
 };
 use crate::counter_value;
 use crate::stats::Counter;
-use crate::vbucket::{Assigned, VBucket};
+use crate::vbucket::{Assigned, DeleteSource, VBucket};
 use epkv_engine_api::xattr;
 use epkv_engine_api::{
     ArithmeticOp, ArithmeticRequest, DocMeta, EngineResult, EngineStatus, Expiry, Item, KeyState,
@@ -509,7 +509,7 @@ impl Bucket {
             }
             let a = match &req.durability {
                 Some(d) => self.prepare_deletion(vb, e, &now, d)?,
-                None => self.delete_entry(vb, e, &now),
+                None => self.delete_entry(vb, e, &now, DeleteSource::Explicit),
             };
             Ok(Self::mutation_info(vb, a))
         });

@@ -800,8 +800,11 @@ impl Persistence {
                     // the item pager and the expiry pass remove them.
                     let mut bytes = 0;
                     for d in &c.docs {
-                        // A prepare's document is not in the table under its stored key.
-                        if crate::durability::prepared_key_of(&d.key).is_none() {
+                        // A prepare's document is not in the table under its stored key,
+                        // and a system event's is not in it at all.
+                        if crate::durability::prepared_key_of(&d.key).is_none()
+                            && !crate::system_events::is_system_key(&d.key)
+                        {
                             vb.table.with_entry(&d.key, |e| {
                                 e.mark_clean(epkv_types::Seqno(d.seqno));
                             });
@@ -1342,7 +1345,7 @@ impl Persistence {
                 by_seqno: epkv_types::Seqno(d.seqno),
                 flags: d.flags,
                 expiry: d.expiry,
-                datatype: epkv_types::Datatype(d.datatype),
+                datatype: crate::vbucket::client_datatype(d.datatype),
                 ..epkv_hashtable::ItemMeta::default()
             };
             // Under the low watermark: the whole document. Past it: key and metadata

@@ -28,7 +28,7 @@
 
 use crate::bucket::{Bucket, LazyNow, document_of, expired, item_of};
 use crate::durability::{PREPARE_DELETES, Passive, prepare_key};
-use crate::vbucket::{SyncStep, VBucket, tombstone_document};
+use crate::vbucket::{DeleteSource, SyncStep, VBucket, tombstone_document};
 use epkv_engine_api::dcp::DcpDocument;
 use epkv_engine_api::{DcpEvent, EngineResult, EngineStatus, Item};
 use epkv_hashtable::{CommittedState, ItemMeta, StoredValue};
@@ -98,9 +98,19 @@ impl Bucket {
             return Err(EngineStatus::Invalid);
         }
         let (doc, deleted) = match event {
-            DcpEvent::Mutation(d) => (d, false),
-            DcpEvent::Deletion(d) => (d, true),
+            DcpEvent::Mutation(d) => (d, None),
+            DcpEvent::Deletion(d) => (d, Some(DeleteSource::Explicit)),
+            DcpEvent::Expiration(d) => (d, Some(DeleteSource::Expiry)),
             DcpEvent::SnapshotMarker { .. } | DcpEvent::End(_) => return Ok(()),
+            DcpEvent::System { seqno, event } => {
+                // Kept for the streams this vBucket serves once promoted; the node's
+                // own manifest is not changed by it.
+                let (_, woke) = vb.assign_replicated(seqno, 0, None, None, |a| {
+                    crate::system_events::document(&event, a)
+                });
+                self.queued(vb, woke);
+                return Ok(());
+            }
             DcpEvent::Prepare {
                 doc,
                 deleted,
@@ -119,9 +129,11 @@ impl Bucket {
         };
         let rev = doc.rev_seqno;
         vb.table.with_entry(&doc.key, |e| {
-            if deleted {
+            if let Some(source) = deleted {
                 let (a, woke) = vb.assign_replicated(doc.seqno, doc.cas, Some(rev), None, |a| {
-                    tombstone_document(doc.key.clone(), a, rev)
+                    let mut t = tombstone_document(doc.key.clone(), a, rev);
+                    t.datatype |= source.tombstone_bits();
+                    t
                 });
                 Self::remove_deleted(vb, e, &a, rev);
                 self.queued(vb, woke);

@@ -152,6 +152,36 @@ pub(crate) struct VBucket {
     pub(crate) dcp: crate::dcp::DcpLog,
 }
 
+/// Datatype bit of a tombstone the expiry of its document made (on disk and in the DCP
+/// log; never a client bit, and masked off wherever a stored datatype is read back), so
+/// that DCP streams send it as an expiration, from memory or from disk.
+pub(crate) const EXPIRED_TOMBSTONE: u8 = 0x40;
+
+/// The datatype a stored document's `datatype` byte gives clients: its client bits only
+/// (without [`EXPIRED_TOMBSTONE`] or a prepare's mark).
+pub(crate) fn client_datatype(stored: u8) -> epkv_types::Datatype {
+    epkv_types::Datatype(stored).intersect(epkv_types::Datatype::ALL)
+}
+
+/// Why a document is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeleteSource {
+    /// A client (or the item pager of a memory-only bucket) deleted it.
+    Explicit,
+    /// It expired.
+    Expiry,
+}
+
+impl DeleteSource {
+    /// The datatype bits its tombstone carries.
+    pub(crate) fn tombstone_bits(self) -> u8 {
+        match self {
+            Self::Explicit => 0,
+            Self::Expiry => EXPIRED_TOMBSTONE,
+        }
+    }
+}
+
 /// The document the flusher persists for a deletion of `key` at `a` (revision `rev`).
 pub(crate) fn tombstone_document(key: Vec<u8>, a: &Assigned, rev: u64) -> Document {
     Document {
@@ -435,21 +465,54 @@ impl VBucket {
             cas: Cas(o.max_cas),
             new_key_rev: o.max_deleted_rev + 1,
         };
-        let dcp = self.dcp.is_on();
-        let woke = if self.persistent || dcp {
-            let doc = make(&a);
-            if dcp {
-                let kind = if deleted_rev.is_some() {
-                    crate::dcp::LogKind::Deletion
-                } else {
-                    crate::dcp::LogKind::Mutation
-                };
-                self.dcp.append(kind, &doc, self.table.tracker());
-            }
-            self.persistent && self.persist.queue(doc)
+        let kind = if deleted_rev.is_some() {
+            crate::dcp::LogKind::Deletion
         } else {
-            false
+            crate::dcp::LogKind::Mutation
         };
+        let woke = self.log_and_queue(kind, &a, make);
+        (a, woke)
+    }
+
+    /// With the ordering lock held: builds the change's document when it is persisted or
+    /// streamed, appends it to the DCP log as `kind` and queues it for the flusher.
+    /// Returns whether the queue was empty.
+    fn log_and_queue(
+        &self,
+        kind: crate::dcp::LogKind,
+        a: &Assigned,
+        make: impl FnOnce(&Assigned) -> Document,
+    ) -> bool {
+        let dcp = self.dcp.is_on();
+        if !self.persistent && !dcp {
+            return false;
+        }
+        let doc = make(a);
+        if dcp {
+            self.dcp.append(kind, &doc, self.table.tracker());
+        }
+        self.persistent && self.persist.queue(doc)
+    }
+
+    /// The ordering point of a scope or collection change (a system event, see
+    /// [`crate::system_events`]): the next seqno and a CAS, the document `make` builds
+    /// logged for DCP and queued when persistent. Takes no stripe lock (no key of the
+    /// hash table is involved). Returns whether the queue was empty.
+    pub(crate) fn assign_system(
+        &self,
+        now_nanos: u64,
+        make: impl FnOnce(&Assigned) -> Document,
+    ) -> (Assigned, bool) {
+        let mut o = self.order.lock();
+        o.high_seqno += 1;
+        o.max_visible = o.high_seqno;
+        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
+        let a = Assigned {
+            seqno: Seqno(o.high_seqno),
+            cas: Cas(o.max_cas),
+            new_key_rev: o.max_deleted_rev + 1,
+        };
+        let woke = self.log_and_queue(crate::dcp::LogKind::System, &a, make);
         (a, woke)
     }
 
@@ -507,16 +570,19 @@ impl VBucket {
         (a, woke)
     }
 
-    /// As [`VBucket::assign_deletion`], queueing a tombstone of `key` when persistent.
-    /// Returns whether the queue was empty.
+    /// As [`VBucket::assign_deletion`], queueing a tombstone of `key` (deleted by
+    /// `source`) when persistent. Returns whether the queue was empty.
     pub(crate) fn assign_deletion_queued(
         &self,
         now_nanos: u64,
         deleted_rev: u64,
         key: &[u8],
+        source: DeleteSource,
     ) -> (Assigned, bool) {
         self.assign_queued(now_nanos, Some(deleted_rev), |a| {
-            tombstone_document(key.to_vec(), a, deleted_rev)
+            let mut doc = tombstone_document(key.to_vec(), a, deleted_rev);
+            doc.datatype |= source.tombstone_bits();
+            doc
         })
     }
 

@@ -9,13 +9,13 @@
 mod support;
 
 use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
-use epkv_engine_api::dcp::{DcpEndReason, SNAPSHOT_DISK, SNAPSHOT_MEMORY};
+use epkv_engine_api::dcp::{CollectionEventKind, DcpEndReason, SNAPSHOT_DISK, SNAPSHOT_MEMORY};
 use epkv_engine_api::{
     DcpEvent, DcpStream, DcpStreamError, DcpStreamRequest, DurabilityRequirements, Engine,
     EngineStatus, Expiry, RemoveRequest, StoreOp, StoreRequest,
 };
 use epkv_types::{
-    Cas, Datatype, DurabilityLevel, NUM_VBUCKETS, VBucketState, Vbid, vbucket_for_key,
+    Cas, Datatype, DurabilityLevel, NUM_VBUCKETS, VBucketState, Vbid, doc_key, vbucket_for_key,
 };
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -376,6 +376,274 @@ fn a_memory_only_bucket_streams_from_its_high_seqno_only() {
         vec![("mutation", k.clone(), seqno)]
     );
     b.shutdown();
+}
+
+/// (kind, manifest uid, scope, collection, name, seqno) of the system events.
+fn system_events(events: &[DcpEvent]) -> Vec<(CollectionEventKind, u64, u32, u32, String, u64)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            DcpEvent::System { seqno, event } => Some((
+                event.kind,
+                event.manifest_uid,
+                event.scope_id,
+                event.collection_id,
+                event.name.clone(),
+                *seqno,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Stores `value` under `key` of collection `cid` (in the vBucket the raw key maps to,
+/// as SDKs place collection keys); returns (vBucket, seqno).
+fn set_in(b: &Bucket, cid: u32, key: &str, value: &str) -> (Vbid, u64) {
+    let vbid = vbucket_for_key(key.as_bytes(), NUM_VBUCKETS);
+    let mut buf = doc_key::DocKeyBuf::new();
+    let stored = doc_key::encode(cid, key.as_bytes(), &mut buf).to_vec();
+    let m = b
+        .store(StoreRequest {
+            op: StoreOp::Set,
+            vbid,
+            key: &stored,
+            value: value.as_bytes(),
+            flags: 0,
+            expiry: Expiry::Never,
+            cas: Cas(0),
+            datatype: Datatype::RAW,
+            durability: None,
+            preserve_ttl: false,
+        })
+        .unwrap();
+    (vbid, m.seqno.0)
+}
+
+#[test]
+fn scope_and_collection_changes_are_events_in_every_active_vbucket_from_memory_and_disk() {
+    use CollectionEventKind::*;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    b.set_vbucket_state(Vbid(6), VBucketState::Replica).unwrap();
+    let mut live = stream(&b, VB, from(high_seqno(&b, VB)));
+    let replica_high = high_seqno(&b, Vbid(6));
+    let base_uid = b.create_scope("shop").unwrap() - 1;
+    b.create_collection("shop", "orders", 60).unwrap();
+    let sid = b.scope_id("shop").unwrap().1;
+    let cid = b.collection_id("shop.orders").unwrap().1;
+    let key = key_in(VB, 3);
+    let (vbid, seqno) = set_in(&b, cid, &key, "order-1");
+    assert_eq!(vbid, VB, "key_in picks the raw key's vBucket");
+    let p = Poller::new();
+    let mut events = p.drain(live.as_mut(), 10);
+    b.drop_scope("shop").unwrap();
+    events.extend(p.drain(live.as_mut(), 10));
+    let got = system_events(&events);
+    // The drop of a scope drops its collection first; only the last event of a change
+    // carries the new manifest uid.
+    assert_eq!(
+        got.iter()
+            .map(|e| (e.0, e.1, e.2, e.3, e.4.as_str()))
+            .collect::<Vec<_>>(),
+        vec![
+            (CreateScope, base_uid + 1, sid, 0, "shop"),
+            (CreateCollection, base_uid + 2, sid, cid, "orders"),
+            (DropCollection, base_uid + 2, sid, cid, ""),
+            (DropScope, base_uid + 3, sid, 0, ""),
+        ]
+    );
+    let created = events.iter().find_map(|e| match e {
+        DcpEvent::System { event, .. } if event.kind == CreateCollection => Some(event.max_ttl),
+        _ => None,
+    });
+    assert_eq!(
+        created,
+        Some(Some(60)),
+        "the maxTTL travels with the creation"
+    );
+    // The document sits between the creation and the drop, in seqno order.
+    let seqnos: Vec<u64> = events.iter().filter_map(DcpEvent::seqno).collect();
+    assert!(seqnos.windows(2).all(|w| w[0] < w[1]));
+    assert!(got[1].5 < seqno && seqno < got[2].5);
+    assert_eq!(docs(&events).len(), 1);
+    // A replica vBucket records nothing of its own.
+    assert_eq!(high_seqno(&b, Vbid(6)), replica_high);
+    // From disk (the log goes with the last stream): each scope and collection once, at
+    // its newest event; the dropped collection's document is not sent.
+    drop(live);
+    b.flush_all().unwrap();
+    let mut s = stream(&b, VB, from(0));
+    let events = p.drain(s.as_mut(), 100);
+    assert_eq!(
+        system_events(&events)
+            .iter()
+            .map(|e| (e.0, e.5))
+            .collect::<Vec<_>>(),
+        vec![(DropCollection, got[2].5), (DropScope, got[3].5)]
+    );
+    assert!(docs(&events).is_empty());
+    assert!(markers(&events)[0].2 & SNAPSHOT_DISK != 0);
+    // The events survive a restart (and are not loaded as documents).
+    let items = b.item_count();
+    b.shutdown();
+    drop(b);
+    let b = open(dir.path(), true);
+    assert_eq!(b.item_count(), items);
+    let mut s = stream(&b, VB, from(0));
+    assert_eq!(system_events(&p.drain(s.as_mut(), 100)).len(), 2);
+    b.shutdown();
+}
+
+#[test]
+fn a_filtered_stream_gets_its_collections_events_and_ends_when_they_are_dropped() {
+    use CollectionEventKind::*;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    b.create_scope("s").unwrap();
+    b.create_collection("s", "a", 0).unwrap();
+    b.create_collection("s", "b", 0).unwrap();
+    let sid = b.scope_id("s").unwrap().1;
+    let a = b.collection_id("s.a").unwrap().1;
+    let bb = b.collection_id("s.b").unwrap().1;
+    let key = key_in(VB, 1);
+    set_in(&b, a, &key, "in a");
+    set_in(&b, bb, &key, "in b");
+    let p = Poller::new();
+    // Collection filter, from zero (backfilled before the flush: waits, so flush).
+    b.flush_all().unwrap();
+    let mut by_collection = stream(
+        &b,
+        VB,
+        DcpStreamRequest {
+            collections: Some(vec![a]),
+            ..from(0)
+        },
+    );
+    let mut by_scope = stream(
+        &b,
+        VB,
+        DcpStreamRequest {
+            scope: Some(sid),
+            ..from(high_seqno(&b, VB))
+        },
+    );
+    let events = p.drain(by_collection.as_mut(), 100);
+    assert_eq!(
+        system_events(&events)
+            .iter()
+            .map(|e| (e.0, e.3))
+            .collect::<Vec<_>>(),
+        vec![(CreateCollection, a)]
+    );
+    assert_eq!(docs(&events).len(), 1, "only collection a's document");
+    // A collection created later in the scope is in the scope's stream.
+    b.create_collection("s", "c", 0).unwrap();
+    let c = b.collection_id("s.c").unwrap().1;
+    set_in(&b, c, &key, "in c");
+    b.drop_collection("s", "b").unwrap();
+    b.drop_collection("s", "a").unwrap();
+    let events = p.drain(by_collection.as_mut(), 10);
+    assert_eq!(
+        system_events(&events)
+            .iter()
+            .map(|e| (e.0, e.3))
+            .collect::<Vec<_>>(),
+        vec![(DropCollection, a)]
+    );
+    assert_eq!(
+        events.last(),
+        Some(&DcpEvent::End(DcpEndReason::FilterEmpty))
+    );
+    let events = p.drain(by_scope.as_mut(), 10);
+    assert_eq!(
+        system_events(&events)
+            .iter()
+            .map(|e| (e.0, e.3))
+            .collect::<Vec<_>>(),
+        vec![
+            (CreateCollection, c),
+            (DropCollection, bb),
+            (DropCollection, a)
+        ]
+    );
+    assert_eq!(docs(&events).len(), 1, "collection c's document");
+    assert!(!matches!(events.last(), Some(DcpEvent::End(_))));
+    b.drop_scope("s").unwrap();
+    let events = p.drain(by_scope.as_mut(), 10);
+    assert_eq!(
+        system_events(&events)
+            .iter()
+            .map(|e| (e.0, e.3))
+            .collect::<Vec<_>>(),
+        vec![(DropCollection, c), (DropScope, 0)]
+    );
+    assert_eq!(
+        events.last(),
+        Some(&DcpEvent::End(DcpEndReason::FilterEmpty))
+    );
+    b.shutdown();
+}
+
+#[test]
+fn expiries_are_expirations_from_memory_and_from_disk_and_deletions_stay_deletions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = PersistenceConfig::new(dir.path());
+    p.flusher = FlusherMode::Manual;
+    p.shards = 2;
+    let fx = support::Fixture::with_config(BucketConfig {
+        expiry_pager_interval: Duration::ZERO,
+        persistence: Some(p),
+        ..BucketConfig::default()
+    });
+    let b = &fx.bucket;
+    assert!(b.wait_warmup(Duration::from_secs(60)));
+    let (short, gone) = (key_in(VB, 1), key_in(VB, 2));
+    let vbid = vbucket_for_key(short.as_bytes(), NUM_VBUCKETS);
+    b.store(StoreRequest {
+        op: StoreOp::Set,
+        vbid,
+        key: short.as_bytes(),
+        value: b"soon gone",
+        flags: 0,
+        expiry: Expiry::Relative(10),
+        cas: Cas(0),
+        datatype: Datatype::RAW,
+        durability: None,
+        preserve_ttl: false,
+    })
+    .unwrap();
+    set(b, &gone, "v");
+    let mut s = stream(b, VB, from(high_seqno(b, VB)));
+    fx.advance(11);
+    assert_eq!(
+        b.get(vbid, short.as_bytes()).err(),
+        Some(EngineStatus::KeyNotFound)
+    );
+    delete(b, &gone);
+    let kinds = |events: &[DcpEvent]| -> Vec<(&'static str, String)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                DcpEvent::Expiration(d) => Some(("expiration", d.key.clone())),
+                DcpEvent::Deletion(d) => Some(("deletion", d.key.clone())),
+                DcpEvent::Mutation(d) => Some(("mutation", d.key.clone())),
+                _ => None,
+            })
+            .map(|(k, key)| (k, String::from_utf8(key).unwrap()))
+            .collect()
+    };
+    let poller = Poller::new();
+    let expected = vec![("expiration", short.clone()), ("deletion", gone.clone())];
+    assert_eq!(kinds(&poller.drain(s.as_mut(), 10)), expected);
+    b.flush_all().unwrap();
+    let mut s = stream(b, VB, from(0));
+    let events = poller.drain(s.as_mut(), 100);
+    assert_eq!(kinds(&events), expected);
+    // The mark is not a datatype bit clients see.
+    assert!(events.iter().all(|e| match e {
+        DcpEvent::Expiration(d) | DcpEvent::Deletion(d) => d.datatype & !0x07 == 0,
+        _ => true,
+    }));
 }
 
 #[derive(Debug, Clone)]

@@ -196,6 +196,74 @@ fn a_replica_applies_a_stream_and_serves_it_with_the_actives_metadata() {
 }
 
 /// The events of a sync-replication stream of `active`'s VB after `start`, polled now.
+#[test]
+fn a_replica_keeps_the_actives_collection_events_and_expirations_for_when_it_is_promoted() {
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut pa = PersistenceConfig::new(da.path());
+    pa.flusher = FlusherMode::Manual;
+    let active = support::Fixture::with_config(BucketConfig {
+        expiry_pager_interval: Duration::ZERO,
+        persistence: Some(pa),
+        ..BucketConfig::default()
+    });
+    let a = &active.bucket;
+    assert!(a.wait_warmup(Duration::from_secs(60)));
+    let replica = open(dr.path());
+    replica
+        .set_vbucket_state(VB, VBucketState::Replica)
+        .unwrap();
+    let k = key_in(VB, 1);
+    a.store(StoreRequest {
+        op: StoreOp::Set,
+        vbid: VB,
+        key: k.as_bytes(),
+        value: b"brief",
+        flags: 0,
+        expiry: Expiry::Relative(5),
+        cas: Cas(0),
+        datatype: Datatype::RAW,
+        durability: None,
+        preserve_ttl: false,
+    })
+    .unwrap();
+    a.create_scope("s").unwrap();
+    a.create_collection("s", "c", 0).unwrap();
+    active.advance(6);
+    assert_eq!(
+        a.get(VB, k.as_bytes()).err(),
+        Some(EngineStatus::KeyNotFound)
+    );
+    a.flush_all().unwrap();
+    let events = stream_all(a, 0);
+    let shape = |events: &[DcpEvent]| -> Vec<(&'static str, u64)> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                DcpEvent::System { seqno, .. } => Some(("system", *seqno)),
+                DcpEvent::Expiration(d) => Some(("expiration", d.seqno)),
+                DcpEvent::Mutation(d) => Some(("mutation", d.seqno)),
+                DcpEvent::Deletion(d) => Some(("deletion", d.seqno)),
+                _ => None,
+            })
+            .collect()
+    };
+    let sent = shape(&events);
+    assert_eq!(
+        sent.iter().map(|e| e.0).collect::<Vec<_>>(),
+        vec!["system", "system", "expiration"]
+    );
+    for e in events {
+        replica.replicate(VB, e).unwrap();
+    }
+    let high = a.vbucket_seqnos(VB).unwrap().high_seqno.0;
+    assert_eq!(replica.vbucket_seqnos(VB).unwrap().high_seqno.0, high);
+    // Promoted, it streams what it was given, from disk.
+    replica.flush_all().unwrap();
+    replica.set_vbucket_state(VB, VBucketState::Active).unwrap();
+    assert_eq!(shape(&stream_all(&replica, 0)), sent);
+    replica.shutdown();
+}
+
 fn sync_events(s: &mut dyn epkv_engine_api::DcpStream) -> Vec<DcpEvent> {
     let mut cx = Context::from_waker(Waker::noop());
     let mut out = Vec::new();

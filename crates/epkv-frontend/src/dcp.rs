@@ -161,6 +161,9 @@ pub(crate) struct Producer {
     sync_replication: bool,
     /// Send STREAM_END after CLOSE_STREAM.
     end_on_close: bool,
+    /// Send expiries as DCP_EXPIRATION (DCP_CONTROL `enable_expiry_opcode`), not as
+    /// deletions.
+    expiry_opcode: bool,
     /// NOOP interval, when enabled.
     noop: Option<Duration>,
     noop_interval: Duration,
@@ -216,6 +219,7 @@ impl Producer {
             xattrs: flags & wire::OPEN_INCLUDE_XATTRS != 0,
             sync_replication: false,
             end_on_close: false,
+            expiry_opcode: false,
             noop: None,
             noop_interval: DEFAULT_NOOP_INTERVAL,
             noop_outstanding: false,
@@ -257,12 +261,11 @@ impl Producer {
             b"consumer_name" => std::str::from_utf8(value).ok().map(|n| {
                 tracing::debug!(consumer = n, "DCP consumer named itself");
             }),
-            // Accepted and without effect here: expiries are sent as deletions (epkv does
-            // not tell an expiry from a deletion in its change log), priorities and
-            // cursor dropping are KV-Engine scheduling details, and the remaining ones
-            // describe what the client can take, not what it asks for.
-            b"enable_expiry_opcode"
-            | b"set_priority"
+            b"enable_expiry_opcode" => parse_bool(value).map(|on| self.expiry_opcode = on),
+            // Accepted and without effect here: priorities and cursor dropping are
+            // KV-Engine scheduling details, and the remaining ones describe what the
+            // client can take, not what it asks for.
+            b"set_priority"
             | b"supports_cursor_dropping"
             | b"supports_cursor_dropping_vulcan"
             | b"supports_hifi_MFU"
@@ -458,6 +461,11 @@ impl Producer {
             let mut ended = false;
             for e in events.drain(..) {
                 ended |= matches!(e, DcpEvent::End(_));
+                if matches!(e, DcpEvent::System { .. }) && !self.collections {
+                    // Scope and collection events go only to clients that negotiated
+                    // collections.
+                    continue;
+                }
                 self.ready.push_back((slot.vbid, slot.opaque, e));
             }
             if ended {
@@ -563,7 +571,20 @@ impl Producer {
                 let key = self.wire_key(&d.key);
                 wire::encode_mutation(buf, opaque, vbid, &Self::meta(d, datatype), &key, value)
             }
-            DcpEvent::Deletion(d) => {
+            DcpEvent::Expiration(d) if self.expiry_opcode => {
+                let (value, datatype) = self.value_of(d);
+                let key = self.wire_key(&d.key);
+                wire::encode_expiration(
+                    buf,
+                    opaque,
+                    vbid,
+                    &Self::meta(d, datatype),
+                    &key,
+                    value,
+                    d.expiry,
+                )
+            }
+            DcpEvent::Deletion(d) | DcpEvent::Expiration(d) => {
                 let (value, datatype) = self.value_of(d);
                 let key = self.wire_key(&d.key);
                 let delete_time = self.delete_times.then_some(d.expiry);
@@ -614,6 +635,20 @@ impl Producer {
             } => {
                 let key = self.wire_key(key);
                 wire::encode_abort(buf, opaque, vbid, &key, *prepared_seqno, *abort_seqno)
+            }
+            DcpEvent::System { seqno, event } => {
+                let mut value = Vec::with_capacity(20);
+                event.encode_value(&mut value);
+                wire::encode_system_event(
+                    buf,
+                    opaque,
+                    vbid,
+                    *seqno,
+                    event.kind.id(),
+                    event.version(),
+                    event.name.as_bytes(),
+                    &value,
+                )
             }
             DcpEvent::End(reason) => wire::encode_stream_end(
                 buf,
@@ -683,19 +718,24 @@ pub(crate) fn failover_log_body(engine: &dyn Engine, vbid: Vbid) -> Vec<u8> {
     wire::encode_failover_log_body(&entries)
 }
 
-/// The collections a STREAM_REQ's JSON value asks for: `{"collections":["8","9"]}`
-/// (hex ids) or `{"scope":"8"}`, resolved with the bucket's manifest. `None` for an
-/// empty value (every collection).
+/// A STREAM_REQ's filter: `collections` (hex ids) or one `scope`; neither for every
+/// collection.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct StreamFilter {
+    pub(crate) collections: Option<Vec<u32>>,
+    pub(crate) scope: Option<u32>,
+}
+
+/// The filter a STREAM_REQ's JSON value asks for: `{"collections":["8","9"]}` (hex ids)
+/// or `{"scope":"8"}`, checked against the bucket's manifest; every collection for an
+/// empty value.
 ///
 /// # Errors
 /// `Einval` for a value that is not such a filter; `UnknownScope` / `UnknownCollection`
 /// for ids the manifest does not have.
-pub(crate) fn collection_filter(
-    engine: &dyn Engine,
-    value: &[u8],
-) -> Result<Option<Vec<u32>>, Status> {
+pub(crate) fn collection_filter(engine: &dyn Engine, value: &[u8]) -> Result<StreamFilter, Status> {
     if value.is_empty() {
-        return Ok(None);
+        return Ok(StreamFilter::default());
     }
     let v: serde_json::Value = serde_json::from_slice(value).map_err(|_| Status::Einval)?;
     let hex = |s: &serde_json::Value| {
@@ -721,19 +761,24 @@ pub(crate) fn collection_filter(
         if wanted.iter().any(|c| !known.contains(c)) {
             return Err(Status::UnknownCollection);
         }
-        return Ok(Some(wanted));
+        return Ok(StreamFilter {
+            collections: Some(wanted),
+            scope: None,
+        });
     }
     if let Some(scope) = v.get("scope") {
         let sid = hex(scope)?;
-        let s = scopes
-            .iter()
-            .find(|s| hex(&s["uid"]).ok() == Some(sid))
-            .ok_or(Status::UnknownScope)?;
-        return Ok(Some(ids_of(s)));
+        if !scopes.iter().any(|s| hex(&s["uid"]).ok() == Some(sid)) {
+            return Err(Status::UnknownScope);
+        }
+        return Ok(StreamFilter {
+            collections: None,
+            scope: Some(sid),
+        });
     }
     // Other keys ("uid", "sid" stream ids, ...) without a filter: every collection.
     if v.as_object().is_some() {
-        return Ok(None);
+        return Ok(StreamFilter::default());
     }
     Err(Status::Einval)
 }

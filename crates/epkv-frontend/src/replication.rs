@@ -19,7 +19,7 @@
 //! replica's real position.
 
 use bytes::BytesMut;
-use epkv_engine_api::dcp::DcpDocument;
+use epkv_engine_api::dcp::{CollectionEvent, DcpDocument};
 use epkv_engine_api::{DcpEvent, Engine, EngineStatus};
 use epkv_protocol::dcp::{self, DcpMessage, StreamReq};
 use epkv_protocol::{
@@ -309,6 +309,7 @@ async fn session(source: &Source) -> Result<(), String> {
         ("set_noop_interval", NOOP_INTERVAL),
         ("enable_noop", "true"),
         ("enable_sync_replication", "true"),
+        ("enable_expiry_opcode", "true"),
     ] {
         c.expect_ok(
             "DCP_CONTROL",
@@ -493,10 +494,21 @@ async fn apply(
         }
         DcpMessage::Deletion {
             meta, key, value, ..
-        }
-        | DcpMessage::Expiration {
-            meta, key, value, ..
         } => DcpEvent::Deletion(document(&meta, key, value)?),
+        DcpMessage::Expiration {
+            meta, key, value, ..
+        } => DcpEvent::Expiration(document(&meta, key, value)?),
+        DcpMessage::SystemEvent {
+            by_seqno,
+            event_id,
+            version,
+            key,
+            value,
+        } => DcpEvent::System {
+            seqno: by_seqno,
+            event: CollectionEvent::decode(event_id, version, key, value)
+                .map_err(|e| format!("{vbid}: {e}"))?,
+        },
         DcpMessage::StreamEnd { reason } => {
             return Err(format!(
                 "{vbid}: the active ended the stream (reason {reason})"

@@ -613,13 +613,13 @@ impl Session {
                             Ok(r) => r,
                             Err(s) => return answer(out, to, s),
                         };
-                        let collections = if self.collections {
+                        let filter = if self.collections {
                             match crate::dcp::collection_filter(&*bucket.engine, req.value) {
-                                Ok(c) => c,
+                                Ok(f) => f,
                                 Err(s) => return answer(out, to, s),
                             }
                         } else if req.value.is_empty() {
-                            None
+                            crate::dcp::StreamFilter::default()
                         } else {
                             return answer(out, to, Status::Einval);
                         };
@@ -631,7 +631,10 @@ impl Session {
                             snap_end_seqno: r.snap_end_seqno,
                             sync_replication: false,
                             // A consumer without collections sees the default collection.
-                            collections: collections.or((!self.collections).then(|| vec![0])),
+                            collections: filter
+                                .collections
+                                .or((!self.collections).then(|| vec![0])),
+                            scope: filter.scope,
                         };
                         if let Err(s) = p.stream_req(out, to, vbid, request) {
                             answer(out, to, s);

@@ -328,6 +328,8 @@ pub struct FileStore {
     cfg: FileStoreConfig,
     vfs: Arc<dyn Vfs>,
     fds: Arc<FdCache>,
+    /// The vBuckets' files. Lock order: a file's lock may be held while this one is
+    /// taken (a compaction checks that its file is still current), never the reverse.
     vbs: Mutex<HashMap<u16, Arc<Mutex<VbFile>>>>,
     /// The journal (None when off); its mutex also orders the shard's commits.
     commit_lock: Mutex<Option<Journal>>,
@@ -1754,8 +1756,15 @@ impl KvStore for FileStore {
     }
 
     fn vbuckets(&self) -> Vec<Vbid> {
-        let g = self.vbs.lock();
-        let mut v: Vec<Vbid> = g
+        // The map's lock is released before any file's is taken: a compaction holds its
+        // file's lock while it looks the map up (the order is file, then map).
+        let files: Vec<(u16, Arc<Mutex<VbFile>>)> = self
+            .vbs
+            .lock()
+            .iter()
+            .map(|(id, f)| (*id, Arc::clone(f)))
+            .collect();
+        let mut v: Vec<Vbid> = files
             .iter()
             .filter(|(_, f)| f.lock().latest_state().is_some())
             .map(|(id, _)| Vbid(*id))
