@@ -57,6 +57,8 @@ pub struct Bucket {
     /// The bucket itself, for background work started by a request (the purge of a
     /// dropped collection).
     pub(crate) self_ref: std::sync::OnceLock<std::sync::Weak<Bucket>>,
+    /// Threads purging dropped collections ([`Bucket::start_purge`]), joined at shutdown.
+    pub(crate) purges: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl fmt::Debug for Bucket {
@@ -333,6 +335,7 @@ impl Bucket {
             collections,
             collection_ops: crate::collections::CollectionOps::default(),
             self_ref: std::sync::OnceLock::new(),
+            purges: parking_lot::Mutex::new(Vec::new()),
             clock: clock.clock(),
             testing_clock: clock.testing().cloned(),
             config,
@@ -770,6 +773,16 @@ impl Bucket {
     /// files synced, journals emptied). Called by `Engine::shutdown`.
     pub(crate) fn shutdown_persistence(&self) {
         self.item_pager.stop();
+        if let Some(p) = &self.persistence {
+            p.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        // A purge of dropped collections stops at its next vBucket; nothing writes the
+        // files once shutdown returns.
+        for t in std::mem::take(&mut *self.purges.lock()) {
+            if t.join().is_err() {
+                tracing::error!(bucket = %self.config.name, "the purge of dropped collections panicked");
+            }
+        }
         let Some(p) = &self.persistence else {
             return;
         };

@@ -782,9 +782,16 @@ impl crate::Bucket {
                     "dropped collections purged from memory"
                 );
             });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the purge of dropped collections; it runs now");
-            self.purge_dropped();
+        match spawned {
+            Ok(t) => {
+                let mut purges = self.purges.lock();
+                purges.retain(|t| !t.is_finished());
+                purges.push(t);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the purge of dropped collections; it runs now");
+                self.purge_dropped();
+            }
         }
     }
 

@@ -440,6 +440,8 @@ pub(crate) struct Persistence {
     pub(crate) appliers: Mutex<Vec<epkv_executor::TaskHandle>>,
     /// Set while the last commit failed with "no space": writes answer TMPFAIL.
     pub(crate) disk_full: AtomicBool,
+    /// Set when shutdown begins: a compaction of every vBucket stops at the next one.
+    pub(crate) stopping: AtomicBool,
     /// Items loaded by warmup.
     pub(crate) warmup_items: AtomicU64,
     /// The previous run did not shut down cleanly.
@@ -535,6 +537,7 @@ impl Persistence {
             flushers: Mutex::new(Vec::new()),
             appliers: Mutex::new(Vec::new()),
             disk_full: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             warmup_items: AtomicU64::new(0),
             unclean_restart: AtomicBool::new(false),
             flushes: AtomicU64::new(0),
@@ -886,6 +889,9 @@ impl Persistence {
         let mut total = epkv_storage::CompactionOutcome::default();
         for sh in &self.shards {
             for vbid in sh.store.vbuckets() {
+                if self.stopping.load(Relaxed) {
+                    return Err(epkv_storage::Error::Cancelled);
+                }
                 let Some(vb) = vbuckets.get(usize::from(vbid.0)) else {
                     continue;
                 };

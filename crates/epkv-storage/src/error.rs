@@ -55,6 +55,10 @@ pub enum Error {
     /// A caller error: a vbid this store does not own, or a key too long for the format.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The caller stopped a long operation (a compaction of every vBucket) part way, as
+    /// its owner shuts down; what was done stays done.
+    #[error("cancelled: shutting down")]
+    Cancelled,
 }
 
 impl Error {

@@ -738,7 +738,12 @@ impl FileStore {
 
     fn remove_file(&mut self, p: &Path) -> Result<()> {
         self.fds.forget(p);
-        self.vfs.remove(p).map_err(|e| Error::io("remove", p, e))?;
+        match self.vfs.remove(p) {
+            Ok(()) => {}
+            // Gone already: what recovery wanted.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("remove", p, e)),
+        }
         self.dir_dirty.fetch_add(1, Relaxed);
         self.report.files_removed.push(p.to_owned());
         Ok(())
