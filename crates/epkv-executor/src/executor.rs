@@ -37,6 +37,11 @@ pub struct ExecutorConfig {
     /// After the spin, how many times an idle worker yields the CPU (checking for work in
     /// between, and wakeable by pushers) before it parks. 0 parks at once.
     pub yield_rounds: u32,
+    /// Per group (indexed by [`Group::index`]), spin and yield rounds that replace
+    /// [`Self::spin_rounds`] and [`Self::yield_rounds`] for its threads: a group whose
+    /// tasks come milliseconds apart (the flushers) parks at once instead of burning the
+    /// CPU on a spin that never finds work.
+    pub group_idle_rounds: [Option<(u32, u32)>; 4],
     /// Threads are named `<prefix>-<group>-<n>`.
     pub thread_name_prefix: String,
     /// The clock every due time is read from.
@@ -62,6 +67,7 @@ impl ExecutorConfig {
             non_io_threads: (cores * 3 / 10).clamp(2, 8),
             spin_rounds: 256,
             yield_rounds: 16,
+            group_idle_rounds: [None; 4],
             thread_name_prefix: "epkv".to_owned(),
             clock: Arc::new(SystemClock),
         }
@@ -106,6 +112,25 @@ impl ExecutorConfig {
         self
     }
 
+    /// Sets the idle spin and yield rounds of `group`'s threads only
+    /// ([`ExecutorConfig::group_idle_rounds`]).
+    #[must_use]
+    pub fn with_group_idle_rounds(
+        mut self,
+        group: Group,
+        spin_rounds: u32,
+        yield_rounds: u32,
+    ) -> Self {
+        self.group_idle_rounds[group.index()] = Some((spin_rounds, yield_rounds));
+        self
+    }
+
+    /// The idle spin and yield rounds of `group`'s threads.
+    #[must_use]
+    pub fn idle_rounds(&self, group: Group) -> (u32, u32) {
+        self.group_idle_rounds[group.index()].unwrap_or((self.spin_rounds, self.yield_rounds))
+    }
+
     fn validate(&self) -> Result<()> {
         for g in Group::ALL {
             let n = self.threads(g);
@@ -134,6 +159,7 @@ impl fmt::Debug for ExecutorConfig {
             .field("non_io_threads", &self.non_io_threads)
             .field("spin_rounds", &self.spin_rounds)
             .field("yield_rounds", &self.yield_rounds)
+            .field("group_idle_rounds", &self.group_idle_rounds)
             .field("thread_name_prefix", &self.thread_name_prefix)
             .finish_non_exhaustive()
     }
@@ -274,7 +300,7 @@ impl Executor {
                 let name = format!("{}-{}-{i}", exec.config.thread_name_prefix, g.as_str());
                 let core = Arc::clone(&exec.handle.core);
                 let guard = ExitGuard(Arc::clone(&exec.live));
-                let (spin, yields) = (exec.config.spin_rounds, exec.config.yield_rounds);
+                let (spin, yields) = exec.config.idle_rounds(g);
                 *exec.live.count.lock() += 1;
                 let spawned = spawn_named(name.clone(), move || {
                     let _guard = guard;
@@ -393,5 +419,20 @@ impl fmt::Debug for Executor {
             .field("config", &self.config)
             .field("handle", &self.handle)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_can_have_its_own_idle_rounds() {
+        let c = ExecutorConfig::for_cores(2).with_group_idle_rounds(Group::Writer, 0, 0);
+        assert_eq!(c.idle_rounds(Group::Writer), (0, 0));
+        assert_eq!(c.idle_rounds(Group::Reader), (256, 16));
+        let c = c.with_idle_rounds(8, 2);
+        assert_eq!(c.idle_rounds(Group::NonIo), (8, 2));
+        assert_eq!(c.idle_rounds(Group::Writer), (0, 0));
     }
 }
