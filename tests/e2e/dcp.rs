@@ -425,3 +425,186 @@ async fn stream_flags_end_at_the_latest_seqno_or_start_there() {
         Status::NotSupported as u16
     );
 }
+
+impl Consumer {
+    /// HELLO (Collections when `collections`), SASL PLAIN and SELECT_BUCKET `default`.
+    async fn login(&mut self, user: &str, password: &str, collections: bool) {
+        use epkv_protocol::{Feature, Opcode, RequestBuilder};
+        let features: Vec<u8> = if collections {
+            Feature::Collections.as_u16().to_be_bytes().to_vec()
+        } else {
+            Vec::new()
+        };
+        let mut b = Vec::new();
+        RequestBuilder::new(Opcode::Hello)
+            .key(b"e2e-dcp")
+            .value(&features)
+            .encode(&mut b)
+            .unwrap();
+        assert_eq!(self.call(&b).await.0, Status::Success as u16);
+        let plain = format!("\0{user}\0{password}");
+        let mut b = Vec::new();
+        RequestBuilder::new(Opcode::SaslAuth)
+            .key(b"PLAIN")
+            .value(plain.as_bytes())
+            .encode(&mut b)
+            .unwrap();
+        assert_eq!(self.call(&b).await.0, Status::Success as u16);
+        let mut b = Vec::new();
+        RequestBuilder::new(Opcode::SelectBucket)
+            .key(b"default")
+            .encode(&mut b)
+            .unwrap();
+        assert_eq!(self.call(&b).await.0, Status::Success as u16);
+    }
+
+    /// STREAM_REQ with a JSON filter value.
+    async fn stream_req_filtered(&mut self, vbid: Vbid, req: &StreamReq, filter: &str) -> u16 {
+        use epkv_protocol::{Opcode, RequestBuilder};
+        let extras = req.to_extras();
+        let mut b = Vec::new();
+        RequestBuilder::new(Opcode::DcpStreamReq)
+            .vbucket(vbid)
+            .opaque(9)
+            .extras(&extras)
+            .value(filter.as_bytes())
+            .encode(&mut b)
+            .unwrap();
+        self.call(&b).await.0
+    }
+
+    /// The DCP messages that arrive within `wait`, as (vBucket, message opcode, extras,
+    /// key) of the system events and stream ends, and the opcodes of the others.
+    async fn messages(&mut self, wait: Duration) -> Vec<(Vbid, u8, Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        while let Some(p) = self.next(wait).await {
+            if let Packet::Message(bytes) = p {
+                let req = Request::parse(&bytes, &Limits::default()).unwrap();
+                out.push((
+                    req.header.vbucket,
+                    bytes[1],
+                    req.extras.to_vec(),
+                    req.key.to_vec(),
+                ));
+            }
+        }
+        out
+    }
+}
+
+#[tokio::test]
+async fn collection_events_reach_collection_aware_consumers_and_a_dropped_filter_ends_the_stream() {
+    use crate::harness::http_request;
+    const ADMIN: (&str, &str) = ("Administrator", "password");
+    if crate::harness::skip_if_external("collection events") {
+        return;
+    }
+    let server = Server::spawn(&["--admin-user", ADMIN.0, "--admin-password", ADMIN.1]);
+    let (aware_vb, filtered_vb) = (Vbid(3), Vbid(4));
+    let mut aware = Consumer::connect(&server).await;
+    aware.login(ADMIN.0, ADMIN.1, true).await;
+    assert_eq!(aware.open("e2e-aware", dcp::OPEN_PRODUCER).await, 0);
+    assert_eq!(aware.control("enable_expiry_opcode", "true").await, 0);
+    let mut legacy = Consumer::connect(&server).await;
+    legacy.login(ADMIN.0, ADMIN.1, false).await;
+    assert_eq!(legacy.open("e2e-legacy", dcp::OPEN_PRODUCER).await, 0);
+    let latest = StreamReq {
+        flags: dcp::STREAM_FROM_LATEST,
+        ..from_zero()
+    };
+    assert_eq!(aware.stream_req(aware_vb, &latest).await.0, 0);
+    assert_eq!(legacy.stream_req(aware_vb, &latest).await.0, 0);
+
+    let rest = |method: &str, path: &str, form: Option<&str>| {
+        let r = http_request(server.mgmt_addr(), method, path, Some(ADMIN), form);
+        assert_eq!(r.status, 200, "{method} {path}: {}", r.body);
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        u64::from_str_radix(v["uid"].as_str().unwrap(), 16).unwrap()
+    };
+    let scopes = "/pools/default/buckets/default/scopes";
+    let scope_uid = rest("POST", scopes, Some("name=shop"));
+    let collection_uid = rest(
+        "POST",
+        &format!("{scopes}/shop/collections"),
+        Some("name=orders"),
+    );
+    assert_eq!(collection_uid, scope_uid + 1);
+
+    // The collection-aware consumer gets both creations (ids 3 then 0, with their
+    // names and the uid each made); the other one gets nothing.
+    let events: Vec<_> = aware
+        .messages(Duration::from_secs(2))
+        .await
+        .into_iter()
+        .filter(|m| m.1 == 0x5f)
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let event_id =
+        |m: &(Vbid, u8, Vec<u8>, Vec<u8>)| u32::from_be_bytes(m.2[8..12].try_into().unwrap());
+    assert_eq!(
+        events
+            .iter()
+            .map(|m| (m.0, event_id(m), m.3.clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (aware_vb, 3, b"shop".to_vec()),
+            (aware_vb, 0, b"orders".to_vec())
+        ]
+    );
+    assert!(
+        legacy
+            .messages(Duration::from_millis(500))
+            .await
+            .iter()
+            .all(|m| m.1 != 0x5f),
+        "a consumer without collections gets no system events"
+    );
+
+    // A stream filtered to the collection ends, with reason 7, after its drop.
+    let mut c = server.client().await;
+    c.auth_plain(ADMIN.0, ADMIN.1).await.unwrap();
+    assert!(c.select_bucket("default").await.unwrap().is_success());
+    let manifest: serde_json::Value = serde_json::from_str(
+        &http_request(server.mgmt_addr(), "GET", scopes, Some(ADMIN), None).body,
+    )
+    .unwrap();
+    let cid = manifest["scopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["collections"].as_array().unwrap())
+        .find(|c| c["name"] == "orders")
+        .and_then(|c| c["uid"].as_str())
+        .unwrap()
+        .to_owned();
+    let filter = format!(r#"{{"collections":["{cid}"]}}"#);
+    assert_eq!(
+        aware
+            .stream_req_filtered(filtered_vb, &from_zero(), &filter)
+            .await,
+        0
+    );
+    rest("DELETE", &format!("{scopes}/shop/collections/orders"), None);
+    let got = aware.messages(Duration::from_secs(2)).await;
+    let on_filtered: Vec<_> = got.iter().filter(|m| m.0 == filtered_vb).collect();
+    let drop_at = on_filtered
+        .iter()
+        .position(|m| m.1 == 0x5f && event_id(m) == 1)
+        .unwrap_or_else(|| panic!("no drop event on the filtered stream: {got:?}"));
+    let end = on_filtered
+        .iter()
+        .position(|m| m.1 == 0x55)
+        .unwrap_or_else(|| panic!("the filtered stream did not end: {got:?}"));
+    assert!(drop_at < end);
+    assert_eq!(
+        on_filtered[end].2,
+        7u32.to_be_bytes(),
+        "reason filter empty"
+    );
+    // The unfiltered stream goes on, and so does the server.
+    assert!(
+        got.iter()
+            .any(|m| m.0 == aware_vb && m.1 == 0x5f && event_id(m) == 1)
+    );
+    c.noop().await.unwrap();
+}

@@ -107,13 +107,21 @@ pub(crate) fn event_of_document(doc: &Document) -> Option<CollectionEvent> {
     decoded
 }
 
+/// How long a scope or collection change waits for warmup before recording its events.
+const WARMUP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Bucket {
     /// Gives each of `events` (one manifest change, in order) a seqno in every active,
     /// warm vBucket, for DCP and the flusher (see the module docs). A vBucket still
-    /// warming up has no seqnos to extend yet; it misses the change.
+    /// warming up has no seqnos to extend yet: the change waits for warmup (bounded by
+    /// [`WARMUP_WAIT`]; a vBucket that is still not warm, or failed to warm up, misses
+    /// it).
     pub(crate) fn record_collection_events(&self, events: &[CollectionEvent]) {
         if events.is_empty() {
             return;
+        }
+        if !self.wait_warmup(WARMUP_WAIT) {
+            tracing::warn!(bucket = %self.config.name, "a collection change before warmup finished: vBuckets still loading do not get its events");
         }
         let now = crate::bucket::LazyNow::new(&*self.clock).nanos();
         for vb in self.vbuckets.iter() {
