@@ -319,7 +319,12 @@ impl Bucket {
             .into_boxed_slice();
         let persistence = match &config.persistence {
             Some(p) => {
-                let p = Persistence::open(p.clone())?;
+                let mut p = p.clone();
+                p.apply_after_bytes = p.apply_after_bytes.min(crate::persistence::apply_cap(
+                    config.memory_quota_bytes,
+                    p.shards,
+                ));
+                let p = Persistence::open(p)?;
                 let queued = p.prepare_warmup(&vbuckets)?;
                 tracing::info!(bucket = %config.name, vbuckets = queued, "warmup started");
                 Some(p)
