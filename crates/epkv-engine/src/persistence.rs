@@ -148,7 +148,7 @@ pub struct PersistenceConfig {
     /// xtask bench flusher`); 30 MiB saved more (12%, 35%) but doubled the p99.9 of
     /// 2000 PersistToMajority writers (a checkpoint applies the backlog inside a commit).
     /// Those documents are held in memory outside the hash table, so a bucket caps it at
-    /// an eighth of its quota over all shards ([`apply_cap`]). 0 writes each commit at
+    /// an eighth of its quota over all shards (`apply_cap`). 0 writes each commit at
     /// once.
     pub apply_after_bytes: u64,
     /// How long a shard's flusher lets writes accumulate after the first one that nobody
