@@ -10,6 +10,8 @@ Set ``EPKV_PYTEST_ADDR=HOST:PORT`` to run the same tests against a server that i
 running instead (for example ``memcached -p 11311 -U 0``, to check parity).
 """
 
+import base64
+import json
 import os
 import re
 import shutil
@@ -18,6 +20,8 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -126,6 +130,30 @@ def _start_server_with(tmp_path_factory, args, port=0, data_dir=None):
     _wait_accepting(found["addr"])
     return Server(proc, found["addr"], log_path, data_dir, found.get("tls_addr"),
                   found.get("mgmt_addr")), log
+
+
+def mgmt_request(server, method, path, body=None, auth=None):
+    """One request to ``server``'s management port, with HTTP basic ``auth`` (user,
+    password) and ``body`` as a form; returns (status, parsed JSON body or text,
+    headers)."""
+    req = urllib.request.Request(f"http://{server.mgmt_addr}{path}", method=method)
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        req.add_header("Authorization", f"Basic {token}")
+    data = None
+    if body is not None:
+        data = body.encode()
+        req.add_header("Content-Type", "application/x-www-form-urlencoded")
+    try:
+        with urllib.request.urlopen(req, data=data, timeout=10) as r:
+            status, raw, headers = r.status, r.read(), r.headers
+    except urllib.error.HTTPError as e:
+        status, raw, headers = e.code, e.read(), e.headers
+    text = raw.decode()
+    try:
+        return status, json.loads(text) if text else None, headers
+    except ValueError:
+        return status, text, headers
 
 
 def _wait_accepting(addr):

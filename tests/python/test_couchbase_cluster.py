@@ -10,13 +10,12 @@ import os
 import signal
 import socket
 import time
-import urllib.request
 import uuid
 from datetime import timedelta
 
 import pytest
 
-from conftest import _start_server_with, _stop_server
+from conftest import _start_server_with, _stop_server, mgmt_request
 
 couchbase = pytest.importorskip("couchbase")
 
@@ -236,13 +235,6 @@ def _connect_surviving(addr):
 
 
 def _fail_over(survivor, dead):
-    import base64
-    req = urllib.request.Request(
-        f"http://{survivor.mgmt_addr}/controller/failOver",
-        data=f"otpNode={dead.addr}".encode(),
-        method="POST",
-    )
-    req.add_header("Authorization", "Basic " + base64.b64encode(
-        f"{ADMIN[0]}:{ADMIN[1]}".encode()).decode())
-    with urllib.request.urlopen(req, timeout=10) as r:
-        assert r.status == 200
+    status, reply, _ = mgmt_request(survivor, "POST", "/controller/failOver",
+                                    f"otpNode={dead.addr}", ADMIN)
+    assert status == 200, reply

@@ -5,19 +5,15 @@ map's ``nodesExt`` and sends cluster info, bucket and user management there
 resources and requests without credentials.
 """
 
-import base64
-import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 import uuid
 from datetime import timedelta
 
 import pytest
 
-from conftest import _start_server_with, _stop_server
+from conftest import _start_server_with, _stop_server, mgmt_request
 
 couchbase = pytest.importorskip("couchbase")
 
@@ -98,25 +94,8 @@ def cluster(mgmt_server):
 
 
 def _http(server, method, path, body=None, auth=ADMIN):
-    """One request to the management port; returns (status, parsed JSON body or text)."""
-    req = urllib.request.Request(f"http://{server.mgmt_addr}{path}", method=method)
-    if auth is not None:
-        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-        req.add_header("Authorization", f"Basic {token}")
-    data = None
-    if body is not None:
-        data = body.encode()
-        req.add_header("Content-Type", "application/x-www-form-urlencoded")
-    try:
-        with urllib.request.urlopen(req, data=data, timeout=10) as r:
-            status, raw, headers = r.status, r.read(), r.headers
-    except urllib.error.HTTPError as e:
-        status, raw, headers = e.code, e.read(), e.headers
-    text = raw.decode()
-    try:
-        return status, json.loads(text) if text else None, headers
-    except ValueError:
-        return status, text, headers
+    """One request to the management port, as the admin unless told otherwise."""
+    return mgmt_request(server, method, path, body, auth)
 
 
 def _name(prefix):

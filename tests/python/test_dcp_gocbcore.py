@@ -13,7 +13,6 @@ STREAM_END (reason ok). The first run streams every vBucket from 0; the second r
 the state file the first wrote and must see exactly what changed since.
 """
 
-import base64
 import json
 import os
 import re
@@ -22,7 +21,6 @@ import socket
 import struct
 import subprocess
 import time
-import urllib.request
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -30,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, _start_server_with, _stop_server
+from conftest import REPO_ROOT, _start_server_with, _stop_server, mgmt_request
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("EPKV_PYTEST_ADDR")),
@@ -458,13 +456,9 @@ def test_gocbcore_dcp_resumes_from_its_state_file_with_only_new_changes(
 
 
 def _rest(server, method, path, body):
-    req = urllib.request.Request(f"http://{server.mgmt_addr}{path}", method=method,
-                                 data=body.encode())
-    token = base64.b64encode(f"{ADMIN[0]}:{ADMIN[1]}".encode()).decode()
-    req.add_header("Authorization", f"Basic {token}")
-    req.add_header("Content-Type", "application/x-www-form-urlencoded")
-    with urllib.request.urlopen(req, timeout=SOCKET_TIMEOUT_SECS) as r:
-        return json.loads(r.read() or b"{}")
+    status, reply, _ = mgmt_request(server, method, path, body, ADMIN)
+    assert status == 200, f"{method} {path}: {status} {reply}"
+    return reply
 
 
 def test_gocbcore_dcp_gets_collection_events_and_expirations(dcp_check_bin, dcp_server,

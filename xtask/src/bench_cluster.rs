@@ -28,7 +28,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-use crate::bench_persistence::{FightRun, ensure_nofile};
+use crate::bench_persistence::{FightRun, build_server_and_fight, ensure_nofile};
 use crate::memcapable::tempdir;
 use crate::process::{self, ServerProcess};
 use crate::util;
@@ -252,18 +252,7 @@ pub(crate) fn bench_cluster(opts: &ClusterOptions) -> Result<()> {
         .durable_connections
         .unwrap_or(if opts.quick { 500 } else { 2000 });
     let keys = if opts.quick { 20_000 } else { 200_000 };
-    util::run(util::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "epkv-server",
-        "-p",
-        "epkv-bench",
-        "--bin",
-        "epkv-server",
-        "--bin",
-        "epkv-fight",
-    ]))?;
+    build_server_and_fight()?;
     ensure_nofile(durable_conns.max(opts.throughput_connections) as u64 * 2 + 1024)?;
     let out_dir = util::target_dir().join("bench");
     std::fs::create_dir_all(&out_dir)?;

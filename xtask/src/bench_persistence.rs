@@ -140,6 +140,22 @@ fn fight_bin() -> PathBuf {
     util::target_dir().join("release").join("epkv-fight")
 }
 
+/// Builds the release `epkv-server` and `epkv-fight` the fight benchmarks run.
+pub(crate) fn build_server_and_fight() -> Result<()> {
+    util::run(util::cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "epkv-server",
+        "-p",
+        "epkv-bench",
+        "--bin",
+        "epkv-server",
+        "--bin",
+        "epkv-fight",
+    ]))
+}
+
 /// One `epkv-fight` run: its command line, whether it succeeded, and its stdout (echoed).
 pub(crate) struct FightRun {
     pub(crate) line: String,
@@ -302,18 +318,7 @@ pub(crate) fn bench_persistence(opts: &PersistenceOptions) -> Result<()> {
     let keys = opts
         .keys
         .unwrap_or(if opts.quick { 20_000 } else { 200_000 });
-    util::run(util::cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "epkv-server",
-        "-p",
-        "epkv-bench",
-        "--bin",
-        "epkv-server",
-        "--bin",
-        "epkv-fight",
-    ]))?;
+    build_server_and_fight()?;
     let server_bin = process::epkv_server_bin("release");
     let out_dir = util::target_dir().join("bench");
     std::fs::create_dir_all(&out_dir)?;

@@ -31,6 +31,7 @@
 //! [`DcpEndReason::StateChanged`] promptly.
 
 use crate::bucket::Bucket;
+use crate::collections::Manifest;
 use crate::vbucket::VBucket;
 use epkv_engine_api::EngineStatus;
 use epkv_engine_api::dcp::{
@@ -42,8 +43,8 @@ use epkv_storage::{Document, ScanControl};
 use epkv_types::{VBucketState, Vbid};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::Weak;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 
 /// Most bytes a vBucket's log holds (keys, values and a fixed overhead per entry).
@@ -281,8 +282,15 @@ enum Filter {
 }
 
 impl Filter {
-    /// Whether a document of stored key `key` (a prepare's or a committed one) passes.
-    fn wants(&self, b: &Bucket, key: &[u8]) -> bool {
+    /// The manifest a read resolves a scope filter's collections with: taken once per
+    /// read (after the entries it covers were written), not once per document.
+    fn manifest(&self, b: &Bucket) -> Option<Arc<Manifest>> {
+        matches!(self, Self::Scope(_)).then(|| b.collections.manifest())
+    }
+
+    /// Whether a document of stored key `key` (a prepare's or a committed one) passes;
+    /// `manifest` is [`Self::manifest`]'s.
+    fn wants(&self, manifest: Option<&Manifest>, key: &[u8]) -> bool {
         let cid = match crate::durability::prepared_key_of(key) {
             Some(k) => epkv_types::doc_key::collection_of(k),
             None => epkv_types::doc_key::collection_of(key),
@@ -290,10 +298,8 @@ impl Filter {
         match self {
             Self::All => true,
             Self::Collections(c) => c.contains(&cid),
-            Self::Scope(sid) => b
-                .collections
-                .manifest()
-                .collection(cid)
+            Self::Scope(sid) => manifest
+                .and_then(|m| m.collection(cid))
                 .is_some_and(|(s, _)| s.id == *sid),
         }
     }
@@ -329,10 +335,12 @@ impl Filter {
 /// The event a stream with `filter` sends for the change `doc` of `kind`, if any. Sets
 /// `emptied` when the change empties the filter. A committed change of a collection that
 /// no longer exists is not sent (as a backfill skips them), so that a write racing a
-/// drop never reaches a client after the drop's event.
+/// drop never reaches a client after the drop's event. `manifest` is
+/// [`Filter::manifest`]'s.
 fn select(
     filter: &mut Filter,
     b: &Bucket,
+    manifest: Option<&Manifest>,
     sync: bool,
     kind: LogKind,
     doc: Document,
@@ -347,7 +355,7 @@ fn select(
         *emptied = empty;
         return wanted.then_some(ev);
     }
-    if !filter.wants(b, &doc.key) {
+    if !filter.wants(manifest, &doc.key) {
         return None;
     }
     let committed = match kind {
@@ -545,6 +553,7 @@ impl Stream {
         match vb.dcp.read(self.cursor, self.end, budget, cx) {
             Read::Empty => Poll::Pending,
             Read::Entries(entries) => {
+                let manifest = self.filter.manifest(b);
                 let mut last = self.cursor;
                 let mut events = Vec::with_capacity(entries.len());
                 let mut max_visible = 0;
@@ -560,9 +569,16 @@ impl Stream {
                     ) {
                         max_visible = e.doc.seqno;
                     }
-                    if let Some(ev) =
-                        select(&mut self.filter, b, self.sync, e.kind, e.doc, &mut emptied)
-                    {
+                    let (sync, manifest) = (self.sync, manifest.as_deref());
+                    if let Some(ev) = select(
+                        &mut self.filter,
+                        b,
+                        manifest,
+                        sync,
+                        e.kind,
+                        e.doc,
+                        &mut emptied,
+                    ) {
                         events.push(ev);
                     }
                     if emptied {
@@ -638,6 +654,7 @@ impl Stream {
         let mut stopped = false;
         let mut emptied = false;
         let sync = self.sync;
+        let manifest = self.filter.manifest(b);
         let filter = &mut self.filter;
         let scanned = p.scan_by_seqno(self.vbid, self.cursor + 1, upto, &mut |d: Document| {
             if size >= budget {
@@ -663,7 +680,7 @@ impl Stream {
             } else {
                 LogKind::Mutation
             };
-            if let Some(ev) = select(filter, b, sync, kind, d, &mut emptied) {
+            if let Some(ev) = select(filter, b, manifest.as_deref(), sync, kind, d, &mut emptied) {
                 size += ev.wire_size();
                 events.push(ev);
             }

@@ -80,24 +80,7 @@ pub(crate) fn document(ev: &CollectionEvent, a: &Assigned) -> Document {
 
 /// The event a system document records; `None` (logged) for one that does not decode.
 pub(crate) fn event_of_document(doc: &Document) -> Option<CollectionEvent> {
-    let v = &doc.value[..];
-    let decoded = (|| {
-        if v.len() < FIXED {
-            return None;
-        }
-        let kind = CollectionEventKind::from_id(u32::from(v[0]))?;
-        let u32_at = |i: usize| u32::from_be_bytes(v[i..i + 4].try_into().unwrap_or_default());
-        let uid = u64::from_be_bytes(v[1..9].try_into().ok()?);
-        let ttl = u64::from_be_bytes(v[17..25].try_into().ok()?);
-        Some(CollectionEvent {
-            kind,
-            manifest_uid: uid,
-            scope_id: u32_at(9),
-            collection_id: u32_at(13),
-            name: String::from_utf8(v[FIXED..].to_vec()).ok()?,
-            max_ttl: ttl.checked_sub(1).and_then(|t| u32::try_from(t).ok()),
-        })
-    })();
+    let decoded = decode_value(&doc.value);
     if decoded.is_none() {
         tracing::error!(
             seqno = doc.seqno,
@@ -105,6 +88,24 @@ pub(crate) fn event_of_document(doc: &Document) -> Option<CollectionEvent> {
         );
     }
     decoded
+}
+
+/// Reads back the value [`document`] writes.
+fn decode_value(v: &[u8]) -> Option<CollectionEvent> {
+    if v.len() < FIXED {
+        return None;
+    }
+    let u32_at = |i: usize| u32::from_be_bytes(v[i..i + 4].try_into().unwrap_or_default());
+    let u64_at = |i: usize| u64::from_be_bytes(v[i..i + 8].try_into().unwrap_or_default());
+    let ttl = u64_at(17);
+    Some(CollectionEvent {
+        kind: CollectionEventKind::from_id(u32::from(v[0]))?,
+        manifest_uid: u64_at(1),
+        scope_id: u32_at(9),
+        collection_id: u32_at(13),
+        name: String::from_utf8(v[FIXED..].to_vec()).ok()?,
+        max_ttl: ttl.checked_sub(1).and_then(|t| u32::try_from(t).ok()),
+    })
 }
 
 /// How long a scope or collection change waits for warmup before recording its events.

@@ -38,6 +38,27 @@ struct OrderPoint {
     max_visible: u64,
 }
 
+impl OrderPoint {
+    /// Hands out the next seqno and a CAS above every earlier one (so that seqno order and
+    /// CAS order agree), after raising the max deleted revision to `deleted_rev` (a
+    /// deletion's tombstone); `visible` moves the max visible seqno to it.
+    fn next(&mut self, now_nanos: u64, deleted_rev: Option<u64>, visible: bool) -> Assigned {
+        if let Some(rev) = deleted_rev {
+            self.max_deleted_rev = self.max_deleted_rev.max(rev);
+        }
+        self.high_seqno += 1;
+        if visible {
+            self.max_visible = self.high_seqno;
+        }
+        self.max_cas = hlc::next_cas(self.max_cas, now_nanos);
+        Assigned {
+            seqno: Seqno(self.high_seqno),
+            cas: Cas(self.max_cas),
+            new_key_rev: self.max_deleted_rev + 1,
+        }
+    }
+}
+
 /// What a SyncWrite step is, at the ordering point ([`VBucket::assign_sync`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SyncStep {
@@ -406,14 +427,7 @@ impl VBucket {
     /// lock held. (The engine uses [`VBucket::assign_mutation_queued`].)
     #[cfg(test)]
     pub(crate) fn assign_mutation(&self, now_nanos: u64) -> Assigned {
-        let mut o = self.order.lock();
-        o.high_seqno += 1;
-        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
-        Assigned {
-            seqno: Seqno(o.high_seqno),
-            cas: Cas(o.max_cas),
-            new_key_rev: o.max_deleted_rev + 1,
-        }
+        self.order.lock().next(now_nanos, None, false)
     }
 
     /// The ordering point for a deletion (explicit or expiry) of an item whose tombstone
@@ -421,15 +435,7 @@ impl VBucket {
     /// [`VBucket::assign_deletion_queued`].)
     #[cfg(test)]
     pub(crate) fn assign_deletion(&self, now_nanos: u64, deleted_rev: u64) -> Assigned {
-        let mut o = self.order.lock();
-        o.max_deleted_rev = o.max_deleted_rev.max(deleted_rev);
-        o.high_seqno += 1;
-        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
-        Assigned {
-            seqno: Seqno(o.high_seqno),
-            cas: Cas(o.max_cas),
-            new_key_rev: o.max_deleted_rev + 1,
-        }
+        self.order.lock().next(now_nanos, Some(deleted_rev), false)
     }
 
     /// As [`VBucket::assign_mutation`], and (when persistent) queues the document `make`
@@ -454,17 +460,7 @@ impl VBucket {
         make: impl FnOnce(&Assigned) -> Document,
     ) -> (Assigned, bool) {
         let mut o = self.order.lock();
-        if let Some(rev) = deleted_rev {
-            o.max_deleted_rev = o.max_deleted_rev.max(rev);
-        }
-        o.high_seqno += 1;
-        o.max_visible = o.high_seqno;
-        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
-        let a = Assigned {
-            seqno: Seqno(o.high_seqno),
-            cas: Cas(o.max_cas),
-            new_key_rev: o.max_deleted_rev + 1,
-        };
+        let a = o.next(now_nanos, deleted_rev, true);
         let kind = if deleted_rev.is_some() {
             crate::dcp::LogKind::Deletion
         } else {
@@ -503,15 +499,7 @@ impl VBucket {
         now_nanos: u64,
         make: impl FnOnce(&Assigned) -> Document,
     ) -> (Assigned, bool) {
-        let mut o = self.order.lock();
-        o.high_seqno += 1;
-        o.max_visible = o.high_seqno;
-        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
-        let a = Assigned {
-            seqno: Seqno(o.high_seqno),
-            cas: Cas(o.max_cas),
-            new_key_rev: o.max_deleted_rev + 1,
-        };
+        let a = self.order.lock().next(now_nanos, None, true);
         let woke = self.log_and_queue(crate::dcp::LogKind::System, &a, make);
         (a, woke)
     }
@@ -536,19 +524,7 @@ impl VBucket {
             level,
         } = step;
         let mut o = self.order.lock();
-        if let Some(rev) = deleted_rev {
-            o.max_deleted_rev = o.max_deleted_rev.max(rev);
-        }
-        o.high_seqno += 1;
-        if visible {
-            o.max_visible = o.high_seqno;
-        }
-        o.max_cas = hlc::next_cas(o.max_cas, now_nanos);
-        let a = Assigned {
-            seqno: Seqno(o.high_seqno),
-            cas: Cas(o.max_cas),
-            new_key_rev: o.max_deleted_rev + 1,
-        };
+        let a = o.next(now_nanos, deleted_rev, visible);
         let persist = track(&a);
         // A completion also covers its prepare (HPS >= HCS).
         let hps = if prepared { a.seqno.0 } else { completed };

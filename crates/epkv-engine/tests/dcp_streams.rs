@@ -8,7 +8,7 @@
 )]
 mod support;
 
-use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
+use epkv_engine::{Bucket, BucketConfig, EngineClock};
 use epkv_engine_api::dcp::{CollectionEventKind, DcpEndReason, SNAPSHOT_DISK, SNAPSHOT_MEMORY};
 use epkv_engine_api::{
     DcpEvent, DcpStream, DcpStreamError, DcpStreamRequest, DurabilityRequirements, Engine,
@@ -23,7 +23,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::Duration;
 use support::key_in;
 
 /// A waker that counts its wakes.
@@ -73,25 +72,19 @@ impl Poller {
     }
 }
 
+/// A persistent bucket flushed by hand, or a memory-only one.
 fn open(dir: &Path, persistent: bool) -> Arc<Bucket> {
-    let persistence = persistent.then(|| {
-        let mut p = PersistenceConfig::new(dir);
-        p.flusher = FlusherMode::Manual;
-        p.shards = 2;
-        p
-    });
-    let b = Bucket::new(
+    if persistent {
+        return support::open_manual_flush(dir);
+    }
+    Bucket::new(
         BucketConfig {
-            expiry_pager_interval: Duration::ZERO,
             flush_enabled: true,
-            persistence,
-            ..BucketConfig::default()
+            ..support::test_config()
         },
         EngineClock::System,
     )
-    .unwrap();
-    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
-    b
+    .unwrap()
 }
 
 const VB: Vbid = Vbid(5);
@@ -404,16 +397,9 @@ fn set_in(b: &Bucket, cid: u32, key: &str, value: &str) -> (Vbid, u64) {
     let stored = doc_key::encode(cid, key.as_bytes(), &mut buf).to_vec();
     let m = b
         .store(StoreRequest {
-            op: StoreOp::Set,
             vbid,
             key: &stored,
-            value: value.as_bytes(),
-            flags: 0,
-            expiry: Expiry::Never,
-            cas: Cas(0),
-            datatype: Datatype::RAW,
-            durability: None,
-            preserve_ttl: false,
+            ..support::store_req(StoreOp::Set, key, value)
         })
         .unwrap();
     (vbid, m.seqno.0)
@@ -587,29 +573,13 @@ fn a_filtered_stream_gets_its_collections_events_and_ends_when_they_are_dropped(
 #[test]
 fn expiries_are_expirations_from_memory_and_from_disk_and_deletions_stay_deletions() {
     let dir = tempfile::tempdir().unwrap();
-    let mut p = PersistenceConfig::new(dir.path());
-    p.flusher = FlusherMode::Manual;
-    p.shards = 2;
-    let fx = support::Fixture::with_config(BucketConfig {
-        expiry_pager_interval: Duration::ZERO,
-        persistence: Some(p),
-        ..BucketConfig::default()
-    });
+    let fx = support::Fixture::manual_flush(dir.path());
     let b = &fx.bucket;
-    assert!(b.wait_warmup(Duration::from_secs(60)));
     let (short, gone) = (key_in(VB, 1), key_in(VB, 2));
     let vbid = vbucket_for_key(short.as_bytes(), NUM_VBUCKETS);
     b.store(StoreRequest {
-        op: StoreOp::Set,
-        vbid,
-        key: short.as_bytes(),
-        value: b"soon gone",
-        flags: 0,
         expiry: Expiry::Relative(10),
-        cas: Cas(0),
-        datatype: Datatype::RAW,
-        durability: None,
-        preserve_ttl: false,
+        ..support::store_req(StoreOp::Set, &short, "soon gone")
     })
     .unwrap();
     set(b, &gone, "v");

@@ -9,7 +9,7 @@
 )]
 mod support;
 
-use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
+use epkv_engine::Bucket;
 use epkv_engine_api::dcp::DcpDocument;
 use epkv_engine_api::{
     DcpEvent, DcpStreamRequest, Engine, EngineStatus, Expiry, RemoveRequest, StoreOp, StoreRequest,
@@ -24,20 +24,7 @@ use support::key_in;
 const VB: Vbid = Vbid(9);
 
 fn open(dir: &Path) -> Arc<Bucket> {
-    let mut p = PersistenceConfig::new(dir);
-    p.flusher = FlusherMode::Manual;
-    p.shards = 2;
-    let b = Bucket::new(
-        BucketConfig {
-            expiry_pager_interval: Duration::ZERO,
-            persistence: Some(p),
-            ..BucketConfig::default()
-        },
-        EngineClock::System,
-    )
-    .unwrap();
-    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
-    b
+    support::open_manual_flush(dir)
 }
 
 fn set(b: &Bucket, key: &str, value: &str) {
@@ -195,35 +182,19 @@ fn a_replica_applies_a_stream_and_serves_it_with_the_actives_metadata() {
     active.shutdown();
 }
 
-/// The events of a sync-replication stream of `active`'s VB after `start`, polled now.
 #[test]
 fn a_replica_keeps_the_actives_collection_events_and_expirations_for_when_it_is_promoted() {
     let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut pa = PersistenceConfig::new(da.path());
-    pa.flusher = FlusherMode::Manual;
-    let active = support::Fixture::with_config(BucketConfig {
-        expiry_pager_interval: Duration::ZERO,
-        persistence: Some(pa),
-        ..BucketConfig::default()
-    });
+    let active = support::Fixture::manual_flush(da.path());
     let a = &active.bucket;
-    assert!(a.wait_warmup(Duration::from_secs(60)));
     let replica = open(dr.path());
     replica
         .set_vbucket_state(VB, VBucketState::Replica)
         .unwrap();
     let k = key_in(VB, 1);
     a.store(StoreRequest {
-        op: StoreOp::Set,
-        vbid: VB,
-        key: k.as_bytes(),
-        value: b"brief",
-        flags: 0,
         expiry: Expiry::Relative(5),
-        cas: Cas(0),
-        datatype: Datatype::RAW,
-        durability: None,
-        preserve_ttl: false,
+        ..support::store_req(StoreOp::Set, &k, "brief")
     })
     .unwrap();
     a.create_scope("s").unwrap();
@@ -264,6 +235,7 @@ fn a_replica_keeps_the_actives_collection_events_and_expirations_for_when_it_is_
     replica.shutdown();
 }
 
+/// The events of a sync-replication stream of `active`'s VB after `start`, polled now.
 fn sync_events(s: &mut dyn epkv_engine_api::DcpStream) -> Vec<DcpEvent> {
     let mut cx = Context::from_waker(Waker::noop());
     let mut out = Vec::new();

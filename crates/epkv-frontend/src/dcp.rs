@@ -571,32 +571,17 @@ impl Producer {
                 let key = self.wire_key(&d.key);
                 wire::encode_mutation(buf, opaque, vbid, &Self::meta(d, datatype), &key, value)
             }
-            DcpEvent::Expiration(d) if self.expiry_opcode => {
-                let (value, datatype) = self.value_of(d);
-                let key = self.wire_key(&d.key);
-                wire::encode_expiration(
-                    buf,
-                    opaque,
-                    vbid,
-                    &Self::meta(d, datatype),
-                    &key,
-                    value,
-                    d.expiry,
-                )
-            }
             DcpEvent::Deletion(d) | DcpEvent::Expiration(d) => {
                 let (value, datatype) = self.value_of(d);
                 let key = self.wire_key(&d.key);
-                let delete_time = self.delete_times.then_some(d.expiry);
-                wire::encode_deletion(
-                    buf,
-                    opaque,
-                    vbid,
-                    &Self::meta(d, datatype),
-                    &key,
-                    value,
-                    delete_time,
-                )
+                let meta = Self::meta(d, datatype);
+                // An expiry is a deletion to a consumer that did not enable the opcode.
+                if matches!(event, DcpEvent::Expiration(_)) && self.expiry_opcode {
+                    wire::encode_expiration(buf, opaque, vbid, &meta, &key, value, d.expiry)
+                } else {
+                    let delete_time = self.delete_times.then_some(d.expiry);
+                    wire::encode_deletion(buf, opaque, vbid, &meta, &key, value, delete_time)
+                }
             }
             DcpEvent::Prepare {
                 doc,

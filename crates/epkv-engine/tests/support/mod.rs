@@ -48,6 +48,19 @@ impl Fixture {
         Self { bucket, clock }
     }
 
+    /// A bucket persisting to `dir` ([`manual_flush`]) on a manual clock, warmed up.
+    pub(crate) fn manual_flush(dir: &std::path::Path) -> Self {
+        let fx = Self::with_config(BucketConfig {
+            persistence: Some(manual_flush(dir)),
+            ..test_config()
+        });
+        assert!(
+            fx.bucket.wait_warmup(Duration::from_secs(60)),
+            "warmup finishes"
+        );
+        fx
+    }
+
     pub(crate) fn advance(&self, secs: u64) {
         self.clock.advance(Duration::from_secs(secs));
     }
@@ -78,6 +91,31 @@ impl Drop for Fixture {
     fn drop(&mut self) {
         self.bucket.shutdown();
     }
+}
+
+/// Persistence in `dir` (two shards) whose flusher runs only when the test calls
+/// `flush_all`.
+pub(crate) fn manual_flush(dir: &std::path::Path) -> epkv_engine::PersistenceConfig {
+    let mut p = epkv_engine::PersistenceConfig::new(dir);
+    p.flusher = epkv_engine::FlusherMode::Manual;
+    p.shards = 2;
+    p
+}
+
+/// A bucket on the system clock persisting to `dir` ([`manual_flush`]), FLUSH enabled,
+/// warmed up.
+pub(crate) fn open_manual_flush(dir: &std::path::Path) -> Arc<Bucket> {
+    let b = Bucket::new(
+        BucketConfig {
+            flush_enabled: true,
+            persistence: Some(manual_flush(dir)),
+            ..test_config()
+        },
+        EngineClock::System,
+    )
+    .unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)), "warmup finishes");
+    b
 }
 
 pub(crate) fn vb(key: &[u8]) -> Vbid {
