@@ -35,6 +35,20 @@ pub(crate) struct FlusherOptions {
     /// One more argument for epkv-server (repeat it), for A/B runs of a setting
     #[arg(long = "epkv-arg", allow_hyphen_values = true)]
     pub(crate) epkv_args: Vec<String>,
+    /// A second epkv-server binary measured in the same run, alternating with the first
+    /// round by round (A/B of a change; the report gives both and their ratios)
+    #[arg(long)]
+    pub(crate) compare_bin: Option<PathBuf>,
+    /// Arguments of the compared build instead of the --epkv-arg ones (repeat it); with no
+    /// --compare-bin, the compared build is the same binary (A/B of a setting)
+    #[arg(long = "compare-arg", allow_hyphen_values = true)]
+    pub(crate) compare_args: Vec<String>,
+    /// Rounds (each starts every build fresh); the report gives medians
+    #[arg(long, default_value_t = 1)]
+    pub(crate) rounds: usize,
+    /// Rates to run, comma separated SETs per second or `max` (default 1000,10000,50000,max)
+    #[arg(long)]
+    pub(crate) rates: Option<String>,
 }
 
 const KEYS: u64 = 100_000;
@@ -129,16 +143,28 @@ fn drive(conns: &mut [BinClient], rate: Option<u64>, secs: u64) -> Result<u64> {
     Ok(sent)
 }
 
-/// Runs the bench and writes its report.
-pub(crate) fn bench_flusher(opts: &FlusherOptions) -> Result<()> {
-    let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
-    let secs = opts.secs.unwrap_or(if opts.quick { 3 } else { 10 }).max(1);
-    let out_dir = util::target_dir().join("bench");
-    std::fs::create_dir_all(&out_dir)?;
+/// One rate's measurement on one server.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    achieved: f64,
+    persisted_per_sec: f64,
+    per_commit: f64,
+    per_item: f64,
+    per_set: f64,
+}
+
+/// Starts `bin` on a fresh data directory, loads the keys, and measures each of `rates`.
+fn run_server(
+    bin: &std::path::Path,
+    extra: &[String],
+    rates: &[Option<u64>],
+    secs: u64,
+    log: PathBuf,
+) -> Result<Vec<Sample>> {
     let data = tempdir("bench-flusher")?;
     let mut args = vec!["--data-dir".to_owned(), data.path().display().to_string()];
-    args.extend(opts.epkv_args.iter().cloned());
-    let server = ServerProcess::start_epkv(&bin, &args, out_dir.join("flusher-epkv.log"))?;
+    args.extend(extra.iter().cloned());
+    let server = ServerProcess::start_epkv(bin, &args, log)?;
     let pid = server.pid();
     let ticks = process::clock_ticks_per_sec() as f64;
     let mut conns = (0..CONNECTIONS)
@@ -156,13 +182,8 @@ pub(crate) fn bench_flusher(opts: &FlusherOptions) -> Result<()> {
         }
     }
     drain(&mut stats_conn)?;
-    let mut rows = Vec::new();
-    let mut md = String::from(
-        "### Persistence CPU per persisted item (epkv as shipped)\n\n\
-         | target SETs/s | achieved SETs/s | items persisted/s | items per commit | writer CPU µs per persisted item | server CPU µs per SET |\n\
-         |---|---:|---:|---:|---:|---:|\n",
-    );
-    for rate in RATES {
+    let mut out = Vec::with_capacity(rates.len());
+    for &rate in rates {
         let w0 = thread_ticks(pid, "epkv-writer")?;
         let s0 = process::cpu_ticks(pid)?;
         let (p0, c0) = persisted(&mut stats_conn)?;
@@ -172,29 +193,133 @@ pub(crate) fn bench_flusher(opts: &FlusherOptions) -> Result<()> {
         let elapsed = watch.elapsed().as_secs_f64();
         let (p1, c1) = persisted(&mut stats_conn)?;
         let items = p1.saturating_sub(p0);
-        let per_commit = items as f64 / c1.saturating_sub(c0).max(1) as f64;
         let writer_us = thread_ticks(pid, "epkv-writer")?.saturating_sub(w0) as f64 / ticks * 1e6;
         let server_us = process::cpu_ticks(pid)?.saturating_sub(s0) as f64 / ticks * 1e6;
-        let per_item = writer_us / items.max(1) as f64;
-        let per_set = server_us / sent.max(1) as f64;
-        let achieved = sent as f64 / secs as f64;
-        let label = rate.map_or_else(|| "max".to_owned(), |r| r.to_string());
+        let sample = Sample {
+            achieved: sent as f64 / secs as f64,
+            persisted_per_sec: items as f64 / elapsed,
+            per_commit: items as f64 / c1.saturating_sub(c0).max(1) as f64,
+            per_item: writer_us / items.max(1) as f64,
+            per_set: server_us / sent.max(1) as f64,
+        };
         eprintln!(
-            "{label}: {achieved:.0} SETs/s, {items} persisted, {per_item:.2} us writer CPU per item"
+            "{}: {:.0} SETs/s, {items} persisted, {:.2} us writer CPU per item",
+            label(rate),
+            sample.achieved,
+            sample.per_item
         );
-        rows.push(json!({"bench": "flusher/cpu_per_persisted_item",
-            "params": {"target_sets_per_sec": label, "secs": secs, "value_bytes": 512, "keys": KEYS, "connections": CONNECTIONS},
-            "impl": "epkv-as-shipped", "items_per_sec": items as f64 / elapsed,
-            "ns_per_op": per_item * 1e3, "writer_cpu_us_per_item": per_item,
-            "server_cpu_us_per_set": per_set, "sets_per_sec": achieved,
-            "items_per_commit": per_commit}));
-        md.push_str(&format!(
-            "| {label} | {achieved:.0} | {:.0} | {per_commit:.1} | {per_item:.2} | {per_set:.2} |\n",
-            items as f64 / elapsed
-        ));
+        out.push(sample);
     }
     crate::bench_memory::stop(server);
     drop(data);
+    Ok(out)
+}
+
+fn label(rate: Option<u64>) -> String {
+    rate.map_or_else(|| "max".to_owned(), |r| r.to_string())
+}
+
+fn parse_rate(s: &str) -> Result<Option<u64>> {
+    if s == "max" {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .with_context(|| format!("rate {s:?}: a number or max"))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Runs the bench and writes its report.
+pub(crate) fn bench_flusher(opts: &FlusherOptions) -> Result<()> {
+    let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
+    let secs = opts.secs.unwrap_or(if opts.quick { 3 } else { 10 }).max(1);
+    let rates: Vec<Option<u64>> = match &opts.rates {
+        Some(list) => list.split(',').map(parse_rate).collect::<Result<_>>()?,
+        None => RATES.to_vec(),
+    };
+    let out_dir = util::target_dir().join("bench");
+    std::fs::create_dir_all(&out_dir)?;
+    // (name, binary): the build under test, then the one to compare with, if any; the
+    // rounds alternate them so that the machine's drift falls on both.
+    let mut builds = vec![(
+        "epkv-as-shipped".to_owned(),
+        bin.clone(),
+        opts.epkv_args.clone(),
+    )];
+    if opts.compare_bin.is_some() || !opts.compare_args.is_empty() {
+        let other = opts.compare_bin.clone().unwrap_or(bin);
+        let args = if opts.compare_args.is_empty() {
+            opts.epkv_args.clone()
+        } else {
+            opts.compare_args.clone()
+        };
+        builds.push(("compare".to_owned(), other, args));
+    }
+    let rounds = opts.rounds.max(1);
+    let mut samples: Vec<Vec<Vec<Sample>>> = vec![Vec::new(); builds.len()];
+    for round in 0..rounds {
+        for (i, (name, b, args)) in builds.iter().enumerate() {
+            eprintln!(
+                "round {} of {rounds}: {name} ({} {})",
+                round + 1,
+                b.display(),
+                args.join(" ")
+            );
+            let log = out_dir.join(format!("flusher-{name}.log"));
+            samples[i].push(run_server(b, args, &rates, secs, log)?);
+        }
+    }
+    let mut rows = Vec::new();
+    let mut md = format!(
+        "### Persistence CPU per persisted item (epkv as shipped; median of {rounds} round(s))\n\n\
+         | build | target SETs/s | achieved SETs/s | items persisted/s | items per commit | writer CPU µs per persisted item (each round) | server CPU µs per SET |\n\
+         |---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for (i, (name, b, args)) in builds.iter().enumerate() {
+        for (r, &rate) in rates.iter().enumerate() {
+            let col = |f: fn(&Sample) -> f64| median(samples[i].iter().map(|s| f(&s[r])).collect());
+            let each: Vec<String> = samples[i]
+                .iter()
+                .map(|s| format!("{:.2}", s[r].per_item))
+                .collect();
+            let (achieved, persisted, per_commit, per_item, per_set) = (
+                col(|s| s.achieved),
+                col(|s| s.persisted_per_sec),
+                col(|s| s.per_commit),
+                col(|s| s.per_item),
+                col(|s| s.per_set),
+            );
+            let label = label(rate);
+            rows.push(json!({"bench": "flusher/cpu_per_persisted_item",
+                "params": {"target_sets_per_sec": label, "secs": secs, "value_bytes": 512, "keys": KEYS, "connections": CONNECTIONS, "rounds": rounds, "binary": b.display().to_string(), "args": args},
+                "impl": name, "items_per_sec": persisted,
+                "ns_per_op": per_item * 1e3, "writer_cpu_us_per_item": per_item,
+                "server_cpu_us_per_set": per_set, "sets_per_sec": achieved,
+                "items_per_commit": per_commit}));
+            md.push_str(&format!(
+                "| {name} | {label} | {achieved:.0} | {persisted:.0} | {per_commit:.1} | **{per_item:.2}** ({}) | {per_set:.2} |\n",
+                each.join(", ")
+            ));
+        }
+    }
+    if builds.len() == 2 {
+        md.push_str("\nRatios (as shipped / compare, writer CPU per item, medians): ");
+        let parts: Vec<String> = rates
+            .iter()
+            .enumerate()
+            .map(|(r, &rate)| {
+                let a = median(samples[0].iter().map(|s| s[r].per_item).collect());
+                let b = median(samples[1].iter().map(|s| s[r].per_item).collect());
+                format!("{} {:.2}x", label(rate), a / b.max(f64::MIN_POSITIVE))
+            })
+            .collect();
+        md.push_str(&parts.join(", "));
+        md.push('\n');
+    }
     md.push_str(
         "\nGoal: at most 1.5 µs of writer CPU per persisted item at 50k SETs/s and above.\n",
     );

@@ -208,7 +208,7 @@ fn make_batch(rng: &mut Rng, seqnos: &mut [u64], items: usize, keyspace: u64) ->
         .filter(|(_, d)| !d.is_empty())
         .map(|(vb, docs)| VbCommit {
             vbid: Vbid(u16::try_from(vb).unwrap_or(0)),
-            docs,
+            docs: docs.into(),
             state: VbState::new(VBucketState::Active),
         })
         .collect()
@@ -443,7 +443,7 @@ fn persist_run(m: Mode, shards: usize, vbuckets: usize, writers: usize, d: Durat
                             .into_iter()
                             .map(|(vb, docs)| VbCommit {
                                 vbid: Vbid(vb),
-                                docs,
+                                docs: docs.into(),
                                 state: VbState::new(VBucketState::Active),
                             })
                             .collect();
@@ -705,7 +705,7 @@ fn main() {
                 must(
                     s.commit(&[VbCommit {
                         vbid: Vbid(0),
-                        docs: chunk.to_vec(),
+                        docs: chunk.to_vec().into(),
                         state: VbState::new(VBucketState::Active),
                     }]),
                     "commit",
@@ -720,7 +720,7 @@ fn main() {
         must(
             mem.commit(&[VbCommit {
                 vbid: Vbid(0),
-                docs: docs.clone(),
+                docs: docs.clone().into(),
                 state: VbState::new(VBucketState::Active),
             }]),
             "commit",

@@ -782,7 +782,7 @@ impl Persistence {
             highs.push((i, high));
             commits.push(VbCommit {
                 vbid: vb.id,
-                docs,
+                docs: Arc::new(docs),
                 state,
             });
         }
@@ -814,7 +814,7 @@ impl Persistence {
                     // Tombstones stay in memory until they are persisted; once clean,
                     // the item pager and the expiry pass remove them.
                     let mut bytes = 0;
-                    for d in &c.docs {
+                    for d in c.docs.iter() {
                         // A prepare's document is not in the table under its stored key,
                         // and a system event's is not in it at all.
                         if crate::durability::prepared_key_of(&d.key).is_none()
@@ -842,7 +842,10 @@ impl Persistence {
                     self.disk_full.store(true, Relaxed);
                 }
                 for ((c, (i, _)), unknown) in commits.into_iter().zip(highs).zip(unknowns) {
-                    vbuckets[i].persist.put_back(c.docs, unknown);
+                    // The store keeps nothing of a failed batch, so the list is ours
+                    // again (copied only if it somehow is not).
+                    let docs = Arc::try_unwrap(c.docs).unwrap_or_else(|shared| (*shared).clone());
+                    vbuckets[i].persist.put_back(docs, unknown);
                     self.mark_dirty(vbuckets[i].id);
                 }
                 Err(e)

@@ -387,6 +387,19 @@ fn latest_per_key<'a>(docs: impl Iterator<Item = &'a Document>, capacity: usize)
     docs
 }
 
+/// Whether `docs` hold each key once, in ascending seqno order.
+fn unique_in_seqno_order(docs: &[Document]) -> bool {
+    if docs.windows(2).any(|w| w[0].seqno >= w[1].seqno) {
+        return false;
+    }
+    let mut seen: std::collections::HashSet<&[u8], foldhash::fast::RandomState> =
+        std::collections::HashSet::with_capacity_and_hasher(
+            docs.len(),
+            foldhash::fast::RandomState::default(),
+        );
+    docs.iter().all(|d| seen.insert(d.key.as_slice()))
+}
+
 /// The documents of several pending commits of one vBucket (oldest first) as one commit's:
 /// the newest version of each key, in seqno order, borrowed (nothing is copied).
 fn latest_of_entries(pending: &[JournalEntry]) -> Vec<&Document> {
@@ -919,9 +932,14 @@ impl FileStore {
     }
 
     /// Prepares one vBucket's journal entry: de-duplicated documents in seqno order, the
-    /// next commit id and the completed state.
+    /// next commit id and the completed state. The commit's own list is shared when it
+    /// already is that (each key once, in seqno order); otherwise the documents are copied.
     fn prepare(g: &VbFile, c: &VbCommit) -> JournalEntry {
-        let docs = latest_per_key(c.docs.iter(), c.docs.len());
+        let docs = if unique_in_seqno_order(&c.docs) {
+            Arc::clone(&c.docs)
+        } else {
+            Arc::new(latest_per_key(c.docs.iter(), c.docs.len()))
+        };
         let mut state = c.state.clone();
         if let Some(max) = docs.iter().map(|d| d.seqno).max() {
             state.high_seqno = state.high_seqno.max(max);

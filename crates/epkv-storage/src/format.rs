@@ -718,8 +718,9 @@ pub struct JournalEntry {
     pub commit_id: u64,
     /// The vBucket state committed with it.
     pub state: VbState,
-    /// The documents, de-duplicated by key, in seqno order.
-    pub docs: Vec<Document>,
+    /// The documents, de-duplicated by key, in seqno order (shared with the commit that
+    /// gave them, see [`crate::VbCommit::docs`]).
+    pub docs: std::sync::Arc<Vec<Document>>,
 }
 
 /// Encodes a journal batch body for journal generation `generation`.
@@ -731,7 +732,7 @@ pub fn encode_journal_batch(out: &mut Vec<u8>, generation: u64, entries: &[Journ
         put_u64(out, e.commit_id);
         encode_vbstate(out, &e.state);
         put_u32(out, len_u32(e.docs.len()));
-        for d in &e.docs {
+        for d in e.docs.iter() {
             encode_document(out, d);
         }
     }
@@ -761,7 +762,7 @@ pub fn decode_journal_batch(body: &[u8]) -> Result<(u64, Vec<JournalEntry>), Dec
             vbid,
             commit_id,
             state,
-            docs,
+            docs: std::sync::Arc::new(docs),
         });
     }
     c.finish()?;
@@ -913,7 +914,7 @@ mod tests {
             vbid: 3,
             commit_id: 2,
             state: VbState::new(VBucketState::Active),
-            docs: vec![doc("x", 1), doc("y", 2)],
+            docs: vec![doc("x", 1), doc("y", 2)].into(),
         }];
         let mut b = Vec::new();
         encode_journal_batch(&mut b, 9, &j);

@@ -77,7 +77,7 @@ pub trait KvStore: Send + Sync + std::fmt::Debug {
     fn set_vbucket_state(&self, vbid: Vbid, state: &VbState) -> Result<()> {
         self.commit(&[VbCommit {
             vbid,
-            docs: Vec::new(),
+            docs: Default::default(),
             state: state.clone(),
         }])
     }

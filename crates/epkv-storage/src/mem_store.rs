@@ -38,7 +38,7 @@ impl KvStore for MemStore {
         for c in batch {
             let vb = g.entry(c.vbid.0).or_default();
             let mut state = c.state.clone();
-            for d in &c.docs {
+            for d in c.docs.iter() {
                 state.high_seqno = state.high_seqno.max(d.seqno);
                 state.max_cas = state.max_cas.max(d.cas);
                 match vb.docs.get(&d.key) {

@@ -80,7 +80,10 @@ pub struct VbCommit {
     /// The vBucket.
     pub vbid: epkv_types::Vbid,
     /// Mutations and tombstones, in any order; for a key given twice the higher seqno wins.
-    pub docs: Vec<Document>,
+    /// Shared: when each key is given once, in seqno order (as the engine's flusher gives
+    /// them), the store keeps this very list for its pending commit instead of copying the
+    /// documents, and the caller still reads it afterwards (to mark them clean).
+    pub docs: std::sync::Arc<Vec<Document>>,
     /// The vBucket state to commit with them. `high_seqno` and `max_cas` are raised to
     /// cover the documents if lower; `persisted_seqno` is set by the store.
     pub state: VbState,

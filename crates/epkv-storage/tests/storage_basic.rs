@@ -36,7 +36,7 @@ fn tomb(key: &str, seqno: u64) -> Document {
 fn commit(s: &dyn KvStore, vb: u16, docs: Vec<Document>) {
     s.commit(&[VbCommit {
         vbid: Vbid(vb),
-        docs,
+        docs: docs.into(),
         state: VbState::new(VBucketState::Active),
     }])
     .unwrap();
@@ -313,7 +313,7 @@ fn journal_makes_a_multi_vbucket_batch_durable_with_one_sync() {
     let batch: Vec<VbCommit> = (0..64u16)
         .map(|vb| VbCommit {
             vbid: Vbid(vb),
-            docs: vec![doc("k", 1, "v")],
+            docs: vec![doc("k", 1, "v")].into(),
             state: VbState::new(VBucketState::Active),
         })
         .collect();

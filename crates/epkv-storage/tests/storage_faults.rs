@@ -31,7 +31,7 @@ fn batch(vbs: &[u16], key: &str, seqno: u64) -> Vec<VbCommit> {
     vbs.iter()
         .map(|&vb| VbCommit {
             vbid: Vbid(vb),
-            docs: vec![doc(key, seqno)],
+            docs: vec![doc(key, seqno)].into(),
             state: VbState::new(VBucketState::Active),
         })
         .collect()

@@ -110,7 +110,7 @@ impl Model {
             .into_iter()
             .map(|(vb, docs)| VbCommit {
                 vbid: Vbid(vb),
-                docs,
+                docs: docs.into(),
                 state: VbState {
                     high_seqno: self.high[&vb],
                     ..VbState::new(VBucketState::Active)

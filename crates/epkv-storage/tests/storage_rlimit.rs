@@ -37,7 +37,8 @@ fn commit(s: &FileStore, vb: u16) -> Result<(), Error> {
             expiry: 0,
             datatype: 0,
             deleted: false,
-        }],
+        }]
+        .into(),
         state: VbState::new(VBucketState::Active),
     }])
 }
