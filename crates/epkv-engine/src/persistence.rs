@@ -157,11 +157,13 @@ pub struct PersistenceConfig {
     /// through OBSERVE or OBSERVE_SEQNO, [`crate::Bucket::when_persisted`]) flushes its
     /// shard at once, so its latency does not include this delay; so does memory pressure
     /// (an item pager cycle starting), since only persisted items can be evicted. Default
-    /// 10 ms: one commit carries ~165 items at 50,000 SETs/s instead of a few, and the
-    /// Writer threads' CPU per persisted item there fell from 10.3 to 6.3-6.6 µs (1k/s:
-    /// 70 to 42-59 µs; `cargo xtask bench flusher`); a write acknowledged without a
-    /// persist level was never guaranteed to survive a crash anyway. Zero flushes as soon
-    /// as a write comes (KV-Engine's behaviour).
+    /// 50 ms: one commit carries ~700 items at 50,000 SETs/s (10 ms: ~180; none: a few),
+    /// and the Writer threads' CPU per persisted item there is 0.75x that of 10 ms, the
+    /// server's CPU per SET 0.83x (`cargo xtask bench flusher`, interleaved rounds). A
+    /// write acknowledged without a persist level was never guaranteed to survive a crash;
+    /// 50 ms is the window it may still be lost in after its acknowledgement, under
+    /// MongoDB's 100 ms journal interval and Redis's one-second `appendfsync everysec`.
+    /// Zero flushes as soon as a write comes (KV-Engine's behaviour).
     pub flush_delay: Duration,
     /// Journal bytes past which a shard checkpoints (syncs the data files its applier
     /// wrote and starts the journal over), which also bounds each journal file's size.
@@ -207,7 +209,7 @@ impl PersistenceConfig {
             compaction_check_interval: Duration::from_secs(1),
             journal_prealloc_bytes: 0,
             apply_after_bytes: 16 << 20,
-            flush_delay: Duration::from_millis(10),
+            flush_delay: Duration::from_millis(50),
             checkpoint_bytes: 32 << 20,
         }
     }

@@ -417,7 +417,7 @@ settings! {
         help = "With persistence: most data files each bucket keeps open (least recently used ones are closed beyond it); 0 derives it from the open-file limit minus a reserve for connections";
     writer_threads: usize = "2", unit = "count",
         help = "With persistence: threads of each bucket's Writer group, which runs the shards' flushers and appliers (4 shards per bucket; at most this many flushers sync at once); 1 to 16";
-    flush_delay: u64 = "10", unit = "milliseconds",
+    flush_delay: u64 = "50", unit = "milliseconds",
         help = "With persistence: how long a shard's flusher lets writes accumulate after the first one nobody waits on, so that one journal append and fdatasync carries many (less CPU per persisted item). Writes whose client waits for persistence (durable writes, PersistTo through OBSERVE or OBSERVE_SEQNO) flush at once; 0 flushes as soon as a write comes (KV-Engine's behaviour); 0 to 10000";
     compaction_fragmentation_percent: u8 = "30", unit = "percent",
         help = "With persistence: compact a vBucket's data file (on a background AuxIO task, checked every second, most fragmented first) once this share of it is garbage (overwritten or deleted versions, old index segments); 0 turns fragmentation compaction off (the hourly compaction still runs); 0 to 100";
