@@ -870,13 +870,24 @@ impl Bucket {
     /// Returns a snapshot of one vBucket's hash-table statistics (items, tombstones,
     /// prepares, non-resident and dirty items, bytes, MFU histogram), or `None` for a
     /// vbid outside the bucket. Every item also exposes its dirty bit and by-seqno
-    /// ([`epkv_hashtable::StoredValue::is_dirty`], `meta().by_seqno`), and
-    /// [`epkv_hashtable::Entry::mark_clean`] clears the bit once that version is persisted.
+    /// ([`epkv_hashtable::StoredValue::is_dirty`], `meta().by_seqno`). The flusher does
+    /// not clear the bits of what it persisted (an item at or below the vBucket's
+    /// persisted seqno is clean whatever its bit says; eviction and OBSERVE settle the
+    /// bit with [`epkv_hashtable::Entry::mark_clean_upto`]): `dirty` here counts the
+    /// items that really are not persisted yet, walking the vBucket's items to do so.
     #[must_use]
     pub fn hash_table_stats(&self, vbid: Vbid) -> Option<epkv_hashtable::TableStats> {
-        self.vbuckets
-            .get(usize::from(vbid.0))
-            .map(|vb| vb.table.stats())
+        self.vbuckets.get(usize::from(vbid.0)).map(|vb| {
+            let mut stats = vb.table.stats();
+            let mut settled = 0;
+            vb.table.for_each(|sv| {
+                if sv.is_dirty() && !vb.is_unpersisted(sv) {
+                    settled += 1;
+                }
+            });
+            stats.dirty -= settled.min(stats.dirty);
+            stats
+        })
     }
 
     /// Returns true while the background expiry pager thread runs (it does not when the
@@ -915,7 +926,7 @@ impl Bucket {
                 vb.table.for_each(|sv| {
                     if !sv.is_deleted() && expired(sv.meta(), &now) {
                         keys.push(sv.key_bytes());
-                    } else if sv.is_deleted() && !sv.is_dirty() && !sv.is_placeholder() {
+                    } else if sv.is_deleted() && !vb.is_unpersisted(sv) && !sv.is_placeholder() {
                         clean_tombstones.push(sv.key_bytes());
                     }
                 });
@@ -927,6 +938,7 @@ impl Bucket {
                 }
                 for key in clean_tombstones {
                     vb.table.with_entry(&key, |e| {
+                        e.mark_clean_upto(vb.persisted_seqno());
                         if e.committed().is_some_and(|sv| {
                             sv.is_deleted() && !sv.is_dirty() && !sv.is_placeholder()
                         }) {

@@ -344,6 +344,8 @@ impl Bucket {
         delete: bool,
         now: &LazyNow<'_>,
     ) -> Paged {
+        // The flusher leaves the dirty bits of what it persisted: settle this one first.
+        item.mark_clean_upto(vb.persisted_seqno());
         let (Some(sv), Some(mfu)) = (item.item(), item.mfu()) else {
             return Paged::Kept;
         };
@@ -413,6 +415,7 @@ impl Bucket {
         }
         let (vb, _state) = self.client_vbucket(vbid, key)?;
         vb.table.with_entry(key, |e| {
+            e.mark_clean_upto(vb.persisted_seqno());
             let Some(sv) = e.get() else {
                 // Full eviction: a key not in memory is "already ejected", as KV-Engine
                 // answers.

@@ -264,6 +264,7 @@ impl Bucket {
         let (vb, _state) = self.client_vbucket(vbid, key)?;
         let r = vb.table.with_entry(key, |e| {
             self.fetch_meta_if_evicted(vb, e)?;
+            e.mark_clean_upto(vb.persisted_seqno());
             Ok(match e.committed() {
                 Some(sv) if sv.is_placeholder() => (KeyState::NotFound, Cas(0)),
                 Some(sv) if sv.is_deleted() && sv.is_dirty() => {

@@ -267,6 +267,21 @@ impl VBucket {
         }
     }
 
+    /// The persisted seqno: every version of this vBucket up to it is on disk, so an item
+    /// whose seqno is at or below it is clean whatever its dirty bit says (the flusher
+    /// does not clear the bits; see [`epkv_hashtable::Entry::mark_clean_upto`]). 0 for a
+    /// memory-only vBucket.
+    pub(crate) fn persisted_seqno(&self) -> Seqno {
+        Seqno(self.persist.persisted())
+    }
+
+    /// Whether `sv` (an item of this vBucket) is not on disk yet: its dirty bit is set and
+    /// its seqno is above the persisted seqno.
+    pub(crate) fn is_unpersisted(&self, sv: &epkv_hashtable::StoredValue) -> bool {
+        let persisted = self.persisted_seqno();
+        sv.is_dirty() && (persisted.0 == 0 || sv.meta().by_seqno > persisted)
+    }
+
     /// True when the bucket persists (mutations are queued for the flusher).
     pub(crate) fn is_persistent(&self) -> bool {
         self.persistent

@@ -72,6 +72,45 @@ fn run_fetcher(f: &Fixture) {
     f.exec.run_until_idle(100);
 }
 
+/// The flusher does not clear the dirty bits of what it persisted: raising the persisted
+/// seqno makes those items clean, and eviction, OBSERVE and the table statistics see them
+/// so; a write after the flush is dirty again.
+#[test]
+fn a_flush_makes_its_items_clean_without_looking_them_up() {
+    use epkv_engine_api::KeyState;
+    let dir = tempfile::tempdir().unwrap();
+    let f = open(dir.path(), 64 << 20);
+    let b = &f.bucket;
+    for k in ["a", "b"] {
+        set(b, k, b"v").unwrap();
+    }
+    let dirty = |k: &str| b.hash_table_stats(vb(k)).unwrap().dirty;
+    assert_eq!(
+        b.observe(vb("a"), b"a").map(|r| r.0),
+        Ok(KeyState::NotPersisted)
+    );
+    assert_eq!(b.evict_key(vb("a"), b"a"), Err(EngineStatus::KeyExists));
+    assert!(dirty("a") >= 1);
+    b.flush_all().unwrap();
+    assert_eq!((dirty("a"), dirty("b")), (0, 0));
+    assert_eq!(
+        b.observe(vb("a"), b"a").map(|r| r.0),
+        Ok(KeyState::Persisted)
+    );
+    assert_eq!(b.evict_key(vb("b"), b"b"), Ok(true));
+    // Written again: dirty until the next flush, whatever the persisted seqno was.
+    set(b, "b", b"w").unwrap();
+    assert_eq!(
+        b.observe(vb("b"), b"b").map(|r| r.0),
+        Ok(KeyState::NotPersisted)
+    );
+    assert_eq!(b.evict_key(vb("b"), b"b"), Err(EngineStatus::KeyExists));
+    assert_eq!(dirty("b"), 1);
+    b.flush_all().unwrap();
+    assert_eq!(b.evict_key(vb("b"), b"b"), Ok(true));
+    assert_eq!(get(b, "a").unwrap(), b"v");
+}
+
 #[test]
 fn a_write_racing_a_background_fetch_wins() {
     let dir = tempfile::tempdir().unwrap();

@@ -898,15 +898,19 @@ impl Entry<'_> {
     /// (the flusher persisted it); returns whether it did.
     pub fn mark_clean(&mut self, by_seqno: epkv_types::Seqno) -> bool {
         let counts = self.counts;
-        match self.committed_mut() {
-            Some(sv) if sv.meta().by_seqno == by_seqno && sv.is_dirty() => {
-                let before = sv.props();
-                sv.set_dirty(false);
-                counts.apply(Some(&before), Some(&sv.props()));
-                true
-            }
-            _ => false,
-        }
+        self.committed_mut()
+            .is_some_and(|sv| clean_if(sv, counts, |s| s == by_seqno))
+    }
+
+    /// Marks the committed version clean if its seqno is at or below `persisted` (its
+    /// vBucket's persisted seqno: every version up to it is on disk); returns whether it
+    /// did. The flusher does not look its items up to clear their dirty bits; whoever
+    /// needs the bit exact (eviction, OBSERVE) settles it with this first. A persisted
+    /// seqno of 0 (nothing persisted, or no persistence) cleans nothing.
+    pub fn mark_clean_upto(&mut self, persisted: epkv_types::Seqno) -> bool {
+        let counts = self.counts;
+        self.committed_mut()
+            .is_some_and(|sv| clean_if(sv, counts, |s| persisted.0 > 0 && s <= persisted))
     }
 
     /// Evicts the committed version's value if it is live, clean and resident (value
@@ -923,6 +927,22 @@ impl Entry<'_> {
         };
         evict(sv, counts, shared, &mut inner.mfu)
     }
+}
+
+/// Clears a dirty item's dirty bit if `persisted(its seqno)`, keeping the counts; returns
+/// whether it did.
+pub(crate) fn clean_if(
+    sv: &mut Slot,
+    counts: &StripeCounts,
+    persisted: impl FnOnce(epkv_types::Seqno) -> bool,
+) -> bool {
+    if !sv.is_dirty() || !persisted(sv.meta().by_seqno) {
+        return false;
+    }
+    let before = sv.props();
+    sv.set_dirty(false);
+    counts.apply(Some(&before), Some(&sv.props()));
+    true
 }
 
 /// Evicts a live, clean, resident committed item's value.
@@ -1118,6 +1138,35 @@ mod layout_tests {
             slot.set_mfu(u8::MAX);
             assert_eq!((slot.prefetch_lines(), slot.mfu()), (1, u8::MAX));
         });
+    }
+
+    #[test]
+    fn mark_clean_upto_cleans_only_versions_at_or_below_the_persisted_seqno() {
+        let t = HashTable::unlimited(4).unwrap();
+        let meta = |seqno| ItemMeta {
+            by_seqno: epkv_types::Seqno(seqno),
+            ..ItemMeta::default()
+        };
+        t.insert(StoredValue::new(b"a", b"x", meta(5)).unwrap())
+            .unwrap();
+        t.insert(StoredValue::new(b"b", b"x", meta(9)).unwrap())
+            .unwrap();
+        assert_eq!(t.stats().dirty, 2);
+        // Nothing persisted yet (0) cleans nothing, not even a version at seqno 0.
+        let settle = |k: &[u8], p| t.with_entry(k, |e| e.mark_clean_upto(epkv_types::Seqno(p)));
+        assert!(!settle(b"a", 0));
+        assert!(!settle(b"a", 4));
+        assert!(settle(b"a", 5));
+        assert!(!settle(b"a", 5), "already clean");
+        assert!(!settle(b"b", 8));
+        assert!(!settle(b"missing", 100));
+        assert_eq!(t.stats().dirty, 1);
+        // A clean item can be evicted; the dirty one cannot until it is settled.
+        assert!(t.with_entry(b"a", |e| e.evict_value()));
+        assert!(!t.with_entry(b"b", |e| e.evict_value()));
+        assert!(settle(b"b", 12));
+        assert!(t.with_entry(b"b", |e| e.evict_value()));
+        assert_eq!(t.stats().dirty, 0);
     }
 
     /// Whether every stripe's bucket hint says where its committed slots are now.

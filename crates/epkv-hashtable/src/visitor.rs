@@ -91,6 +91,20 @@ impl VisitedItem<'_> {
         }
     }
 
+    /// As [`crate::Entry::mark_clean_upto`]: clears the item's dirty bit if its seqno is at
+    /// or below `persisted`; returns whether it did.
+    pub fn mark_clean_upto(&mut self, persisted: epkv_types::Seqno) -> bool {
+        if self.removed {
+            return false;
+        }
+        match self.inner.committed.get_mut(self.bucket) {
+            Some(sv) => {
+                crate::hash_table::clean_if(sv, self.counts, |s| persisted.0 > 0 && s <= persisted)
+            }
+            None => false,
+        }
+    }
+
     /// Evicts the item's value if it is live, clean and resident; returns whether it did.
     pub fn evict_value(&mut self) -> bool {
         if self.removed {
