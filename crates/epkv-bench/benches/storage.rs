@@ -209,6 +209,7 @@ fn make_batch(rng: &mut Rng, seqnos: &mut [u64], items: usize, keyspace: u64) ->
         .map(|(vb, docs)| VbCommit {
             vbid: Vbid(u16::try_from(vb).unwrap_or(0)),
             docs: docs.into(),
+            keys_unique: false,
             state: VbState::new(VBucketState::Active),
         })
         .collect()
@@ -444,6 +445,7 @@ fn persist_run(m: Mode, shards: usize, vbuckets: usize, writers: usize, d: Durat
                             .map(|(vb, docs)| VbCommit {
                                 vbid: Vbid(vb),
                                 docs: docs.into(),
+                                keys_unique: false,
                                 state: VbState::new(VBucketState::Active),
                             })
                             .collect();
@@ -706,6 +708,7 @@ fn main() {
                     s.commit(&[VbCommit {
                         vbid: Vbid(0),
                         docs: chunk.to_vec().into(),
+                        keys_unique: false,
                         state: VbState::new(VBucketState::Active),
                     }]),
                     "commit",
@@ -721,6 +724,7 @@ fn main() {
             mem.commit(&[VbCommit {
                 vbid: Vbid(0),
                 docs: docs.clone().into(),
+                keys_unique: false,
                 state: VbState::new(VBucketState::Active),
             }]),
             "commit",

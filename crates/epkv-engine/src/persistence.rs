@@ -785,6 +785,8 @@ impl Persistence {
             commits.push(VbCommit {
                 vbid: vb.id,
                 docs: Arc::new(docs),
+                // The queue holds one version per key, and `take` sorts them by seqno.
+                keys_unique: true,
                 state,
             });
         }

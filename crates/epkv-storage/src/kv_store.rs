@@ -78,6 +78,7 @@ pub trait KvStore: Send + Sync + std::fmt::Debug {
         self.commit(&[VbCommit {
             vbid,
             docs: Default::default(),
+            keys_unique: false,
             state: state.clone(),
         }])
     }

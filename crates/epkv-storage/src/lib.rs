@@ -48,7 +48,7 @@
 //!     key: b"k".to_vec(), value: b"v".to_vec().into(), seqno: 1, cas: 7, rev_seqno: 1,
 //!     flags: 0, expiry: 0, datatype: 0, deleted: false,
 //! };
-//! store.commit(&[VbCommit { vbid: Vbid(3), docs: vec![doc].into(), state: VbState::new(VBucketState::Active) }])?;
+//! store.commit(&[VbCommit { vbid: Vbid(3), docs: vec![doc].into(), keys_unique: false, state: VbState::new(VBucketState::Active) }])?;
 //! store.close()?;
 //! let store = FileStore::open(FileStoreConfig::new(&dir))?;
 //! assert_eq!(store.get(Vbid(3), b"k")?.map(|d| d.value.to_vec()), Some(b"v".to_vec()));

@@ -84,6 +84,11 @@ pub struct VbCommit {
     /// them), the store keeps this very list for its pending commit instead of copying the
     /// documents, and the caller still reads it afterwards (to mark them clean).
     pub docs: std::sync::Arc<Vec<Document>>,
+    /// The caller vouches that `docs` hold each key once, in ascending seqno order (the
+    /// engine's dirty queue holds one version per key): the store then shares the list
+    /// as it is, without hashing every key to de-duplicate it. False makes the store
+    /// check, and copy out the newest version of each key when it must.
+    pub keys_unique: bool,
     /// The vBucket state to commit with them. `high_seqno` and `max_cas` are raised to
     /// cover the documents if lower; `persisted_seqno` is set by the store.
     pub state: VbState,

@@ -37,6 +37,7 @@ fn commit(s: &dyn KvStore, vb: u16, docs: Vec<Document>) {
     s.commit(&[VbCommit {
         vbid: Vbid(vb),
         docs: docs.into(),
+        keys_unique: false,
         state: VbState::new(VBucketState::Active),
     }])
     .unwrap();
@@ -314,6 +315,7 @@ fn journal_makes_a_multi_vbucket_batch_durable_with_one_sync() {
         .map(|vb| VbCommit {
             vbid: Vbid(vb),
             docs: vec![doc("k", 1, "v")].into(),
+            keys_unique: false,
             state: VbState::new(VBucketState::Active),
         })
         .collect();

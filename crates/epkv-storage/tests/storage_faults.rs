@@ -32,6 +32,7 @@ fn batch(vbs: &[u16], key: &str, seqno: u64) -> Vec<VbCommit> {
         .map(|&vb| VbCommit {
             vbid: Vbid(vb),
             docs: vec![doc(key, seqno)].into(),
+            keys_unique: false,
             state: VbState::new(VBucketState::Active),
         })
         .collect()

@@ -111,6 +111,7 @@ impl Model {
             .map(|(vb, docs)| VbCommit {
                 vbid: Vbid(vb),
                 docs: docs.into(),
+                keys_unique: false,
                 state: VbState {
                     high_seqno: self.high[&vb],
                     ..VbState::new(VBucketState::Active)

@@ -39,6 +39,7 @@ fn commit(s: &FileStore, vb: u16) -> Result<(), Error> {
             deleted: false,
         }]
         .into(),
+        keys_unique: false,
         state: VbState::new(VBucketState::Active),
     }])
 }
