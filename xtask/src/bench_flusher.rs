@@ -233,6 +233,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// Rate `r`'s median over `rounds`, field by field.
+fn median_sample(rounds: &[Vec<Sample>], r: usize) -> Sample {
+    let col = |f: fn(&Sample) -> f64| median(rounds.iter().map(|s| f(&s[r])).collect());
+    Sample {
+        achieved: col(|s| s.achieved),
+        persisted_per_sec: col(|s| s.persisted_per_sec),
+        per_commit: col(|s| s.per_commit),
+        per_item: col(|s| s.per_item),
+        per_set: col(|s| s.per_set),
+    }
+}
+
 /// Runs the bench and writes its report.
 pub(crate) fn bench_flusher(opts: &FlusherOptions) -> Result<()> {
     let bin = process::release_server_bin(opts.epkv_bin.as_ref())?;
@@ -279,42 +291,47 @@ pub(crate) fn bench_flusher(opts: &FlusherOptions) -> Result<()> {
          | build | target SETs/s | achieved SETs/s | items persisted/s | items per commit | writer CPU µs per persisted item (each round) | server CPU µs per SET |\n\
          |---|---|---:|---:|---:|---:|---:|\n",
     );
+    // Each build's medians over the rounds, per rate.
+    let medians: Vec<Vec<Sample>> = samples
+        .iter()
+        .map(|rounds| (0..rates.len()).map(|r| median_sample(rounds, r)).collect())
+        .collect();
     for (i, (name, b, args)) in builds.iter().enumerate() {
         for (r, &rate) in rates.iter().enumerate() {
-            let col = |f: fn(&Sample) -> f64| median(samples[i].iter().map(|s| f(&s[r])).collect());
+            let m = medians[i][r];
             let each: Vec<String> = samples[i]
                 .iter()
                 .map(|s| format!("{:.2}", s[r].per_item))
                 .collect();
-            let (achieved, persisted, per_commit, per_item, per_set) = (
-                col(|s| s.achieved),
-                col(|s| s.persisted_per_sec),
-                col(|s| s.per_commit),
-                col(|s| s.per_item),
-                col(|s| s.per_set),
-            );
             let label = label(rate);
             rows.push(json!({"bench": "flusher/cpu_per_persisted_item",
                 "params": {"target_sets_per_sec": label, "secs": secs, "value_bytes": 512, "keys": KEYS, "connections": CONNECTIONS, "rounds": rounds, "binary": b.display().to_string(), "args": args},
-                "impl": name, "items_per_sec": persisted,
-                "ns_per_op": per_item * 1e3, "writer_cpu_us_per_item": per_item,
-                "server_cpu_us_per_set": per_set, "sets_per_sec": achieved,
-                "items_per_commit": per_commit}));
+                "impl": name, "items_per_sec": m.persisted_per_sec,
+                "ns_per_op": m.per_item * 1e3, "writer_cpu_us_per_item": m.per_item,
+                "server_cpu_us_per_set": m.per_set, "sets_per_sec": m.achieved,
+                "items_per_commit": m.per_commit}));
             md.push_str(&format!(
-                "| {name} | {label} | {achieved:.0} | {persisted:.0} | {per_commit:.1} | **{per_item:.2}** ({}) | {per_set:.2} |\n",
-                each.join(", ")
+                "| {name} | {label} | {:.0} | {:.0} | {:.1} | **{:.2}** ({}) | {:.2} |\n",
+                m.achieved,
+                m.persisted_per_sec,
+                m.per_commit,
+                m.per_item,
+                each.join(", "),
+                m.per_set
             ));
         }
     }
-    if builds.len() == 2 {
+    if let [shipped, compare] = medians.as_slice() {
         md.push_str("\nRatios (as shipped / compare, writer CPU per item, medians): ");
         let parts: Vec<String> = rates
             .iter()
-            .enumerate()
-            .map(|(r, &rate)| {
-                let a = median(samples[0].iter().map(|s| s[r].per_item).collect());
-                let b = median(samples[1].iter().map(|s| s[r].per_item).collect());
-                format!("{} {:.2}x", label(rate), a / b.max(f64::MIN_POSITIVE))
+            .zip(shipped.iter().zip(compare))
+            .map(|(&rate, (a, b))| {
+                format!(
+                    "{} {:.2}x",
+                    label(rate),
+                    a.per_item / b.per_item.max(f64::MIN_POSITIVE)
+                )
             })
             .collect();
         md.push_str(&parts.join(", "));

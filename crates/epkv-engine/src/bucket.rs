@@ -879,9 +879,10 @@ impl Bucket {
     pub fn hash_table_stats(&self, vbid: Vbid) -> Option<epkv_hashtable::TableStats> {
         self.vbuckets.get(usize::from(vbid.0)).map(|vb| {
             let mut stats = vb.table.stats();
+            let persisted = vb.persisted_seqno();
             let mut settled = 0;
             vb.table.for_each(|sv| {
-                if sv.is_dirty() && !vb.is_unpersisted(sv) {
+                if sv.is_dirty() && !sv.is_unpersisted(persisted) {
                     settled += 1;
                 }
             });
@@ -923,10 +924,14 @@ impl Bucket {
                 // KV-Engine's expiry pager removes temporary items.
                 let mut keys = Vec::new();
                 let mut clean_tombstones = Vec::new();
+                let persisted = vb.persisted_seqno();
                 vb.table.for_each(|sv| {
                     if !sv.is_deleted() && expired(sv.meta(), &now) {
                         keys.push(sv.key_bytes());
-                    } else if sv.is_deleted() && !vb.is_unpersisted(sv) && !sv.is_placeholder() {
+                    } else if sv.is_deleted()
+                        && !sv.is_unpersisted(persisted)
+                        && !sv.is_placeholder()
+                    {
                         clean_tombstones.push(sv.key_bytes());
                     }
                 });
@@ -938,7 +943,7 @@ impl Bucket {
                 }
                 for key in clean_tombstones {
                     vb.table.with_entry(&key, |e| {
-                        e.mark_clean_upto(vb.persisted_seqno());
+                        e.mark_clean_upto(persisted);
                         if e.committed().is_some_and(|sv| {
                             sv.is_deleted() && !sv.is_dirty() && !sv.is_placeholder()
                         }) {

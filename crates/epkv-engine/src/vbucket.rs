@@ -275,13 +275,6 @@ impl VBucket {
         Seqno(self.persist.persisted())
     }
 
-    /// Whether `sv` (an item of this vBucket) is not on disk yet: its dirty bit is set and
-    /// its seqno is above the persisted seqno.
-    pub(crate) fn is_unpersisted(&self, sv: &epkv_hashtable::StoredValue) -> bool {
-        let persisted = self.persisted_seqno();
-        sv.is_dirty() && (persisted.0 == 0 || sv.meta().by_seqno > persisted)
-    }
-
     /// True when the bucket persists (mutations are queued for the flusher).
     pub(crate) fn is_persistent(&self) -> bool {
         self.persistent

@@ -899,18 +899,17 @@ impl Entry<'_> {
     pub fn mark_clean(&mut self, by_seqno: epkv_types::Seqno) -> bool {
         let counts = self.counts;
         self.committed_mut()
-            .is_some_and(|sv| clean_if(sv, counts, |s| s == by_seqno))
+            .is_some_and(|sv| clean_if(sv, counts, |v| v.meta().by_seqno == by_seqno))
     }
 
-    /// Marks the committed version clean if its seqno is at or below `persisted` (its
-    /// vBucket's persisted seqno: every version up to it is on disk); returns whether it
-    /// did. The flusher does not look its items up to clear their dirty bits; whoever
-    /// needs the bit exact (eviction, OBSERVE) settles it with this first. A persisted
-    /// seqno of 0 (nothing persisted, or no persistence) cleans nothing.
+    /// Marks the committed version clean if `persisted` (its vBucket's persisted seqno)
+    /// covers it ([`StoredValue::is_unpersisted`] is false); returns whether it did. The
+    /// flusher does not look its items up to clear their dirty bits; whoever needs the
+    /// bit exact (eviction, OBSERVE) settles it with this first.
     pub fn mark_clean_upto(&mut self, persisted: epkv_types::Seqno) -> bool {
         let counts = self.counts;
         self.committed_mut()
-            .is_some_and(|sv| clean_if(sv, counts, |s| persisted.0 > 0 && s <= persisted))
+            .is_some_and(|sv| clean_upto(sv, counts, persisted))
     }
 
     /// Evicts the committed version's value if it is live, clean and resident (value
@@ -929,20 +928,29 @@ impl Entry<'_> {
     }
 }
 
-/// Clears a dirty item's dirty bit if `persisted(its seqno)`, keeping the counts; returns
+/// Clears a dirty item's dirty bit if `persisted(item)`, keeping the counts; returns
 /// whether it did.
-pub(crate) fn clean_if(
+fn clean_if(
     sv: &mut Slot,
     counts: &StripeCounts,
-    persisted: impl FnOnce(epkv_types::Seqno) -> bool,
+    persisted: impl FnOnce(&StoredValue) -> bool,
 ) -> bool {
-    if !sv.is_dirty() || !persisted(sv.meta().by_seqno) {
+    if !sv.is_dirty() || !persisted(sv) {
         return false;
     }
     let before = sv.props();
     sv.set_dirty(false);
     counts.apply(Some(&before), Some(&sv.props()));
     true
+}
+
+/// [`Entry::mark_clean_upto`] of one slot.
+pub(crate) fn clean_upto(
+    sv: &mut Slot,
+    counts: &StripeCounts,
+    persisted: epkv_types::Seqno,
+) -> bool {
+    clean_if(sv, counts, |v| !v.is_unpersisted(persisted))
 }
 
 /// Evicts a live, clean, resident committed item's value.

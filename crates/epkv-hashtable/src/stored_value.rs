@@ -506,6 +506,16 @@ impl StoredValue {
         self.header().bits & DIRTY != 0
     }
 
+    /// Whether this version is not on disk yet, given its vBucket's persisted seqno
+    /// (every version at or below it is on disk): dirty, and above `persisted`. A
+    /// persisted seqno of 0 (nothing persisted, or no persistence) covers nothing. The
+    /// engine's flusher raises the persisted seqno without clearing dirty bits, so this,
+    /// not [`Self::is_dirty`], is what says whether an item may be ejected.
+    #[must_use]
+    pub fn is_unpersisted(&self, persisted: epkv_types::Seqno) -> bool {
+        self.is_dirty() && (persisted.0 == 0 || self.meta().by_seqno > persisted)
+    }
+
     /// False once the value has been evicted from memory.
     #[must_use]
     pub fn is_resident(&self) -> bool {

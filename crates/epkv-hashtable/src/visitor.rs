@@ -91,16 +91,14 @@ impl VisitedItem<'_> {
         }
     }
 
-    /// As [`crate::Entry::mark_clean_upto`]: clears the item's dirty bit if its seqno is at
-    /// or below `persisted`; returns whether it did.
+    /// As [`crate::Entry::mark_clean_upto`]: clears the item's dirty bit if `persisted`
+    /// covers it; returns whether it did.
     pub fn mark_clean_upto(&mut self, persisted: epkv_types::Seqno) -> bool {
         if self.removed {
             return false;
         }
         match self.inner.committed.get_mut(self.bucket) {
-            Some(sv) => {
-                crate::hash_table::clean_if(sv, self.counts, |s| persisted.0 > 0 && s <= persisted)
-            }
+            Some(sv) => crate::hash_table::clean_upto(sv, self.counts, persisted),
             None => false,
         }
     }

@@ -82,7 +82,8 @@ pub struct VbCommit {
     /// Mutations and tombstones, in any order; for a key given twice the higher seqno wins.
     /// Shared: when each key is given once, in seqno order (as the engine's flusher gives
     /// them), the store keeps this very list for its pending commit instead of copying the
-    /// documents, and the caller still reads it afterwards (to mark them clean).
+    /// documents, and the caller still has it afterwards (to count the bytes, or to queue
+    /// the documents again after a failed commit).
     pub docs: std::sync::Arc<Vec<Document>>,
     /// The caller vouches that `docs` hold each key once, in ascending seqno order (the
     /// engine's dirty queue holds one version per key): the store then shares the list
