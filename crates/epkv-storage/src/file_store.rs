@@ -425,6 +425,34 @@ fn latest_of_entries(pending: &[JournalEntry]) -> Vec<&Document> {
     docs
 }
 
+/// A commit's documents, each key once, in seqno order: the commit's own list, shared,
+/// when it already is that; otherwise the newest version of each key, copied.
+pub(crate) fn dedup_commit(c: &VbCommit) -> Arc<Vec<Document>> {
+    debug_assert!(
+        !c.keys_unique || unique_in_seqno_order(&c.docs),
+        "a commit vouching for unique keys in seqno order has duplicates or is out of order"
+    );
+    if c.keys_unique || unique_in_seqno_order(&c.docs) {
+        Arc::clone(&c.docs)
+    } else {
+        Arc::new(latest_per_key(c.docs.iter(), c.docs.len()))
+    }
+}
+
+/// The state a commit leaves: `state` with its high seqno and max CAS raised to cover
+/// `docs`, and the persisted seqno at the high seqno.
+pub(crate) fn completed_state(state: &VbState, docs: &[Document]) -> VbState {
+    let mut state = state.clone();
+    if let Some(max) = docs.iter().map(|d| d.seqno).max() {
+        state.high_seqno = state.high_seqno.max(max);
+    }
+    if let Some(max) = docs.iter().map(|d| d.cas).max() {
+        state.max_cas = state.max_cas.max(max);
+    }
+    state.persisted_seqno = state.high_seqno;
+    state
+}
+
 /// A vBucket's mark in [`FileStore::compacting`]; dropping it wakes a compaction waiting for
 /// the same vBucket.
 struct CompactingGuard<'a> {
@@ -943,27 +971,11 @@ impl FileStore {
     /// next commit id and the completed state. The commit's own list is shared when it
     /// already is that (each key once, in seqno order); otherwise the documents are copied.
     fn prepare(g: &VbFile, c: &VbCommit) -> JournalEntry {
-        debug_assert!(
-            !c.keys_unique || unique_in_seqno_order(&c.docs),
-            "a commit vouching for unique keys in seqno order has duplicates or is out of order"
-        );
-        let docs = if c.keys_unique || unique_in_seqno_order(&c.docs) {
-            Arc::clone(&c.docs)
-        } else {
-            Arc::new(latest_per_key(c.docs.iter(), c.docs.len()))
-        };
-        let mut state = c.state.clone();
-        if let Some(max) = docs.iter().map(|d| d.seqno).max() {
-            state.high_seqno = state.high_seqno.max(max);
-        }
-        if let Some(max) = docs.iter().map(|d| d.cas).max() {
-            state.max_cas = state.max_cas.max(max);
-        }
-        state.persisted_seqno = state.high_seqno;
+        let docs = dedup_commit(c);
         JournalEntry {
             vbid: g.vbid,
             commit_id: g.next_commit_id(),
-            state,
+            state: completed_state(&c.state, &docs),
             docs,
         }
     }
@@ -1505,35 +1517,19 @@ impl FileStore {
         let mut io_err: Option<Error> = None;
         let mut body = Vec::new();
         data_file::scan_by_seqno(old, view, 0, u64::MAX, &mut |d| {
-            if d.deleted && d.seqno <= rule.purge_before_seqno && d.seqno != high {
-                out.tombstones_purged += 1;
-                purge_seqno = purge_seqno.max(d.seqno);
-                return ScanControl::Continue;
-            }
-            if !d.deleted
-                && d.expiry != 0
-                && rule.now_secs.is_some_and(|now| d.expiry <= now)
-                && d.seqno != high
-            {
-                out.expired += 1;
-                return ScanControl::Continue;
-            }
-            if !rule.dropped_collections.is_empty()
-                && rule
-                    .dropped_collections
-                    .contains(&epkv_types::doc_key::collection_of(&d.key))
-                && d.seqno != high
-            {
-                out.collection_docs_dropped += 1;
-                return ScanControl::Continue;
-            }
-            if rule.completed_prepares
-                && !d.deleted
-                && d.seqno <= header.state.high_completed_seqno
-                && d.seqno != high
-                && epkv_types::doc_key::collection_of(&d.key) == crate::types::PREPARE_NAMESPACE
-            {
-                out.prepares_purged += 1;
+            let v = rule.verdict(
+                &d.key,
+                d.seqno,
+                d.deleted,
+                d.expiry,
+                high,
+                header.state.high_completed_seqno,
+            );
+            if v.is_some() {
+                if v == Some(crate::types::Purged::Tombstone) {
+                    purge_seqno = purge_seqno.max(d.seqno);
+                }
+                out.count(v);
                 return ScanControl::Continue;
             }
             let mut d = d;

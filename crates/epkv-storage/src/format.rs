@@ -46,6 +46,8 @@ pub const MAX_BODY_LEN: u32 = 256 << 20;
 pub const DATA_MAGIC: &[u8; 8] = b"EPKVDATA";
 /// Magic at the start of a journal's superblock.
 pub const JOURNAL_MAGIC: &[u8; 8] = b"EPKVJRNL";
+/// Magic of a log file's superblock ([`crate::LogStore`]).
+pub const LOG_MAGIC: &[u8; 8] = b"EPKVLOGF";
 /// Magic ending every header body (`EPKH` in ASCII, read as a little-endian u32).
 pub const HEADER_TRAILER_MAGIC: u32 = u32::from_le_bytes(*b"EPKH");
 /// Bytes of the trailer that ends a header body: total frame length u32, magic u32.
@@ -73,6 +75,16 @@ pub enum RecordKind {
     JournalSuperblock = 7,
     /// One flush batch in the journal.
     JournalBatch = 8,
+    /// The superblock at offset 0 of a log file ([`crate::LogStore`]).
+    LogSuperblock = 9,
+    /// The head of a batch in a log file: per vBucket its incarnation, state and how many
+    /// [`RecordKind::Document`] frames follow ([`LogHead`]).
+    LogHead = 10,
+    /// A vBucket deleted from a log store ([`LogVbDelete`]).
+    LogVbDelete = 11,
+    /// Documents a log store's compaction purged, with the vBucket's new state
+    /// ([`LogPurge`]).
+    LogPurge = 12,
 }
 
 impl RecordKind {
@@ -88,6 +100,10 @@ impl RecordKind {
             6 => Self::DataSuperblock,
             7 => Self::JournalSuperblock,
             8 => Self::JournalBatch,
+            9 => Self::LogSuperblock,
+            10 => Self::LogHead,
+            11 => Self::LogVbDelete,
+            12 => Self::LogPurge,
             _ => return None,
         })
     }
@@ -669,16 +685,20 @@ pub fn put_superblock_version(
     version: u16,
 ) {
     let mut body = Vec::with_capacity(20);
-    let magic = if kind == RecordKind::JournalSuperblock {
-        JOURNAL_MAGIC
-    } else {
-        DATA_MAGIC
-    };
+    let magic = superblock_magic(kind);
     body.extend_from_slice(magic);
     put_u16(&mut body, version);
     put_u16(&mut body, id);
     put_u64(&mut body, rev);
     put_frame(out, kind, &body);
+}
+
+fn superblock_magic(kind: RecordKind) -> &'static [u8; 8] {
+    match kind {
+        RecordKind::JournalSuperblock => JOURNAL_MAGIC,
+        RecordKind::LogSuperblock => LOG_MAGIC,
+        _ => DATA_MAGIC,
+    }
 }
 
 /// Length of a superblock frame.
@@ -691,12 +711,7 @@ pub const SUPERBLOCK_LEN: usize = FRAME_HEADER_LEN + 20;
 pub fn decode_superblock(body: &[u8], kind: RecordKind) -> Result<(u16, u64, u16), DecodeError> {
     let mut c = Cursor::new(body);
     let magic = c.bytes(8)?;
-    let want = if kind == RecordKind::JournalSuperblock {
-        JOURNAL_MAGIC
-    } else {
-        DATA_MAGIC
-    };
-    if magic != want {
+    if magic != superblock_magic(kind) {
         return Err(DecodeError::Invalid("superblock magic"));
     }
     let version = c.u16()?;
@@ -769,6 +784,215 @@ pub fn decode_journal_batch(body: &[u8]) -> Result<(u64, Vec<JournalEntry>), Dec
     Ok((generation, out))
 }
 
+/// One vBucket's part of a [`LogHead`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogHeadEntry {
+    /// The vBucket.
+    pub vbid: u16,
+    /// Which life of the vBucket this belongs to: a [`LogVbDelete`] ends every incarnation
+    /// up to its own, and a vBucket created again gets a higher one.
+    pub incarnation: u64,
+    /// The vBucket's state, with the sequence number of the commit that set it (a
+    /// compaction copying it keeps that number), or `None`.
+    pub state: Option<(u64, VbState)>,
+    /// How many [`RecordKind::Document`] frames of this vBucket follow (after those of the
+    /// entries before it).
+    pub docs: u32,
+}
+
+/// The head of one batch in a log file; the documents follow as frames of their own, each
+/// with its own CRC, so that one can be read alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogHead {
+    /// The store's commit sequence number (one per batch, increasing in file order).
+    pub seq: u64,
+    /// The vBuckets of the batch.
+    pub entries: Vec<LogHeadEntry>,
+}
+
+/// Encodes a [`LogHead`] body.
+pub fn encode_log_head(out: &mut Vec<u8>, h: &LogHead) {
+    put_u64(out, h.seq);
+    put_u16(out, len_u16(h.entries.len()));
+    for e in &h.entries {
+        put_u16(out, e.vbid);
+        put_u64(out, e.incarnation);
+        match &e.state {
+            Some((seq, st)) => {
+                out.push(1);
+                put_u64(out, *seq);
+                encode_vbstate(out, st);
+            }
+            None => out.push(0),
+        }
+        put_u32(out, e.docs);
+    }
+}
+
+/// Decodes a [`LogHead`] body.
+///
+/// # Errors
+/// On any truncation or invalid field.
+pub fn decode_log_head(body: &[u8]) -> Result<LogHead, DecodeError> {
+    let mut c = Cursor::new(body);
+    let seq = c.u64()?;
+    let n = c.u16()?;
+    let n = c.count(u64::from(n), 15)?;
+    let mut entries = Vec::with_capacity(n);
+    for _ in 0..n {
+        let vbid = c.u16()?;
+        let incarnation = c.u64()?;
+        let state = match c.u8()? {
+            0 => None,
+            1 => Some((c.u64()?, read_vbstate(&mut c)?)),
+            _ => return Err(DecodeError::Invalid("log head state flag")),
+        };
+        let docs = c.u32()?;
+        entries.push(LogHeadEntry {
+            vbid,
+            incarnation,
+            state,
+            docs,
+        });
+    }
+    c.finish()?;
+    Ok(LogHead { seq, entries })
+}
+
+/// A vBucket deleted from a log store: every record of it with an incarnation at or below
+/// `incarnation` is dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogVbDelete {
+    /// The vBucket.
+    pub vbid: u16,
+    /// The last incarnation it ends.
+    pub incarnation: u64,
+}
+
+/// Encodes a [`LogVbDelete`] body.
+pub fn encode_log_vb_delete(out: &mut Vec<u8>, d: &LogVbDelete) {
+    put_u16(out, d.vbid);
+    put_u64(out, d.incarnation);
+}
+
+/// Decodes a [`LogVbDelete`] body.
+///
+/// # Errors
+/// On truncation or trailing bytes.
+pub fn decode_log_vb_delete(body: &[u8]) -> Result<LogVbDelete, DecodeError> {
+    let mut c = Cursor::new(body);
+    let d = LogVbDelete {
+        vbid: c.u16()?,
+        incarnation: c.u64()?,
+    };
+    c.finish()?;
+    Ok(d)
+}
+
+/// Documents purged from a vBucket of a log store by its compaction: each key's versions at
+/// or below the seqno given are dead. Carries the state the compaction leaves (its purge
+/// seqno raised).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogPurge {
+    /// The vBucket.
+    pub vbid: u16,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// The commit sequence number of `state`.
+    pub seq: u64,
+    /// The vBucket's state after the compaction.
+    pub state: VbState,
+    /// (key, seqno) of each purged document.
+    pub keys: Vec<(Vec<u8>, u64)>,
+}
+
+/// Encodes a [`LogPurge`] body.
+pub fn encode_log_purge(out: &mut Vec<u8>, p: &LogPurge) {
+    put_u16(out, p.vbid);
+    put_u64(out, p.incarnation);
+    put_u64(out, p.seq);
+    encode_vbstate(out, &p.state);
+    put_u32(out, len_u32(p.keys.len()));
+    for (k, s) in &p.keys {
+        put_u16(out, len_u16(k.len()));
+        out.extend_from_slice(k);
+        put_u64(out, *s);
+    }
+}
+
+/// Decodes a [`LogPurge`] body.
+///
+/// # Errors
+/// On any truncation or invalid field.
+pub fn decode_log_purge(body: &[u8]) -> Result<LogPurge, DecodeError> {
+    let mut c = Cursor::new(body);
+    let vbid = c.u16()?;
+    let incarnation = c.u64()?;
+    let seq = c.u64()?;
+    let state = read_vbstate(&mut c)?;
+    let n = c.u32()?;
+    let n = c.count(u64::from(n), 10)?;
+    let mut keys = Vec::with_capacity(n);
+    for _ in 0..n {
+        let kl = usize::from(c.u16()?);
+        let k = c.bytes(kl)?.to_vec();
+        keys.push((k, c.u64()?));
+    }
+    c.finish()?;
+    Ok(LogPurge {
+        vbid,
+        incarnation,
+        seq,
+        state,
+        keys,
+    })
+}
+
+/// What a log store's index keeps of a document: read from its body without copying the
+/// value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DocMeta<'a> {
+    /// The key.
+    pub key: &'a [u8],
+    /// The seqno.
+    pub seqno: u64,
+    /// Absolute expiry (0 = never).
+    pub expiry: u32,
+    /// A tombstone.
+    pub deleted: bool,
+}
+
+/// Reads a document body's key, seqno, expiry and deleted flag, checking that the body is
+/// exactly one document.
+///
+/// # Errors
+/// As [`decode_document`].
+pub fn decode_document_meta(body: &[u8]) -> Result<DocMeta<'_>, DecodeError> {
+    let mut c = Cursor::new(body);
+    let seqno = c.u64()?;
+    let _cas = c.u64()?;
+    let _rev = c.u64()?;
+    let _flags = c.u32()?;
+    let expiry = c.u32()?;
+    let _datatype = c.u8()?;
+    let deleted = match c.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(DecodeError::Invalid("deleted flag")),
+    };
+    let kl = usize::from(c.u16()?);
+    let vl = c.u32()?;
+    let key = c.bytes(kl)?;
+    c.bytes(usize::try_from(vl).map_err(|_| DecodeError::Length(u64::from(vl)))?)?;
+    c.finish()?;
+    Ok(DocMeta {
+        key,
+        seqno,
+        expiry,
+        deleted,
+    })
+}
+
 /// Decodes any single frame and its body, for the fuzz target: must never panic.
 ///
 /// # Errors
@@ -781,10 +1005,13 @@ pub fn decode_any(buf: &[u8]) -> Result<RecordKind, DecodeError> {
         RecordKind::SeqBlock => decode_seq_block(body).map(drop),
         RecordKind::Segment => decode_segment(body).map(drop),
         RecordKind::Header => decode_header(body).map(drop),
-        RecordKind::DataSuperblock | RecordKind::JournalSuperblock => {
+        RecordKind::DataSuperblock | RecordKind::JournalSuperblock | RecordKind::LogSuperblock => {
             decode_superblock(body, kind).map(drop)
         }
         RecordKind::JournalBatch => decode_journal_batch(body).map(drop),
+        RecordKind::LogHead => decode_log_head(body).map(drop),
+        RecordKind::LogVbDelete => decode_log_vb_delete(body).map(drop),
+        RecordKind::LogPurge => decode_log_purge(body).map(drop),
     }?;
     Ok(kind)
 }

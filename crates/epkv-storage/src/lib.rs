@@ -66,6 +66,7 @@ mod fd_cache;
 mod file_store;
 pub mod format;
 mod kv_store;
+mod log_store;
 mod mem_store;
 mod types;
 mod vfs;
@@ -77,9 +78,10 @@ pub use file_store::{
     COMPACT_CHUNK_BYTES, FileStore, FileStoreConfig, JournalMode, Quarantined, RecoveryReport,
 };
 pub use kv_store::KvStore;
+pub use log_store::{CleanOutcome, LogRecoveryReport, LogStore, LogStoreConfig};
 pub use mem_store::MemStore;
 pub use types::{
     CompactionOutcome, Document, FailoverEntry, FileUsage, KeyMeta, PREPARE_NAMESPACE, PurgeRule,
-    ScanControl, StoreStats, VbCommit, VbState,
+    Purged, ScanControl, StoreStats, VbCommit, VbState,
 };
 pub use vfs::{OpenMode, RealFs, VFile, Vfs};

@@ -145,29 +145,19 @@ impl KvStore for MemStore {
         let mut out = CompactionOutcome::default();
         let mut purge = state.purge_seqno;
         vb.docs.retain(|_, d| {
-            if d.deleted && d.seqno <= rule.purge_before_seqno && d.seqno != high {
-                out.tombstones_purged += 1;
+            let v = rule.verdict(
+                &d.key,
+                d.seqno,
+                d.deleted,
+                d.expiry,
+                high,
+                state.high_completed_seqno,
+            );
+            if v == Some(crate::types::Purged::Tombstone) {
                 purge = purge.max(d.seqno);
-                false
-            } else if !d.deleted
-                && d.expiry != 0
-                && rule.now_secs.is_some_and(|now| d.expiry <= now)
-                && d.seqno != high
-            {
-                out.expired += 1;
-                false
-            } else if rule.completed_prepares
-                && !d.deleted
-                && d.seqno <= state.high_completed_seqno
-                && d.seqno != high
-                && epkv_types::doc_key::collection_of(&d.key) == crate::types::PREPARE_NAMESPACE
-            {
-                out.prepares_purged += 1;
-                false
-            } else {
-                out.kept += 1;
-                true
             }
+            out.count(v);
+            v.is_none()
         });
         state.purge_seqno = purge;
         self.stats.lock().compactions += 1;

@@ -115,6 +115,57 @@ pub struct PurgeRule {
     pub completed_prepares: bool,
 }
 
+/// Why a compaction drops a document ([`PurgeRule::verdict`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purged {
+    /// A tombstone at or below [`PurgeRule::purge_before_seqno`].
+    Tombstone,
+    /// A live document past its expiry ([`PurgeRule::now_secs`]).
+    Expired,
+    /// A document of a dropped collection.
+    DroppedCollection,
+    /// A completed SyncWrite prepare.
+    CompletedPrepare,
+}
+
+impl PurgeRule {
+    /// Whether this rule drops the document with `key`, `seqno`, `deleted` and `expiry`
+    /// from a vBucket whose high seqno and high completed seqno are given. The document at
+    /// the high seqno is always kept (it carries the vBucket's high seqno across restarts).
+    #[must_use]
+    pub fn verdict(
+        &self,
+        key: &[u8],
+        seqno: u64,
+        deleted: bool,
+        expiry: u32,
+        high_seqno: u64,
+        high_completed_seqno: u64,
+    ) -> Option<Purged> {
+        if seqno == high_seqno {
+            None
+        } else if deleted && seqno <= self.purge_before_seqno {
+            Some(Purged::Tombstone)
+        } else if !deleted && expiry != 0 && self.now_secs.is_some_and(|now| expiry <= now) {
+            Some(Purged::Expired)
+        } else if !self.dropped_collections.is_empty()
+            && self
+                .dropped_collections
+                .contains(&epkv_types::doc_key::collection_of(key))
+        {
+            Some(Purged::DroppedCollection)
+        } else if self.completed_prepares
+            && !deleted
+            && seqno <= high_completed_seqno
+            && epkv_types::doc_key::collection_of(key) == PREPARE_NAMESPACE
+        {
+            Some(Purged::CompletedPrepare)
+        } else {
+            None
+        }
+    }
+}
+
 /// The reserved collection id under which an engine stores SyncWrite prepares (KV-Engine's
 /// DurabilityPrepare namespace; `epkv_types::doc_key` never gives it to a collection).
 pub const PREPARE_NAMESPACE: u32 = 2;
@@ -139,6 +190,19 @@ pub struct CompactionOutcome {
     /// Documents committed while the copy ran, appended to the new file afterwards
     /// (files backend; always 0 for the memory backend).
     pub caught_up: u64,
+}
+
+impl CompactionOutcome {
+    /// Counts one document: kept (`None`) or dropped for the reason given.
+    pub(crate) fn count(&mut self, verdict: Option<Purged>) {
+        match verdict {
+            None => self.kept += 1,
+            Some(Purged::Tombstone) => self.tombstones_purged += 1,
+            Some(Purged::Expired) => self.expired += 1,
+            Some(Purged::DroppedCollection) => self.collection_docs_dropped += 1,
+            Some(Purged::CompletedPrepare) => self.prepares_purged += 1,
+        }
+    }
 }
 
 /// Whether a scan continues.

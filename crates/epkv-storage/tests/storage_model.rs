@@ -12,7 +12,7 @@
 
 use epkv_storage::{
     Document, FaultFs, FaultOp, FileStore, FileStoreConfig, FileUsage, JournalMode, KvStore,
-    PurgeRule, ScanControl, VbCommit, VbState,
+    LogStore, LogStoreConfig, PurgeRule, ScanControl, VbCommit, VbState,
 };
 use epkv_types::{VBucketState, Vbid};
 use proptest::prelude::*;
@@ -167,6 +167,12 @@ fn check_usage(s: &FileStore) {
 
 fn check(s: &FileStore, m: &Model) {
     check_usage(s);
+    check_docs(s, m);
+}
+
+/// Scans by seqno and by key, and every get, return exactly the model; each vBucket's
+/// persisted seqno is the model's high seqno.
+fn check_docs(s: &dyn KvStore, m: &Model) {
     for vb in 0..VBS {
         let want: Vec<&Document> = {
             let mut v: Vec<&Document> = m
@@ -200,7 +206,6 @@ fn check(s: &FileStore, m: &Model) {
             .map(|x| x.values().map(|d| (d.key.clone(), d.seqno)).collect())
             .unwrap_or_default();
         assert_eq!(keys, want_keys, "vb {vb} keys");
-        check_usage(s);
         let high = m.high.get(&vb).copied().unwrap_or(0);
         if high > 0 && m.docs.contains_key(&vb) {
             let st = s.vbucket_state(Vbid(vb)).unwrap().unwrap();
@@ -296,6 +301,85 @@ fn run_with(ops: Vec<Op>, journal: JournalMode, fd_budget: usize, apply_after_by
     check(&s, &m);
 }
 
+/// The same operations against the write-once [`LogStore`], with files of `file_bytes` so
+/// that batches roll over to new files and cleaning (run where the files backend applies
+/// its journal, possibly failing) copies live records forward and deletes files.
+fn run_log(ops: Vec<Op>, file_bytes: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = FaultFs::new();
+    let mut cfg = LogStoreConfig::new(dir.path());
+    cfg.file_bytes = file_bytes;
+    let reopen = |fs: &FaultFs| LogStore::open_with(cfg.clone(), Arc::new(fs.clone())).unwrap();
+    let check_log = |s: &LogStore, m: &Model| {
+        check_docs(s, m);
+        let (bytes, live) = s.usage();
+        assert!(live <= bytes, "live {live} of {bytes}");
+    };
+    let mut s = reopen(&fs);
+    let mut m = Model::default();
+    for op in ops {
+        match op {
+            Op::Commit(spec) => {
+                let (b, docs) = m.batch(&spec);
+                s.commit(&b).unwrap();
+                m.ack(docs);
+            }
+            Op::FailingCommit(f, n, spec) => {
+                let (b, docs) = m.batch(&spec);
+                fs.fail_nth(f, n);
+                let first = s.commit(&b);
+                fs.clear();
+                if first.is_err() {
+                    s.commit(&b).unwrap();
+                }
+                m.ack(docs);
+            }
+            Op::Compact(vb, p, now) => {
+                let rule = PurgeRule {
+                    purge_before_seqno: p,
+                    now_secs: now,
+                    ..PurgeRule::default()
+                };
+                s.compact(Vbid(vb), &rule).unwrap();
+                m.compact(vb, &rule);
+            }
+            Op::ApplyPending(n, fault) => {
+                if let Some((f, k)) = fault {
+                    fs.fail_nth(f, k);
+                }
+                let r = s.clean(10, 0, n, &mut |_| {});
+                fs.clear();
+                if fault.is_none() {
+                    r.unwrap();
+                }
+                check_log(&s, &m);
+            }
+            Op::Checkpoint => s.checkpoint().unwrap(),
+            Op::CleanRestart => {
+                s.close().unwrap();
+                s = reopen(&fs);
+                check_log(&s, &m);
+            }
+            Op::Crash(torn) => {
+                let mut k = 0u64;
+                fs.crash_with(|_, n| {
+                    k += 1;
+                    if torn { (n * (k % 3)) / 3 } else { 0 }
+                })
+                .unwrap();
+                drop(s);
+                s = reopen(&fs);
+                check_log(&s, &m);
+            }
+        }
+    }
+    check_log(&s, &m);
+    fs.crash().unwrap();
+    drop(s);
+    let s = reopen(&fs);
+    check_log(&s, &m);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 40, max_shrink_iters: 200, ..ProptestConfig::default() })]
 
@@ -319,5 +403,15 @@ proptest! {
     #[test]
     fn acknowledged_writes_survive_with_a_tiny_fd_budget(ops in prop::collection::vec(op_strategy(), 1..30)) {
         run(ops, JournalMode::On, 2);
+    }
+
+    #[test]
+    fn log_store_acknowledged_writes_survive_restarts_and_cleaning(ops in prop::collection::vec(op_strategy(), 1..40)) {
+        run_log(ops, 2048);
+    }
+
+    #[test]
+    fn log_store_with_large_files(ops in prop::collection::vec(op_strategy(), 1..30)) {
+        run_log(ops, 1 << 20);
     }
 }

@@ -1,0 +1,1556 @@
+//! [`LogStore`]: the write-once backend of [`KvStore`] for one shard. Each document is
+//! written once, into the shard's log; there is no journal to replay and no second copy
+//! in per-vBucket data files (which [`crate::FileStore`] keeps), so a commit costs one
+//! encoding, one append and one fdatasync, and nothing runs after it.
+//!
+//! **On disk.** The shard's directory holds numbered log files (`log-00000001.epkv`, ...),
+//! appended to in order; the newest is the *head*, and a file past
+//! [`LogStoreConfig::file_bytes`] is sealed and a new head started. A file is a superblock
+//! and then records: per batch a [`LogHead`] frame (per vBucket: its incarnation, its
+//! state and how many documents follow) and the documents as [`RecordKind::Document`]
+//! frames, each with its own CRC, so that one can be read alone; [`LogVbDelete`] and
+//! [`LogPurge`] frames record vBucket deletions and compactions. See
+//! `docs/storage-format.md`.
+//!
+//! **In memory.** Per vBucket, a map from each key to where its newest version lives
+//! (file, offset, length, seqno, expiry, deleted): about 50 bytes plus the key per key.
+//! Reads look the key up and read one frame; scans collect and sort the map. The map is
+//! rebuilt at open by reading every file in order. Records resolve by content, not by
+//! position: a key's newest version is the one with the highest seqno within the
+//! vBucket's highest incarnation, and a state is the one with the highest commit sequence
+//! number, so that cleaning may copy live records forward in any order.
+//!
+//! **Cleaning** ([`LogStore::clean`]) reclaims the space of superseded versions, oldest
+//! file first: it copies the file's live records (those the map still points to, and the
+//! vBucket states last written there) to the head, syncs, and deletes the file. Because
+//! files are always cleaned oldest first, a [`LogPurge`] or [`LogVbDelete`] record can be
+//! dropped when its file is cleaned: every version it made dead is in that file or an older
+//! one (a version is only copied forward while it is live), so none is left to come back.
+//! [`KvStore::compact`] of a vBucket does not copy anything: it writes a [`LogPurge`] of
+//! what the rule drops and removes it from the map; cleaning reclaims the bytes later.
+//!
+//! **Failures.** A failed write or sync fails the commit (nothing is acknowledged); the
+//! head is cut back to its last committed length before the next append. At open, a batch
+//! that does not verify at the end of the head (a torn write) is cut off; damage anywhere
+//! else is reported as [`Error::Corrupt`] naming the file and offset.
+//!
+//! **Locking.** `head` (the commit lock: appends, rolls, deletions, compactions) → `index`
+//! (the maps, read-locked by reads) → `files` (open handles). Cleaning holds `clean` for
+//! its whole run and the head and index only while it appends a chunk of copies.
+
+use crate::error::{Error, Result};
+use crate::format::{
+    self, LogHead, LogHeadEntry, LogPurge, LogVbDelete, RecordKind, SUPERBLOCK_LEN,
+};
+use crate::kv_store::KvStore;
+use crate::types::{
+    CompactionOutcome, Document, KeyMeta, PurgeRule, Purged, ScanControl, StoreStats, VbCommit,
+    VbState,
+};
+use crate::vfs::{OpenMode, RealFs, VFile, Vfs};
+use epkv_types::Vbid;
+use parking_lot::{Mutex, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Settings of one [`LogStore`].
+#[derive(Debug, Clone)]
+pub struct LogStoreConfig {
+    /// Directory holding this shard's log files (created if missing).
+    pub dir: PathBuf,
+    /// Size past which the head is sealed and a new file started (default 64 MiB). Each
+    /// cleaning run rewrites one file, so this is also the granularity of reclaiming.
+    pub file_bytes: u64,
+}
+
+impl LogStoreConfig {
+    /// Defaults for `dir`.
+    #[must_use]
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            file_bytes: 64 << 20,
+        }
+    }
+}
+
+/// What opening a log store found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogRecoveryReport {
+    /// Files read.
+    pub files: u64,
+    /// Records (batches, deletions, purges) read.
+    pub records: u64,
+    /// Bytes of a torn batch cut off the end of the head.
+    pub torn_bytes: u64,
+    /// Leftover files removed (a cleaning interrupted before it deleted its file is not
+    /// one: such a file is read as any other).
+    pub files_removed: Vec<PathBuf>,
+}
+
+/// What a cleaning run did ([`LogStore::clean`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CleanOutcome {
+    /// Files deleted.
+    pub files: u64,
+    /// Live documents copied forward.
+    pub copied: u64,
+    /// Bytes the deleted files held.
+    pub bytes_before: u64,
+    /// Bytes written for the copies.
+    pub bytes_written: u64,
+}
+
+/// Where a key's newest version lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Loc {
+    file: u32,
+    len: u32,
+    offset: u64,
+    seqno: u64,
+    expiry: u32,
+    deleted: bool,
+}
+
+type KeyMap = HashMap<Box<[u8]>, Loc, foldhash::fast::RandomState>;
+
+/// One vBucket's part of the index.
+#[derive(Debug, Default)]
+struct VbIndex {
+    incarnation: u64,
+    /// The state and the commit sequence number and file it was written with.
+    state: Option<VbState>,
+    state_seq: u64,
+    state_file: u32,
+    keys: KeyMap,
+    /// Bytes of the frames `keys` points to.
+    live_bytes: u64,
+}
+
+/// Bytes of one log file: its committed length and how many of them are live.
+#[derive(Debug, Clone, Copy, Default)]
+struct FileStat {
+    bytes: u64,
+    live: u64,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    vbs: HashMap<u16, VbIndex>,
+    files: BTreeMap<u32, FileStat>,
+}
+
+impl Index {
+    /// Points `key` at `loc` if that is newer than what it points to; accounts the bytes.
+    /// Returns whether it did.
+    fn put(&mut self, vbid: u16, key: &[u8], loc: Loc) -> bool {
+        let Some(vb) = self.vbs.get_mut(&vbid) else {
+            return false;
+        };
+        let old = match vb.keys.get_mut(key) {
+            Some(cur) if cur.seqno > loc.seqno => return false,
+            Some(cur) => Some(std::mem::replace(cur, loc)),
+            None => {
+                vb.keys.insert(key.into(), loc);
+                None
+            }
+        };
+        vb.live_bytes += u64::from(loc.len);
+        if let Some(old) = old {
+            vb.live_bytes -= u64::from(old.len);
+            if let Some(f) = self.files.get_mut(&old.file) {
+                f.live = f.live.saturating_sub(u64::from(old.len));
+            }
+        }
+        self.files.entry(loc.file).or_default().live += u64::from(loc.len);
+        true
+    }
+
+    /// Removes `key`'s version if its seqno is at or below `seqno`.
+    fn kill(&mut self, vbid: u16, key: &[u8], seqno: u64) {
+        let Some(vb) = self.vbs.get_mut(&vbid) else {
+            return;
+        };
+        if vb.keys.get(key).is_some_and(|l| l.seqno <= seqno)
+            && let Some(old) = vb.keys.remove(key)
+        {
+            vb.live_bytes -= u64::from(old.len);
+            if let Some(f) = self.files.get_mut(&old.file) {
+                f.live = f.live.saturating_sub(u64::from(old.len));
+            }
+        }
+    }
+
+    /// Drops a vBucket's entry and the liveness of everything it pointed to.
+    fn drop_vb(&mut self, vbid: u16) -> Option<VbIndex> {
+        let vb = self.vbs.remove(&vbid)?;
+        for l in vb.keys.values() {
+            if let Some(f) = self.files.get_mut(&l.file) {
+                f.live = f.live.saturating_sub(u64::from(l.len));
+            }
+        }
+        Some(vb)
+    }
+
+    fn set_state(&mut self, vbid: u16, seq: u64, file: u32, state: VbState) {
+        if let Some(vb) = self.vbs.get_mut(&vbid)
+            && (vb.state.is_none() || seq >= vb.state_seq)
+        {
+            vb.state = Some(state);
+            vb.state_seq = seq;
+            vb.state_file = file;
+        }
+    }
+}
+
+/// The file being appended to.
+struct Head {
+    num: u32,
+    file: Arc<dyn VFile>,
+    path: PathBuf,
+    /// Committed length: the next record goes here.
+    end: u64,
+    /// A failed append may have left bytes past `end`: cut them off before the next one.
+    dirty_tail: bool,
+    /// Copies appended by cleaning and not yet synced.
+    unsynced: bool,
+    next_seq: u64,
+    next_incarnation: u64,
+    /// The record buffer, kept between commits.
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for Head {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Head")
+            .field("num", &self.num)
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    batches: AtomicU64,
+    items: AtomicU64,
+    syncs: AtomicU64,
+    bytes: AtomicU64,
+    compactions: AtomicU64,
+    failures: AtomicU64,
+    reclaimed: AtomicU64,
+}
+
+/// Record buffers larger than this are not kept between commits.
+const BUF_KEEP: usize = 4 << 20;
+/// Bytes of copies cleaning appends at a time (and between calls of its pacing callback).
+const CLEAN_CHUNK: usize = 1 << 20;
+
+/// The write-once store of one shard (see the module documentation).
+pub struct LogStore {
+    cfg: LogStoreConfig,
+    vfs: Arc<dyn Vfs>,
+    head: Mutex<Head>,
+    index: RwLock<Index>,
+    /// Open handles of every file, the head included.
+    files: Mutex<BTreeMap<u32, Arc<dyn VFile>>>,
+    clean: Mutex<()>,
+    counters: Counters,
+    report: LogRecoveryReport,
+}
+
+impl std::fmt::Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore")
+            .field("dir", &self.cfg.dir)
+            .field("head", &*self.head.lock())
+            .finish_non_exhaustive()
+    }
+}
+
+fn file_name(num: u32) -> String {
+    format!("log-{num:08}.epkv")
+}
+
+fn parse_file_name(p: &Path) -> Option<u32> {
+    let name = p.file_name()?.to_str()?;
+    let digits = name.strip_prefix("log-")?.strip_suffix(".epkv")?;
+    if digits.len() != 8 {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// One document of a batch being encoded or read: its vBucket, key and place.
+struct Placed<'a> {
+    vbid: u16,
+    key: &'a [u8],
+    loc: Loc,
+}
+
+/// What reading one file found.
+struct FileScan {
+    /// Length up to the end of the last record that verified.
+    valid_end: u64,
+    /// Length of the file.
+    len: u64,
+    /// The first record that did not verify: offset and reason.
+    bad: Option<(u64, format::DecodeError)>,
+}
+
+/// A parsed record of a log file.
+enum Record<'a> {
+    Batch(LogHead, Vec<Placed<'a>>),
+    VbDelete(LogVbDelete),
+    Purge(LogPurge),
+}
+
+/// Parses the record at `pos` of a file held in `buf` (`buf[0]` is offset 0); returns it
+/// and the offset after it, `None` at zeros or the end, or the reason it does not verify.
+fn parse_record(
+    buf: &[u8],
+    file: u32,
+    pos: usize,
+) -> Result<Option<(Record<'_>, usize)>, format::DecodeError> {
+    let rest = &buf[pos..];
+    if rest.is_empty() || rest.iter().take(format::FRAME_HEADER_LEN).all(|&b| b == 0) {
+        return Ok(None);
+    }
+    let (kind, body, used) = format::decode_frame(rest)?;
+    let mut at = pos + used;
+    let rec = match kind {
+        RecordKind::LogHead => {
+            let head = format::decode_log_head(body)?;
+            let mut docs = Vec::new();
+            for e in &head.entries {
+                for _ in 0..e.docs {
+                    let (k, b, n) = format::decode_frame(&buf[at..])?;
+                    if k != RecordKind::Document {
+                        return Err(format::DecodeError::Invalid("log batch document kind"));
+                    }
+                    let m = format::decode_document_meta(b)?;
+                    docs.push(Placed {
+                        vbid: e.vbid,
+                        key: m.key,
+                        loc: Loc {
+                            file,
+                            len: u32::try_from(n).unwrap_or(u32::MAX),
+                            offset: at as u64,
+                            seqno: m.seqno,
+                            expiry: m.expiry,
+                            deleted: m.deleted,
+                        },
+                    });
+                    at += n;
+                }
+            }
+            Record::Batch(head, docs)
+        }
+        RecordKind::LogVbDelete => Record::VbDelete(format::decode_log_vb_delete(body)?),
+        RecordKind::LogPurge => Record::Purge(format::decode_log_purge(body)?),
+        _ => return Err(format::DecodeError::Invalid("log record kind")),
+    };
+    Ok(Some((rec, at)))
+}
+
+fn read_whole(f: &dyn VFile, path: &Path) -> Result<Vec<u8>> {
+    let len = f.len().map_err(|e| Error::io("stat", path, e))?;
+    let len = usize::try_from(len).map_err(|_| Error::InvalidArgument("file too large".into()))?;
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, 0)
+        .map_err(|e| Error::io("read", path, e))?;
+    Ok(buf)
+}
+
+/// State of recovery across files: the highest sequence and incarnation seen, and which
+/// incarnations of each vBucket are dead.
+#[derive(Default)]
+struct Replay {
+    max_seq: u64,
+    max_incarnation: u64,
+    dead_upto: HashMap<u16, u64>,
+    records: u64,
+}
+
+impl Replay {
+    /// Whether records of `vbid` at `incarnation` count, making room for a newer
+    /// incarnation in `index`.
+    fn admit(&mut self, index: &mut Index, vbid: u16, incarnation: u64) -> bool {
+        self.max_incarnation = self.max_incarnation.max(incarnation);
+        if self.dead_upto.get(&vbid).is_some_and(|&d| incarnation <= d) {
+            return false;
+        }
+        match index.vbs.get(&vbid).map(|v| v.incarnation) {
+            Some(cur) if cur > incarnation => false,
+            Some(cur) if cur == incarnation => true,
+            _ => {
+                index.drop_vb(vbid);
+                index.vbs.insert(
+                    vbid,
+                    VbIndex {
+                        incarnation,
+                        ..VbIndex::default()
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    fn apply(&mut self, index: &mut Index, file: u32, rec: Record<'_>) {
+        self.records += 1;
+        match rec {
+            Record::Batch(head, docs) => {
+                self.max_seq = self.max_seq.max(head.seq);
+                let mut admitted = HashMap::new();
+                for e in head.entries {
+                    let ok = self.admit(index, e.vbid, e.incarnation);
+                    admitted.insert(e.vbid, ok);
+                    if ok && let Some((seq, st)) = e.state {
+                        self.max_seq = self.max_seq.max(seq);
+                        index.set_state(e.vbid, seq, file, st);
+                    }
+                }
+                for d in docs {
+                    if admitted.get(&d.vbid).copied().unwrap_or(false) {
+                        index.put(d.vbid, d.key, d.loc);
+                    }
+                }
+            }
+            Record::VbDelete(d) => {
+                self.max_incarnation = self.max_incarnation.max(d.incarnation);
+                let e = self.dead_upto.entry(d.vbid).or_default();
+                *e = (*e).max(d.incarnation);
+                if index
+                    .vbs
+                    .get(&d.vbid)
+                    .is_some_and(|v| v.incarnation <= d.incarnation)
+                {
+                    index.drop_vb(d.vbid);
+                }
+            }
+            Record::Purge(p) => {
+                self.max_seq = self.max_seq.max(p.seq);
+                if self.admit(index, p.vbid, p.incarnation) {
+                    for (k, s) in &p.keys {
+                        index.kill(p.vbid, k, *s);
+                    }
+                    index.set_state(p.vbid, p.seq, file, p.state);
+                }
+            }
+        }
+    }
+}
+
+impl LogStore {
+    /// Opens (or creates) the shard in `cfg.dir` on the real file system, reading every
+    /// log file to rebuild the index.
+    ///
+    /// # Errors
+    /// I/O errors, or [`Error::Corrupt`] naming the file and offset of damage anywhere but
+    /// at the end of the head.
+    pub fn open(cfg: LogStoreConfig) -> Result<Self> {
+        Self::open_with(cfg, Arc::new(RealFs))
+    }
+
+    /// As [`LogStore::open`] over any [`Vfs`] (such as [`crate::FaultFs`]).
+    ///
+    /// # Errors
+    /// As [`LogStore::open`].
+    pub fn open_with(cfg: LogStoreConfig, vfs: Arc<dyn Vfs>) -> Result<Self> {
+        vfs.create_dir_all(&cfg.dir)
+            .map_err(|e| Error::io("mkdir", &cfg.dir, e))?;
+        let mut nums: Vec<(u32, PathBuf)> = vfs
+            .list(&cfg.dir)
+            .map_err(|e| Error::io("list", &cfg.dir, e))?
+            .into_iter()
+            .filter_map(|p| parse_file_name(&p).map(|n| (n, p)))
+            .collect();
+        nums.sort_unstable();
+        let mut report = LogRecoveryReport::default();
+        let mut index = Index::default();
+        let mut replay = Replay::default();
+        let mut files: BTreeMap<u32, Arc<dyn VFile>> = BTreeMap::new();
+        let mut last_end = 0u64;
+        let last = nums.last().map(|(n, _)| *n);
+        for (num, path) in &nums {
+            let f = vfs
+                .open(path, OpenMode::Existing)
+                .map_err(|e| Error::io("open", path, e))?;
+            let buf = read_whole(&*f, path)?;
+            report.files += 1;
+            let scan = Self::replay_file(&buf, *num, &mut index, &mut replay);
+            let is_last = Some(*num) == last;
+            if let Some((offset, reason)) = scan.bad {
+                if !is_last {
+                    return Err(Error::Corrupt {
+                        path: path.clone(),
+                        offset,
+                        reason,
+                    });
+                }
+            }
+            if is_last {
+                if scan.valid_end < scan.len {
+                    // Torn: the batch being written when the process died (or zeros past
+                    // a short write). Nothing of it was acknowledged.
+                    let torn = scan.len - scan.valid_end;
+                    if buf[usize::try_from(scan.valid_end).unwrap_or(usize::MAX)..]
+                        .iter()
+                        .any(|&b| b != 0)
+                    {
+                        report.torn_bytes = torn;
+                    }
+                    f.set_len(scan.valid_end)
+                        .map_err(|e| Error::io("truncate", path, e))?;
+                    f.sync_data().map_err(|e| Error::io("sync", path, e))?;
+                }
+                last_end = scan.valid_end;
+            }
+            index.files.entry(*num).or_default().bytes = scan.valid_end;
+            files.insert(*num, f);
+        }
+        let (num, file, path, end) = match nums.last() {
+            Some((n, p)) if last_end >= SUPERBLOCK_LEN as u64 => {
+                (*n, Arc::clone(&files[n]), p.clone(), last_end)
+            }
+            other => {
+                // No file, or a head whose superblock never made it: start one.
+                let n = other.map_or(1, |(n, _)| *n);
+                let path = cfg.dir.join(file_name(n));
+                let f = Self::create_file(&*vfs, &cfg.dir, &path, n)?;
+                files.insert(n, Arc::clone(&f));
+                index.files.entry(n).or_default().bytes = SUPERBLOCK_LEN as u64;
+                (n, f, path, SUPERBLOCK_LEN as u64)
+            }
+        };
+        report.records = replay.records;
+        Ok(Self {
+            cfg,
+            vfs,
+            head: Mutex::new(Head {
+                num,
+                file,
+                path,
+                end,
+                dirty_tail: false,
+                unsynced: false,
+                next_seq: replay.max_seq + 1,
+                next_incarnation: replay.max_incarnation + 1,
+                buf: Vec::new(),
+            }),
+            index: RwLock::new(index),
+            files: Mutex::new(files),
+            clean: Mutex::new(()),
+            counters: Counters::default(),
+            report,
+        })
+    }
+
+    /// Reads one file's records into the index.
+    fn replay_file(buf: &[u8], num: u32, index: &mut Index, replay: &mut Replay) -> FileScan {
+        let len = buf.len() as u64;
+        let sb = match format::decode_frame(buf) {
+            Ok((RecordKind::LogSuperblock, body, used)) => {
+                format::decode_superblock(body, RecordKind::LogSuperblock).map(|_| used)
+            }
+            Ok(_) => Err(format::DecodeError::Invalid("log superblock kind")),
+            Err(e) => Err(e),
+        };
+        let mut pos = match sb {
+            Ok(used) => used,
+            Err(e) => {
+                return FileScan {
+                    valid_end: 0,
+                    len,
+                    bad: (len > 0).then_some((0, e)),
+                };
+            }
+        };
+        loop {
+            match parse_record(buf, num, pos) {
+                Ok(None) => {
+                    return FileScan {
+                        valid_end: pos as u64,
+                        len,
+                        bad: None,
+                    };
+                }
+                Ok(Some((rec, next))) => {
+                    replay.apply(index, num, rec);
+                    pos = next;
+                }
+                Err(e) => {
+                    return FileScan {
+                        valid_end: pos as u64,
+                        len,
+                        bad: Some((pos as u64, e)),
+                    };
+                }
+            }
+        }
+    }
+
+    fn create_file(vfs: &dyn Vfs, dir: &Path, path: &Path, num: u32) -> Result<Arc<dyn VFile>> {
+        let f = vfs
+            .open(path, OpenMode::Create)
+            .map_err(|e| Error::io("open", path, e))?;
+        f.set_len(0).map_err(|e| Error::io("truncate", path, e))?;
+        let mut sb = Vec::with_capacity(SUPERBLOCK_LEN);
+        format::put_superblock(&mut sb, RecordKind::LogSuperblock, 0, u64::from(num));
+        f.write_all_at(&sb, 0)
+            .map_err(|e| Error::io("write", path, e))?;
+        f.sync_data().map_err(|e| Error::io("sync", path, e))?;
+        vfs.sync_dir(dir).map_err(|e| Error::io("sync", dir, e))?;
+        Ok(f)
+    }
+
+    /// What opening the store found.
+    pub fn recovery_report(&self) -> &LogRecoveryReport {
+        &self.report
+    }
+
+    /// The shard's directory.
+    pub fn dir(&self) -> &Path {
+        &self.cfg.dir
+    }
+
+    /// Bytes of all log files, and how many of them are live.
+    pub fn usage(&self) -> (u64, u64) {
+        let ix = self.index.read();
+        ix.files
+            .values()
+            .fold((0, 0), |(b, l), f| (b + f.bytes, l + f.live))
+    }
+
+    /// Syncs and closes the store.
+    ///
+    /// # Errors
+    /// I/O errors of the final sync.
+    pub fn close(self) -> Result<()> {
+        let h = self.head.lock();
+        h.file
+            .sync_data()
+            .map_err(|e| Error::io("sync", &h.path, e))
+    }
+
+    fn sync(&self, f: &dyn VFile, path: &Path) -> Result<()> {
+        self.counters.syncs.fetch_add(1, Relaxed);
+        f.sync_data().map_err(|e| Error::io("sync", path, e))
+    }
+
+    /// Makes the head ready for an append of about `bytes`: cuts off a failed append's
+    /// bytes, and seals the head for a new file when it is full.
+    fn prepare_head(&self, h: &mut Head, bytes: u64) -> Result<()> {
+        if h.dirty_tail {
+            h.file
+                .set_len(h.end)
+                .map_err(|e| Error::io("truncate", &h.path, e))?;
+            h.dirty_tail = false;
+        }
+        if h.end > SUPERBLOCK_LEN as u64 && h.end + bytes > self.cfg.file_bytes {
+            if h.unsynced {
+                self.sync(&*h.file, &h.path)?;
+                h.unsynced = false;
+            }
+            let num = h.num + 1;
+            let path = self.cfg.dir.join(file_name(num));
+            let f = Self::create_file(&*self.vfs, &self.cfg.dir, &path, num)?;
+            self.files.lock().insert(num, Arc::clone(&f));
+            self.index.write().files.entry(num).or_default().bytes = SUPERBLOCK_LEN as u64;
+            h.num = num;
+            h.file = f;
+            h.path = path;
+            h.end = SUPERBLOCK_LEN as u64;
+        }
+        Ok(())
+    }
+
+    /// Appends `buf` at the head's end (synced if `sync`); on failure the head's tail is
+    /// cut off before the next append.
+    fn append(&self, h: &mut Head, buf: &[u8], sync: bool) -> Result<()> {
+        let r = h
+            .file
+            .write_all_at(buf, h.end)
+            .map_err(|e| Error::io("write", &h.path, e))
+            .and_then(|()| {
+                self.counters.bytes.fetch_add(buf.len() as u64, Relaxed);
+                if sync {
+                    self.sync(&*h.file, &h.path)
+                } else {
+                    Ok(())
+                }
+            });
+        if r.is_err() {
+            h.dirty_tail = true;
+            self.counters.failures.fetch_add(1, Relaxed);
+        }
+        r
+    }
+
+    /// Encodes and appends one batch of commits; returns the documents' places.
+    fn commit_locked(&self, h: &mut Head, batch: &[VbCommit]) -> Result<()> {
+        // Incarnations: a vBucket the index does not have starts a new one.
+        let mut entries = Vec::with_capacity(batch.len());
+        let mut doc_lists = Vec::with_capacity(batch.len());
+        let seq = h.next_seq;
+        let mut next_incarnation = h.next_incarnation;
+        {
+            let ix = self.index.read();
+            for c in batch {
+                let docs = crate::file_store::dedup_commit(c);
+                let state = crate::file_store::completed_state(&c.state, &docs);
+                let incarnation = match ix.vbs.get(&c.vbid.0) {
+                    Some(v) => v.incarnation,
+                    None => {
+                        next_incarnation += 1;
+                        next_incarnation - 1
+                    }
+                };
+                entries.push(LogHeadEntry {
+                    vbid: c.vbid.0,
+                    incarnation,
+                    state: Some((seq, state)),
+                    docs: u32::try_from(docs.len()).map_err(|_| {
+                        Error::InvalidArgument("too many documents in one commit".into())
+                    })?,
+                });
+                doc_lists.push(docs);
+            }
+        }
+        let approx: u64 = doc_lists
+            .iter()
+            .flat_map(|d| d.iter())
+            .map(|d| (d.key.len() + d.value.len() + 64) as u64)
+            .sum::<u64>()
+            + 256 * batch.len() as u64;
+        self.prepare_head(h, approx)?;
+        let mut buf = std::mem::take(&mut h.buf);
+        buf.clear();
+        buf.reserve(usize::try_from(approx).unwrap_or(0));
+        let head = LogHead { seq, entries };
+        format::put_frame_with(&mut buf, RecordKind::LogHead, |out| {
+            format::encode_log_head(out, &head);
+        });
+        let mut places: Vec<(u16, u64, u32)> = Vec::new();
+        for (e, docs) in head.entries.iter().zip(&doc_lists) {
+            for d in docs.iter() {
+                if d.key.len() > usize::from(u16::MAX) || d.value.len() > (64 << 20) {
+                    h.buf = buf;
+                    return Err(Error::InvalidArgument(format!(
+                        "document too large: key {} bytes, value {} bytes",
+                        d.key.len(),
+                        d.value.len()
+                    )));
+                }
+                let at = buf.len();
+                format::put_frame_with(&mut buf, RecordKind::Document, |out| {
+                    format::encode_document(out, d);
+                });
+                places.push((e.vbid, h.end + at as u64, (buf.len() - at) as u32));
+            }
+        }
+        let written = self.append(h, &buf, true);
+        let len = buf.len() as u64;
+        if buf.capacity() <= BUF_KEEP {
+            h.buf = buf;
+        }
+        written?;
+        h.end += len;
+        h.unsynced = false;
+        h.next_seq = seq + 1;
+        h.next_incarnation = next_incarnation;
+        let mut ix = self.index.write();
+        let num = h.num;
+        ix.files.entry(num).or_default().bytes = h.end;
+        let mut items = 0u64;
+        let mut p = places.iter();
+        for (e, docs) in head.entries.into_iter().zip(&doc_lists) {
+            ix.vbs.entry(e.vbid).or_insert_with(|| VbIndex {
+                incarnation: e.incarnation,
+                ..VbIndex::default()
+            });
+            for d in docs.iter() {
+                let Some(&(vbid, offset, len)) = p.next() else {
+                    break;
+                };
+                ix.put(
+                    vbid,
+                    &d.key,
+                    Loc {
+                        file: num,
+                        len,
+                        offset,
+                        seqno: d.seqno,
+                        expiry: d.expiry,
+                        deleted: d.deleted,
+                    },
+                );
+                items += 1;
+            }
+            if let Some((s, st)) = e.state {
+                ix.set_state(e.vbid, s, num, st);
+            }
+        }
+        drop(ix);
+        self.counters.batches.fetch_add(1, Relaxed);
+        self.counters.items.fetch_add(items, Relaxed);
+        Ok(())
+    }
+
+    fn handle(&self, file: u32) -> Option<Arc<dyn VFile>> {
+        self.files.lock().get(&file).cloned()
+    }
+
+    fn path_of(&self, file: u32) -> PathBuf {
+        self.cfg.dir.join(file_name(file))
+    }
+
+    /// Reads the document at `loc` through `f`.
+    fn read_at(&self, f: &dyn VFile, loc: Loc) -> Result<Document> {
+        let mut buf = vec![0u8; loc.len as usize];
+        let path = || self.path_of(loc.file);
+        f.read_exact_at(&mut buf, loc.offset)
+            .map_err(|e| Error::io("read", &path(), e))?;
+        format::decode_frame_of(&buf, RecordKind::Document)
+            .and_then(format::decode_document)
+            .map_err(|reason| Error::Corrupt {
+                path: path(),
+                offset: loc.offset,
+                reason,
+            })
+    }
+
+    /// Looks `key` up and reads its newest version. A cleaning run may delete the file
+    /// between the two: then the key has moved, and the lookup is repeated.
+    fn read_key(&self, vbid: u16, key: &[u8]) -> Result<Option<Document>> {
+        for _ in 0..8 {
+            let (loc, f) = {
+                let ix = self.index.read();
+                let Some(loc) = ix.vbs.get(&vbid).and_then(|v| v.keys.get(key)).copied() else {
+                    return Ok(None);
+                };
+                (loc, self.handle(loc.file))
+            };
+            if let Some(f) = f {
+                return self.read_at(&*f, loc).map(Some);
+            }
+        }
+        Err(Error::InvalidArgument(format!(
+            "vBucket {vbid}: key kept moving while being read"
+        )))
+    }
+
+    /// Reclaims space, oldest file first, while the files hold more than
+    /// `fragmentation_percent` garbage and more than `min_bytes` in all (and any file that
+    /// holds nothing live). `pace` is called with the bytes written after each chunk of
+    /// copies, with no lock held: the caller bounds the I/O rate by sleeping there.
+    /// At most `max_files` files are cleaned per call.
+    ///
+    /// # Errors
+    /// I/O errors; the file being cleaned is kept (its copies are harmless duplicates).
+    pub fn clean(
+        &self,
+        fragmentation_percent: u8,
+        min_bytes: u64,
+        max_files: usize,
+        pace: &mut dyn FnMut(u64),
+    ) -> Result<CleanOutcome> {
+        let _one = self.clean.lock();
+        let mut out = CleanOutcome::default();
+        for _ in 0..max_files {
+            let (oldest, due) = {
+                let head = self.head.lock().num;
+                let ix = self.index.read();
+                let (bytes, live) = ix
+                    .files
+                    .values()
+                    .fold((0u64, 0u64), |(b, l), f| (b + f.bytes, l + f.live));
+                let Some((&oldest, st)) = ix.files.iter().next() else {
+                    break;
+                };
+                let fragmented = bytes > min_bytes
+                    && (bytes - live.min(bytes)) * 100 > bytes * u64::from(fragmentation_percent);
+                let empty = st.live == 0 && oldest != head;
+                let worth = oldest != head || st.bytes > min_bytes.max(SUPERBLOCK_LEN as u64);
+                (oldest, (fragmented || empty) && worth)
+            };
+            if !due {
+                break;
+            }
+            self.clean_file(oldest, pace, &mut out)?;
+        }
+        if out.files > 0 {
+            self.counters.compactions.fetch_add(1, Relaxed);
+        }
+        Ok(out)
+    }
+
+    /// Copies the live records of file `num` (the oldest) to the head and deletes it.
+    fn clean_file(
+        &self,
+        num: u32,
+        pace: &mut dyn FnMut(u64),
+        out: &mut CleanOutcome,
+    ) -> Result<()> {
+        {
+            // The head is sealed first if it is the file to clean.
+            let mut h = self.head.lock();
+            if h.num == num {
+                let full = self.cfg.file_bytes;
+                self.prepare_head(&mut h, full)?;
+                if h.num == num {
+                    // An empty head: nothing to clean.
+                    return Ok(());
+                }
+            }
+        }
+        let path = self.path_of(num);
+        let Some(f) = self.handle(num) else {
+            return Ok(());
+        };
+        let bytes = self.index.read().files.get(&num).map_or(0, |s| s.bytes);
+        let mut buf = read_whole(&*f, &path)?;
+        buf.truncate(usize::try_from(bytes).unwrap_or(usize::MAX));
+        let mut pos = SUPERBLOCK_LEN;
+        // Copies gathered for the next chunk: (entry, its docs' frames).
+        let mut chunk: Vec<(LogHeadEntry, Vec<(Placed<'_>, &[u8])>)> = Vec::new();
+        let mut chunk_bytes = 0usize;
+        while let Some((rec, next)) =
+            parse_record(&buf, num, pos).map_err(|reason| Error::Corrupt {
+                path: path.clone(),
+                offset: pos as u64,
+                reason,
+            })?
+        {
+            let mut rec_purge = None;
+            if let Record::Purge(p) = rec {
+                rec_purge = Some(p);
+            } else if let Record::Batch(head, docs) = rec {
+                let ix = self.index.read();
+                let mut docs = docs.into_iter();
+                for e in head.entries {
+                    let mine: Vec<Placed<'_>> = docs.by_ref().take(e.docs as usize).collect();
+                    let Some(vb) = ix
+                        .vbs
+                        .get(&e.vbid)
+                        .filter(|v| v.incarnation == e.incarnation)
+                    else {
+                        continue;
+                    };
+                    let state = e
+                        .state
+                        .filter(|(s, _)| vb.state_file == num && vb.state_seq == *s);
+                    let live: Vec<(Placed<'_>, &[u8])> = mine
+                        .into_iter()
+                        .filter(|d| vb.keys.get(d.key) == Some(&d.loc))
+                        .map(|d| {
+                            let s = usize::try_from(d.loc.offset).unwrap_or(0);
+                            let frame = &buf[s..s + d.loc.len as usize];
+                            (d, frame)
+                        })
+                        .collect();
+                    if state.is_none() && live.is_empty() {
+                        continue;
+                    }
+                    chunk_bytes += live.iter().map(|(_, f)| f.len()).sum::<usize>() + 128;
+                    chunk.push((
+                        LogHeadEntry {
+                            vbid: e.vbid,
+                            incarnation: e.incarnation,
+                            state,
+                            docs: u32::try_from(live.len()).unwrap_or(u32::MAX),
+                        },
+                        live,
+                    ));
+                }
+            }
+            if let Some(p) = rec_purge {
+                // The purge itself dies with its file; the state it set may be the
+                // vBucket's latest, which must live on.
+                let ix = self.index.read();
+                if let Some(vb) = ix.vbs.get(&p.vbid).filter(|v| {
+                    v.incarnation == p.incarnation && v.state_file == num && v.state_seq == p.seq
+                }) {
+                    let _ = vb;
+                    chunk_bytes += 128;
+                    chunk.push((
+                        LogHeadEntry {
+                            vbid: p.vbid,
+                            incarnation: p.incarnation,
+                            state: Some((p.seq, p.state)),
+                            docs: 0,
+                        },
+                        Vec::new(),
+                    ));
+                }
+            }
+            if chunk_bytes >= CLEAN_CHUNK {
+                let n = self.append_copies(std::mem::take(&mut chunk), out)?;
+                chunk_bytes = 0;
+                pace(n);
+            }
+            pos = next;
+        }
+        if !chunk.is_empty() {
+            let n = self.append_copies(chunk, out)?;
+            pace(n);
+        }
+        {
+            let mut h = self.head.lock();
+            if h.unsynced {
+                self.sync(&*h.file, &h.path)?;
+                h.unsynced = false;
+            }
+        }
+        // The copies are durable: the file can go.
+        self.vfs
+            .remove(&path)
+            .map_err(|e| Error::io("remove", &path, e))?;
+        self.vfs
+            .sync_dir(&self.cfg.dir)
+            .map_err(|e| Error::io("sync", &self.cfg.dir, e))?;
+        self.files.lock().remove(&num);
+        if let Some(st) = self.index.write().files.remove(&num) {
+            out.bytes_before += st.bytes;
+            self.counters.reclaimed.fetch_add(st.bytes, Relaxed);
+        }
+        out.files += 1;
+        Ok(())
+    }
+
+    /// Appends one chunk of copies as a batch (not synced) and points the index at them
+    /// where it still points at the originals. Returns the bytes written.
+    fn append_copies(
+        &self,
+        chunk: Vec<(LogHeadEntry, Vec<(Placed<'_>, &[u8])>)>,
+        out: &mut CleanOutcome,
+    ) -> Result<u64> {
+        let mut h = self.head.lock();
+        let approx: usize = chunk
+            .iter()
+            .map(|(_, d)| 128 + d.iter().map(|(_, f)| f.len()).sum::<usize>())
+            .sum();
+        self.prepare_head(&mut h, approx as u64)?;
+        let seq = h.next_seq;
+        let (entries, docs): (Vec<LogHeadEntry>, Vec<_>) = chunk.into_iter().unzip();
+        let head = LogHead { seq, entries };
+        let mut buf = Vec::with_capacity(approx + 64);
+        format::put_frame_with(&mut buf, RecordKind::LogHead, |o| {
+            format::encode_log_head(o, &head);
+        });
+        let mut moved = Vec::new();
+        for (e, ds) in head.entries.iter().zip(&docs) {
+            for (d, frame) in ds {
+                let at = h.end + buf.len() as u64;
+                buf.extend_from_slice(frame);
+                moved.push((e.vbid, d.key, d.loc, at));
+            }
+        }
+        self.append(&mut h, &buf, false)?;
+        h.end += buf.len() as u64;
+        h.unsynced = true;
+        h.next_seq = seq + 1;
+        let num = h.num;
+        let mut ix = self.index.write();
+        ix.files.entry(num).or_default().bytes = h.end;
+        for (vbid, key, old, at) in moved {
+            let Some(vb) = ix.vbs.get_mut(&vbid) else {
+                continue;
+            };
+            if let Some(cur) = vb.keys.get_mut(key)
+                && *cur == old
+            {
+                cur.file = num;
+                cur.offset = at;
+                if let Some(f) = ix.files.get_mut(&old.file) {
+                    f.live = f.live.saturating_sub(u64::from(old.len));
+                }
+                ix.files.entry(num).or_default().live += u64::from(old.len);
+                out.copied += 1;
+            }
+        }
+        for e in head.entries {
+            if let Some((s, _)) = e.state
+                && let Some(vb) = ix.vbs.get_mut(&e.vbid)
+                && vb.incarnation == e.incarnation
+                && vb.state_seq == s
+            {
+                vb.state_file = num;
+            }
+        }
+        drop(ix);
+        drop(h);
+        out.bytes_written += buf.len() as u64;
+        Ok(buf.len() as u64)
+    }
+
+    /// Appends a single-frame record made by `encode` and syncs it.
+    fn append_record(
+        &self,
+        h: &mut Head,
+        kind: RecordKind,
+        encode: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<()> {
+        let mut buf = Vec::new();
+        format::put_frame_with(&mut buf, kind, encode);
+        self.prepare_head(h, buf.len() as u64)?;
+        self.append(h, &buf, true)?;
+        h.end += buf.len() as u64;
+        h.unsynced = false;
+        self.index.write().files.entry(h.num).or_default().bytes = h.end;
+        Ok(())
+    }
+}
+
+impl KvStore for LogStore {
+    fn commit(&self, batch: &[VbCommit]) -> Result<()> {
+        let mut h = self.head.lock();
+        self.commit_locked(&mut h, batch)
+    }
+
+    fn get(&self, vbid: Vbid, key: &[u8]) -> Result<Option<Document>> {
+        self.read_key(vbid.0, key)
+    }
+
+    fn key_meta(&self, vbid: Vbid, key: &[u8]) -> Result<Option<KeyMeta>> {
+        let ix = self.index.read();
+        Ok(ix
+            .vbs
+            .get(&vbid.0)
+            .and_then(|v| v.keys.get(key))
+            .map(|l| KeyMeta {
+                key: key.to_vec(),
+                seqno: l.seqno,
+                deleted: l.deleted,
+            }))
+    }
+
+    fn scan_by_seqno(
+        &self,
+        vbid: Vbid,
+        start: u64,
+        end: u64,
+        visit: &mut dyn FnMut(Document) -> ScanControl,
+    ) -> Result<u64> {
+        let (mut locs, handles) = {
+            let ix = self.index.read();
+            let Some(vb) = ix.vbs.get(&vbid.0) else {
+                return Ok(0);
+            };
+            let locs: Vec<Loc> = vb
+                .keys
+                .values()
+                .filter(|l| l.seqno >= start && l.seqno <= end)
+                .copied()
+                .collect();
+            // Handles taken under the same lock: a file cleaned afterwards stays readable
+            // through them.
+            (locs, self.files.lock().clone())
+        };
+        locs.sort_unstable_by_key(|l| l.seqno);
+        let mut n = 0;
+        for l in locs {
+            let Some(f) = handles.get(&l.file) else {
+                continue;
+            };
+            n += 1;
+            if visit(self.read_at(&**f, l)?) == ScanControl::Stop {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    fn scan_keys(&self, vbid: Vbid, visit: &mut dyn FnMut(KeyMeta) -> ScanControl) -> Result<u64> {
+        let mut keys: Vec<KeyMeta> = {
+            let ix = self.index.read();
+            let Some(vb) = ix.vbs.get(&vbid.0) else {
+                return Ok(0);
+            };
+            vb.keys
+                .iter()
+                .map(|(k, l)| KeyMeta {
+                    key: k.to_vec(),
+                    seqno: l.seqno,
+                    deleted: l.deleted,
+                })
+                .collect()
+        };
+        keys.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        let mut n = 0;
+        for k in keys {
+            n += 1;
+            if visit(k) == ScanControl::Stop {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    fn vbucket_state(&self, vbid: Vbid) -> Result<Option<VbState>> {
+        Ok(self
+            .index
+            .read()
+            .vbs
+            .get(&vbid.0)
+            .and_then(|v| v.state.clone()))
+    }
+
+    fn vbuckets(&self) -> Vec<Vbid> {
+        let ix = self.index.read();
+        let mut v: Vec<Vbid> = ix
+            .vbs
+            .iter()
+            .filter(|(_, v)| v.state.is_some())
+            .map(|(id, _)| Vbid(*id))
+            .collect();
+        v.sort_unstable_by_key(|v| v.0);
+        v
+    }
+
+    fn delete_vbucket(&self, vbid: Vbid) -> Result<()> {
+        self.delete_vbuckets(&[vbid])
+    }
+
+    fn delete_vbuckets(&self, vbids: &[Vbid]) -> Result<()> {
+        let mut h = self.head.lock();
+        let dels: Vec<LogVbDelete> = {
+            let ix = self.index.read();
+            vbids
+                .iter()
+                .filter_map(|v| {
+                    ix.vbs.get(&v.0).map(|vb| LogVbDelete {
+                        vbid: v.0,
+                        incarnation: vb.incarnation,
+                    })
+                })
+                .collect()
+        };
+        if dels.is_empty() {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        for d in &dels {
+            format::put_frame_with(&mut buf, RecordKind::LogVbDelete, |o| {
+                format::encode_log_vb_delete(o, d);
+            });
+        }
+        self.prepare_head(&mut h, buf.len() as u64)?;
+        self.append(&mut h, &buf, true)?;
+        h.end += buf.len() as u64;
+        h.unsynced = false;
+        let mut ix = self.index.write();
+        ix.files.entry(h.num).or_default().bytes = h.end;
+        for d in dels {
+            ix.drop_vb(d.vbid);
+        }
+        Ok(())
+    }
+
+    fn compact(&self, vbid: Vbid, rule: &PurgeRule) -> Result<CompactionOutcome> {
+        let mut h = self.head.lock();
+        let mut out = CompactionOutcome::default();
+        let purge = {
+            let ix = self.index.read();
+            let Some(vb) = ix.vbs.get(&vbid.0) else {
+                return Ok(out);
+            };
+            let Some(state) = vb.state.as_ref() else {
+                return Ok(out);
+            };
+            out.bytes_before = vb.live_bytes;
+            let mut keys = Vec::new();
+            let mut purge_seqno = state.purge_seqno;
+            for (k, l) in &vb.keys {
+                let v = rule.verdict(
+                    k,
+                    l.seqno,
+                    l.deleted,
+                    l.expiry,
+                    state.high_seqno,
+                    state.high_completed_seqno,
+                );
+                if v == Some(Purged::Tombstone) {
+                    purge_seqno = purge_seqno.max(l.seqno);
+                }
+                out.count(v);
+                if v.is_some() {
+                    keys.push((k.to_vec(), l.seqno));
+                }
+            }
+            let mut state = state.clone();
+            state.purge_seqno = purge_seqno;
+            LogPurge {
+                vbid: vbid.0,
+                incarnation: vb.incarnation,
+                seq: h.next_seq,
+                state,
+                keys,
+            }
+        };
+        if !purge.keys.is_empty() {
+            self.append_record(&mut h, RecordKind::LogPurge, |o| {
+                format::encode_log_purge(o, &purge);
+            })?;
+            h.next_seq += 1;
+            let mut ix = self.index.write();
+            for (k, s) in &purge.keys {
+                ix.kill(vbid.0, k, *s);
+            }
+            let num = h.num;
+            ix.set_state(vbid.0, purge.seq, num, purge.state);
+        }
+        out.bytes_after = self
+            .index
+            .read()
+            .vbs
+            .get(&vbid.0)
+            .map_or(0, |v| v.live_bytes);
+        self.counters.compactions.fetch_add(1, Relaxed);
+        Ok(out)
+    }
+
+    fn checkpoint(&self) -> Result<()> {
+        // Every commit is durable where it stays; only cleaning's copies may wait for a
+        // sync.
+        let mut h = self.head.lock();
+        if h.unsynced {
+            self.sync(&*h.file, &h.path)?;
+            h.unsynced = false;
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> StoreStats {
+        let (bytes, live) = self.usage();
+        StoreStats {
+            batches: self.counters.batches.load(Relaxed),
+            items_flushed: self.counters.items.load(Relaxed),
+            syncs: self.counters.syncs.load(Relaxed),
+            bytes_written: self.counters.bytes.load(Relaxed),
+            journal_bytes: 0,
+            checkpoints: 0,
+            open_files: self.files.lock().len() as u64,
+            file_opens: self.report.files,
+            compactions: self.counters.compactions.load(Relaxed),
+            commit_failures: self.counters.failures.load(Relaxed),
+            data_file_bytes: bytes,
+            live_bytes: live,
+            bytes_reclaimed: self.counters.reclaimed.load(Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use epkv_types::VBucketState;
+
+    fn doc(key: &str, seqno: u64, value: &str) -> Document {
+        Document {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec().into(),
+            seqno,
+            cas: seqno,
+            rev_seqno: 1,
+            flags: 0,
+            expiry: 0,
+            datatype: 0,
+            deleted: false,
+        }
+    }
+
+    fn commit(s: &LogStore, vb: u16, docs: Vec<Document>) {
+        let high = docs.iter().map(|d| d.seqno).max().unwrap_or(0);
+        s.commit(&[VbCommit {
+            vbid: Vbid(vb),
+            docs: docs.into(),
+            keys_unique: false,
+            state: VbState {
+                high_seqno: high,
+                ..VbState::new(VBucketState::Active)
+            },
+        }])
+        .unwrap();
+    }
+
+    fn value(s: &LogStore, vb: u16, key: &str) -> Option<Vec<u8>> {
+        s.get(Vbid(vb), key.as_bytes())
+            .unwrap()
+            .map(|d| d.value.to_vec())
+    }
+
+    #[test]
+    fn documents_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LogStore::open(LogStoreConfig::new(dir.path())).unwrap();
+        commit(&s, 3, vec![doc("a", 1, "x"), doc("b", 2, "y")]);
+        commit(&s, 3, vec![doc("a", 3, "z")]);
+        assert_eq!(value(&s, 3, "a"), Some(b"z".to_vec()));
+        s.close().unwrap();
+        let s = LogStore::open(LogStoreConfig::new(dir.path())).unwrap();
+        assert_eq!(value(&s, 3, "a"), Some(b"z".to_vec()));
+        assert_eq!(value(&s, 3, "b"), Some(b"y".to_vec()));
+        assert_eq!(s.vbucket_state(Vbid(3)).unwrap().unwrap().high_seqno, 3);
+        assert_eq!(s.vbuckets(), vec![Vbid(3)]);
+    }
+
+    fn small(dir: &Path) -> LogStoreConfig {
+        let mut cfg = LogStoreConfig::new(dir);
+        cfg.file_bytes = 1024;
+        cfg
+    }
+
+    fn file_count(dir: &Path) -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| parse_file_name(&e.as_ref().unwrap().path()).is_some())
+            .count()
+    }
+
+    #[test]
+    fn cleaning_copies_live_documents_forward_and_deletes_old_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        let big = "v".repeat(200);
+        let mut seq = 0;
+        for round in 0..20 {
+            for k in 0..4 {
+                seq += 1;
+                commit(
+                    &s,
+                    1,
+                    vec![doc(&format!("k{k}"), seq, &format!("{round}{big}"))],
+                );
+            }
+        }
+        // Keys written once, early: they must survive their files being cleaned.
+        seq += 1;
+        commit(&s, 2, vec![doc("keep", seq, "kept")]);
+        for round in 20..40 {
+            seq += 1;
+            commit(&s, 1, vec![doc("k0", seq, &format!("{round}{big}"))]);
+        }
+        let before = file_count(dir.path());
+        let (bytes, live) = s.usage();
+        let out = s.clean(30, 0, 1000, &mut |_| {}).unwrap();
+        assert!(out.files > 0, "{out:?}");
+        assert!(file_count(dir.path()) < before);
+        let (bytes2, live2) = s.usage();
+        assert!(bytes2 < bytes, "{bytes} -> {bytes2}");
+        assert_eq!(
+            live2, live,
+            "cleaning moves live bytes, it does not drop them"
+        );
+        assert_eq!(value(&s, 2, "keep"), Some(b"kept".to_vec()));
+        assert_eq!(value(&s, 1, "k0"), Some(format!("39{big}").into_bytes()));
+        assert_eq!(value(&s, 1, "k3"), Some(format!("19{big}").into_bytes()));
+        s.close().unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        assert_eq!(value(&s, 2, "keep"), Some(b"kept".to_vec()));
+        assert_eq!(value(&s, 1, "k3"), Some(format!("19{big}").into_bytes()));
+        assert_eq!(
+            s.vbucket_state(Vbid(2)).unwrap().unwrap().high_seqno,
+            seq - 20
+        );
+        assert_eq!(s.usage().1, live);
+    }
+
+    #[test]
+    fn a_deleted_vbucket_stays_deleted_across_cleaning_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        commit(&s, 5, vec![doc("old", 1, "o"), doc("both", 2, "old")]);
+        s.delete_vbucket(Vbid(5)).unwrap();
+        assert_eq!(value(&s, 5, "old"), None);
+        assert!(s.vbuckets().is_empty());
+        commit(&s, 5, vec![doc("both", 1, "new")]);
+        let filler = "f".repeat(300);
+        for i in 0..10 {
+            commit(&s, 6, vec![doc("f", i + 1, &filler)]);
+        }
+        s.clean(0, 0, 1000, &mut |_| {}).unwrap();
+        s.close().unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        assert_eq!(value(&s, 5, "old"), None);
+        assert_eq!(value(&s, 5, "both"), Some(b"new".to_vec()));
+        assert_eq!(s.vbuckets(), vec![Vbid(5), Vbid(6)]);
+    }
+
+    #[test]
+    fn purged_tombstones_do_not_come_back_after_cleaning_or_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        commit(&s, 1, vec![doc("gone", 1, "v")]);
+        let mut tomb = doc("gone", 2, "");
+        tomb.deleted = true;
+        commit(&s, 1, vec![tomb]);
+        commit(&s, 1, vec![doc("last", 3, "l")]);
+        let out = s
+            .compact(
+                Vbid(1),
+                &PurgeRule {
+                    purge_before_seqno: 2,
+                    ..PurgeRule::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(out.tombstones_purged, 1);
+        assert_eq!(s.get(Vbid(1), b"gone").unwrap(), None);
+        assert_eq!(s.vbucket_state(Vbid(1)).unwrap().unwrap().purge_seqno, 2);
+        s.close().unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        assert_eq!(s.get(Vbid(1), b"gone").unwrap(), None);
+        assert_eq!(s.vbucket_state(Vbid(1)).unwrap().unwrap().purge_seqno, 2);
+        let filler = "f".repeat(300);
+        for i in 0..10 {
+            commit(&s, 2, vec![doc("f", i + 1, &filler)]);
+        }
+        s.clean(0, 0, 1000, &mut |_| {}).unwrap();
+        s.close().unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        assert_eq!(s.get(Vbid(1), b"gone").unwrap(), None);
+        assert_eq!(value(&s, 1, "last"), Some(b"l".to_vec()));
+        assert_eq!(s.vbucket_state(Vbid(1)).unwrap().unwrap().purge_seqno, 2);
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_damage_elsewhere_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        let v = "v".repeat(400);
+        for i in 0..6 {
+            commit(&s, 1, vec![doc(&format!("k{i}"), i + 1, &v)]);
+        }
+        s.close().unwrap();
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| parse_file_name(p).is_some())
+            .collect();
+        files.sort();
+        // Half a batch at the end of the head: cut off at open, the rest intact.
+        let head = files.last().unwrap().clone();
+        let good = std::fs::metadata(&head).unwrap().len();
+        let mut bytes = std::fs::read(&head).unwrap();
+        let extra: Vec<u8> = bytes[SUPERBLOCK_LEN..].iter().take(100).copied().collect();
+        bytes.extend_from_slice(&extra);
+        std::fs::write(&head, &bytes).unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        assert_eq!(s.recovery_report().torn_bytes, 100);
+        assert_eq!(std::fs::metadata(&head).unwrap().len(), good);
+        assert_eq!(value(&s, 1, "k5"), Some(v.clone().into_bytes()));
+        drop(s);
+        // A flipped byte in a sealed file is corruption, named with its file.
+        let first = files.first().unwrap().clone();
+        let mut bytes = std::fs::read(&first).unwrap();
+        bytes[SUPERBLOCK_LEN + 40] ^= 0xff;
+        std::fs::write(&first, &bytes).unwrap();
+        match LogStore::open(small(dir.path())) {
+            Err(Error::Corrupt { path, .. }) => assert_eq!(path, first),
+            other => panic!("expected corruption, got {other:?}"),
+        }
+    }
+}
