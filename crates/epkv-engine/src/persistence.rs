@@ -34,11 +34,12 @@
 //! - **Appliers**: one task per shard writes journaled commits to the data files while the
 //!   flusher goes on (woken after each flush).
 
+use crate::shard_store::{ShardStore, StorageBackend};
 use crate::vbucket::{VBucket, WarmupPhase};
 use epkv_hashtable::MemoryTracker;
 use epkv_storage::{
-    Document, FdCache, FileStore, FileStoreConfig, JournalMode, KvStore, ScanControl, StoreStats,
-    VbCommit, VbState,
+    Document, FdCache, FileStore, FileStoreConfig, JournalMode, KvStore, LogStore, LogStoreConfig,
+    ScanControl, StoreStats, VbCommit, VbState,
 };
 use epkv_types::Vbid;
 use parking_lot::{Condvar, Mutex};
@@ -171,6 +172,9 @@ pub struct PersistenceConfig {
     /// take 128 MiB instead of 256 MiB of the data directory (space amplification,
     /// `cargo xtask bench space`); at least 1 MiB.
     pub checkpoint_bytes: u64,
+    /// The shards' storage: per-vBucket data files behind a journal (default), or the
+    /// write-once log. A data directory written by one is refused by the other.
+    pub storage: StorageBackend,
 }
 
 /// The most journaled document bytes a shard lets wait for its applier in a bucket of
@@ -211,6 +215,7 @@ impl PersistenceConfig {
             apply_after_bytes: 16 << 20,
             flush_delay: Duration::from_millis(50),
             checkpoint_bytes: 32 << 20,
+            storage: StorageBackend::Log,
         }
     }
 }
@@ -425,7 +430,7 @@ const URGENT: u8 = 2;
 /// One shard: its store and the lock that keeps one flush at a time.
 #[derive(Debug)]
 pub(crate) struct Shard {
-    pub(crate) store: FileStore,
+    pub(crate) store: ShardStore,
     flush_lock: Mutex<()>,
     /// Whether the flusher has been scheduled since its last flush began ([`IDLE`],
     /// [`DELAYED`], [`URGENT`]): only the first write of a batch schedules it, and only a
@@ -517,20 +522,41 @@ impl Persistence {
         let fds = Arc::new(FdCache::new(Arc::new(epkv_storage::RealFs), budget));
         let mut shards = Vec::with_capacity(usize::from(config.shards));
         for i in 0..config.shards {
-            let mut cfg = FileStoreConfig::new(config.data_dir.join(format!("shard_{i}")));
-            cfg.journal = config.journal;
-            cfg.fd_cache = Some(Arc::clone(&fds));
-            cfg.journal_prealloc_bytes = config.journal_prealloc_bytes;
-            cfg.apply_after_bytes = config.apply_after_bytes;
-            cfg.checkpoint_bytes = config.checkpoint_bytes;
-            let store = FileStore::open(cfg)?;
-            let r = store.recovery_report();
-            if !r.torn_tails.is_empty() || r.journal_torn_bytes > 0 {
-                tracing::warn!(shard = i, torn_tails = ?r.torn_tails, journal_torn_bytes = r.journal_torn_bytes, "storage recovery cut off torn tails");
-            }
-            for q in &r.quarantined {
-                tracing::error!(shard = i, vbid = %q.vbid, path = %q.path.display(), offset = q.offset, error = %q.error, journal_commits_dropped = r.journal_commits_dropped, "vBucket data file corrupt: the vBucket stays unavailable (NotMyVbucket) until FLUSH deletes it; its files are kept");
-            }
+            let dir = config.data_dir.join(format!("shard_{i}"));
+            config.storage.check_dir(&dir)?;
+            let store = match config.storage {
+                StorageBackend::Files => {
+                    let mut cfg = FileStoreConfig::new(dir);
+                    cfg.journal = config.journal;
+                    cfg.fd_cache = Some(Arc::clone(&fds));
+                    cfg.journal_prealloc_bytes = config.journal_prealloc_bytes;
+                    cfg.apply_after_bytes = config.apply_after_bytes;
+                    cfg.checkpoint_bytes = config.checkpoint_bytes;
+                    let store = FileStore::open(cfg)?;
+                    let r = store.recovery_report();
+                    if !r.torn_tails.is_empty() || r.journal_torn_bytes > 0 {
+                        tracing::warn!(shard = i, torn_tails = ?r.torn_tails, journal_torn_bytes = r.journal_torn_bytes, "storage recovery cut off torn tails");
+                    }
+                    for q in &r.quarantined {
+                        tracing::error!(shard = i, vbid = %q.vbid, path = %q.path.display(), offset = q.offset, error = %q.error, journal_commits_dropped = r.journal_commits_dropped, "vBucket data file corrupt: the vBucket stays unavailable (NotMyVbucket) until FLUSH deletes it; its files are kept");
+                    }
+                    ShardStore::Files(store)
+                }
+                StorageBackend::Log => {
+                    let mut cfg = LogStoreConfig::new(dir);
+                    cfg.fd_cache = Some(Arc::clone(&fds));
+                    let store = LogStore::open(cfg)?;
+                    let r = store.recovery_report();
+                    if r.torn_bytes > 0 {
+                        tracing::warn!(
+                            shard = i,
+                            torn_bytes = r.torn_bytes,
+                            "storage recovery cut off the log's torn tail"
+                        );
+                    }
+                    ShardStore::Log(store)
+                }
+            };
             shards.push(Shard {
                 store,
                 flush_lock: Mutex::new(()),
@@ -869,7 +895,7 @@ impl Persistence {
                     ids.push(vb.id);
                 }
             }
-            sh.store.delete_vbuckets(&ids)?;
+            sh.store.wipe(&ids)?;
             // A vBucket warmup could not load had its files deleted with the rest.
             for vb in vbuckets.iter().skip(shard).step_by(n) {
                 if vb.warmup_phase() == WarmupPhase::Failed {
@@ -1062,6 +1088,9 @@ impl Persistence {
         budget_bytes: u64,
         dropped: &[u32],
     ) -> Result<(usize, bool), epkv_storage::Error> {
+        if self.shards.iter().any(|s| s.store.log_usage().is_some()) {
+            return self.clean_logs(clock, budget_bytes);
+        }
         let mut per_shard: Vec<Vec<(Vbid, epkv_storage::FileUsage)>> =
             vec![Vec::new(); self.shards.len()];
         for (shard, vbid, u) in self.fragmented_files(vbuckets) {
@@ -1138,6 +1167,65 @@ impl Persistence {
         Ok((done.into_inner(), more.into_inner()))
     }
 
+    /// The log backend's share of the fragmentation compactor: each shard whose log files
+    /// hold more than [`PersistenceConfig::compaction_fragmentation_percent`] garbage (and
+    /// at least [`PersistenceConfig::compaction_min_file_bytes`] in all) cleans its oldest
+    /// files ([`epkv_storage::LogStore::clean`]) on a thread of its own, at its share of
+    /// the compaction rate, until about its share of `budget_bytes` is cleaned. Returns
+    /// the files cleaned and whether a shard is still past the threshold.
+    fn clean_logs(
+        &self,
+        clock: &Arc<dyn epkv_executor::Clock>,
+        budget_bytes: u64,
+    ) -> Result<(usize, bool), epkv_storage::Error> {
+        let threshold = self.config.compaction_fragmentation_percent;
+        let min = self.config.compaction_min_file_bytes;
+        let past = |sh: &Shard| {
+            sh.store.log_usage().is_some_and(|(bytes, live)| {
+                bytes >= min && bytes.saturating_sub(live) * 100 > bytes * u64::from(threshold)
+            })
+        };
+        if threshold == 0 {
+            return Ok((0, false));
+        }
+        let due: Vec<&Shard> = self.shards.iter().filter(|sh| past(sh)).collect();
+        if due.is_empty() {
+            return Ok((0, false));
+        }
+        let share = due.len() as u64;
+        let files_each = usize::try_from(
+            (budget_bytes / share / epkv_storage::LogStoreConfig::new("").file_bytes).max(1),
+        )
+        .unwrap_or(usize::MAX);
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let failed: Mutex<Option<epkv_storage::Error>> = Mutex::new(None);
+        std::thread::scope(|sc| {
+            for (i, sh) in due.iter().enumerate() {
+                let (done, failed) = (&done, &failed);
+                let mut pace = self.pacer(clock, share);
+                let _ = std::thread::Builder::new()
+                    .name(format!("epkv-clean-{i}"))
+                    .spawn_scoped(sc, move || {
+                        match sh.store.clean(threshold, min, files_each, &mut pace) {
+                            Ok(out) => {
+                                done.fetch_add(usize::try_from(out.files).unwrap_or(0), Relaxed);
+                            }
+                            Err(e) => {
+                                failed.lock().get_or_insert(e);
+                            }
+                        }
+                    });
+            }
+        });
+        if let Some(e) = failed.into_inner() {
+            return Err(e);
+        }
+        let more = self.shards.iter().any(past);
+        let n = done.into_inner();
+        self.fragmentation_compactions.fetch_add(n as u64, Relaxed);
+        Ok((n, more))
+    }
+
     /// Compacts one vBucket's file for fragmentation, purging what the interval
     /// compactor's last run purged (tombstones up to the same seqno, documents expired at
     /// `now_secs`); the purge marks are left to the interval compactor.
@@ -1210,7 +1298,15 @@ impl Persistence {
         }
         self.unclean_restart.store(!clean, Relaxed);
         let mut total = 0;
+        let n = self.shards.len();
         for (i, shard) in self.shards.iter().enumerate() {
+            if let Some(d) = shard.store.damage() {
+                tracing::error!(shard = i, path = %d.path.display(), offset = d.offset, error = %d.error, "storage log corrupt: every vBucket of the shard stays unavailable (NotMyVbucket) until FLUSH deletes its files; they are kept");
+                for vb in vbuckets.iter().skip(i).step_by(n.max(1)) {
+                    vb.set_warmup_phase(WarmupPhase::Failed);
+                    self.warmup.failed.lock().push((vb.id, d.error.clone()));
+                }
+            }
             for q in shard.store.quarantined() {
                 if let Some(vb) = vbuckets.get(usize::from(q.vbid.0)) {
                     vb.set_warmup_phase(WarmupPhase::Failed);

@@ -9,9 +9,10 @@
     clippy::unwrap_used,
     reason = "test helpers outside #[test] functions panic on failure"
 )]
+use epkv_engine::StorageBackend;
 use epkv_engine::{Bucket, BucketConfig, EngineClock, FlusherMode, PersistenceConfig};
 use epkv_engine_api::{Engine, Expiry, StoreOp, StoreRequest};
-use epkv_storage::{FileStore, FileStoreConfig};
+use epkv_storage::{FileStore, FileStoreConfig, LogStore, LogStoreConfig};
 use epkv_types::{Cas, Datatype, NUM_VBUCKETS, vbucket_for_key};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -22,12 +23,13 @@ use std::time::Duration;
 const DIR_ENV: &str = "EPKV_CRASH_CHILD_DIR";
 const CYCLE_ENV: &str = "EPKV_CRASH_CHILD_CYCLE";
 const SHARDS: u16 = 2;
-const TEST_NAME: &str = "sigkill_never_loses_a_write_reported_persisted";
+const STORAGE_ENV: &str = "EPKV_CRASH_CHILD_STORAGE";
 
-fn open(dir: &Path, flusher: FlusherMode) -> Arc<Bucket> {
+fn open(dir: &Path, flusher: FlusherMode, storage: StorageBackend) -> Arc<Bucket> {
     let mut p = PersistenceConfig::new(dir);
     p.shards = SHARDS;
     p.flusher = flusher;
+    p.storage = storage;
     let b = Bucket::new(
         BucketConfig {
             expiry_pager_interval: Duration::ZERO,
@@ -46,8 +48,8 @@ fn value_of(key: &str) -> String {
 }
 
 /// The child: write until killed; print `P <key> <seqno>` once a write is persisted.
-fn child(dir: &str, cycle: &str) {
-    let b = open(Path::new(dir), FlusherMode::Tasks);
+fn child(dir: &str, cycle: &str, storage: StorageBackend) {
+    let b = open(Path::new(dir), FlusherMode::Tasks, storage);
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let printer = std::thread::spawn(move || {
         let out = std::io::stdout();
@@ -88,8 +90,8 @@ fn child(dir: &str, cycle: &str) {
     printer.join().unwrap();
 }
 
-fn check(dir: &Path, persisted: &[(String, u64)]) {
-    let b = open(dir, FlusherMode::Manual);
+fn check(dir: &Path, persisted: &[(String, u64)], storage: StorageBackend) {
+    let b = open(dir, FlusherMode::Manual, storage);
     for (key, seqno) in persisted {
         let vbid = vbucket_for_key(key.as_bytes(), NUM_VBUCKETS);
         let item = b
@@ -103,15 +105,44 @@ fn check(dir: &Path, persisted: &[(String, u64)]) {
     b.shutdown();
     drop(b);
     for i in 0..SHARDS {
-        let s = FileStore::open(FileStoreConfig::new(dir.join(format!("shard_{i}")))).unwrap();
-        s.verify().unwrap();
+        let shard = dir.join(format!("shard_{i}"));
+        match storage {
+            StorageBackend::Files => FileStore::open(FileStoreConfig::new(shard))
+                .unwrap()
+                .verify()
+                .map(drop)
+                .unwrap(),
+            // Opening reads and verifies every record.
+            StorageBackend::Log => drop(LogStore::open(LogStoreConfig::new(shard)).unwrap()),
+        }
     }
 }
 
 #[test]
 fn sigkill_never_loses_a_write_reported_persisted() {
+    sigkill_cycles(
+        "sigkill_never_loses_a_write_reported_persisted",
+        StorageBackend::Log,
+    );
+}
+
+#[test]
+fn sigkill_never_loses_a_write_reported_persisted_files_backend() {
+    sigkill_cycles(
+        "sigkill_never_loses_a_write_reported_persisted_files_backend",
+        StorageBackend::Files,
+    );
+}
+
+/// Runs a child that writes until killed after a random number of persisted reports,
+/// then checks every reported write is there; several cycles over the same directory.
+fn sigkill_cycles(test_name: &str, storage: StorageBackend) {
     if let (Some(dir), Some(cycle)) = (std::env::var_os(DIR_ENV), std::env::var_os(CYCLE_ENV)) {
-        child(dir.to_str().unwrap(), cycle.to_str().unwrap());
+        let storage = std::env::var(STORAGE_ENV)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(storage);
+        child(dir.to_str().unwrap(), cycle.to_str().unwrap(), storage);
         return;
     }
     let cycles: u64 = std::env::var("EPKV_CRASH_CYCLES")
@@ -123,8 +154,9 @@ fn sigkill_never_loses_a_write_reported_persisted() {
     let mut rng = rand_seed();
     for cycle in 0..cycles {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", TEST_NAME, "--test-threads=1", "--nocapture"])
+            .args(["--exact", test_name, "--test-threads=1", "--nocapture"])
             .env(DIR_ENV, dir.path())
+            .env(STORAGE_ENV, storage.name())
             .env(CYCLE_ENV, cycle.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -154,7 +186,7 @@ fn sigkill_never_loses_a_write_reported_persisted() {
             seen >= kill_after,
             "cycle {cycle}: the child stopped after {seen} reports"
         );
-        check(dir.path(), &all);
+        check(dir.path(), &all, storage);
     }
 }
 

@@ -17,7 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn config(dir: &Path, quota: u64) -> BucketConfig {
+    config_with(dir, quota, PersistenceConfig::new(dir).storage)
+}
+
+fn config_with(dir: &Path, quota: u64, storage: epkv_engine::StorageBackend) -> BucketConfig {
     let mut p = PersistenceConfig::new(dir);
+    p.storage = storage;
     p.flusher = FlusherMode::Manual;
     p.shards = 1;
     p.compaction_interval = Duration::ZERO;
@@ -346,7 +351,11 @@ fn a_corrupt_vbucket_file_makes_only_that_vbucket_unavailable() {
         .find(|k| vb(k) != vb(&a) && vb(k) != vb(&b_key))
         .unwrap();
     {
-        let b = Bucket::new(config(dir.path(), 64 << 20), EngineClock::System).unwrap();
+        let b = Bucket::new(
+            config_with(dir.path(), 64 << 20, epkv_engine::StorageBackend::Files),
+            EngineClock::System,
+        )
+        .unwrap();
         for k in [&a, &b_key, &c_key] {
             set(&b, k, "one").unwrap();
             b.flush_all().unwrap();
@@ -369,7 +378,11 @@ fn a_corrupt_vbucket_file_makes_only_that_vbucket_unavailable() {
     bytes[29 + 12] ^= 0x01;
     std::fs::write(&pb, &bytes).unwrap();
 
-    let b = Bucket::new(config(dir.path(), 64 << 20), EngineClock::System).unwrap();
+    let b = Bucket::new(
+        config_with(dir.path(), 64 << 20, epkv_engine::StorageBackend::Files),
+        EngineClock::System,
+    )
+    .unwrap();
     assert!(b.wait_warmup(Duration::from_secs(60)));
     for k in [&a, &b_key] {
         assert_eq!(
@@ -415,11 +428,85 @@ fn a_corrupt_vbucket_file_makes_only_that_vbucket_unavailable() {
     );
     b.shutdown();
     drop(b);
-    let b = Bucket::new(config(dir.path(), 64 << 20), EngineClock::System).unwrap();
+    let b = Bucket::new(
+        config_with(dir.path(), 64 << 20, epkv_engine::StorageBackend::Files),
+        EngineClock::System,
+    )
+    .unwrap();
     assert!(b.wait_warmup(Duration::from_secs(60)));
     assert_eq!(stats(&b, "warmup")["ep_warmup_vbuckets_failed"], "0");
     assert_eq!(
         b.get(vb(&a), a.as_bytes()).unwrap().value.as_ref(),
+        b"again"
+    );
+    b.shutdown();
+}
+
+/// The log backend: damage in the middle of a shard's log (a sealed file) sets the whole
+/// shard aside, since which vBuckets the damaged records held is unknown: its vBuckets
+/// answer NotMyVbucket and warmup names the file and offset; the files are kept until
+/// FLUSH deletes them, after which the vBuckets serve again.
+#[test]
+fn a_corrupt_log_makes_its_shard_unavailable_until_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = epkv_engine::StorageBackend::Log;
+    let key = "damaged-log-key";
+    {
+        let b = Bucket::new(
+            config_with(dir.path(), 64 << 20, storage),
+            EngineClock::System,
+        )
+        .unwrap();
+        set(&b, key, "one").unwrap();
+        b.flush_all().unwrap();
+        b.shutdown();
+    }
+    // A second file, so that the first is sealed: damage there is not a torn tail.
+    let shard = dir.path().join("shard_0");
+    let first = shard.join("log-00000001.epkv");
+    std::fs::write(shard.join("log-00000002.epkv"), b"").unwrap();
+    let mut bytes = std::fs::read(&first).unwrap();
+    bytes[29 + 12] ^= 0x01;
+    std::fs::write(&first, &bytes).unwrap();
+
+    let b = Bucket::new(
+        config_with(dir.path(), 64 << 20, storage),
+        EngineClock::System,
+    )
+    .unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)));
+    assert_eq!(
+        b.get(vb(key), key.as_bytes()),
+        Err(EngineStatus::NotMyVbucket)
+    );
+    assert_eq!(set(&b, key, "x"), Err(EngineStatus::NotMyVbucket));
+    let w = stats(&b, "warmup");
+    assert_eq!(w["ep_warmup_state"], "done");
+    assert_eq!(
+        w["ep_warmup_vbuckets_failed"], "1024",
+        "one shard: every vBucket"
+    );
+    let e = &w[&format!("vb_{}:warmup_error", vb(key).0)];
+    assert!(
+        e.contains(first.to_str().unwrap()) && e.contains("offset 29"),
+        "{e}"
+    );
+    assert!(first.exists(), "damaged files are kept");
+    b.flush().unwrap();
+    assert!(!first.exists());
+    set(&b, key, "again").unwrap();
+    b.flush_all().unwrap();
+    b.shutdown();
+    drop(b);
+    let b = Bucket::new(
+        config_with(dir.path(), 64 << 20, storage),
+        EngineClock::System,
+    )
+    .unwrap();
+    assert!(b.wait_warmup(Duration::from_secs(60)));
+    assert_eq!(stats(&b, "warmup")["ep_warmup_vbuckets_failed"], "0");
+    assert_eq!(
+        b.get(vb(key), key.as_bytes()).unwrap().value.as_ref(),
         b"again"
     );
     b.shutdown();

@@ -211,6 +211,7 @@ struct Template {
     mem_high_wat: u8,
     mem_low_wat: u8,
     journal: bool,
+    storage: epkv_engine::StorageBackend,
     fd_budget: usize,
     writer_threads: usize,
     flush_delay: std::time::Duration,
@@ -245,6 +246,7 @@ impl BucketManager {
                 mem_high_wat: s.mem_high_wat,
                 mem_low_wat: s.mem_low_wat,
                 journal: s.journal,
+                storage: s.storage.0,
                 fd_budget: s.fd_budget,
                 writer_threads: s.writer_threads,
                 flush_delay: std::time::Duration::from_millis(s.flush_delay),
@@ -490,6 +492,7 @@ impl BucketManager {
                 } else {
                     epkv_engine::JournalMode::Off
                 },
+                storage: t.storage,
                 fd_budget: (t.fd_budget > 0).then_some(t.fd_budget),
                 writer_threads: t.writer_threads,
                 flush_delay: t.flush_delay,

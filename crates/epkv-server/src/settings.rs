@@ -150,6 +150,25 @@ impl<'de> serde::Deserialize<'de> for TlsClientAuth {
     }
 }
 
+/// The shards' storage backend (`storage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Storage(pub(crate) epkv_engine::StorageBackend);
+
+impl FromStr for Storage {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(Self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Storage {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// The cluster this node is in, from the cluster file (`--cluster`) and its index
 /// (`--cluster-node`); `None` without a file.
 ///
@@ -413,6 +432,8 @@ settings! {
     journal: bool = "true", unit = "bool",
         help = "With persistence: make each flush batch durable with one append and one fdatasync of its shard's journal, however many vBuckets it touches (data files are synced at checkpoints). `--journal false` syncs every vBucket data file a batch touches instead, as KV-Engine does (slower; for comparison)",
         clap(num_args = 0..=1, default_missing_value = "true");
+    storage: Storage = "log", unit = "backend",
+        help = "With persistence: how each shard stores documents. `files`: a journal per shard, then per-vBucket data files a background applier writes (each document written twice). `log`: the write-once log (each document written once, into the shard's log files, with an in-memory index of every stored key; cleaned oldest file first). A data directory written with one is refused by the other";
     fd_budget: usize = "0", unit = "count",
         help = "With persistence: most data files each bucket keeps open (least recently used ones are closed beyond it); 0 derives it from the open-file limit minus a reserve for connections";
     writer_threads: usize = "2", unit = "count",

@@ -78,7 +78,7 @@ pub use file_store::{
     COMPACT_CHUNK_BYTES, FileStore, FileStoreConfig, JournalMode, Quarantined, RecoveryReport,
 };
 pub use kv_store::KvStore;
-pub use log_store::{CleanOutcome, LogRecoveryReport, LogStore, LogStoreConfig};
+pub use log_store::{CleanOutcome, Damage, LogRecoveryReport, LogStore, LogStoreConfig};
 pub use mem_store::MemStore;
 pub use types::{
     CompactionOutcome, Document, FailoverEntry, FileUsage, KeyMeta, PREPARE_NAMESPACE, PurgeRule,

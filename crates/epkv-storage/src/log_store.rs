@@ -31,14 +31,17 @@
 //!
 //! **Failures.** A failed write or sync fails the commit (nothing is acknowledged); the
 //! head is cut back to its last committed length before the next append. At open, a batch
-//! that does not verify at the end of the head (a torn write) is cut off; damage anywhere
-//! else is reported as [`Error::Corrupt`] naming the file and offset.
+//! that does not verify at the end of the head (a torn write) is cut off. Damage anywhere
+//! else sets the whole store aside ([`LogStore::damage`]): which vBuckets the damaged
+//! records held is unknown, so it serves none, refuses writes, and keeps its files until
+//! [`LogStore::reset`] deletes them.
 //!
 //! **Locking.** `head` (the commit lock: appends, rolls, deletions, compactions) → `index`
 //! (the maps, read-locked by reads) → `files` (open handles). Cleaning holds `clean` for
 //! its whole run and the head and index only while it appends a chunk of copies.
 
 use crate::error::{Error, Result};
+use crate::fd_cache::{FdCache, default_fd_budget};
 use crate::format::{
     self, LogHead, LogHeadEntry, LogPurge, LogVbDelete, RecordKind, SUPERBLOCK_LEN,
 };
@@ -60,9 +63,14 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub struct LogStoreConfig {
     /// Directory holding this shard's log files (created if missing).
     pub dir: PathBuf,
-    /// Size past which the head is sealed and a new file started (default 64 MiB). Each
-    /// cleaning run rewrites one file, so this is also the granularity of reclaiming.
+    /// Size past which the head is sealed and a new file started (default 8 MiB).
+    /// Cleaning reclaims a file at a time, oldest first: small files make the oldest one
+    /// mostly garbage (each live record copied costs a write), large ones mean fewer
+    /// files (descriptors are cached under [`LogStoreConfig::fd_cache`]'s budget).
     pub file_bytes: u64,
+    /// The descriptor cache reads go through, shared with other shards; `None` makes one
+    /// with [`default_fd_budget`].
+    pub fd_cache: Option<Arc<FdCache>>,
 }
 
 impl LogStoreConfig {
@@ -71,7 +79,8 @@ impl LogStoreConfig {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
-            file_bytes: 64 << 20,
+            file_bytes: 8 << 20,
+            fd_cache: None,
         }
     }
 }
@@ -114,7 +123,13 @@ struct Loc {
     deleted: bool,
 }
 
-type KeyMap = HashMap<Box<[u8]>, Loc, foldhash::fast::RandomState>;
+/// A key as the index holds it: keys up to 24 bytes (most: Couchbase keys are a collection
+/// prefix and a short id) are stored in the map's entry itself, so that comparing a probed
+/// entry's key costs no second cache miss (the index lookups were a quarter of the commit's
+/// CPU with boxed keys).
+type Key = smallvec::SmallVec<[u8; 24]>;
+
+type KeyMap = HashMap<Key, Loc, foldhash::fast::RandomState>;
 
 /// One vBucket's part of the index.
 #[derive(Debug, Default)]
@@ -138,7 +153,7 @@ struct FileStat {
 
 #[derive(Debug, Default)]
 struct Index {
-    vbs: HashMap<u16, VbIndex>,
+    vbs: HashMap<u16, VbIndex, foldhash::fast::RandomState>,
     files: BTreeMap<u32, FileStat>,
 }
 
@@ -153,7 +168,7 @@ impl Index {
             Some(cur) if cur.seqno > loc.seqno => return false,
             Some(cur) => Some(std::mem::replace(cur, loc)),
             None => {
-                vb.keys.insert(key.into(), loc);
+                vb.keys.insert(Key::from_slice(key), loc);
                 None
             }
         };
@@ -253,11 +268,26 @@ pub struct LogStore {
     vfs: Arc<dyn Vfs>,
     head: Mutex<Head>,
     index: RwLock<Index>,
-    /// Open handles of every file, the head included.
-    files: Mutex<BTreeMap<u32, Arc<dyn VFile>>>,
+    /// Descriptors of the files read (the head's own is in `head`).
+    fds: Arc<FdCache>,
     clean: Mutex<()>,
     counters: Counters,
     report: LogRecoveryReport,
+    /// Damage found at open in a sealed file: the store then holds nothing and refuses
+    /// writes until [`LogStore::reset`].
+    damage: Mutex<Option<Damage>>,
+}
+
+/// Damage found at open in the middle of a shard's log: the file, the offset of the first
+/// record that does not verify, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// The damaged file.
+    pub path: PathBuf,
+    /// Offset of the first bad record.
+    pub offset: u64,
+    /// The error, as logged.
+    pub error: String,
 }
 
 impl std::fmt::Debug for LogStore {
@@ -288,6 +318,10 @@ struct Placed<'a> {
     key: &'a [u8],
     loc: Loc,
 }
+
+/// One vBucket's records cleaning copies in a chunk: its head entry, and each live
+/// document with its frame's bytes.
+type CopyEntry<'a> = (LogHeadEntry, Vec<(Placed<'a>, &'a [u8])>);
 
 /// What reading one file found.
 struct FileScan {
@@ -352,6 +386,19 @@ fn parse_record(
         _ => return Err(format::DecodeError::Invalid("log record kind")),
     };
     Ok(Some((rec, at)))
+}
+
+/// Whether a record that verifies starts anywhere after `bad` in `buf`: then the bad record
+/// at `bad` is damage, not a torn tail (appends are sequential and a failed one is cut off
+/// before the next, so nothing valid can follow the batch a crash tore).
+fn record_after(buf: &[u8], bad: u64) -> bool {
+    let start = usize::try_from(bad).unwrap_or(usize::MAX).saturating_add(1);
+    (start..buf.len()).any(|pos| {
+        matches!(
+            RecordKind::from_u8(buf[pos]),
+            Some(RecordKind::LogHead | RecordKind::LogVbDelete | RecordKind::LogPurge)
+        ) && format::decode_frame(&buf[pos..]).is_ok()
+    })
 }
 
 fn read_whole(f: &dyn VFile, path: &Path) -> Result<Vec<u8>> {
@@ -471,7 +518,11 @@ impl LogStore {
         let mut report = LogRecoveryReport::default();
         let mut index = Index::default();
         let mut replay = Replay::default();
-        let mut files: BTreeMap<u32, Arc<dyn VFile>> = BTreeMap::new();
+        let fds = cfg
+            .fd_cache
+            .clone()
+            .unwrap_or_else(|| Arc::new(FdCache::new(Arc::clone(&vfs), default_fd_budget())));
+        let mut head_file: Option<Arc<dyn VFile>> = None;
         let mut last_end = 0u64;
         let last = nums.last().map(|(n, _)| *n);
         for (num, path) in &nums {
@@ -482,14 +533,27 @@ impl LogStore {
             report.files += 1;
             let scan = Self::replay_file(&buf, *num, &mut index, &mut replay);
             let is_last = Some(*num) == last;
-            if let Some((offset, reason)) = scan.bad {
-                if !is_last {
-                    return Err(Error::Corrupt {
+            if let Some((offset, reason)) = scan.bad
+                && (!is_last || record_after(&buf, offset))
+            {
+                // Which vBuckets the damaged records held is unknown, so none of the
+                // shard's is served: the store opens empty, set aside, its files kept.
+                let error = Error::Corrupt {
+                    path: path.clone(),
+                    offset,
+                    reason,
+                }
+                .to_string();
+                return Self::damaged(
+                    cfg,
+                    vfs,
+                    report,
+                    Damage {
                         path: path.clone(),
                         offset,
-                        reason,
-                    });
-                }
+                        error,
+                    },
+                );
             }
             if is_last {
                 if scan.valid_end < scan.len {
@@ -509,18 +573,19 @@ impl LogStore {
                 last_end = scan.valid_end;
             }
             index.files.entry(*num).or_default().bytes = scan.valid_end;
-            files.insert(*num, f);
-        }
-        let (num, file, path, end) = match nums.last() {
-            Some((n, p)) if last_end >= SUPERBLOCK_LEN as u64 => {
-                (*n, Arc::clone(&files[n]), p.clone(), last_end)
+            if is_last {
+                head_file = Some(f);
             }
-            other => {
+        }
+        let (num, file, path, end) = match (nums.last(), head_file) {
+            (Some((n, p)), Some(f)) if last_end >= SUPERBLOCK_LEN as u64 => {
+                (*n, f, p.clone(), last_end)
+            }
+            (other, _) => {
                 // No file, or a head whose superblock never made it: start one.
                 let n = other.map_or(1, |(n, _)| *n);
                 let path = cfg.dir.join(file_name(n));
                 let f = Self::create_file(&*vfs, &cfg.dir, &path, n)?;
-                files.insert(n, Arc::clone(&f));
                 index.files.entry(n).or_default().bytes = SUPERBLOCK_LEN as u64;
                 (n, f, path, SUPERBLOCK_LEN as u64)
             }
@@ -541,11 +606,102 @@ impl LogStore {
                 buf: Vec::new(),
             }),
             index: RwLock::new(index),
-            files: Mutex::new(files),
+            fds,
             clean: Mutex::new(()),
             counters: Counters::default(),
             report,
+            damage: Mutex::new(None),
         })
+    }
+
+    /// A store set aside for `damage`: empty, refusing writes, files untouched.
+    fn damaged(
+        cfg: LogStoreConfig,
+        vfs: Arc<dyn Vfs>,
+        report: LogRecoveryReport,
+        damage: Damage,
+    ) -> Result<Self> {
+        let path = damage.path.clone();
+        let file = vfs
+            .open(&path, OpenMode::Existing)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let fds = cfg
+            .fd_cache
+            .clone()
+            .unwrap_or_else(|| Arc::new(FdCache::new(Arc::clone(&vfs), default_fd_budget())));
+        Ok(Self {
+            cfg,
+            vfs,
+            head: Mutex::new(Head {
+                num: 0,
+                file,
+                path,
+                end: 0,
+                dirty_tail: false,
+                unsynced: false,
+                next_seq: 1,
+                next_incarnation: 1,
+                buf: Vec::new(),
+            }),
+            index: RwLock::new(Index::default()),
+            fds,
+            clean: Mutex::new(()),
+            counters: Counters::default(),
+            report,
+            damage: Mutex::new(Some(damage)),
+        })
+    }
+
+    /// The damage found at open, if the store was set aside for it.
+    pub fn damage(&self) -> Option<Damage> {
+        self.damage.lock().clone()
+    }
+
+    /// Fails while the store is set aside for damage.
+    fn check_usable(&self, vbid: u16) -> Result<()> {
+        match &*self.damage.lock() {
+            Some(d) => Err(Error::VbucketUnavailable {
+                vbid,
+                reason: d.error.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Deletes every log file and starts empty (FLUSH of the whole shard); the way out of
+    /// a damaged store.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn reset(&self) -> Result<()> {
+        let _c = self.clean.lock();
+        let mut h = self.head.lock();
+        for p in self
+            .vfs
+            .list(&self.cfg.dir)
+            .map_err(|e| Error::io("list", &self.cfg.dir, e))?
+        {
+            if parse_file_name(&p).is_some() {
+                self.fds.forget(&p);
+                self.vfs
+                    .remove(&p)
+                    .map_err(|e| Error::io("remove", &p, e))?;
+            }
+        }
+        let num = h.num.max(1) + 1;
+        let path = self.cfg.dir.join(file_name(num));
+        let f = Self::create_file(&*self.vfs, &self.cfg.dir, &path, num)?;
+        let mut ix = self.index.write();
+        *ix = Index::default();
+        ix.files.entry(num).or_default().bytes = SUPERBLOCK_LEN as u64;
+        h.num = num;
+        h.file = f;
+        h.path = path;
+        h.end = SUPERBLOCK_LEN as u64;
+        h.dirty_tail = false;
+        h.unsynced = false;
+        *self.damage.lock() = None;
+        Ok(())
     }
 
     /// Reads one file's records into the index.
@@ -629,6 +785,9 @@ impl LogStore {
     /// # Errors
     /// I/O errors of the final sync.
     pub fn close(self) -> Result<()> {
+        if self.damage.lock().is_some() {
+            return Ok(());
+        }
         let h = self.head.lock();
         h.file
             .sync_data()
@@ -657,7 +816,6 @@ impl LogStore {
             let num = h.num + 1;
             let path = self.cfg.dir.join(file_name(num));
             let f = Self::create_file(&*self.vfs, &self.cfg.dir, &path, num)?;
-            self.files.lock().insert(num, Arc::clone(&f));
             self.index.write().files.entry(num).or_default().bytes = SUPERBLOCK_LEN as u64;
             h.num = num;
             h.file = f;
@@ -733,8 +891,9 @@ impl LogStore {
         format::put_frame_with(&mut buf, RecordKind::LogHead, |out| {
             format::encode_log_head(out, &head);
         });
-        let mut places: Vec<(u16, u64, u32)> = Vec::new();
-        for (e, docs) in head.entries.iter().zip(&doc_lists) {
+        let mut places: Vec<(u64, u32)> =
+            Vec::with_capacity(doc_lists.iter().map(|d| d.len()).sum());
+        for docs in &doc_lists {
             for d in docs.iter() {
                 if d.key.len() > usize::from(u16::MAX) || d.value.len() > (64 << 20) {
                     h.buf = buf;
@@ -748,7 +907,7 @@ impl LogStore {
                 format::put_frame_with(&mut buf, RecordKind::Document, |out| {
                     format::encode_document(out, d);
                 });
-                places.push((e.vbid, h.end + at as u64, (buf.len() - at) as u32));
+                places.push((h.end + at as u64, (buf.len() - at) as u32));
             }
         }
         let written = self.append(h, &buf, true);
@@ -762,35 +921,64 @@ impl LogStore {
         h.next_seq = seq + 1;
         h.next_incarnation = next_incarnation;
         let mut ix = self.index.write();
+        let Index { vbs, files } = &mut *ix;
         let num = h.num;
-        ix.files.entry(num).or_default().bytes = h.end;
+        // Bytes made live in the head and made garbage elsewhere, applied to the files'
+        // counts once per batch.
+        let mut added = 0u64;
+        let mut freed: smallvec::SmallVec<[(u32, u64); 4]> = smallvec::SmallVec::new();
         let mut items = 0u64;
         let mut p = places.iter();
         for (e, docs) in head.entries.into_iter().zip(&doc_lists) {
-            ix.vbs.entry(e.vbid).or_insert_with(|| VbIndex {
+            let vb = vbs.entry(e.vbid).or_insert_with(|| VbIndex {
                 incarnation: e.incarnation,
                 ..VbIndex::default()
             });
             for d in docs.iter() {
-                let Some(&(vbid, offset, len)) = p.next() else {
+                let Some(&(offset, len)) = p.next() else {
                     break;
                 };
-                ix.put(
-                    vbid,
-                    &d.key,
-                    Loc {
-                        file: num,
-                        len,
-                        offset,
-                        seqno: d.seqno,
-                        expiry: d.expiry,
-                        deleted: d.deleted,
-                    },
-                );
                 items += 1;
+                let loc = Loc {
+                    file: num,
+                    len,
+                    offset,
+                    seqno: d.seqno,
+                    expiry: d.expiry,
+                    deleted: d.deleted,
+                };
+                match vb.keys.get_mut(d.key.as_slice()) {
+                    // A newer version is already stored (only a retried batch can do that).
+                    Some(cur) if cur.seqno > loc.seqno => continue,
+                    Some(cur) => {
+                        let old = std::mem::replace(cur, loc);
+                        vb.live_bytes -= u64::from(old.len);
+                        match freed.iter_mut().find(|(f, _)| *f == old.file) {
+                            Some((_, b)) => *b += u64::from(old.len),
+                            None => freed.push((old.file, u64::from(old.len))),
+                        }
+                    }
+                    None => {
+                        vb.keys.insert(Key::from_slice(&d.key), loc);
+                    }
+                }
+                vb.live_bytes += u64::from(len);
+                added += u64::from(len);
             }
-            if let Some((s, st)) = e.state {
-                ix.set_state(e.vbid, s, num, st);
+            if let Some((s, st)) = e.state
+                && (vb.state.is_none() || s >= vb.state_seq)
+            {
+                vb.state = Some(st);
+                vb.state_seq = s;
+                vb.state_file = num;
+            }
+        }
+        let head_stat = files.entry(num).or_default();
+        head_stat.bytes = h.end;
+        head_stat.live += added;
+        for (f, b) in freed {
+            if let Some(st) = files.get_mut(&f) {
+                st.live = st.live.saturating_sub(b);
             }
         }
         drop(ix);
@@ -799,8 +987,15 @@ impl LogStore {
         Ok(())
     }
 
-    fn handle(&self, file: u32) -> Option<Arc<dyn VFile>> {
-        self.files.lock().get(&file).cloned()
+    /// A descriptor of log file `file`, or `None` if cleaning deleted it.
+    fn handle(&self, file: u32) -> Result<Option<Arc<dyn VFile>>> {
+        match self.fds.get(&self.path_of(file), OpenMode::Existing) {
+            Ok(f) => Ok(Some(f)),
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn path_of(&self, file: u32) -> PathBuf {
@@ -831,7 +1026,7 @@ impl LogStore {
                 let Some(loc) = ix.vbs.get(&vbid).and_then(|v| v.keys.get(key)).copied() else {
                     return Ok(None);
                 };
-                (loc, self.handle(loc.file))
+                (loc, self.handle(loc.file)?)
             };
             if let Some(f) = f {
                 return self.read_at(&*f, loc).map(Some);
@@ -859,6 +1054,9 @@ impl LogStore {
     ) -> Result<CleanOutcome> {
         let _one = self.clean.lock();
         let mut out = CleanOutcome::default();
+        if self.damage.lock().is_some() {
+            return Ok(out);
+        }
         for _ in 0..max_files {
             let (oldest, due) = {
                 let head = self.head.lock().num;
@@ -907,7 +1105,7 @@ impl LogStore {
             }
         }
         let path = self.path_of(num);
-        let Some(f) = self.handle(num) else {
+        let Some(f) = self.handle(num)? else {
             return Ok(());
         };
         let bytes = self.index.read().files.get(&num).map_or(0, |s| s.bytes);
@@ -915,7 +1113,7 @@ impl LogStore {
         buf.truncate(usize::try_from(bytes).unwrap_or(usize::MAX));
         let mut pos = SUPERBLOCK_LEN;
         // Copies gathered for the next chunk: (entry, its docs' frames).
-        let mut chunk: Vec<(LogHeadEntry, Vec<(Placed<'_>, &[u8])>)> = Vec::new();
+        let mut chunk: Vec<CopyEntry<'_>> = Vec::new();
         let mut chunk_bytes = 0usize;
         while let Some((rec, next)) =
             parse_record(&buf, num, pos).map_err(|reason| Error::Corrupt {
@@ -1011,7 +1209,7 @@ impl LogStore {
         self.vfs
             .sync_dir(&self.cfg.dir)
             .map_err(|e| Error::io("sync", &self.cfg.dir, e))?;
-        self.files.lock().remove(&num);
+        self.fds.forget(&path);
         if let Some(st) = self.index.write().files.remove(&num) {
             out.bytes_before += st.bytes;
             self.counters.reclaimed.fetch_add(st.bytes, Relaxed);
@@ -1022,11 +1220,7 @@ impl LogStore {
 
     /// Appends one chunk of copies as a batch (not synced) and points the index at them
     /// where it still points at the originals. Returns the bytes written.
-    fn append_copies(
-        &self,
-        chunk: Vec<(LogHeadEntry, Vec<(Placed<'_>, &[u8])>)>,
-        out: &mut CleanOutcome,
-    ) -> Result<u64> {
+    fn append_copies(&self, chunk: Vec<CopyEntry<'_>>, out: &mut CleanOutcome) -> Result<u64> {
         let mut h = self.head.lock();
         let approx: usize = chunk
             .iter()
@@ -1106,6 +1300,9 @@ impl LogStore {
 
 impl KvStore for LogStore {
     fn commit(&self, batch: &[VbCommit]) -> Result<()> {
+        if let Some(c) = batch.first() {
+            self.check_usable(c.vbid.0)?;
+        }
         let mut h = self.head.lock();
         self.commit_locked(&mut h, batch)
     }
@@ -1145,9 +1342,18 @@ impl KvStore for LogStore {
                 .filter(|l| l.seqno >= start && l.seqno <= end)
                 .copied()
                 .collect();
-            // Handles taken under the same lock: a file cleaned afterwards stays readable
-            // through them.
-            (locs, self.files.lock().clone())
+            // Handles taken under the same lock (cleaning moves every live record out of
+            // a file, under the write lock, before it deletes the file): a file cleaned
+            // afterwards stays readable through them.
+            let mut handles: BTreeMap<u32, Arc<dyn VFile>> = BTreeMap::new();
+            for l in &locs {
+                if let std::collections::btree_map::Entry::Vacant(e) = handles.entry(l.file)
+                    && let Some(f) = self.handle(l.file)?
+                {
+                    e.insert(f);
+                }
+            }
+            (locs, handles)
         };
         locs.sort_unstable_by_key(|l| l.seqno);
         let mut n = 0;
@@ -1215,6 +1421,9 @@ impl KvStore for LogStore {
     }
 
     fn delete_vbuckets(&self, vbids: &[Vbid]) -> Result<()> {
+        if let Some(v) = vbids.first() {
+            self.check_usable(v.0)?;
+        }
         let mut h = self.head.lock();
         let dels: Vec<LogVbDelete> = {
             let ix = self.index.read();
@@ -1250,6 +1459,9 @@ impl KvStore for LogStore {
     }
 
     fn compact(&self, vbid: Vbid, rule: &PurgeRule) -> Result<CompactionOutcome> {
+        if self.damage.lock().is_some() {
+            return Ok(CompactionOutcome::default());
+        }
         let mut h = self.head.lock();
         let mut out = CompactionOutcome::default();
         let purge = {
@@ -1313,6 +1525,9 @@ impl KvStore for LogStore {
     }
 
     fn checkpoint(&self) -> Result<()> {
+        if self.damage.lock().is_some() {
+            return Ok(());
+        }
         // Every commit is durable where it stays; only cleaning's copies may wait for a
         // sync.
         let mut h = self.head.lock();
@@ -1332,7 +1547,7 @@ impl KvStore for LogStore {
             bytes_written: self.counters.bytes.load(Relaxed),
             journal_bytes: 0,
             checkpoints: 0,
-            open_files: self.files.lock().len() as u64,
+            open_files: self.fds.open_files() as u64,
             file_opens: self.report.files,
             compactions: self.counters.compactions.load(Relaxed),
             commit_failures: self.counters.failures.load(Relaxed),
@@ -1524,6 +1739,10 @@ mod tests {
         for i in 0..6 {
             commit(&s, 1, vec![doc(&format!("k{i}"), i + 1, &v)]);
         }
+        // Small batches after the big ones: the head holds several.
+        for i in 0..4 {
+            commit(&s, 1, vec![doc(&format!("s{i}"), 7 + i, "small")]);
+        }
         s.close().unwrap();
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir.path())
             .unwrap()
@@ -1543,14 +1762,44 @@ mod tests {
         assert_eq!(std::fs::metadata(&head).unwrap().len(), good);
         assert_eq!(value(&s, 1, "k5"), Some(v.clone().into_bytes()));
         drop(s);
+        // A flipped byte in the middle of the head (valid records after it) is damage,
+        // not a torn tail: nothing is cut.
+        let mut bytes = std::fs::read(&head).unwrap();
+        let saved = bytes.clone();
+        bytes[SUPERBLOCK_LEN + 40] ^= 0xff;
+        std::fs::write(&head, &bytes).unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        assert_eq!(s.damage().map(|d| d.path), Some(head.clone()));
+        assert_eq!(std::fs::read(&head).unwrap(), bytes, "nothing cut");
+        drop(s);
+        std::fs::write(&head, &saved).unwrap();
         // A flipped byte in a sealed file is corruption, named with its file.
         let first = files.first().unwrap().clone();
         let mut bytes = std::fs::read(&first).unwrap();
         bytes[SUPERBLOCK_LEN + 40] ^= 0xff;
         std::fs::write(&first, &bytes).unwrap();
-        match LogStore::open(small(dir.path())) {
-            Err(Error::Corrupt { path, .. }) => assert_eq!(path, first),
-            other => panic!("expected corruption, got {other:?}"),
-        }
+        let s = LogStore::open(small(dir.path())).unwrap();
+        let d = s.damage().unwrap();
+        assert_eq!(d.path, first);
+        assert!(d.error.contains(first.to_str().unwrap()), "{d:?}");
+        assert_eq!(value(&s, 1, "k5"), None, "a damaged store serves nothing");
+        assert!(matches!(
+            s.commit(&[VbCommit {
+                vbid: Vbid(1),
+                docs: vec![doc("x", 9, "x")].into(),
+                keys_unique: false,
+                state: VbState::new(VBucketState::Active),
+            }]),
+            Err(Error::VbucketUnavailable { vbid: 1, .. })
+        ));
+        assert!(first.exists(), "damaged files are kept");
+        s.reset().unwrap();
+        assert!(!first.exists());
+        commit(&s, 1, vec![doc("x", 1, "again")]);
+        s.close().unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        assert_eq!(s.damage(), None);
+        assert_eq!(value(&s, 1, "x"), Some(b"again".to_vec()));
+        assert_eq!(value(&s, 1, "k5"), None);
     }
 }
