@@ -6,8 +6,9 @@
 #![no_main]
 
 use epkv_storage::format::{
-    self, FRAME_HEADER_LEN, RecordKind, decode_document, decode_frame, decode_header,
-    decode_journal_batch, decode_key_block, decode_segment, decode_seq_block,
+    self, FRAME_HEADER_LEN, RecordKind, decode_document, decode_document_meta, decode_frame,
+    decode_header, decode_journal_batch, decode_key_block, decode_log_head, decode_log_purge,
+    decode_log_vb_delete, decode_segment, decode_seq_block,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -22,6 +23,10 @@ fuzz_target!(|data: &[u8]| {
             let _ = decode_seq_block(rest);
             let _ = decode_segment(rest);
             let _ = decode_journal_batch(rest);
+            let _ = decode_log_head(rest);
+            let _ = decode_log_vb_delete(rest);
+            let _ = decode_log_purge(rest);
+            let _ = decode_document_meta(rest);
             break;
         };
         assert_eq!(total, FRAME_HEADER_LEN + body.len());
@@ -29,8 +34,35 @@ fuzz_target!(|data: &[u8]| {
         let mut again = Vec::new();
         match kind {
             RecordKind::Document => {
+                let meta = decode_document_meta(body);
                 if let Ok(d) = decode_document(body) {
+                    // The log's index reads only the metadata: it must agree.
+                    let m = meta.expect("a document that decodes has metadata");
+                    assert_eq!(
+                        (m.key, m.seqno, m.expiry, m.deleted),
+                        (d.key.as_slice(), d.seqno, d.expiry, d.deleted)
+                    );
                     format::encode_document(&mut again, &d);
+                    assert_eq!(again, body);
+                } else {
+                    assert!(meta.is_err(), "metadata of a document that does not decode");
+                }
+            }
+            RecordKind::LogHead => {
+                if let Ok(h) = decode_log_head(body) {
+                    format::encode_log_head(&mut again, &h);
+                    assert_eq!(again, body);
+                }
+            }
+            RecordKind::LogVbDelete => {
+                if let Ok(d) = decode_log_vb_delete(body) {
+                    format::encode_log_vb_delete(&mut again, &d);
+                    assert_eq!(again, body);
+                }
+            }
+            RecordKind::LogPurge => {
+                if let Ok(p) = decode_log_purge(body) {
+                    format::encode_log_purge(&mut again, &p);
                     assert_eq!(again, body);
                 }
             }
@@ -64,7 +96,9 @@ fuzz_target!(|data: &[u8]| {
                     assert_eq!(again, body);
                 }
             }
-            RecordKind::DataSuperblock | RecordKind::JournalSuperblock => {
+            RecordKind::DataSuperblock
+            | RecordKind::JournalSuperblock
+            | RecordKind::LogSuperblock => {
                 let _ = format::decode_superblock(body, kind);
             }
         }

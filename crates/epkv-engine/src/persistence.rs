@@ -761,6 +761,7 @@ impl Persistence {
             t.data_file_bytes += x.data_file_bytes;
             t.live_bytes += x.live_bytes;
             t.bytes_reclaimed += x.bytes_reclaimed;
+            t.index_bytes += x.index_bytes;
         }
         t.open_files = self.fds.open_files() as u64;
         t

@@ -238,6 +238,7 @@ impl Bucket {
                 ("data_file_bytes", x.data_file_bytes),
                 ("live_bytes", x.live_bytes),
                 ("bytes_reclaimed", x.bytes_reclaimed),
+                ("index_bytes", x.index_bytes),
             ] {
                 sink(&format!("rw_{i}:{name}"), &v.to_string());
             }
@@ -291,6 +292,8 @@ impl Bucket {
                 "ep_compaction_bytes_reclaimed",
                 t.bytes_reclaimed.to_string(),
             ),
+            ("ep_persistence_storage", p.config.storage.name().to_owned()),
+            ("ep_storage_index_bytes", t.index_bytes.to_string()),
             ("ep_db_file_size", t.data_file_bytes.to_string()),
             ("ep_db_data_size", t.live_bytes.to_string()),
             (

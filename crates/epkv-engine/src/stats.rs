@@ -153,6 +153,12 @@ const PERSISTENCE_DEFS: &[StatDefinition] = &[
         "journal mode: `on` (one journal sync per flush batch) or `off` (a sync per data file)",
     ),
     gauge(
+        "ep_persistence_storage",
+        StatGroup::Persistence,
+        StatUnit::Text,
+        "storage backend: `log` (the write-once log) or `files` (per-vBucket data files behind a journal)",
+    ),
+    gauge(
         "ep_queue_size",
         StatGroup::Persistence,
         StatUnit::Items,
@@ -241,6 +247,12 @@ const PERSISTENCE_DEFS: &[StatDefinition] = &[
         StatGroup::Persistence,
         StatUnit::ByteCount,
         "disk bytes compactions gave back (old file size minus new, summed)",
+    ),
+    gauge(
+        "ep_storage_index_bytes",
+        StatGroup::Persistence,
+        StatUnit::Bytes,
+        "memory of the write-once log's in-memory key index (about 80 bytes per stored key; outside the bucket's quota; 0 with the files backend)",
     ),
     gauge(
         "ep_db_file_size",

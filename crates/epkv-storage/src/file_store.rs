@@ -1902,6 +1902,7 @@ impl KvStore for FileStore {
             data_file_bytes,
             live_bytes,
             bytes_reclaimed: c.reclaimed.load(Relaxed),
+            index_bytes: 0,
         }
     }
 

@@ -127,7 +127,10 @@ struct Loc {
 /// prefix and a short id) are stored in the map's entry itself, so that comparing a probed
 /// entry's key costs no second cache miss (the index lookups were a quarter of the commit's
 /// CPU with boxed keys).
-type Key = smallvec::SmallVec<[u8; 24]>;
+type Key = smallvec::SmallVec<[u8; KEY_INLINE]>;
+
+/// Key bytes stored in the index entry itself.
+const KEY_INLINE: usize = 24;
 
 type KeyMap = HashMap<Key, Loc, foldhash::fast::RandomState>;
 
@@ -142,6 +145,22 @@ struct VbIndex {
     keys: KeyMap,
     /// Bytes of the frames `keys` points to.
     live_bytes: u64,
+    /// Heap bytes of the keys too long to be stored inline.
+    heap_key_bytes: u64,
+}
+
+/// Heap bytes a key of `len` bytes takes in the index besides its map entry.
+fn heap_bytes(len: usize) -> u64 {
+    if len > KEY_INLINE { len as u64 } else { 0 }
+}
+
+impl VbIndex {
+    /// Bytes of memory the vBucket's index takes: the map's slots (an entry and a control
+    /// byte each, at its capacity) and the long keys' heap.
+    fn memory_bytes(&self) -> u64 {
+        (self.keys.capacity() * (std::mem::size_of::<(Key, Loc)>() + 1)) as u64
+            + self.heap_key_bytes
+    }
 }
 
 /// Bytes of one log file: its committed length and how many of them are live.
@@ -169,6 +188,7 @@ impl Index {
             Some(cur) => Some(std::mem::replace(cur, loc)),
             None => {
                 vb.keys.insert(Key::from_slice(key), loc);
+                vb.heap_key_bytes += heap_bytes(key.len());
                 None
             }
         };
@@ -191,6 +211,7 @@ impl Index {
         if vb.keys.get(key).is_some_and(|l| l.seqno <= seqno)
             && let Some(old) = vb.keys.remove(key)
         {
+            vb.heap_key_bytes -= heap_bytes(key.len());
             vb.live_bytes -= u64::from(old.len);
             if let Some(f) = self.files.get_mut(&old.file) {
                 f.live = f.live.saturating_sub(u64::from(old.len));
@@ -780,6 +801,16 @@ impl LogStore {
             .fold((0, 0), |(b, l), f| (b + f.bytes, l + f.live))
     }
 
+    /// Bytes of memory the key index takes (all vBuckets).
+    pub fn index_bytes(&self) -> u64 {
+        self.index
+            .read()
+            .vbs
+            .values()
+            .map(VbIndex::memory_bytes)
+            .sum()
+    }
+
     /// Syncs and closes the store.
     ///
     /// # Errors
@@ -960,6 +991,7 @@ impl LogStore {
                     }
                     None => {
                         vb.keys.insert(Key::from_slice(&d.key), loc);
+                        vb.heap_key_bytes += heap_bytes(d.key.len());
                     }
                 }
                 vb.live_bytes += u64::from(len);
@@ -1554,6 +1586,7 @@ impl KvStore for LogStore {
             data_file_bytes: bytes,
             live_bytes: live,
             bytes_reclaimed: self.counters.reclaimed.load(Relaxed),
+            index_bytes: self.index_bytes(),
         }
     }
 }
@@ -1604,11 +1637,23 @@ mod tests {
         commit(&s, 3, vec![doc("a", 1, "x"), doc("b", 2, "y")]);
         commit(&s, 3, vec![doc("a", 3, "z")]);
         assert_eq!(value(&s, 3, "a"), Some(b"z".to_vec()));
+        let long = "k".repeat(100);
+        let before = s.index_bytes();
+        assert!(
+            before >= 2 * std::mem::size_of::<(Key, Loc)>() as u64,
+            "{before}"
+        );
+        commit(&s, 3, vec![doc(&long, 4, "v")]);
+        assert!(
+            s.index_bytes() >= before + 100,
+            "a long key's heap is counted"
+        );
+        assert_eq!(s.stats().index_bytes, s.index_bytes());
         s.close().unwrap();
         let s = LogStore::open(LogStoreConfig::new(dir.path())).unwrap();
         assert_eq!(value(&s, 3, "a"), Some(b"z".to_vec()));
         assert_eq!(value(&s, 3, "b"), Some(b"y".to_vec()));
-        assert_eq!(s.vbucket_state(Vbid(3)).unwrap().unwrap().high_seqno, 3);
+        assert_eq!(s.vbucket_state(Vbid(3)).unwrap().unwrap().high_seqno, 4);
         assert_eq!(s.vbuckets(), vec![Vbid(3)]);
     }
 

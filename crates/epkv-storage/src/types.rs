@@ -255,6 +255,9 @@ pub struct StoreStats {
     /// Bytes compactions have given back: each one's old file size at the switch minus
     /// the new file's size.
     pub bytes_reclaimed: u64,
+    /// Memory the store's key index takes (the write-once log's; 0 for stores whose index
+    /// is on disk).
+    pub index_bytes: u64,
 }
 
 /// How much of a vBucket's data file is live, for fragmentation-driven compaction.
