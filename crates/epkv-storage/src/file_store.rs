@@ -440,9 +440,12 @@ pub(crate) fn dedup_commit(c: &VbCommit) -> Arc<Vec<Document>> {
 }
 
 /// The state a commit leaves: `state` with its high seqno and max CAS raised to cover
-/// `docs`, and the persisted seqno at the high seqno.
-pub(crate) fn completed_state(state: &VbState, docs: &[Document]) -> VbState {
+/// `docs`, the persisted seqno at the high seqno, and the purge seqno never below the
+/// stored one (`prev_purge`: compaction raises it, and a commit must not lower it, or a
+/// DCP client could resume below tombstones already purged).
+pub(crate) fn completed_state(state: &VbState, docs: &[Document], prev_purge: u64) -> VbState {
     let mut state = state.clone();
+    state.purge_seqno = state.purge_seqno.max(prev_purge);
     if let Some(max) = docs.iter().map(|d| d.seqno).max() {
         state.high_seqno = state.high_seqno.max(max);
     }
@@ -975,7 +978,11 @@ impl FileStore {
         JournalEntry {
             vbid: g.vbid,
             commit_id: g.next_commit_id(),
-            state: completed_state(&c.state, &docs),
+            state: completed_state(
+                &c.state,
+                &docs,
+                g.latest_state().map_or(0, |s| s.purge_seqno),
+            ),
             docs,
         }
     }

@@ -889,8 +889,12 @@ impl LogStore {
             let ix = self.index.read();
             for c in batch {
                 let docs = crate::file_store::dedup_commit(c);
-                let state = crate::file_store::completed_state(&c.state, &docs);
-                let incarnation = match ix.vbs.get(&c.vbid.0) {
+                let stored = ix.vbs.get(&c.vbid.0);
+                let prev_purge = stored
+                    .and_then(|v| v.state.as_ref())
+                    .map_or(0, |s| s.purge_seqno);
+                let state = crate::file_store::completed_state(&c.state, &docs, prev_purge);
+                let incarnation = match stored {
                     Some(v) => v.incarnation,
                     None => {
                         next_incarnation += 1;
@@ -1773,6 +1777,9 @@ mod tests {
         let s = LogStore::open(small(dir.path())).unwrap();
         assert_eq!(s.get(Vbid(1), b"gone").unwrap(), None);
         assert_eq!(value(&s, 1, "last"), Some(b"l".to_vec()));
+        assert_eq!(s.vbucket_state(Vbid(1)).unwrap().unwrap().purge_seqno, 2);
+        // A later commit (whose state says purge seqno 0, as the engine's do) keeps it.
+        commit(&s, 1, vec![doc("later", 4, "x")]);
         assert_eq!(s.vbucket_state(Vbid(1)).unwrap().unwrap().purge_seqno, 2);
     }
 

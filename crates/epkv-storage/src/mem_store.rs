@@ -38,6 +38,10 @@ impl KvStore for MemStore {
         for c in batch {
             let vb = g.entry(c.vbid.0).or_default();
             let mut state = c.state.clone();
+            // A commit never lowers the purge seqno compaction raised.
+            state.purge_seqno = state
+                .purge_seqno
+                .max(vb.state.as_ref().map_or(0, |s| s.purge_seqno));
             for d in c.docs.iter() {
                 state.high_seqno = state.high_seqno.max(d.seqno);
                 state.max_cas = state.max_cas.max(d.cas);
