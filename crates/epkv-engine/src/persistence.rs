@@ -390,6 +390,9 @@ impl VbPersist {
         let now = self.persisted();
         let ready: Vec<(u64, Waiter)> = {
             let mut w = self.waiters.lock();
+            if w.is_empty() {
+                return;
+            }
             let (ready, keep): (Vec<_>, Vec<_>) = w.drain(..).partition(|(s, _)| *s <= now);
             *w = keep;
             ready
@@ -1599,14 +1602,14 @@ impl WarmupProgress {
 fn vb_state(vb: &VBucket, high: u64, sync: SyncSeqnos) -> VbState {
     let state = *vb.state();
     let (_, max_cas, _) = vb.ordering_snapshot();
-    let failover_log = vb
-        .failover_log()
-        .iter()
-        .map(|e| epkv_storage::FailoverEntry {
-            uuid: e.uuid,
-            seqno: e.seqno,
-        })
-        .collect();
+    let failover_log = vb.with_failover_log(|log| {
+        log.iter()
+            .map(|e| epkv_storage::FailoverEntry {
+                uuid: e.uuid,
+                seqno: e.seqno,
+            })
+            .collect()
+    });
     VbState {
         high_seqno: high,
         persisted_seqno: high,

@@ -232,3 +232,35 @@ impl KvStore for ShardStore {
         self.kv().file_usage()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_backend_refuses_a_directory_of_the_other() {
+        let dir = tempfile::tempdir().unwrap();
+        // Empty or missing: either may open it.
+        StorageBackend::Log.check_dir(dir.path()).unwrap();
+        StorageBackend::Files
+            .check_dir(&dir.path().join("missing"))
+            .unwrap();
+        std::fs::write(dir.path().join("log-00000001.epkv"), b"").unwrap();
+        StorageBackend::Log.check_dir(dir.path()).unwrap();
+        let e = StorageBackend::Files.check_dir(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("--storage log"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("journal.log"), b"").unwrap();
+        StorageBackend::Files.check_dir(dir.path()).unwrap();
+        let e = StorageBackend::Log.check_dir(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("--storage files"), "{e}");
+    }
+
+    #[test]
+    fn backend_names_parse_back() {
+        for b in [StorageBackend::Files, StorageBackend::Log] {
+            assert_eq!(b.name().parse::<StorageBackend>(), Ok(b));
+        }
+        assert!("couchstore".parse::<StorageBackend>().is_err());
+    }
+}

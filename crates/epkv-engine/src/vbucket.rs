@@ -419,6 +419,11 @@ impl VBucket {
         self.failover.lock().clone()
     }
 
+    /// Runs `f` on the failover log under its lock (no copy of it).
+    pub(crate) fn with_failover_log<T>(&self, f: impl FnOnce(&[FailoverEntry]) -> T) -> T {
+        f(&self.failover.lock())
+    }
+
     /// The last seqno readers can see (see `OrderPoint::max_visible`).
     pub(crate) fn max_visible_seqno(&self) -> u64 {
         self.order.lock().max_visible

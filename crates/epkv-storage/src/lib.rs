@@ -1,12 +1,13 @@
-//! Persistent storage for epkv: per-vBucket append-only data files, a per-shard
-//! write-ahead journal, and the [`KvStore`] trait the engine's flusher, warmup and
-//! compaction use.
+//! Persistent storage for epkv: the write-once log ([`LogStore`], the default), per-vBucket
+//! append-only data files behind a per-shard write-ahead journal ([`FileStore`]), and the
+//! [`KvStore`] trait the engine's flusher, warmup and compaction use.
 //!
 //! **What it is.** A [`KvStore`] commits flush batches (documents plus each vBucket's
 //! [`VbState`]), reads a document by key, streams a vBucket by seqno or by key, deletes and
-//! compacts vBuckets. Backends: [`FileStore`] (files; journal on or off, see
-//! [`JournalMode`]), [`MemStore`] (memory), and [`FileStore`] over [`FaultFs`] (fault
-//! injection and simulated crashes, for tests). The byte-level format is in
+//! compacts vBuckets. Backends: [`LogStore`] (each document written once into the shard's
+//! log, an in-memory key index, cleaning oldest file first), [`FileStore`] (files; journal
+//! on or off, see [`JournalMode`]), [`MemStore`] (memory), and either file backend over
+//! [`FaultFs`] (fault injection and simulated crashes, for tests). The byte-level format is in
 //! `docs/storage-format.md` and [`format`](mod@format).
 //!
 //! **What it is not.** It knows nothing about vBucket state machines, durability,
@@ -15,7 +16,8 @@
 //! clock: the engine runs it on its Writer/Reader/AuxIO tasks and passes "now" to
 //! compaction in [`PurgeRule`].
 //!
-//! **Key types.** [`KvStore`], [`FileStore`] / [`FileStoreConfig`] / [`RecoveryReport`] /
+//! **Key types.** [`KvStore`], [`LogStore`] / [`LogStoreConfig`] / [`LogRecoveryReport`] /
+//! [`Damage`] / [`CleanOutcome`], [`FileStore`] / [`FileStoreConfig`] / [`RecoveryReport`] /
 //! [`Quarantined`],
 //! [`MemStore`], [`FaultFs`], [`FdCache`] (open files under a descriptor budget),
 //! [`Document`], [`VbState`], [`VbCommit`], [`StoreStats`], [`Error`].
@@ -25,14 +27,18 @@
 //!   [`Error::Corrupt`] naming file and offset, never a panic and never bad data. Damage
 //!   found at open in the middle of a vBucket's file sets that vBucket aside
 //!   ([`Quarantined`], [`Error::VbucketUnavailable`] on commit) and opens the rest.
-//! - A vBucket's committed state is its data file's last valid header, plus (journal on)
-//!   the journal records with a higher commit id. `commit` returning `Ok` means durable.
+//! - `commit` returning `Ok` means durable. Files backend: a vBucket's committed state is
+//!   its data file's last valid header, plus (journal on) the journal records with a
+//!   higher commit id. Log: the records of every log file, resolved by incarnation, seqno
+//!   and commit sequence number, not by position.
+//! - A commit never lowers a vBucket's stored purge seqno.
 //! - A failed write or sync is never ignored: `commit` returns the error, the file is cut
 //!   back to its last header, and the batch can be retried.
 //! - Data files stay open across writes, at most [`FdCache::budget`] of them; EMFILE on any
 //!   open (a data file, the journal, a compaction target, a directory sync) closes the idle
 //!   cached files and retries once, then reports [`Error::TooManyOpenFiles`] (temporary).
 //! - Locking (per [`FileStore`]): commit lock → one vBucket's mutex → the [`FdCache`] mutex.
+//!   Per [`LogStore`]: the head (commit lock) → the index → the [`FdCache`] mutex.
 //!
 //! **Dependencies.** `epkv-types` only (plus bytes, crc32c, foldhash, libc, parking_lot,
 //! thiserror, tracing). It must never depend on the engine, the front end, the protocol or the

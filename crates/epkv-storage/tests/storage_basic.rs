@@ -195,7 +195,10 @@ fn log_backend_conforms() {
     let s = LogStore::open(LogStoreConfig::new(dir.path())).unwrap();
     assert_eq!(s.vbuckets(), [Vbid(4)]);
     assert_eq!(s.get(Vbid(4), b"z").unwrap().unwrap().value.as_ref(), b"z");
-    assert!(s.get(Vbid(1), b"a").unwrap().is_none(), "deleted stays deleted");
+    assert!(
+        s.get(Vbid(1), b"a").unwrap().is_none(),
+        "deleted stays deleted"
+    );
 }
 
 #[test]
