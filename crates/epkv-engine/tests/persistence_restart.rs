@@ -576,6 +576,15 @@ fn persistence_group_emits_exactly_the_stat_table_and_lists_the_tasks() {
     b.shutdown();
 }
 
+/// `n` keys that all map to vBucket 7.
+fn keys_of_vb7(n: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("frag-{i}"))
+        .filter(|k| vb(k) == Vbid(7))
+        .take(n)
+        .collect()
+}
+
 #[test]
 fn the_fragmentation_compactor_rewrites_overwritten_files_and_reports_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -591,11 +600,7 @@ fn the_fragmentation_compactor_rewrites_overwritten_files_and_reports_it() {
     let b = start(p, false);
     // 20 keys of one vBucket, each written 10 times, one flush per round: nine tenths of
     // its file is old versions.
-    let keys: Vec<String> = (0..)
-        .map(|i| format!("frag-{i}"))
-        .filter(|k| vb(k) == Vbid(7))
-        .take(20)
-        .collect();
+    let keys = keys_of_vb7(20);
     let value = "x".repeat(400);
     for _round in 0..10 {
         for k in &keys {
@@ -645,11 +650,7 @@ fn the_fragmentation_compactor_cleans_an_overwritten_log_and_reports_it() {
     p.compaction_min_file_bytes = 0;
     p.compaction_bytes_per_sec = 0;
     let b = start(p.clone(), false);
-    let keys: Vec<String> = (0..)
-        .map(|i| format!("frag-{i}"))
-        .filter(|k| vb(k) == Vbid(7))
-        .take(20)
-        .collect();
+    let keys = keys_of_vb7(20);
     let value = "x".repeat(400);
     for round in 0..10 {
         for k in &keys {

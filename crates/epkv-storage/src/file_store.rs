@@ -1519,24 +1519,16 @@ impl FileStore {
         let mut buf = data_file::superblock(vbid, rev, format::FORMAT_VERSION);
         let mut base = 0u64;
         let mut keys: Vec<KeyEntry> = Vec::new();
-        let high = header.state.high_seqno;
         let mut purge_seqno = header.state.purge_seqno;
         let mut io_err: Option<Error> = None;
         let mut body = Vec::new();
         data_file::scan_by_seqno(old, view, 0, u64::MAX, &mut |d| {
-            let v = rule.verdict(
-                &d.key,
-                d.seqno,
-                d.deleted,
-                d.expiry,
-                high,
-                header.state.high_completed_seqno,
-            );
-            if v.is_some() {
-                if v == Some(crate::types::Purged::Tombstone) {
-                    purge_seqno = purge_seqno.max(d.seqno);
-                }
-                out.count(v);
+            if !out.judge(
+                rule,
+                &header.state,
+                &mut purge_seqno,
+                (&d.key, d.seqno, d.deleted, d.expiry),
+            ) {
                 return ScanControl::Continue;
             }
             let mut d = d;
@@ -1556,7 +1548,6 @@ impl FileStore {
                 len: u32::try_from(base + buf.len() as u64 - offset).unwrap_or(u32::MAX),
                 deleted: d.deleted,
             });
-            out.kept += 1;
             if buf.len() >= COMPACT_CHUNK_BYTES {
                 if let Err(e) = f.write_all_at(&buf, base) {
                     io_err = Some(Error::io("write", tmp, e));

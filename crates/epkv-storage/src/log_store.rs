@@ -47,8 +47,7 @@ use crate::format::{
 };
 use crate::kv_store::KvStore;
 use crate::types::{
-    CompactionOutcome, Document, KeyMeta, PurgeRule, Purged, ScanControl, StoreStats, VbCommit,
-    VbState,
+    CompactionOutcome, Document, KeyMeta, PurgeRule, ScanControl, StoreStats, VbCommit, VbState,
 };
 use crate::vfs::{OpenMode, RealFs, VFile, Vfs};
 use epkv_types::Vbid;
@@ -513,11 +512,11 @@ impl Replay {
 
 impl LogStore {
     /// Opens (or creates) the shard in `cfg.dir` on the real file system, reading every
-    /// log file to rebuild the index.
+    /// log file to rebuild the index. A torn last write is cut off; damage anywhere else
+    /// opens the store set aside ([`LogStore::damage`]).
     ///
     /// # Errors
-    /// I/O errors, or [`Error::Corrupt`] naming the file and offset of damage anywhere but
-    /// at the end of the head.
+    /// I/O errors.
     pub fn open(cfg: LogStoreConfig) -> Result<Self> {
         Self::open_with(cfg, Arc::new(RealFs))
     }
@@ -1421,14 +1420,7 @@ impl KvStore for LogStore {
                 .collect()
         };
         keys.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-        let mut n = 0;
-        for k in keys {
-            n += 1;
-            if visit(k) == ScanControl::Stop {
-                break;
-            }
-        }
-        Ok(n)
+        Ok(crate::types::deliver(keys, visit))
     }
 
     fn vbucket_state(&self, vbid: Vbid) -> Result<Option<VbState>> {
@@ -1512,19 +1504,12 @@ impl KvStore for LogStore {
             let mut keys = Vec::new();
             let mut purge_seqno = state.purge_seqno;
             for (k, l) in &vb.keys {
-                let v = rule.verdict(
-                    k,
-                    l.seqno,
-                    l.deleted,
-                    l.expiry,
-                    state.high_seqno,
-                    state.high_completed_seqno,
-                );
-                if v == Some(Purged::Tombstone) {
-                    purge_seqno = purge_seqno.max(l.seqno);
-                }
-                out.count(v);
-                if v.is_some() {
+                if !out.judge(
+                    rule,
+                    state,
+                    &mut purge_seqno,
+                    (k, l.seqno, l.deleted, l.expiry),
+                ) {
                     keys.push((k.to_vec(), l.seqno));
                 }
             }

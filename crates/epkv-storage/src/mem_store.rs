@@ -85,14 +85,7 @@ impl KvStore for MemStore {
                 .collect()
         });
         docs.sort_by_key(|d| d.seqno);
-        let mut n = 0;
-        for d in docs {
-            n += 1;
-            if visit(d) == ScanControl::Stop {
-                break;
-            }
-        }
-        Ok(n)
+        Ok(crate::types::deliver(docs, visit))
     }
 
     fn scan_keys(&self, vbid: Vbid, visit: &mut dyn FnMut(KeyMeta) -> ScanControl) -> Result<u64> {
@@ -106,14 +99,7 @@ impl KvStore for MemStore {
                 })
                 .collect()
         });
-        let mut n = 0;
-        for m in metas {
-            n += 1;
-            if visit(m) == ScanControl::Stop {
-                break;
-            }
-        }
-        Ok(n)
+        Ok(crate::types::deliver(metas, visit))
     }
 
     fn vbucket_state(&self, vbid: Vbid) -> Result<Option<VbState>> {
@@ -145,24 +131,11 @@ impl KvStore for MemStore {
         let Some(state) = vb.state.as_mut() else {
             return Ok(CompactionOutcome::default());
         };
-        let high = state.high_seqno;
         let mut out = CompactionOutcome::default();
         let mut purge = state.purge_seqno;
-        vb.docs.retain(|_, d| {
-            let v = rule.verdict(
-                &d.key,
-                d.seqno,
-                d.deleted,
-                d.expiry,
-                high,
-                state.high_completed_seqno,
-            );
-            if v == Some(crate::types::Purged::Tombstone) {
-                purge = purge.max(d.seqno);
-            }
-            out.count(v);
-            v.is_none()
-        });
+        let st: &VbState = state;
+        vb.docs
+            .retain(|_, d| out.judge(rule, st, &mut purge, (&d.key, d.seqno, d.deleted, d.expiry)));
         state.purge_seqno = purge;
         self.stats.lock().compactions += 1;
         Ok(out)

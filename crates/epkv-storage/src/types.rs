@@ -193,8 +193,33 @@ pub struct CompactionOutcome {
 }
 
 impl CompactionOutcome {
+    /// Judges one document of a vBucket in `state` by `rule` ([`PurgeRule::verdict`]),
+    /// counts it, and raises `purge_seqno` past a purged tombstone. Returns whether the
+    /// document is kept.
+    pub(crate) fn judge(
+        &mut self,
+        rule: &PurgeRule,
+        state: &VbState,
+        purge_seqno: &mut u64,
+        (key, seqno, deleted, expiry): (&[u8], u64, bool, u32),
+    ) -> bool {
+        let v = rule.verdict(
+            key,
+            seqno,
+            deleted,
+            expiry,
+            state.high_seqno,
+            state.high_completed_seqno,
+        );
+        if v == Some(Purged::Tombstone) {
+            *purge_seqno = (*purge_seqno).max(seqno);
+        }
+        self.count(v);
+        v.is_none()
+    }
+
     /// Counts one document: kept (`None`) or dropped for the reason given.
-    pub(crate) fn count(&mut self, verdict: Option<Purged>) {
+    fn count(&mut self, verdict: Option<Purged>) {
         match verdict {
             None => self.kept += 1,
             Some(Purged::Tombstone) => self.tombstones_purged += 1,
@@ -203,6 +228,21 @@ impl CompactionOutcome {
             Some(Purged::CompletedPrepare) => self.prepares_purged += 1,
         }
     }
+}
+
+/// Hands `items` to `visit` in order until it says stop; returns how many it was given.
+pub(crate) fn deliver<T>(
+    items: impl IntoIterator<Item = T>,
+    visit: &mut dyn FnMut(T) -> ScanControl,
+) -> u64 {
+    let mut n = 0;
+    for item in items {
+        n += 1;
+        if visit(item) == ScanControl::Stop {
+            break;
+        }
+    }
+    n
 }
 
 /// Whether a scan continues.

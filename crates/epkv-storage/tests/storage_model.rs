@@ -214,6 +214,39 @@ fn check_docs(s: &dyn KvStore, m: &Model) {
     }
 }
 
+/// Runs a commit op (a first attempt failed by an injected fault is retried) and records
+/// what it acknowledged in the model.
+fn commit_op(s: &dyn KvStore, fs: &FaultFs, m: &mut Model, op: &Op) {
+    match op {
+        Op::Commit(spec) => {
+            let (b, docs) = m.batch(spec);
+            s.commit(&b).unwrap();
+            m.ack(docs);
+        }
+        Op::FailingCommit(f, n, spec) => {
+            let (b, docs) = m.batch(spec);
+            fs.fail_nth(*f, *n);
+            let first = s.commit(&b);
+            fs.clear();
+            if first.is_err() {
+                s.commit(&b).unwrap();
+            }
+            m.ack(docs);
+        }
+        _ => unreachable!("not a commit: {op:?}"),
+    }
+}
+
+/// Simulates power loss: unsynced writes are lost, or (torn) kept in part.
+fn crash(fs: &FaultFs, torn: bool) {
+    let mut k = 0u64;
+    fs.crash_with(|_, n| {
+        k += 1;
+        if torn { (n * (k % 3)) / 3 } else { 0 }
+    })
+    .unwrap();
+}
+
 fn run(ops: Vec<Op>, journal: JournalMode, fd_budget: usize) {
     run_with(ops, journal, fd_budget, 0);
 }
@@ -235,21 +268,7 @@ fn run_with(ops: Vec<Op>, journal: JournalMode, fd_budget: usize, apply_after_by
     for op in ops {
         check_usage(&s);
         match op {
-            Op::Commit(spec) => {
-                let (b, docs) = m.batch(&spec);
-                s.commit(&b).unwrap();
-                m.ack(docs);
-            }
-            Op::FailingCommit(f, n, spec) => {
-                let (b, docs) = m.batch(&spec);
-                fs.fail_nth(f, n);
-                let first = s.commit(&b);
-                fs.clear();
-                if first.is_err() {
-                    s.commit(&b).unwrap();
-                }
-                m.ack(docs);
-            }
+            Op::Commit(_) | Op::FailingCommit(..) => commit_op(&s, &fs, &mut m, &op),
             Op::Compact(vb, p, now) => {
                 let rule = PurgeRule {
                     purge_before_seqno: p,
@@ -281,12 +300,7 @@ fn run_with(ops: Vec<Op>, journal: JournalMode, fd_budget: usize, apply_after_by
                 check(&s, &m);
             }
             Op::Crash(torn) => {
-                let mut k = 0u64;
-                fs.crash_with(|_, n| {
-                    k += 1;
-                    if torn { (n * (k % 3)) / 3 } else { 0 }
-                })
-                .unwrap();
+                crash(&fs, torn);
                 drop(s);
                 s = reopen(&fs);
                 check(&s, &m);
@@ -319,21 +333,7 @@ fn run_log(ops: Vec<Op>, file_bytes: u64) {
     let mut m = Model::default();
     for op in ops {
         match op {
-            Op::Commit(spec) => {
-                let (b, docs) = m.batch(&spec);
-                s.commit(&b).unwrap();
-                m.ack(docs);
-            }
-            Op::FailingCommit(f, n, spec) => {
-                let (b, docs) = m.batch(&spec);
-                fs.fail_nth(f, n);
-                let first = s.commit(&b);
-                fs.clear();
-                if first.is_err() {
-                    s.commit(&b).unwrap();
-                }
-                m.ack(docs);
-            }
+            Op::Commit(_) | Op::FailingCommit(..) => commit_op(&s, &fs, &mut m, &op),
             Op::Compact(vb, p, now) => {
                 let rule = PurgeRule {
                     purge_before_seqno: p,
@@ -361,12 +361,7 @@ fn run_log(ops: Vec<Op>, file_bytes: u64) {
                 check_log(&s, &m);
             }
             Op::Crash(torn) => {
-                let mut k = 0u64;
-                fs.crash_with(|_, n| {
-                    k += 1;
-                    if torn { (n * (k % 3)) / 3 } else { 0 }
-                })
-                .unwrap();
+                crash(&fs, torn);
                 drop(s);
                 s = reopen(&fs);
                 check_log(&s, &m);
