@@ -884,6 +884,8 @@ impl LogStore {
         let mut doc_lists = Vec::with_capacity(batch.len());
         let seq = h.next_seq;
         let mut next_incarnation = h.next_incarnation;
+        // New vBuckets' incarnations, so that a vBucket given twice in one batch gets one.
+        let mut born: smallvec::SmallVec<[(u16, u64); 4]> = smallvec::SmallVec::new();
         {
             let ix = self.index.read();
             for c in batch {
@@ -895,10 +897,14 @@ impl LogStore {
                 let state = crate::file_store::completed_state(&c.state, &docs, prev_purge);
                 let incarnation = match stored {
                     Some(v) => v.incarnation,
-                    None => {
-                        next_incarnation += 1;
-                        next_incarnation - 1
-                    }
+                    None => match born.iter().find(|(v, _)| *v == c.vbid.0) {
+                        Some(&(_, inc)) => inc,
+                        None => {
+                            born.push((c.vbid.0, next_incarnation));
+                            next_incarnation += 1;
+                            next_incarnation - 1
+                        }
+                    },
                 };
                 entries.push(LogHeadEntry {
                     vbid: c.vbid.0,
@@ -1657,6 +1663,28 @@ mod tests {
             .unwrap()
             .filter(|e| parse_file_name(&e.as_ref().unwrap().path()).is_some())
             .count()
+    }
+
+    #[test]
+    fn a_new_vbucket_given_twice_in_one_batch_is_one_vbucket() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = LogStore::open(LogStoreConfig::new(dir.path())).unwrap();
+        let c = |docs: Vec<Document>, high| VbCommit {
+            vbid: Vbid(9),
+            docs: docs.into(),
+            keys_unique: false,
+            state: VbState {
+                high_seqno: high,
+                ..VbState::new(VBucketState::Active)
+            },
+        };
+        s.commit(&[c(vec![doc("a", 1, "x")], 1), c(vec![doc("b", 2, "y")], 2)])
+            .unwrap();
+        s.close().unwrap();
+        let s = LogStore::open(LogStoreConfig::new(dir.path())).unwrap();
+        assert_eq!(value(&s, 9, "a"), Some(b"x".to_vec()));
+        assert_eq!(value(&s, 9, "b"), Some(b"y".to_vec()));
+        assert_eq!(s.vbucket_state(Vbid(9)).unwrap().unwrap().high_seqno, 2);
     }
 
     #[test]
