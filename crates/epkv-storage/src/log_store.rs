@@ -1208,11 +1208,10 @@ impl LogStore {
             if let Some(p) = rec_purge {
                 // The purge itself dies with its file; the state it set may be the
                 // vBucket's latest, which must live on.
-                let ix = self.index.read();
-                if let Some(vb) = ix.vbs.get(&p.vbid).filter(|v| {
+                let live = self.index.read().vbs.get(&p.vbid).is_some_and(|v| {
                     v.incarnation == p.incarnation && v.state_file == num && v.state_seq == p.seq
-                }) {
-                    let _ = vb;
+                });
+                if live {
                     chunk_bytes += 128;
                     chunk.push((
                         LogHeadEntry {
