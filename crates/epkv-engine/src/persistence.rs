@@ -172,8 +172,9 @@ pub struct PersistenceConfig {
     /// take 128 MiB instead of 256 MiB of the data directory (space amplification,
     /// `cargo xtask bench space`); at least 1 MiB.
     pub checkpoint_bytes: u64,
-    /// The shards' storage: per-vBucket data files behind a journal (default), or the
-    /// write-once log. A data directory written by one is refused by the other.
+    /// The shards' storage: `Auto` (default) opens what each shard's directory holds and
+    /// starts the write-once log in a new one; `Log` or `Files` name one, and a directory
+    /// holding the other's files is refused.
     pub storage: StorageBackend,
 }
 
@@ -215,7 +216,7 @@ impl PersistenceConfig {
             apply_after_bytes: 16 << 20,
             flush_delay: Duration::from_millis(50),
             checkpoint_bytes: 32 << 20,
-            storage: StorageBackend::Log,
+            storage: StorageBackend::Auto,
         }
     }
 }
@@ -526,8 +527,7 @@ impl Persistence {
         let mut shards = Vec::with_capacity(usize::from(config.shards));
         for i in 0..config.shards {
             let dir = config.data_dir.join(format!("shard_{i}"));
-            config.storage.check_dir(&dir)?;
-            let store = match config.storage {
+            let store = match config.storage.resolve(&dir)? {
                 StorageBackend::Files => {
                     let mut cfg = FileStoreConfig::new(dir);
                     cfg.journal = config.journal;
@@ -545,7 +545,7 @@ impl Persistence {
                     }
                     ShardStore::Files(store)
                 }
-                StorageBackend::Log => {
+                StorageBackend::Log | StorageBackend::Auto => {
                     let mut cfg = LogStoreConfig::new(dir);
                     cfg.fd_cache = Some(Arc::clone(&fds));
                     let store = LogStore::open(cfg)?;

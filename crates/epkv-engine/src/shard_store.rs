@@ -13,12 +13,16 @@ use std::path::Path;
 /// Which storage a persistent bucket's shards use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StorageBackend {
-    /// Per-vBucket data files behind a per-shard journal ([`FileStore`]): each document is
-    /// written twice (journal, then its vBucket's file by the background applier).
+    /// Whatever a shard's directory already holds, and the write-once log for a new one:
+    /// a data directory written by an earlier version (files backend) keeps working.
     #[default]
+    Auto,
+    /// Per-vBucket data files behind a per-shard journal ([`FileStore`]): each document is
+    /// written twice (journal, then its vBucket's file by the background applier), and the
+    /// index stays on disk.
     Files,
     /// The write-once log ([`LogStore`]): each document is written once, and an in-memory
-    /// key index per vBucket says where (about 50 bytes plus the key per stored key).
+    /// key index per vBucket says where (about 80 bytes per stored key).
     Log,
 }
 
@@ -27,9 +31,12 @@ impl std::str::FromStr for StorageBackend {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
+            "auto" => Ok(Self::Auto),
             "files" => Ok(Self::Files),
             "log" => Ok(Self::Log),
-            other => Err(format!("unknown storage backend {other:?} (files or log)")),
+            other => Err(format!(
+                "unknown storage backend {other:?} (auto, files or log)"
+            )),
         }
     }
 }
@@ -39,47 +46,48 @@ impl StorageBackend {
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
+            Self::Auto => "auto",
             Self::Files => "files",
             Self::Log => "log",
         }
     }
 
-    /// Whether `file` (a name in a shard directory) belongs to this backend's format.
-    fn owns(self, file: &str) -> bool {
-        let log = file.starts_with("log-") && file.ends_with(".epkv");
-        match self {
-            Self::Log => log,
-            Self::Files => !log,
-        }
-    }
-
-    /// Refuses a shard directory that holds the other backend's files: opening it would
-    /// find nothing and look like an empty bucket.
-    ///
-    /// # Errors
-    /// [`epkv_storage::Error::InvalidArgument`] naming the directory and the other backend.
-    pub(crate) fn check_dir(self, dir: &Path) -> Result<()> {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return Ok(());
-        };
-        for e in entries.flatten() {
+    /// The backend whose files `dir` (a shard directory) holds, if it holds any.
+    fn found_in(dir: &Path) -> Option<Self> {
+        let mut found = None;
+        for e in std::fs::read_dir(dir).ok()?.flatten() {
             let name = e.file_name();
             let name = name.to_string_lossy();
-            if !self.owns(&name) {
-                let other = match self {
-                    Self::Files => Self::Log,
-                    Self::Log => Self::Files,
-                };
-                return Err(epkv_storage::Error::InvalidArgument(format!(
-                    "{} holds data of the {} storage backend ({name}); start with --storage {} \
-                     (this bucket's data is not converted between backends)",
-                    dir.display(),
-                    other.name(),
-                    other.name()
-                )));
+            if name.starts_with("log-") && name.ends_with(".epkv") {
+                return Some(Self::Log);
             }
+            found = Some(Self::Files);
         }
-        Ok(())
+        found
+    }
+
+    /// The backend to open the shard directory `dir` with: `Files` or `Log` (never
+    /// `Auto`). `Auto` follows what the directory holds (the log when it holds nothing);
+    /// a named backend must match it, since opening the other backend's files would find
+    /// nothing and look like an empty bucket.
+    ///
+    /// # Errors
+    /// [`epkv_storage::Error::InvalidArgument`] naming the directory and the backend it
+    /// holds.
+    pub(crate) fn resolve(self, dir: &Path) -> Result<Self> {
+        match (self, Self::found_in(dir)) {
+            (Self::Auto, found) => Ok(found.unwrap_or(Self::Log)),
+            (chosen, None) => Ok(chosen),
+            (chosen, Some(found)) if chosen == found => Ok(chosen),
+            (chosen, Some(found)) => Err(epkv_storage::Error::InvalidArgument(format!(
+                "{} holds data of the {} storage backend, not {}; start with --storage {} \
+                 or auto (a data directory is not converted between backends)",
+                dir.display(),
+                found.name(),
+                chosen.name(),
+                found.name()
+            ))),
+        }
     }
 }
 
@@ -91,6 +99,14 @@ pub(crate) enum ShardStore {
 }
 
 impl ShardStore {
+    /// Which backend this is (`Files` or `Log`).
+    pub(crate) fn backend(&self) -> StorageBackend {
+        match self {
+            Self::Files(_) => StorageBackend::Files,
+            Self::Log(_) => StorageBackend::Log,
+        }
+    }
+
     fn kv(&self) -> &dyn KvStore {
         match self {
             Self::Files(s) => s,
@@ -238,27 +254,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_backend_refuses_a_directory_of_the_other() {
+    fn auto_follows_the_directory_and_a_named_backend_must_match_it() {
         let dir = tempfile::tempdir().unwrap();
-        // Empty or missing: either may open it.
-        StorageBackend::Log.check_dir(dir.path()).unwrap();
-        StorageBackend::Files
-            .check_dir(&dir.path().join("missing"))
-            .unwrap();
+        // Empty or missing: auto means the log; a named backend is taken as it is.
+        assert_eq!(
+            StorageBackend::Auto.resolve(dir.path()).unwrap(),
+            StorageBackend::Log
+        );
+        let missing = dir.path().join("missing");
+        assert_eq!(
+            StorageBackend::Files.resolve(&missing).unwrap(),
+            StorageBackend::Files
+        );
         std::fs::write(dir.path().join("log-00000001.epkv"), b"").unwrap();
-        StorageBackend::Log.check_dir(dir.path()).unwrap();
-        let e = StorageBackend::Files.check_dir(dir.path()).unwrap_err();
+        assert_eq!(
+            StorageBackend::Auto.resolve(dir.path()).unwrap(),
+            StorageBackend::Log
+        );
+        assert_eq!(
+            StorageBackend::Log.resolve(dir.path()).unwrap(),
+            StorageBackend::Log
+        );
+        let e = StorageBackend::Files.resolve(dir.path()).unwrap_err();
         assert!(e.to_string().contains("--storage log"), "{e}");
+        // A directory of an earlier version (files backend) keeps its backend.
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("journal.log"), b"").unwrap();
-        StorageBackend::Files.check_dir(dir.path()).unwrap();
-        let e = StorageBackend::Log.check_dir(dir.path()).unwrap_err();
+        assert_eq!(
+            StorageBackend::Auto.resolve(dir.path()).unwrap(),
+            StorageBackend::Files
+        );
+        assert_eq!(
+            StorageBackend::Files.resolve(dir.path()).unwrap(),
+            StorageBackend::Files
+        );
+        let e = StorageBackend::Log.resolve(dir.path()).unwrap_err();
         assert!(e.to_string().contains("--storage files"), "{e}");
     }
 
     #[test]
     fn backend_names_parse_back() {
-        for b in [StorageBackend::Files, StorageBackend::Log] {
+        for b in [
+            StorageBackend::Auto,
+            StorageBackend::Files,
+            StorageBackend::Log,
+        ] {
             assert_eq!(b.name().parse::<StorageBackend>(), Ok(b));
         }
         assert!("couchstore".parse::<StorageBackend>().is_err());

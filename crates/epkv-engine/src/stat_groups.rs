@@ -292,7 +292,13 @@ impl Bucket {
                 "ep_compaction_bytes_reclaimed",
                 t.bytes_reclaimed.to_string(),
             ),
-            ("ep_persistence_storage", p.config.storage.name().to_owned()),
+            (
+                "ep_persistence_storage",
+                p.shards
+                    .first()
+                    .map_or("none", |s| s.store.backend().name())
+                    .to_owned(),
+            ),
             ("ep_storage_index_bytes", t.index_bytes.to_string()),
             ("ep_db_file_size", t.data_file_bytes.to_string()),
             ("ep_db_data_size", t.live_bytes.to_string()),

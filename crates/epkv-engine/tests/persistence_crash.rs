@@ -113,7 +113,9 @@ fn check(dir: &Path, persisted: &[(String, u64)], storage: StorageBackend) {
                 .map(drop)
                 .unwrap(),
             // Opening reads and verifies every record.
-            StorageBackend::Log => drop(LogStore::open(LogStoreConfig::new(shard)).unwrap()),
+            StorageBackend::Log | StorageBackend::Auto => {
+                drop(LogStore::open(LogStoreConfig::new(shard)).unwrap());
+            }
         }
     }
 }

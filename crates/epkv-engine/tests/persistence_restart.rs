@@ -576,6 +576,44 @@ fn persistence_group_emits_exactly_the_stat_table_and_lists_the_tasks() {
     b.shutdown();
 }
 
+/// A data directory written by the files backend (an earlier version's default) opens
+/// with the default setting (`Auto`) as the files backend, with its data; a new one gets
+/// the log.
+#[test]
+fn the_default_storage_follows_an_existing_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = PersistenceConfig::new(dir.path());
+    p.flusher = FlusherMode::Manual;
+    p.storage = epkv_engine::StorageBackend::Files;
+    let b = start(p, false);
+    must_set(&b, "old-key", "old", 0);
+    b.flush_all().unwrap();
+    b.shutdown();
+    drop(b);
+    let mut p = PersistenceConfig::new(dir.path());
+    p.flusher = FlusherMode::Manual;
+    assert_eq!(p.storage, epkv_engine::StorageBackend::Auto);
+    let b = start(p, false);
+    assert_eq!(
+        b.get(vb("old-key"), b"old-key").unwrap().value.as_ref(),
+        b"old"
+    );
+    assert_eq!(
+        must_stats(&b, "persistence")["ep_persistence_storage"],
+        "files"
+    );
+    b.shutdown();
+    let fresh = tempfile::tempdir().unwrap();
+    let mut p = PersistenceConfig::new(fresh.path());
+    p.flusher = FlusherMode::Manual;
+    let b = start(p, false);
+    assert_eq!(
+        must_stats(&b, "persistence")["ep_persistence_storage"],
+        "log"
+    );
+    b.shutdown();
+}
+
 /// `n` keys that all map to vBucket 7.
 fn keys_of_vb7(n: usize) -> Vec<String> {
     (0..)

@@ -432,8 +432,8 @@ settings! {
     journal: bool = "true", unit = "bool",
         help = "With persistence: make each flush batch durable with one append and one fdatasync of its shard's journal, however many vBuckets it touches (data files are synced at checkpoints). `--journal false` syncs every vBucket data file a batch touches instead, as KV-Engine does (slower; for comparison)",
         clap(num_args = 0..=1, default_missing_value = "true");
-    storage: Storage = "log", unit = "backend",
-        help = "With persistence: how each shard stores documents. `files`: a journal per shard, then per-vBucket data files a background applier writes (each document written twice). `log`: the write-once log (each document written once, into the shard's log files, with an in-memory index of every stored key; cleaned oldest file first). A data directory written with one is refused by the other";
+    storage: Storage = "auto", unit = "backend",
+        help = "With persistence: how each shard stores documents. `log`: the write-once log (each document written once, into the shard's log files, with an in-memory index of every stored key, about 80 bytes each; cleaned oldest file first). `files`: a journal per shard, then per-vBucket data files a background applier writes (each document written twice; the index stays on disk: choose it, with full eviction, when the keys do not fit in memory). `auto`: what the data directory already holds, and the log for a new one. A directory holding one backend's files is refused by the other";
     fd_budget: usize = "0", unit = "count",
         help = "With persistence: most data files each bucket keeps open (least recently used ones are closed beyond it); 0 derives it from the open-file limit minus a reserve for connections";
     writer_threads: usize = "2", unit = "count",
