@@ -1149,6 +1149,10 @@ impl LogStore {
         let Some(f) = self.handle(num)? else {
             return Ok(());
         };
+        // A write or sync of the head that fails while the copies wait for their sync may
+        // have lost them (the kernel can drop the pages of a failed writeback): the file
+        // is then kept.
+        let failures_before = self.counters.failures.load(Relaxed);
         let bytes = self.index.read().files.get(&num).map_or(0, |s| s.bytes);
         let mut buf = read_whole(&*f, &path)?;
         buf.truncate(usize::try_from(bytes).unwrap_or(usize::MAX));
@@ -1241,6 +1245,15 @@ impl LogStore {
                 self.sync(&*h.file, &h.path)?;
                 h.unsynced = false;
             }
+        }
+        if self.counters.failures.load(Relaxed) != failures_before {
+            return Err(Error::Io {
+                op: "clean",
+                path,
+                source: std::io::Error::other(
+                    "a write or sync of the log failed while its copies were unsynced; the file is kept",
+                ),
+            });
         }
         // The copies are durable: the file can go.
         self.vfs
@@ -1732,6 +1745,46 @@ mod tests {
             seq - 20
         );
         assert_eq!(s.usage().1, live);
+    }
+
+    #[test]
+    fn a_failed_sync_while_copies_wait_keeps_the_cleaned_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = crate::FaultFs::new();
+        let s = LogStore::open_with(small(dir.path()), Arc::new(fs.clone())).unwrap();
+        let v = "v".repeat(300);
+        // The oldest file holds a live record ("keep"), so cleaning copies something.
+        commit(&s, 1, vec![doc("keep", 1, "kept")]);
+        for i in 1..7 {
+            commit(&s, 1, vec![doc(&format!("k{}", i % 2), i + 1, &v)]);
+        }
+        let oldest = s.index.read().files.keys().next().copied().unwrap();
+        // After the copies are appended (not yet synced), a commit whose sync fails.
+        let mut once = true;
+        let r = s.clean(0, 0, 1, &mut |_| {
+            if std::mem::take(&mut once) {
+                fs.fail_nth(crate::FaultOp::Sync, 1);
+                let failed = s.commit(&[VbCommit {
+                    vbid: Vbid(2),
+                    docs: vec![doc("x", 1, "x")].into(),
+                    keys_unique: false,
+                    state: VbState::new(VBucketState::Active),
+                }]);
+                fs.clear();
+                assert!(failed.is_err());
+            }
+        });
+        assert!(r.is_err(), "{r:?}");
+        assert!(
+            s.index.read().files.contains_key(&oldest),
+            "the file stays, and so do its records"
+        );
+        assert_eq!(value(&s, 1, "keep"), Some(b"kept".to_vec()));
+        // The next run cleans it.
+        assert_eq!(s.clean(0, 0, 1, &mut |_| {}).unwrap().files, 1);
+        assert!(!s.index.read().files.contains_key(&oldest));
+        assert_eq!(value(&s, 1, "keep"), Some(b"kept".to_vec()));
+        assert_eq!(value(&s, 1, "k0"), Some(v.into_bytes()));
     }
 
     #[test]
