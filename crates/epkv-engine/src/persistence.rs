@@ -543,7 +543,7 @@ impl Persistence {
                     for q in &r.quarantined {
                         tracing::error!(shard = i, vbid = %q.vbid, path = %q.path.display(), offset = q.offset, error = %q.error, journal_commits_dropped = r.journal_commits_dropped, "vBucket data file corrupt: the vBucket stays unavailable (NotMyVbucket) until FLUSH deletes it; its files are kept");
                     }
-                    ShardStore::Files(store)
+                    ShardStore::Files(Box::new(store))
                 }
                 StorageBackend::Log | StorageBackend::Auto => {
                     let mut cfg = LogStoreConfig::new(dir);
@@ -557,7 +557,7 @@ impl Persistence {
                             "storage recovery cut off the log's torn tail"
                         );
                     }
-                    ShardStore::Log(store)
+                    ShardStore::Log(Box::new(store))
                 }
             };
             shards.push(Shard {
@@ -1198,7 +1198,7 @@ impl Persistence {
         }
         let share = due.len() as u64;
         let files_each = usize::try_from(
-            (budget_bytes / share / epkv_storage::LogStoreConfig::new("").file_bytes).max(1),
+            (budget_bytes / share / epkv_storage::LogStoreConfig::DEFAULT_FILE_BYTES).max(1),
         )
         .unwrap_or(usize::MAX);
         let done = std::sync::atomic::AtomicUsize::new(0);

@@ -94,8 +94,8 @@ impl StorageBackend {
 /// One shard's store.
 #[derive(Debug)]
 pub(crate) enum ShardStore {
-    Files(FileStore),
-    Log(LogStore),
+    Files(Box<FileStore>),
+    Log(Box<LogStore>),
 }
 
 impl ShardStore {
@@ -109,8 +109,8 @@ impl ShardStore {
 
     fn kv(&self) -> &dyn KvStore {
         match self {
-            Self::Files(s) => s,
-            Self::Log(s) => s,
+            Self::Files(s) => &**s,
+            Self::Log(s) => &**s,
         }
     }
 

@@ -375,85 +375,11 @@ const MAX_PENDING_BYTES: u64 = 64 << 20;
 /// that the writes stay sequential and few.
 pub const COMPACT_CHUNK_BYTES: usize = 1 << 20;
 
-/// The highest-seqno version of each key among `docs` (copied), in seqno order.
-/// `capacity` sizes the map (a hint).
-fn latest_per_key<'a>(docs: impl Iterator<Item = &'a Document>, capacity: usize) -> Vec<Document> {
-    let mut latest: HashMap<&[u8], &Document, foldhash::fast::RandomState> =
-        HashMap::with_capacity_and_hasher(capacity, foldhash::fast::RandomState::default());
-    for d in docs {
-        match latest.get(d.key.as_slice()) {
-            Some(old) if old.seqno > d.seqno => {}
-            _ => {
-                latest.insert(&d.key, d);
-            }
-        }
-    }
-    let mut docs: Vec<Document> = latest.into_values().cloned().collect();
-    docs.sort_by_key(|d| d.seqno);
-    docs
-}
-
-/// Whether `docs` hold each key once, in ascending seqno order.
-fn unique_in_seqno_order(docs: &[Document]) -> bool {
-    if docs.windows(2).any(|w| w[0].seqno >= w[1].seqno) {
-        return false;
-    }
-    let mut seen: std::collections::HashSet<&[u8], foldhash::fast::RandomState> =
-        std::collections::HashSet::with_capacity_and_hasher(
-            docs.len(),
-            foldhash::fast::RandomState::default(),
-        );
-    docs.iter().all(|d| seen.insert(d.key.as_slice()))
-}
-
 /// The documents of several pending commits of one vBucket (oldest first) as one commit's:
 /// the newest version of each key, in seqno order, borrowed (nothing is copied).
 fn latest_of_entries(pending: &[JournalEntry]) -> Vec<&Document> {
     let n: usize = pending.iter().map(|e| e.docs.len()).sum();
-    let mut latest: HashMap<&[u8], &Document, foldhash::fast::RandomState> =
-        HashMap::with_capacity_and_hasher(n, foldhash::fast::RandomState::default());
-    for d in pending.iter().flat_map(|e| e.docs.iter()) {
-        match latest.get(d.key.as_slice()) {
-            Some(old) if old.seqno > d.seqno => {}
-            _ => {
-                latest.insert(&d.key, d);
-            }
-        }
-    }
-    let mut docs: Vec<&Document> = latest.into_values().collect();
-    docs.sort_unstable_by_key(|d| d.seqno);
-    docs
-}
-
-/// A commit's documents, each key once, in seqno order: the commit's own list, shared,
-/// when it already is that; otherwise the newest version of each key, copied.
-pub(crate) fn dedup_commit(c: &VbCommit) -> Arc<Vec<Document>> {
-    debug_assert!(
-        !c.keys_unique || unique_in_seqno_order(&c.docs),
-        "a commit vouching for unique keys in seqno order has duplicates or is out of order"
-    );
-    if c.keys_unique || unique_in_seqno_order(&c.docs) {
-        Arc::clone(&c.docs)
-    } else {
-        Arc::new(latest_per_key(c.docs.iter(), c.docs.len()))
-    }
-}
-
-/// The state a commit leaves: `state` with its high seqno and max CAS raised to cover
-/// `docs`, the persisted seqno at the high seqno, and the purge seqno never below the
-/// stored one (`prev_purge`: compaction raises it, and a commit must not lower it, or a
-/// DCP client could resume below tombstones already purged).
-pub(crate) fn completed_state(state: &VbState, docs: &[Document], prev_purge: u64) -> VbState {
-    let mut state = state.clone();
-    state.purge_seqno = state.purge_seqno.max(prev_purge);
-    if let Some(max) = docs.iter().map(|d| d.seqno).max() {
-        state.high_seqno = state.high_seqno.max(max);
-    }
-    if let Some(max) = docs.iter().map(|d| d.cas).max() {
-        state.max_cas = state.max_cas.max(max);
-    }
-    state.persisted_seqno = state.high_seqno;
-    state
+    crate::types::latest_versions(pending.iter().flat_map(|e| e.docs.iter()), n)
 }
 
 /// A vBucket's mark in [`FileStore::compacting`]; dropping it wakes a compaction waiting for
@@ -974,15 +900,11 @@ impl FileStore {
     /// next commit id and the completed state. The commit's own list is shared when it
     /// already is that (each key once, in seqno order); otherwise the documents are copied.
     fn prepare(g: &VbFile, c: &VbCommit) -> JournalEntry {
-        let docs = dedup_commit(c);
+        let docs = c.unique_docs();
         JournalEntry {
             vbid: g.vbid,
             commit_id: g.next_commit_id(),
-            state: completed_state(
-                &c.state,
-                &docs,
-                g.latest_state().map_or(0, |s| s.purge_seqno),
-            ),
+            state: c.completed_state(&docs, g.latest_state().map_or(0, |s| s.purge_seqno)),
             docs,
         }
     }

@@ -73,14 +73,25 @@ pub struct LogStoreConfig {
 }
 
 impl LogStoreConfig {
+    /// The default [`LogStoreConfig::file_bytes`]: 8 MiB.
+    pub const DEFAULT_FILE_BYTES: u64 = 8 << 20;
+
     /// Defaults for `dir`.
     #[must_use]
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
-            file_bytes: 8 << 20,
+            file_bytes: Self::DEFAULT_FILE_BYTES,
             fd_cache: None,
         }
+    }
+
+    /// The descriptor cache to read through: the shared one, or one of the default
+    /// budget over `vfs`.
+    fn fds(&self, vfs: &Arc<dyn Vfs>) -> Arc<FdCache> {
+        self.fd_cache
+            .clone()
+            .unwrap_or_else(|| Arc::new(FdCache::new(Arc::clone(vfs), default_fd_budget())))
     }
 }
 
@@ -93,9 +104,6 @@ pub struct LogRecoveryReport {
     pub records: u64,
     /// Bytes of a torn batch cut off the end of the head.
     pub torn_bytes: u64,
-    /// Leftover files removed (a cleaning interrupted before it deleted its file is not
-    /// one: such a file is read as any other).
-    pub files_removed: Vec<PathBuf>,
 }
 
 /// What a cleaning run did ([`LogStore::clean`]).
@@ -154,6 +162,36 @@ fn heap_bytes(len: usize) -> u64 {
 }
 
 impl VbIndex {
+    /// Points `key` at `loc` unless a newer version is already stored, and counts the
+    /// bytes in this vBucket. Returns `None` when it did not, else the place the key had
+    /// (whose bytes are now garbage in their file).
+    fn place(&mut self, key: &[u8], loc: Loc) -> Option<Option<Loc>> {
+        let old = match self.keys.get_mut(key) {
+            Some(cur) if cur.seqno > loc.seqno => return None,
+            Some(cur) => Some(std::mem::replace(cur, loc)),
+            None => {
+                self.keys.insert(Key::from_slice(key), loc);
+                self.heap_key_bytes += heap_bytes(key.len());
+                None
+            }
+        };
+        self.live_bytes += u64::from(loc.len);
+        if let Some(old) = old {
+            self.live_bytes -= u64::from(old.len);
+        }
+        Some(old)
+    }
+
+    /// Takes `state`, written with commit sequence `seq` into `file`, unless a newer state
+    /// is held.
+    fn set_state(&mut self, seq: u64, file: u32, state: VbState) {
+        if self.state.is_none() || seq >= self.state_seq {
+            self.state = Some(state);
+            self.state_seq = seq;
+            self.state_file = file;
+        }
+    }
+
     /// Bytes of memory the vBucket's index takes: the map's slots (an entry and a control
     /// byte each, at its capacity) and the long keys' heap.
     fn memory_bytes(&self) -> u64 {
@@ -179,24 +217,13 @@ impl Index {
     /// Points `key` at `loc` if that is newer than what it points to; accounts the bytes.
     /// Returns whether it did.
     fn put(&mut self, vbid: u16, key: &[u8], loc: Loc) -> bool {
-        let Some(vb) = self.vbs.get_mut(&vbid) else {
+        let Some(old) = self.vbs.get_mut(&vbid).and_then(|vb| vb.place(key, loc)) else {
             return false;
         };
-        let old = match vb.keys.get_mut(key) {
-            Some(cur) if cur.seqno > loc.seqno => return false,
-            Some(cur) => Some(std::mem::replace(cur, loc)),
-            None => {
-                vb.keys.insert(Key::from_slice(key), loc);
-                vb.heap_key_bytes += heap_bytes(key.len());
-                None
-            }
-        };
-        vb.live_bytes += u64::from(loc.len);
-        if let Some(old) = old {
-            vb.live_bytes -= u64::from(old.len);
-            if let Some(f) = self.files.get_mut(&old.file) {
-                f.live = f.live.saturating_sub(u64::from(old.len));
-            }
+        if let Some(old) = old
+            && let Some(f) = self.files.get_mut(&old.file)
+        {
+            f.live = f.live.saturating_sub(u64::from(old.len));
         }
         self.files.entry(loc.file).or_default().live += u64::from(loc.len);
         true
@@ -230,12 +257,8 @@ impl Index {
     }
 
     fn set_state(&mut self, vbid: u16, seq: u64, file: u32, state: VbState) {
-        if let Some(vb) = self.vbs.get_mut(&vbid)
-            && (vb.state.is_none() || seq >= vb.state_seq)
-        {
-            vb.state = Some(state);
-            vb.state_seq = seq;
-            vb.state_file = file;
+        if let Some(vb) = self.vbs.get_mut(&vbid) {
+            vb.set_state(seq, file, state);
         }
     }
 }
@@ -470,17 +493,17 @@ impl Replay {
         match rec {
             Record::Batch(head, docs) => {
                 self.max_seq = self.max_seq.max(head.seq);
-                let mut admitted = HashMap::new();
+                let mut admitted: smallvec::SmallVec<[(u16, bool); 8]> = smallvec::SmallVec::new();
                 for e in head.entries {
                     let ok = self.admit(index, e.vbid, e.incarnation);
-                    admitted.insert(e.vbid, ok);
+                    admitted.push((e.vbid, ok));
                     if ok && let Some((seq, st)) = e.state {
                         self.max_seq = self.max_seq.max(seq);
                         index.set_state(e.vbid, seq, file, st);
                     }
                 }
                 for d in docs {
-                    if admitted.get(&d.vbid).copied().unwrap_or(false) {
+                    if admitted.iter().any(|&(v, ok)| ok && v == d.vbid) {
                         index.put(d.vbid, d.key, d.loc);
                     }
                 }
@@ -538,10 +561,7 @@ impl LogStore {
         let mut report = LogRecoveryReport::default();
         let mut index = Index::default();
         let mut replay = Replay::default();
-        let fds = cfg
-            .fd_cache
-            .clone()
-            .unwrap_or_else(|| Arc::new(FdCache::new(Arc::clone(&vfs), default_fd_budget())));
+        let fds = cfg.fds(&vfs);
         let mut head_file: Option<Arc<dyn VFile>> = None;
         let mut last_end = 0u64;
         let last = nums.last().map(|(n, _)| *n);
@@ -645,10 +665,7 @@ impl LogStore {
         let file = vfs
             .open(&path, OpenMode::Existing)
             .map_err(|e| Error::io("open", &path, e))?;
-        let fds = cfg
-            .fd_cache
-            .clone()
-            .unwrap_or_else(|| Arc::new(FdCache::new(Arc::clone(&vfs), default_fd_budget())));
+        let fds = cfg.fds(&vfs);
         Ok(Self {
             cfg,
             vfs,
@@ -889,12 +906,12 @@ impl LogStore {
         {
             let ix = self.index.read();
             for c in batch {
-                let docs = crate::file_store::dedup_commit(c);
+                let docs = c.unique_docs();
                 let stored = ix.vbs.get(&c.vbid.0);
                 let prev_purge = stored
                     .and_then(|v| v.state.as_ref())
                     .map_or(0, |s| s.purge_seqno);
-                let state = crate::file_store::completed_state(&c.state, &docs, prev_purge);
+                let state = c.completed_state(&docs, prev_purge);
                 let incarnation = match stored {
                     Some(v) => v.incarnation,
                     None => match born.iter().find(|(v, _)| *v == c.vbid.0) {
@@ -987,31 +1004,19 @@ impl LogStore {
                     expiry: d.expiry,
                     deleted: d.deleted,
                 };
-                match vb.keys.get_mut(d.key.as_slice()) {
+                match vb.place(&d.key, loc) {
                     // A newer version is already stored (only a retried batch can do that).
-                    Some(cur) if cur.seqno > loc.seqno => continue,
-                    Some(cur) => {
-                        let old = std::mem::replace(cur, loc);
-                        vb.live_bytes -= u64::from(old.len);
-                        match freed.iter_mut().find(|(f, _)| *f == old.file) {
-                            Some((_, b)) => *b += u64::from(old.len),
-                            None => freed.push((old.file, u64::from(old.len))),
-                        }
-                    }
-                    None => {
-                        vb.keys.insert(Key::from_slice(&d.key), loc);
-                        vb.heap_key_bytes += heap_bytes(d.key.len());
-                    }
+                    None => continue,
+                    Some(Some(old)) => match freed.iter_mut().find(|(f, _)| *f == old.file) {
+                        Some((_, b)) => *b += u64::from(old.len),
+                        None => freed.push((old.file, u64::from(old.len))),
+                    },
+                    Some(None) => {}
                 }
-                vb.live_bytes += u64::from(len);
                 added += u64::from(len);
             }
-            if let Some((s, st)) = e.state
-                && (vb.state.is_none() || s >= vb.state_seq)
-            {
-                vb.state = Some(st);
-                vb.state_seq = s;
-                vb.state_file = num;
+            if let Some((s, st)) = e.state {
+                vb.set_state(s, num, st);
             }
         }
         let head_stat = files.entry(num).or_default();

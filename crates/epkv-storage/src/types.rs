@@ -95,6 +95,82 @@ pub struct VbCommit {
     pub state: VbState,
 }
 
+impl VbCommit {
+    /// The documents, each key once, in seqno order: this commit's own list, shared, when it
+    /// already is that; otherwise the newest version of each key, copied.
+    pub(crate) fn unique_docs(&self) -> std::sync::Arc<Vec<Document>> {
+        debug_assert!(
+            !self.keys_unique || unique_in_seqno_order(&self.docs),
+            "a commit vouching for unique keys in seqno order has duplicates or is out of order"
+        );
+        if self.keys_unique || unique_in_seqno_order(&self.docs) {
+            std::sync::Arc::clone(&self.docs)
+        } else {
+            std::sync::Arc::new(
+                latest_versions(self.docs.iter(), self.docs.len())
+                    .into_iter()
+                    .cloned()
+                    .collect(),
+            )
+        }
+    }
+
+    /// The state this commit leaves with `docs` (its [`VbCommit::unique_docs`]): high seqno
+    /// and max CAS raised to cover them, the persisted seqno at the high seqno, and the
+    /// purge seqno never below the stored one (`prev_purge`: compaction raises it, and a
+    /// commit must not lower it, or a DCP client could resume below tombstones already
+    /// purged).
+    pub(crate) fn completed_state(&self, docs: &[Document], prev_purge: u64) -> VbState {
+        let mut state = self.state.clone();
+        state.purge_seqno = state.purge_seqno.max(prev_purge);
+        if let Some(max) = docs.iter().map(|d| d.seqno).max() {
+            state.high_seqno = state.high_seqno.max(max);
+        }
+        if let Some(max) = docs.iter().map(|d| d.cas).max() {
+            state.max_cas = state.max_cas.max(max);
+        }
+        state.persisted_seqno = state.high_seqno;
+        state
+    }
+}
+
+/// The highest-seqno version of each key among `docs`, borrowed, in seqno order.
+/// `capacity` sizes the map (a hint).
+pub(crate) fn latest_versions<'a>(
+    docs: impl Iterator<Item = &'a Document>,
+    capacity: usize,
+) -> Vec<&'a Document> {
+    let mut latest: std::collections::HashMap<&[u8], &Document, foldhash::fast::RandomState> =
+        std::collections::HashMap::with_capacity_and_hasher(
+            capacity,
+            foldhash::fast::RandomState::default(),
+        );
+    for d in docs {
+        match latest.get(d.key.as_slice()) {
+            Some(old) if old.seqno > d.seqno => {}
+            _ => {
+                latest.insert(&d.key, d);
+            }
+        }
+    }
+    let mut docs: Vec<&Document> = latest.into_values().collect();
+    docs.sort_unstable_by_key(|d| d.seqno);
+    docs
+}
+
+/// Whether `docs` hold each key once, in ascending seqno order.
+fn unique_in_seqno_order(docs: &[Document]) -> bool {
+    if docs.windows(2).any(|w| w[0].seqno >= w[1].seqno) {
+        return false;
+    }
+    let mut seen: std::collections::HashSet<&[u8], foldhash::fast::RandomState> =
+        std::collections::HashSet::with_capacity_and_hasher(
+            docs.len(),
+            foldhash::fast::RandomState::default(),
+        );
+    docs.iter().all(|d| seen.insert(d.key.as_slice()))
+}
+
 /// What compaction drops.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PurgeRule {
