@@ -71,9 +71,11 @@ mod fault;
 mod fd_cache;
 mod file_store;
 pub mod format;
+mod key_table;
 mod kv_store;
 mod log_store;
 mod mem_store;
+mod prefetch;
 mod types;
 mod vfs;
 

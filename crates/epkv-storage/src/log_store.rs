@@ -45,7 +45,9 @@ use crate::fd_cache::{FdCache, default_fd_budget};
 use crate::format::{
     self, LogHead, LogHeadEntry, LogPurge, LogVbDelete, RecordKind, SUPERBLOCK_LEN,
 };
+use crate::key_table::{KEY_INLINE, KeyTable, Tag};
 use crate::kv_store::KvStore;
+use crate::prefetch;
 use crate::types::{
     CompactionOutcome, Document, KeyMeta, PurgeRule, ScanControl, StoreStats, VbCommit, VbState,
 };
@@ -120,26 +122,15 @@ pub struct CleanOutcome {
 }
 
 /// Where a key's newest version lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Loc {
-    file: u32,
-    len: u32,
-    offset: u64,
-    seqno: u64,
-    expiry: u32,
-    deleted: bool,
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Loc {
+    pub(crate) file: u32,
+    pub(crate) len: u32,
+    pub(crate) offset: u64,
+    pub(crate) seqno: u64,
+    pub(crate) expiry: u32,
+    pub(crate) deleted: bool,
 }
-
-/// A key as the index holds it: keys up to 24 bytes (most: Couchbase keys are a collection
-/// prefix and a short id) are stored in the map's entry itself, so that comparing a probed
-/// entry's key costs no second cache miss (the index lookups were a quarter of the commit's
-/// CPU with boxed keys).
-type Key = smallvec::SmallVec<[u8; KEY_INLINE]>;
-
-/// Key bytes stored in the index entry itself.
-const KEY_INLINE: usize = 24;
-
-type KeyMap = HashMap<Key, Loc, foldhash::fast::RandomState>;
 
 /// One vBucket's part of the index.
 #[derive(Debug, Default)]
@@ -149,7 +140,7 @@ struct VbIndex {
     state: Option<VbState>,
     state_seq: u64,
     state_file: u32,
-    keys: KeyMap,
+    keys: KeyTable,
     /// Bytes of the frames `keys` points to.
     live_bytes: u64,
     /// Heap bytes of the keys too long to be stored inline.
@@ -166,11 +157,17 @@ impl VbIndex {
     /// bytes in this vBucket. Returns `None` when it did not, else the place the key had
     /// (whose bytes are now garbage in their file).
     fn place(&mut self, key: &[u8], loc: Loc) -> Option<Option<Loc>> {
-        let old = match self.keys.get_mut(key) {
+        let t = self.keys.tag(key);
+        self.place_tagged(key, t, loc)
+    }
+
+    /// [`Self::place`] with the tag [`KeyTable::hint`] gave for `key`.
+    fn place_tagged(&mut self, key: &[u8], t: Tag, loc: Loc) -> Option<Option<Loc>> {
+        let old = match self.keys.get_mut_tagged(key, t) {
             Some(cur) if cur.seqno > loc.seqno => return None,
             Some(cur) => Some(std::mem::replace(cur, loc)),
             None => {
-                self.keys.insert(Key::from_slice(key), loc);
+                self.keys.insert_tagged(key, t, loc);
                 self.heap_key_bytes += heap_bytes(key.len());
                 None
             }
@@ -192,11 +189,10 @@ impl VbIndex {
         }
     }
 
-    /// Bytes of memory the vBucket's index takes: the map's slots (an entry and a control
-    /// byte each, at its capacity) and the long keys' heap.
+    /// Bytes of memory the vBucket's index takes: the table's slots and the long keys'
+    /// heap.
     fn memory_bytes(&self) -> u64 {
-        (self.keys.capacity() * (std::mem::size_of::<(Key, Loc)>() + 1)) as u64
-            + self.heap_key_bytes
+        (self.keys.capacity() * KeyTable::SLOT_BYTES) as u64 + self.heap_key_bytes
     }
 }
 
@@ -302,6 +298,14 @@ struct Counters {
 
 /// Record buffers larger than this are not kept between commits.
 const BUF_KEEP: usize = 4 << 20;
+
+/// How many documents ahead a commit hints the key and value it will copy next (see
+/// [`prefetch`]).
+const PREFETCH_AHEAD: usize = 4;
+
+/// How many documents ahead a commit hints the index slot it will look up next (see
+/// [`KeyTable::hint`]).
+const HINT_AHEAD: usize = 8;
 /// Bytes of copies cleaning appends at a time (and between calls of its pacing callback).
 const CLEAN_CHUNK: usize = 1 << 20;
 
@@ -948,24 +952,34 @@ impl LogStore {
         format::put_frame_with(&mut buf, RecordKind::LogHead, |out| {
             format::encode_log_head(out, &head);
         });
-        let mut places: Vec<(u64, u32)> =
-            Vec::with_capacity(doc_lists.iter().map(|d| d.len()).sum());
-        for docs in &doc_lists {
-            for d in docs.iter() {
-                if d.key.len() > usize::from(u16::MAX) || d.value.len() > (64 << 20) {
-                    h.buf = buf;
-                    return Err(Error::InvalidArgument(format!(
-                        "document too large: key {} bytes, value {} bytes",
-                        d.key.len(),
-                        d.value.len()
-                    )));
-                }
-                let at = buf.len();
-                format::put_frame_with(&mut buf, RecordKind::Document, |out| {
-                    format::encode_document(out, d);
-                });
-                places.push((h.end + at as u64, (buf.len() - at) as u32));
+        // The batch's documents in order, with their vBuckets.
+        let flat: Vec<(u16, &Document)> = head
+            .entries
+            .iter()
+            .zip(&doc_lists)
+            .flat_map(|(e, docs)| docs.iter().map(move |d| (e.vbid, d)))
+            .collect();
+        let mut places: Vec<(u64, u32)> = Vec::with_capacity(flat.len());
+        for (i, &(_, d)) in flat.iter().enumerate() {
+            // The key and value of a document a few ahead start loading while this one is
+            // copied (the values were written by other threads, long ago: cold).
+            if let Some((_, next)) = flat.get(i + PREFETCH_AHEAD) {
+                prefetch::bytes(&next.key);
+                prefetch::bytes(&next.value);
             }
+            if d.key.len() > usize::from(u16::MAX) || d.value.len() > (64 << 20) {
+                h.buf = buf;
+                return Err(Error::InvalidArgument(format!(
+                    "document too large: key {} bytes, value {} bytes",
+                    d.key.len(),
+                    d.value.len()
+                )));
+            }
+            let at = buf.len();
+            format::put_frame_with(&mut buf, RecordKind::Document, |out| {
+                format::encode_document(out, d);
+            });
+            places.push((h.end + at as u64, (buf.len() - at) as u32));
         }
         let written = self.append(h, &buf, true);
         let len = buf.len() as u64;
@@ -985,37 +999,53 @@ impl LogStore {
         let mut added = 0u64;
         let mut freed: smallvec::SmallVec<[(u32, u64); 4]> = smallvec::SmallVec::new();
         let mut items = 0u64;
-        let mut p = places.iter();
-        for (e, docs) in head.entries.into_iter().zip(&doc_lists) {
-            let vb = vbs.entry(e.vbid).or_insert_with(|| VbIndex {
+        for e in &head.entries {
+            vbs.entry(e.vbid).or_insert_with(|| VbIndex {
                 incarnation: e.incarnation,
                 ..VbIndex::default()
             });
-            for d in docs.iter() {
-                let Some(&(offset, len)) = p.next() else {
-                    break;
-                };
-                items += 1;
-                let loc = Loc {
-                    file: num,
-                    len,
-                    offset,
-                    seqno: d.seqno,
-                    expiry: d.expiry,
-                    deleted: d.deleted,
-                };
-                match vb.place(&d.key, loc) {
-                    // A newer version is already stored (only a retried batch can do that).
-                    None => continue,
-                    Some(Some(old)) => match freed.iter_mut().find(|(f, _)| *f == old.file) {
-                        Some((_, b)) => *b += u64::from(old.len),
-                        None => freed.push((old.file, u64::from(old.len))),
-                    },
-                    Some(None) => {}
-                }
-                added += u64::from(len);
+        }
+        // Each key's index slot starts loading HINT_AHEAD documents before its lookup, so
+        // that the lookups' cache misses overlap instead of following one another.
+        let hint = |vbs: &HashMap<u16, VbIndex, _>, i: usize| {
+            let &(vbid, d) = flat.get(i)?;
+            vbs.get(&vbid).map(|vb| vb.keys.hint(&d.key))
+        };
+        let mut tags = [None; 2 * HINT_AHEAD];
+        for (i, t) in tags.iter_mut().enumerate().take(HINT_AHEAD) {
+            *t = hint(vbs, i);
+        }
+        for (i, (&(vbid, d), &(offset, len))) in flat.iter().zip(&places).enumerate() {
+            tags[(i + HINT_AHEAD) % tags.len()] = hint(vbs, i + HINT_AHEAD);
+            let Some(vb) = vbs.get_mut(&vbid) else {
+                continue;
+            };
+            items += 1;
+            let loc = Loc {
+                file: num,
+                len,
+                offset,
+                seqno: d.seqno,
+                expiry: d.expiry,
+                deleted: d.deleted,
+            };
+            let placed = match tags[i % tags.len()] {
+                Some(t) => vb.place_tagged(&d.key, t, loc),
+                None => vb.place(&d.key, loc),
+            };
+            match placed {
+                // A newer version is already stored (only a retried batch can do that).
+                None => continue,
+                Some(Some(old)) => match freed.iter_mut().find(|(f, _)| *f == old.file) {
+                    Some((_, b)) => *b += u64::from(old.len),
+                    None => freed.push((old.file, u64::from(old.len))),
+                },
+                Some(None) => {}
             }
-            if let Some((s, st)) = e.state {
+            added += u64::from(len);
+        }
+        for e in head.entries {
+            if let (Some((s, st)), Some(vb)) = (e.state, vbs.get_mut(&e.vbid)) {
                 vb.set_state(s, num, st);
             }
         }
@@ -1526,7 +1556,7 @@ impl KvStore for LogStore {
             out.bytes_before = vb.live_bytes;
             let mut keys = Vec::new();
             let mut purge_seqno = state.purge_seqno;
-            for (k, l) in &vb.keys {
+            for (k, l) in vb.keys.iter() {
                 if !out.judge(
                     rule,
                     state,
@@ -1651,10 +1681,7 @@ mod tests {
         assert_eq!(value(&s, 3, "a"), Some(b"z".to_vec()));
         let long = "k".repeat(100);
         let before = s.index_bytes();
-        assert!(
-            before >= 2 * std::mem::size_of::<(Key, Loc)>() as u64,
-            "{before}"
-        );
+        assert!(before >= 2 * KeyTable::SLOT_BYTES as u64, "{before}");
         commit(&s, 3, vec![doc(&long, 4, "v")]);
         assert!(
             s.index_bytes() >= before + 100,
