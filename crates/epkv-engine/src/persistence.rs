@@ -44,6 +44,7 @@ use epkv_storage::{
 use epkv_types::Vbid;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::{AcqRel, Relaxed, Release};
@@ -243,34 +244,24 @@ impl std::fmt::Debug for VbPersist {
     }
 }
 
-/// A queued document, hashed and compared by its key, so that the queue holds each key
-/// once without a second copy of it.
-#[derive(Debug)]
-struct ByKey(Document);
-
-impl PartialEq for ByKey {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.key == other.0.key
-    }
-}
-
-impl Eq for ByKey {}
-
-impl std::hash::Hash for ByKey {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.key.as_slice().hash(state);
-    }
-}
-
-impl std::borrow::Borrow<[u8]> for ByKey {
-    fn borrow(&self) -> &[u8] {
-        &self.0.key
-    }
-}
-
-#[derive(Debug, Default)]
+/// One vBucket's documents waiting for the flusher: the newest version of each key, in
+/// seqno order.
+///
+/// A list in queue order (which is seqno order: writers queue under the vBucket's ordering
+/// lock) with a table of positions by key beside it, rather than a hash set of documents:
+/// the flusher takes the list whole and reads it front to back, where draining a set moved
+/// every document out in table order and then sorted them (12% of the Writer threads' CPU
+/// at 50k SETs/s, issue 22). A key queued again leaves a hole where its older version
+/// was; holes are dropped when the list is taken, or squeezed out once they outnumber the
+/// documents (a hot key rewritten while the flusher cannot keep up).
+#[derive(Default)]
 struct DirtyQueue {
-    items: std::collections::HashSet<ByKey, foldhash::fast::RandomState>,
+    docs: Vec<Option<Document>>,
+    /// `docs` positions of the queued keys, hashed by key.
+    at: hashbrown::HashTable<u32>,
+    /// `None` entries in `docs`.
+    holes: usize,
+    hasher: foldhash::fast::RandomState,
     /// Keys written (full eviction) without knowing whether they existed on disk (see
     /// [`VbPersist::mark_unknown`]).
     unknown: std::collections::HashSet<Vec<u8>>,
@@ -280,6 +271,83 @@ struct DirtyQueue {
     /// or abort is queued (HCS), kept as running maxima under this lock, so that the state
     /// a flush writes never claims a completion whose document it does not carry.
     sync: SyncSeqnos,
+}
+
+impl std::fmt::Debug for DirtyQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirtyQueue")
+            .field("queued", &self.len())
+            .field("state_dirty", &self.state_dirty)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DirtyQueue {
+    /// Documents queued.
+    fn len(&self) -> usize {
+        self.docs.len() - self.holes
+    }
+
+    fn holds(docs: &[Option<Document>], i: u32, key: &[u8]) -> bool {
+        docs.get(i as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|d| d.key == key)
+    }
+
+    /// Queues `doc` after everything queued; an older version of its key leaves a hole.
+    fn push(&mut self, doc: Document) {
+        let hash = self.hasher.hash_one(doc.key.as_slice());
+        let pos = u32::try_from(self.docs.len()).unwrap_or(u32::MAX);
+        let docs = &mut self.docs;
+        match self.at.find_mut(hash, |&i| Self::holds(docs, i, &doc.key)) {
+            Some(i) => {
+                if let Some(old) = docs.get_mut(*i as usize) {
+                    *old = None;
+                }
+                *i = pos;
+                self.holes += 1;
+            }
+            None => {
+                let hasher = &self.hasher;
+                self.at.insert_unique(hash, pos, |&i| {
+                    docs.get(i as usize)
+                        .and_then(Option::as_ref)
+                        .map_or(0, |d| hasher.hash_one(d.key.as_slice()))
+                });
+            }
+        }
+        docs.push(Some(doc));
+        if self.holes > 64 && self.holes > self.len() {
+            let live: Vec<Document> = std::mem::take(&mut self.docs)
+                .into_iter()
+                .flatten()
+                .collect();
+            self.clear_docs();
+            for d in live {
+                self.push(d);
+            }
+        }
+    }
+
+    /// Empties the list and its table (a table grown by a burst is given back).
+    fn clear_docs(&mut self) {
+        self.docs.clear();
+        self.holes = 0;
+        if self.at.capacity() > 64 && self.at.capacity() > 4 * self.at.len() {
+            self.at = hashbrown::HashTable::new();
+        } else {
+            self.at.clear();
+        }
+    }
+
+    /// Takes the queued documents, in seqno order.
+    fn take_docs(&mut self) -> Vec<Document> {
+        let n = self.len();
+        let docs = std::mem::replace(&mut self.docs, Vec::with_capacity(n));
+        self.clear_docs();
+        // Collected in place (an `Option<Document>` is a `Document`'s size).
+        docs.into_iter().flatten().collect()
+    }
 }
 
 /// A vBucket's high prepared and high completed seqnos (see [`crate::durability`]).
@@ -302,10 +370,10 @@ impl VbPersist {
     /// one.
     pub(crate) fn queue_sync(&self, doc: Document, (prepared, completed): (u64, u64)) -> bool {
         let mut q = self.dirty.lock();
-        let was_empty = q.items.is_empty() && !q.state_dirty;
+        let was_empty = q.len() == 0 && !q.state_dirty;
         q.sync.prepared = q.sync.prepared.max(prepared);
         q.sync.completed = q.sync.completed.max(completed);
-        q.items.replace(ByKey(doc));
+        q.push(doc);
         was_empty
     }
 
@@ -334,7 +402,7 @@ impl VbPersist {
         let mut q = self.dirty.lock();
         let sync = q.sync;
         let state_dirty = std::mem::take(&mut q.state_dirty);
-        let mut docs: Vec<Document> = q.items.drain().map(|d| d.0).collect();
+        let docs = q.take_docs();
         let mut unknown = Vec::new();
         if !q.unknown.is_empty() {
             // A mark whose document is not queued yet (the writer marks first) stays.
@@ -345,7 +413,6 @@ impl VbPersist {
             }
         }
         drop(q);
-        docs.sort_unstable_by_key(|d| d.seqno);
         (docs, state_dirty, unknown, sync)
     }
 
@@ -355,24 +422,28 @@ impl VbPersist {
         let mut q = self.dirty.lock();
         q.state_dirty = true;
         q.unknown.extend(unknown);
+        // The failed batch goes back in front of what was queued since (seqno order); a
+        // key queued since keeps its newer version.
+        let newer = q.take_docs();
         for d in docs {
-            if !q.items.contains(d.key.as_slice()) {
-                q.items.insert(ByKey(d));
-            }
+            q.push(d);
+        }
+        for d in newer {
+            q.push(d);
         }
     }
 
     /// Drops everything queued (FLUSH).
     pub(crate) fn clear(&self) {
         let mut q = self.dirty.lock();
-        q.items.clear();
+        q.clear_docs();
         q.unknown.clear();
         q.state_dirty = false;
     }
 
     /// Documents waiting for the flusher.
     pub(crate) fn queued(&self) -> usize {
-        self.dirty.lock().items.len()
+        self.dirty.lock().len()
     }
 
     /// The persisted seqno.
@@ -1673,6 +1744,125 @@ impl std::future::Future for PersistedFuture {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn qdoc(key: &str, seqno: u64) -> Document {
+        Document {
+            key: key.as_bytes().to_vec(),
+            value: bytes::Bytes::new(),
+            seqno,
+            cas: seqno,
+            rev_seqno: 1,
+            flags: 0,
+            expiry: 0,
+            datatype: 0,
+            deleted: false,
+        }
+    }
+
+    fn seqnos(docs: &[Document]) -> Vec<(String, u64)> {
+        docs.iter()
+            .map(|d| (String::from_utf8_lossy(&d.key).into_owned(), d.seqno))
+            .collect()
+    }
+
+    #[test]
+    fn the_dirty_queue_keeps_the_newest_version_of_each_key_in_seqno_order() {
+        let p = VbPersist::default();
+        assert!(
+            p.queue(qdoc("a", 1)),
+            "the first document finds the queue empty"
+        );
+        assert!(!p.queue(qdoc("b", 2)));
+        assert!(!p.queue(qdoc("a", 3)));
+        assert!(!p.queue(qdoc("c", 4)));
+        assert_eq!(p.queued(), 3);
+        let (docs, state_dirty, unknown, _) = p.take();
+        assert_eq!(
+            seqnos(&docs),
+            [("b".into(), 2), ("a".into(), 3), ("c".into(), 4)]
+        );
+        assert!(!state_dirty && unknown.is_empty());
+        assert_eq!(p.queued(), 0);
+        assert!(p.queue(qdoc("a", 5)), "taking empties the queue");
+    }
+
+    #[test]
+    fn a_failed_batch_goes_back_in_front_of_newer_writes() {
+        let p = VbPersist::default();
+        p.queue(qdoc("a", 1));
+        p.queue(qdoc("b", 2));
+        let (docs, ..) = p.take();
+        p.queue(qdoc("b", 3));
+        p.queue(qdoc("c", 4));
+        p.put_back(docs, Vec::new());
+        let (docs, state_dirty, ..) = p.take();
+        assert_eq!(
+            seqnos(&docs),
+            [("a".into(), 1), ("b".into(), 3), ("c".into(), 4)],
+            "b's newer version wins"
+        );
+        assert!(state_dirty, "a failed batch's state is written again");
+    }
+
+    #[test]
+    fn a_hot_key_rewritten_while_nothing_flushes_does_not_grow_the_queue() {
+        let p = VbPersist::default();
+        p.queue(qdoc("cold", 1));
+        for s in 2..100_000 {
+            p.queue(qdoc("hot", s));
+        }
+        assert_eq!(p.queued(), 2);
+        let q = p.dirty.lock();
+        assert!(
+            q.docs.len() <= 200,
+            "holes are squeezed out: {}",
+            q.docs.len()
+        );
+        drop(q);
+        let (docs, ..) = p.take();
+        assert_eq!(seqnos(&docs), [("cold".into(), 1), ("hot".into(), 99_999)]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_dirty_queue_matches_a_model(
+            ops in proptest::collection::vec((0u8..40, 0u8..10), 1..400)
+        ) {
+            // (key, 0): take and check; (key, 9): a failed take put back; else queue.
+            let p = VbPersist::default();
+            let mut model: std::collections::BTreeMap<u64, String> = Default::default();
+            let mut seqno = 0;
+            for (k, op) in ops {
+                match op {
+                    0 => {
+                        let (docs, ..) = p.take();
+                        let want: Vec<(String, u64)> =
+                            std::mem::take(&mut model).into_iter().map(|(s, k)| (k, s)).collect();
+                        proptest::prop_assert_eq!(seqnos(&docs), want);
+                    }
+                    9 => {
+                        // A write of key k lands between the take and the put-back.
+                        let (docs, ..) = p.take();
+                        let taken = std::mem::take(&mut model);
+                        seqno += 1;
+                        let key = format!("k{k}");
+                        p.queue(qdoc(&key, seqno));
+                        p.put_back(docs, Vec::new());
+                        model = taken.into_iter().filter(|(_, v)| *v != key).collect();
+                        model.insert(seqno, key);
+                    }
+                    _ => {
+                        seqno += 1;
+                        let key = format!("k{k}");
+                        model.retain(|_, v| *v != key);
+                        model.insert(seqno, key.clone());
+                        p.queue(qdoc(&key, seqno));
+                    }
+                }
+                proptest::prop_assert_eq!(p.queued(), model.len());
+            }
+        }
+    }
 
     #[test]
     fn the_applier_backlog_is_capped_by_the_quota() {
