@@ -245,22 +245,22 @@ impl std::fmt::Debug for VbPersist {
 }
 
 /// One vBucket's documents waiting for the flusher: the newest version of each key, in
-/// seqno order.
+/// seqno order once taken.
 ///
 /// A list in queue order (which is seqno order: writers queue under the vBucket's ordering
 /// lock) with a table of positions by key beside it, rather than a hash set of documents:
-/// the flusher takes the list whole and reads it front to back, where draining a set moved
-/// every document out in table order and then sorted them (12% of the Writer threads' CPU
-/// at 50k SETs/s, issue 22). A key queued again leaves a hole where its older version
-/// was; holes are dropped when the list is taken, or squeezed out once they outnumber the
-/// documents (a hot key rewritten while the flusher cannot keep up).
+/// the flusher takes the list whole, without copying it, where draining a set moved every
+/// document out in table order and then sorted them (12% of the Writer threads' CPU at
+/// 50k SETs/s, issue 22). A key queued again takes its older version's place, so the list
+/// never holds more than one document per key; the list is then out of seqno order and is
+/// sorted when taken.
 #[derive(Default)]
 struct DirtyQueue {
-    docs: Vec<Option<Document>>,
+    docs: Vec<Document>,
     /// `docs` positions of the queued keys, hashed by key.
     at: hashbrown::HashTable<u32>,
-    /// `None` entries in `docs`.
-    holes: usize,
+    /// A document replaced an older version in place since the last take.
+    unsorted: bool,
     hasher: foldhash::fast::RandomState,
     /// Keys written (full eviction) without knowing whether they existed on disk (see
     /// [`VbPersist::mark_unknown`]).
@@ -276,77 +276,51 @@ struct DirtyQueue {
 impl std::fmt::Debug for DirtyQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirtyQueue")
-            .field("queued", &self.len())
+            .field("queued", &self.docs.len())
             .field("state_dirty", &self.state_dirty)
             .finish_non_exhaustive()
     }
 }
 
 impl DirtyQueue {
-    /// Documents queued.
-    fn len(&self) -> usize {
-        self.docs.len() - self.holes
-    }
-
-    fn holds(docs: &[Option<Document>], i: u32, key: &[u8]) -> bool {
-        docs.get(i as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|d| d.key == key)
-    }
-
-    /// Queues `doc` after everything queued; an older version of its key leaves a hole.
+    /// Queues `doc`; an older version of its key queued before is replaced.
     fn push(&mut self, doc: Document) {
         let hash = self.hasher.hash_one(doc.key.as_slice());
-        let pos = u32::try_from(self.docs.len()).unwrap_or(u32::MAX);
         let docs = &mut self.docs;
-        match self.at.find_mut(hash, |&i| Self::holds(docs, i, &doc.key)) {
-            Some(i) => {
-                if let Some(old) = docs.get_mut(*i as usize) {
-                    *old = None;
-                }
-                *i = pos;
-                self.holes += 1;
+        let found = self.at.find(hash, |&i| {
+            docs.get(i as usize).is_some_and(|d| d.key == doc.key)
+        });
+        match found.and_then(|&i| docs.get_mut(i as usize)) {
+            Some(old) => {
+                *old = doc;
+                self.unsorted = true;
             }
             None => {
                 let hasher = &self.hasher;
+                let pos = u32::try_from(docs.len()).unwrap_or(u32::MAX);
                 self.at.insert_unique(hash, pos, |&i| {
                     docs.get(i as usize)
-                        .and_then(Option::as_ref)
                         .map_or(0, |d| hasher.hash_one(d.key.as_slice()))
                 });
-            }
-        }
-        docs.push(Some(doc));
-        if self.holes > 64 && self.holes > self.len() {
-            let live: Vec<Document> = std::mem::take(&mut self.docs)
-                .into_iter()
-                .flatten()
-                .collect();
-            self.clear_docs();
-            for d in live {
-                self.push(d);
+                docs.push(doc);
             }
         }
     }
 
-    /// Empties the list and its table (a table grown by a burst is given back).
-    fn clear_docs(&mut self) {
-        self.docs.clear();
-        self.holes = 0;
-        if self.at.capacity() > 64 && self.at.capacity() > 4 * self.at.len() {
+    /// Takes the queued documents, in seqno order; the table is emptied (and given back
+    /// if a burst grew it far past what is queued now).
+    fn take_docs(&mut self) -> Vec<Document> {
+        let n = self.docs.len();
+        let mut docs = std::mem::replace(&mut self.docs, Vec::with_capacity(n));
+        if std::mem::take(&mut self.unsorted) {
+            docs.sort_unstable_by_key(|d| d.seqno);
+        }
+        if self.at.capacity() > 64 && self.at.capacity() > 4 * n {
             self.at = hashbrown::HashTable::new();
         } else {
             self.at.clear();
         }
-    }
-
-    /// Takes the queued documents, in seqno order.
-    fn take_docs(&mut self) -> Vec<Document> {
-        let n = self.len();
-        let docs = std::mem::replace(&mut self.docs, Vec::with_capacity(n));
-        self.clear_docs();
-        // Collected in place (an `Option<Document>` is a `Document`'s size).
-        docs.into_iter().flatten().collect()
+        docs
     }
 }
 
@@ -370,7 +344,7 @@ impl VbPersist {
     /// one.
     pub(crate) fn queue_sync(&self, doc: Document, (prepared, completed): (u64, u64)) -> bool {
         let mut q = self.dirty.lock();
-        let was_empty = q.len() == 0 && !q.state_dirty;
+        let was_empty = q.docs.is_empty() && !q.state_dirty;
         q.sync.prepared = q.sync.prepared.max(prepared);
         q.sync.completed = q.sync.completed.max(completed);
         q.push(doc);
@@ -436,14 +410,14 @@ impl VbPersist {
     /// Drops everything queued (FLUSH).
     pub(crate) fn clear(&self) {
         let mut q = self.dirty.lock();
-        q.clear_docs();
+        q.take_docs();
         q.unknown.clear();
         q.state_dirty = false;
     }
 
     /// Documents waiting for the flusher.
     pub(crate) fn queued(&self) -> usize {
-        self.dirty.lock().len()
+        self.dirty.lock().docs.len()
     }
 
     /// The persisted seqno.
@@ -1811,14 +1785,7 @@ mod tests {
         for s in 2..100_000 {
             p.queue(qdoc("hot", s));
         }
-        assert_eq!(p.queued(), 2);
-        let q = p.dirty.lock();
-        assert!(
-            q.docs.len() <= 200,
-            "holes are squeezed out: {}",
-            q.docs.len()
-        );
-        drop(q);
+        assert_eq!(p.queued(), 2, "one document per key");
         let (docs, ..) = p.take();
         assert_eq!(seqnos(&docs), [("cold".into(), 1), ("hot".into(), 99_999)]);
     }

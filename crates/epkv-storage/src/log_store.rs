@@ -157,11 +157,10 @@ impl VbIndex {
     /// bytes in this vBucket. Returns `None` when it did not, else the place the key had
     /// (whose bytes are now garbage in their file).
     fn place(&mut self, key: &[u8], loc: Loc) -> Option<Option<Loc>> {
-        let t = self.keys.tag(key);
-        self.place_tagged(key, t, loc)
+        self.place_tagged(key, KeyTable::tag(key), loc)
     }
 
-    /// [`Self::place`] with the tag [`KeyTable::hint`] gave for `key`.
+    /// [`Self::place`] with `key`'s tag ([`KeyTable::tag`]).
     fn place_tagged(&mut self, key: &[u8], t: Tag, loc: Loc) -> Option<Option<Loc>> {
         let old = match self.keys.get_mut_tagged(key, t) {
             Some(cur) if cur.seqno > loc.seqno => return None,
@@ -960,6 +959,8 @@ impl LogStore {
             .flat_map(|(e, docs)| docs.iter().map(move |d| (e.vbid, d)))
             .collect();
         let mut places: Vec<(u64, u32)> = Vec::with_capacity(flat.len());
+        // Each key's index tag, hashed while the key is in cache for the copy.
+        let mut tags: Vec<Tag> = Vec::with_capacity(flat.len());
         for (i, &(_, d)) in flat.iter().enumerate() {
             // The key and value of a document a few ahead start loading while this one is
             // copied (the values were written by other threads, long ago: cold).
@@ -980,6 +981,7 @@ impl LogStore {
                 format::encode_document(out, d);
             });
             places.push((h.end + at as u64, (buf.len() - at) as u32));
+            tags.push(KeyTable::tag(&d.key));
         }
         let written = self.append(h, &buf, true);
         let len = buf.len() as u64;
@@ -1005,18 +1007,24 @@ impl LogStore {
                 ..VbIndex::default()
             });
         }
-        // Each key's index slot starts loading HINT_AHEAD documents before its lookup, so
-        // that the lookups' cache misses overlap instead of following one another.
+        // Each key's index slot (and the key, for the comparison) starts loading
+        // HINT_AHEAD documents before its lookup, so that the lookups' cache misses overlap
+        // instead of following one another.
         let hint = |vbs: &HashMap<u16, VbIndex, _>, i: usize| {
-            let &(vbid, d) = flat.get(i)?;
-            vbs.get(&vbid).map(|vb| vb.keys.hint(&d.key))
+            if let (Some(&(vbid, d)), Some(&t)) = (flat.get(i), tags.get(i))
+                && let Some(vb) = vbs.get(&vbid)
+            {
+                vb.keys.hint(t);
+                prefetch::bytes(&d.key);
+            }
         };
-        let mut tags = [None; 2 * HINT_AHEAD];
-        for (i, t) in tags.iter_mut().enumerate().take(HINT_AHEAD) {
-            *t = hint(vbs, i);
+        for i in 0..HINT_AHEAD {
+            hint(vbs, i);
         }
-        for (i, (&(vbid, d), &(offset, len))) in flat.iter().zip(&places).enumerate() {
-            tags[(i + HINT_AHEAD) % tags.len()] = hint(vbs, i + HINT_AHEAD);
+        for (i, ((&(vbid, d), &(offset, len)), &t)) in
+            flat.iter().zip(&places).zip(&tags).enumerate()
+        {
+            hint(vbs, i + HINT_AHEAD);
             let Some(vb) = vbs.get_mut(&vbid) else {
                 continue;
             };
@@ -1029,11 +1037,7 @@ impl LogStore {
                 expiry: d.expiry,
                 deleted: d.deleted,
             };
-            let placed = match tags[i % tags.len()] {
-                Some(t) => vb.place_tagged(&d.key, t, loc),
-                None => vb.place(&d.key, loc),
-            };
-            match placed {
+            match vb.place_tagged(&d.key, t, loc) {
                 // A newer version is already stored (only a retried batch can do that).
                 None => continue,
                 Some(Some(old)) => match freed.iter_mut().find(|(f, _)| *f == old.file) {
