@@ -22,7 +22,7 @@ pub enum StorageBackend {
     /// index stays on disk.
     Files,
     /// The write-once log ([`LogStore`]): each document is written once, and an in-memory
-    /// key index per vBucket says where (about 80 bytes per stored key).
+    /// key index per vBucket says where (about 100 bytes per stored key).
     Log,
 }
 

@@ -223,8 +223,14 @@ impl VFile for FaultFile {
     }
 }
 
-impl Vfs for FaultFs {
-    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VFile>> {
+impl FaultFs {
+    /// One open (plain or direct) through the fault layer: counted, failed if told to,
+    /// and the handle wrapped so that its writes and syncs are too.
+    fn open_with(
+        &self,
+        path: &Path,
+        open: impl FnOnce(&RealFs) -> io::Result<Option<Arc<dyn VFile>>>,
+    ) -> io::Result<Option<Arc<dyn VFile>>> {
         let mut s = self.state.lock();
         s.counts.opens += 1;
         let n = s.counts.opens;
@@ -235,17 +241,30 @@ impl Vfs for FaultFs {
         if s.fail_at.get(&FaultOp::Open) == Some(&n) {
             return Err(eio("open"));
         }
-        let inner = self.inner.open(path, mode)?;
+        let Some(inner) = open(&self.inner)? else {
+            return Ok(None);
+        };
         let len = inner.len()?;
         // A file first seen now is durable as it stands (it predates the fault layer or
         // was just created empty).
         s.synced.entry(path.to_owned()).or_insert(len);
-        Ok(Arc::new(FaultFile {
+        Ok(Some(Arc::new(FaultFile {
             inner,
             path: path.to_owned(),
             generation: s.generation,
             state: Arc::clone(&self.state),
-        }))
+        })))
+    }
+}
+
+impl Vfs for FaultFs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Arc<dyn VFile>> {
+        self.open_with(path, |fs| fs.open(path, mode).map(Some))?
+            .ok_or_else(|| io::Error::other("no handle"))
+    }
+
+    fn open_direct(&self, path: &Path) -> io::Result<Option<Arc<dyn VFile>>> {
+        self.open_with(path, |fs| fs.open_direct(path))
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {

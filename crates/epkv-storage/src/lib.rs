@@ -92,4 +92,4 @@ pub use types::{
     CompactionOutcome, Document, FailoverEntry, FileUsage, KeyMeta, PREPARE_NAMESPACE, PurgeRule,
     Purged, ScanControl, StoreStats, VbCommit, VbState,
 };
-pub use vfs::{OpenMode, RealFs, VFile, Vfs};
+pub use vfs::{DIRECT_ALIGN, OpenMode, RealFs, VFile, Vfs};

@@ -11,6 +11,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The alignment of direct writes' offsets, lengths and buffers ([`Vfs::open_direct`]):
+/// the page size, which is at least every device's logical block size.
+pub const DIRECT_ALIGN: usize = 4096;
+
 /// How to open a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenMode {
@@ -80,6 +84,17 @@ pub trait Vfs: Send + Sync + Debug {
     /// # Errors
     /// The OS error.
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Opens an existing file for direct writes (`O_DIRECT`: no page cache; each write
+    /// must start at a multiple of [`DIRECT_ALIGN`], be a multiple of it long, and come
+    /// from memory aligned to it). `Ok(None)` when this file system does not do direct
+    /// I/O (tmpfs, for one); the caller then writes through [`Vfs::open`]'s handle.
+    ///
+    /// # Errors
+    /// The OS error.
+    fn open_direct(&self, path: &Path) -> io::Result<Option<Arc<dyn VFile>>> {
+        let _ = path;
+        Ok(None)
+    }
     /// Syncs a directory, making created, renamed and removed names durable.
     ///
     /// # Errors
@@ -121,6 +136,20 @@ impl Vfs for RealFs {
             .truncate(false)
             .open(path)?;
         Ok(Arc::new(RealFile(f)))
+    }
+    fn open_direct(&self, path: &Path) -> io::Result<Option<Arc<dyn VFile>>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            Ok(f) => Ok(Some(Arc::new(RealFile(f)))),
+            // The file system does not do direct I/O.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         std::fs::rename(from, to)
