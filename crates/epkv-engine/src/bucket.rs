@@ -666,6 +666,7 @@ impl Bucket {
         match p.flush_shard(shard, &self.vbuckets) {
             Ok(o) => {
                 if o.vbuckets > 0
+                    && p.has_applier_work(shard)
                     && let Some(h) = p.appliers.lock().get(shard)
                 {
                     h.wake();

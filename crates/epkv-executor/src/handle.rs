@@ -70,6 +70,22 @@ impl TaskHandle {
         core.request(self, crate::core::Core::after(now, after), Some(now))
     }
 
+    /// Makes the task due at the next multiple of `period` on the executor's clock (within
+    /// `period` from now), earlier or later than it was. Tasks snoozed this way with the
+    /// same period come due together, so that one timer wake-up runs them all instead of
+    /// each waking a thread at its own time (the flushers of a bucket's shards).
+    pub fn snooze_aligned(&self, period: Duration) -> bool {
+        let core = &self.cell.core;
+        let now = core.now_ns();
+        let p = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let due = (now / p).saturating_add(1).saturating_mul(p);
+        core.request(
+            self,
+            due.min(crate::core::Core::after(now, period)),
+            Some(now),
+        )
+    }
+
     /// Makes the task due at `at`, earlier or later than it was (at once if `at` passed).
     #[inline]
     pub fn snooze_until(&self, at: Instant) -> bool {

@@ -103,6 +103,36 @@ fn snooze_to_an_earlier_deadline_takes_effect() {
 }
 
 #[test]
+fn tasks_snoozed_to_a_grid_come_due_together_within_one_period() {
+    let exec = exec();
+    let (a, runs_a) = counting(&exec, "a", Start::Sleep, Next::Sleep);
+    let (b, runs_b) = counting(&exec, "b", Start::Sleep, Next::Sleep);
+    let period = Duration::from_millis(50);
+    assert!(a.snooze_aligned(period));
+    let due = a.next_due().unwrap();
+    let now = exec.clock().now();
+    assert!(due > now && due <= now + period, "within one period");
+    exec.advance(Duration::from_millis(7));
+    assert!(b.snooze_aligned(period));
+    assert_eq!(
+        b.next_due(),
+        Some(due),
+        "the later snooze lands on the same point"
+    );
+    exec.advance(due - exec.clock().now() - Duration::from_nanos(1));
+    assert_eq!(exec.run_until_idle(10), 0, "ran before the grid point");
+    exec.advance(Duration::from_nanos(1));
+    assert_eq!(exec.run_until_idle(10), 2, "one point runs both");
+    assert_eq!((runs_a.load(SeqCst), runs_b.load(SeqCst)), (1, 1));
+    assert!(a.snooze_aligned(period));
+    assert_eq!(
+        a.next_due(),
+        Some(due + period),
+        "the next point, not the one just run"
+    );
+}
+
+#[test]
 fn snooze_to_a_later_deadline_takes_effect() {
     let exec = exec();
     let (h, runs) = counting(&exec, "t", Start::After(secs(5)), Next::Sleep);
