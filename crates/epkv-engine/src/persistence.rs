@@ -314,7 +314,7 @@ impl DirtyQueue {
     /// if a burst grew it far past what is queued now).
     fn take_docs(&mut self) -> Vec<Document> {
         let n = self.docs.len();
-        let mut docs = std::mem::replace(&mut self.docs, Vec::with_capacity(n));
+        let mut docs = std::mem::take(&mut self.docs);
         if std::mem::take(&mut self.unsorted) {
             docs.sort_unstable_by_key(|d| d.seqno);
         }

@@ -621,9 +621,19 @@ impl LogStore {
             report.files += 1;
             let scan = Self::replay_file(&buf, *num, &mut index, &mut replay);
             let is_last = Some(*num) == last;
-            if let Some((offset, reason)) = scan.bad
-                && (!is_last || record_after(&buf, offset))
-            {
+            let bad = match scan.bad {
+                Some((offset, reason)) if !is_last || record_after(&buf, offset) => {
+                    Some((offset, reason))
+                }
+                // Zeros where a frame header should be end a file's records (a torn or
+                // padded tail); with a record after them they are a hole, not an end.
+                None if scan.valid_end < scan.len && record_after(&buf, scan.valid_end) => Some((
+                    scan.valid_end,
+                    format::DecodeError::Invalid("zeros before a valid record"),
+                )),
+                _ => None,
+            };
+            if let Some((offset, reason)) = bad {
                 // Which vBuckets the damaged records held is unknown, so none of the
                 // shard's is served: the store opens empty, set aside, its files kept.
                 let error = Error::Corrupt {
@@ -897,12 +907,7 @@ impl LogStore {
             return Ok(());
         }
         let h = self.head.lock();
-        if h.direct.is_some() {
-            // Without the zeros direct appends leave past the end.
-            h.file
-                .set_len(h.end)
-                .map_err(|e| Error::io("truncate", &h.path, e))?;
-        }
+        self.trim_padding(&h)?;
         h.file
             .sync_data()
             .map_err(|e| Error::io("sync", &h.path, e))
@@ -923,13 +928,11 @@ impl LogStore {
             h.dirty_tail = false;
         }
         if h.end > SUPERBLOCK_LEN as u64 && h.end + bytes > self.cfg.file_bytes {
-            if h.direct.is_some() {
-                // Direct appends leave zeros up to the next block boundary: the sealed
-                // file is cut to its last record (synced before the next file exists, so
-                // open never finds zeros at the end of a sealed file).
-                h.file
-                    .set_len(h.end)
-                    .map_err(|e| Error::io("truncate", &h.path, e))?;
+            // Direct appends leave zeros up to the next block boundary (also when they
+            // fell back to buffered ones since): the sealed file is cut to its last
+            // record, synced before the next file exists, so open never finds zeros at
+            // the end of a sealed file.
+            if self.trim_padding(h)? {
                 h.unsynced = true;
             }
             if h.unsynced {
@@ -1012,6 +1015,19 @@ impl LogStore {
             }
             r => r,
         }
+    }
+
+    /// Cuts the zeros direct appends left past the head's end; returns whether there were
+    /// any.
+    fn trim_padding(&self, h: &Head) -> Result<bool> {
+        let len = h.file.len().map_err(|e| Error::io("stat", &h.path, e))?;
+        if len <= h.end {
+            return Ok(false);
+        }
+        h.file
+            .set_len(h.end)
+            .map_err(|e| Error::io("truncate", &h.path, e))?;
+        Ok(true)
     }
 
     /// Makes the head's file (its bytes end at `end`) ready for direct appends: opens its
@@ -2084,6 +2100,89 @@ mod tests {
         files
     }
 
+    /// The real file system, whose direct handles refuse writes (EINVAL) after the first
+    /// `allowed`, as a file system that takes `O_DIRECT` opens but not the writes may.
+    #[derive(Debug)]
+    struct RefusingDirect(Arc<AtomicU64>);
+
+    #[derive(Debug)]
+    struct RefusingFile(Arc<dyn VFile>, Arc<AtomicU64>);
+
+    impl VFile for RefusingFile {
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.0.read_exact_at(buf, offset)
+        }
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            let left = self.1.load(Relaxed);
+            if left == 0 {
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            self.1.store(left - 1, Relaxed);
+            self.0.write_all_at(buf, offset)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.0.sync_data()
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            self.0.len()
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.0.set_len(len)
+        }
+    }
+
+    impl Vfs for RefusingDirect {
+        fn open(&self, path: &Path, mode: OpenMode) -> std::io::Result<Arc<dyn VFile>> {
+            RealFs.open(path, mode)
+        }
+        fn open_direct(&self, path: &Path) -> std::io::Result<Option<Arc<dyn VFile>>> {
+            Ok(RealFs
+                .open_direct(path)?
+                .map(|f| Arc::new(RefusingFile(f, Arc::clone(&self.0))) as Arc<dyn VFile>))
+        }
+        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+            RealFs.rename(from, to)
+        }
+        fn remove(&self, path: &Path) -> std::io::Result<()> {
+            RealFs.remove(path)
+        }
+        fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+            RealFs.list(dir)
+        }
+        fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
+            RealFs.create_dir_all(dir)
+        }
+        fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+            RealFs.sync_dir(dir)
+        }
+    }
+
+    #[test]
+    fn refused_direct_writes_fall_back_and_sealed_files_still_end_at_their_last_record() {
+        // The refusals start after each count of direct appends in turn, so that for some
+        // the head is sealed while zeros from the last direct append are still past its
+        // end.
+        for allowed in 1..30 {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = LogStoreConfig::new(dir.path());
+            cfg.file_bytes = 16 << 10;
+            let vfs: Arc<dyn Vfs> = Arc::new(RefusingDirect(Arc::new(AtomicU64::new(allowed))));
+            let s = LogStore::open_with(cfg.clone(), Arc::clone(&vfs)).unwrap();
+            let v = "v".repeat(700);
+            for i in 0..40u64 {
+                commit(&s, 2, vec![doc(&format!("k{i}"), i + 1, &v)]);
+            }
+            let direct = s.head.lock().direct.is_some();
+            drop(s);
+            let s = LogStore::open_with(cfg, vfs).unwrap();
+            assert!(s.damage().is_none(), "after {allowed}: {:?}", s.damage());
+            for i in 0..40u64 {
+                assert_eq!(value(&s, 2, &format!("k{i}")), Some(v.clone().into_bytes()));
+            }
+            assert!(!direct, "fell back to buffered appends");
+        }
+    }
+
     #[test]
     fn direct_appends_pad_the_head_and_sealed_files_end_at_their_last_record() {
         let dir = tempfile::tempdir().unwrap();
@@ -2143,6 +2242,15 @@ mod tests {
         let mut bytes = std::fs::read(&head).unwrap();
         let saved = bytes.clone();
         bytes[SUPERBLOCK_LEN + 40] ^= 0xff;
+        std::fs::write(&head, &bytes).unwrap();
+        let s = LogStore::open(small(dir.path())).unwrap();
+        assert_eq!(s.damage().map(|d| d.path), Some(head.clone()));
+        assert_eq!(std::fs::read(&head).unwrap(), bytes, "nothing cut");
+        drop(s);
+        // Zeros over the first batch's frame header, with valid batches after them: a
+        // hole, not the end of the records.
+        let mut bytes = saved.clone();
+        bytes[SUPERBLOCK_LEN..SUPERBLOCK_LEN + format::FRAME_HEADER_LEN].fill(0);
         std::fs::write(&head, &bytes).unwrap();
         let s = LogStore::open(small(dir.path())).unwrap();
         assert_eq!(s.damage().map(|d| d.path), Some(head.clone()));
