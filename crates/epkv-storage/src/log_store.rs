@@ -1119,9 +1119,9 @@ impl LogStore {
             .zip(&doc_lists)
             .flat_map(|(e, docs)| docs.iter().map(move |d| (e.vbid, d)))
             .collect();
-        let mut places: Vec<(u64, u32)> = Vec::with_capacity(flat.len());
-        // Each key's index tag, hashed while the key is in cache for the copy.
-        let mut tags: Vec<Tag> = Vec::with_capacity(flat.len());
+        // Each document's offset and frame length, and its key's index tag (hashed while
+        // the key is in cache for the copy).
+        let mut places: Vec<(u64, u32, Tag)> = Vec::with_capacity(flat.len());
         for (i, &(_, d)) in flat.iter().enumerate() {
             // The key and value of a document a few ahead start loading while this one is
             // copied (the values were written by other threads, long ago: cold).
@@ -1141,8 +1141,11 @@ impl LogStore {
             format::put_frame_with(&mut buf, RecordKind::Document, |out| {
                 format::encode_document(out, d);
             });
-            places.push((h.end + at as u64, (buf.len() - at) as u32));
-            tags.push(KeyTable::tag(&d.key));
+            places.push((
+                h.end + at as u64,
+                (buf.len() - at) as u32,
+                KeyTable::tag(&d.key),
+            ));
         }
         let written = self.append(h, &buf, true);
         if buf.capacity() <= BUF_KEEP {
@@ -1170,7 +1173,7 @@ impl LogStore {
         // HINT_AHEAD documents before its lookup, so that the lookups' cache misses overlap
         // instead of following one another.
         let hint = |vbs: &HashMap<u16, VbIndex, _>, i: usize| {
-            if let (Some(&(vbid, d)), Some(&t)) = (flat.get(i), tags.get(i))
+            if let (Some(&(vbid, d)), Some(&(_, _, t))) = (flat.get(i), places.get(i))
                 && let Some(vb) = vbs.get(&vbid)
             {
                 vb.keys.hint(t);
@@ -1180,9 +1183,7 @@ impl LogStore {
         for i in 0..HINT_AHEAD {
             hint(vbs, i);
         }
-        for (i, ((&(vbid, d), &(offset, len)), &t)) in
-            flat.iter().zip(&places).zip(&tags).enumerate()
-        {
+        for (i, (&(vbid, d), &(offset, len, t))) in flat.iter().zip(&places).enumerate() {
             hint(vbs, i + HINT_AHEAD);
             let Some(vb) = vbs.get_mut(&vbid) else {
                 continue;
