@@ -55,21 +55,6 @@ const KEYS: u64 = 100_000;
 const CONNECTIONS: usize = 4;
 const RATES: [Option<u64>; 4] = [Some(1_000), Some(10_000), Some(50_000), None];
 
-/// CPU ticks of the server's threads whose name starts with `prefix`.
-fn thread_ticks(pid: u32, prefix: &str) -> Result<u64> {
-    let mut total = 0;
-    for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let dir = e?.path();
-        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-        if !comm.trim().starts_with(prefix) {
-            continue;
-        }
-        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
-        total += process::parse_stat_cpu_ticks(&stat).unwrap_or(0);
-    }
-    Ok(total)
-}
-
 /// `ep_total_persisted` and `ep_commit_num` (journal commits).
 fn persisted(c: &mut BinClient) -> Result<(u64, u64)> {
     let s = c.stats("persistence")?;
@@ -184,7 +169,7 @@ fn run_server(
     drain(&mut stats_conn)?;
     let mut out = Vec::with_capacity(rates.len());
     for &rate in rates {
-        let w0 = thread_ticks(pid, "epkv-writer")?;
+        let w0 = process::thread_ticks(pid, "epkv-writer")?;
         let s0 = process::cpu_ticks(pid)?;
         let (p0, c0) = persisted(&mut stats_conn)?;
         let watch = Stopwatch::start();
@@ -193,7 +178,8 @@ fn run_server(
         let elapsed = watch.elapsed().as_secs_f64();
         let (p1, c1) = persisted(&mut stats_conn)?;
         let items = p1.saturating_sub(p0);
-        let writer_us = thread_ticks(pid, "epkv-writer")?.saturating_sub(w0) as f64 / ticks * 1e6;
+        let writer_us =
+            process::thread_ticks(pid, "epkv-writer")?.saturating_sub(w0) as f64 / ticks * 1e6;
         let server_us = process::cpu_ticks(pid)?.saturating_sub(s0) as f64 / ticks * 1e6;
         let sample = Sample {
             achieved: sent as f64 / secs as f64,

@@ -9,8 +9,11 @@
 //! included) is sampled every 250 ms; its peak over the load and its size `idle_secs`
 //! after the load ends are reported over the live bytes (keys × (key + value)), with the
 //! load's ops/s. Goals: ≤3.0x at the peak, ≤2.0x after the idle period, ops/s with
-//! compaction ≥0.8x without. Results go to `target/bench/space.json` and
-//! `target/bench/space.md`.
+//! compaction ≥0.8x without. Each run also reports the server's CPU per op over the load
+//! and the cleaning threads' share of it (a steadier figure than ops/s on a noisy
+//! machine). `--compare-bin B` runs every mode with binary B too, interleaved, for a
+//! same-run A/B; `--rounds N` repeats the whole. Results go to `target/bench/space.json`
+//! and `target/bench/space.md`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -45,6 +48,13 @@ pub(crate) struct SpaceOptions {
     /// Use this epkv-server binary instead of building target/release/epkv-server.
     #[arg(long)]
     pub(crate) epkv_bin: Option<PathBuf>,
+    /// Also run every mode with this epkv-server binary, interleaved with the first
+    /// (a same-run A/B; rows are labelled `head` and `compare`).
+    #[arg(long)]
+    pub(crate) compare_bin: Option<PathBuf>,
+    /// Rounds: every mode (and build) this many times, interleaved.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) rounds: usize,
     /// Extra epkv-server flags for every mode, e.g. `--server-arg=--compaction-rate=0`.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub(crate) server_args: Vec<String>,
@@ -58,6 +68,8 @@ const KEY_BYTES: usize = 16;
 /// One mode's measurements.
 #[derive(Debug, Clone)]
 pub(crate) struct SpaceRun {
+    /// `head`, or `compare` for `--compare-bin`.
+    build: String,
     mode: String,
     keys: usize,
     secs: u64,
@@ -71,6 +83,10 @@ pub(crate) struct SpaceRun {
     /// p99 of one-at-a-time GETs on another connection during the load, in µs: what
     /// the front end's tail looks like while compaction runs (or not).
     p99_get_us: f64,
+    /// The server's CPU time over the load, per op, in µs.
+    server_us_per_op: f64,
+    /// The cleaning threads' (`epkv-clean-*`) share of the server's CPU over the load.
+    clean_share: f64,
 }
 
 /// Bytes of every file under `dir`, recursively, and of the journals among them (files
@@ -99,19 +115,25 @@ fn ratio(a: u64, b: u64) -> f64 {
 
 /// The JSON rows and the markdown table.
 pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
-    let off = runs.iter().find(|r| r.mode == "off").map(|r| r.ops_per_sec);
     let mut rows = Vec::new();
     let mut md = String::from(
         "### Space amplification: random overwrites of 512-byte values (epkv-pipeload, 16 x 16)\n\n\
-         | compaction | keys | secs | live MB | peak MB | peak / live | after idle MB | idle / live | data files / live (peak, idle) | ops/s | ops/s vs off | GET p99 µs (probe) |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | build | compaction | keys | secs | live MB | peak MB | peak / live | after idle MB | idle / live | data files / live (peak, idle) | ops/s | ops/s vs off | GET p99 µs (probe) | server CPU µs/op | cleaning share of CPU |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for r in runs {
-        let vs_off = off.map(|o| r.ops_per_sec / o);
+    for (i, r) in runs.iter().enumerate() {
+        // Against the "off" run of the same build and round: the nearest one in the list.
+        let vs_off = runs
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.mode == "off" && o.build == r.build)
+            .min_by_key(|(j, _)| j.abs_diff(i))
+            .map(|(_, o)| r.ops_per_sec / o.ops_per_sec);
         rows.push(json!({
             "bench": "SpaceAmplification",
             "params": {"keys": r.keys, "secs": r.secs, "value_bytes": VALUE_BYTES, "compaction": r.mode},
             "impl": "epkv",
+            "build": r.build,
             "items_per_sec": r.ops_per_sec,
             "live_bytes": r.live_bytes,
             "peak_bytes": r.peak_bytes,
@@ -122,9 +144,12 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
             "idle_data_ratio": ratio(r.idle_data_bytes, r.live_bytes),
             "ops_vs_off": vs_off,
             "p99_get_us": r.p99_get_us,
+            "server_us_per_op": r.server_us_per_op,
+            "clean_share": r.clean_share,
         }));
         md.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.2}x | {:.2}x, {:.2}x | {:.0} | {} | {:.0} |\n",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.2}x | {:.2}x, {:.2}x | {:.0} | {} | {:.0} | {:.2} | {:.1}% |\n",
+            r.build,
             r.mode,
             r.keys,
             r.secs,
@@ -138,6 +163,8 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
             r.ops_per_sec,
             vs_off.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}x")),
             r.p99_get_us,
+            r.server_us_per_op,
+            r.clean_share * 100.0,
         ));
     }
     md.push_str(
@@ -149,7 +176,7 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
 
 fn run_mode(
     opts: &SpaceOptions,
-    bin: &Path,
+    (build, bin): (&str, &Path),
     mode: &str,
     keys: usize,
     secs: u64,
@@ -167,7 +194,11 @@ fn run_mode(
         "4GiB".into(),
     ];
     args.extend(opts.server_args.iter().cloned());
-    let server = ServerProcess::start_epkv(bin, &args, out_dir.join(format!("space-{mode}.log")))?;
+    let server = ServerProcess::start_epkv(
+        bin,
+        &args,
+        out_dir.join(format!("space-{build}-{mode}.log")),
+    )?;
     let base = |c: &mut Command| {
         c.args(["run", "--mode", "plain", "--addr", &server.addr()])
             .args(["--connections", "16", "--depth", "16"])
@@ -184,6 +215,10 @@ fn run_mode(
     base(&mut cmd);
     cmd.args(["--secs", &secs.to_string(), "--no-populate", "--fresh-keys"])
         .stdout(Stdio::piped());
+    let (cpu0, clean0) = (
+        process::cpu_ticks(server.pid())?,
+        process::thread_ticks(server.pid(), "epkv-clean")?,
+    );
     let child = cmd.spawn().context("start epkv-pipeload")?;
     // The latency probe: GETs of random keys, one at a time, until the load ends.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -226,6 +261,8 @@ fn run_mode(
         }
     };
     let _ = waiter.join();
+    let cpu = process::cpu_ticks(server.pid())?.saturating_sub(cpu0);
+    let clean = process::thread_ticks(server.pid(), "epkv-clean")?.saturating_sub(clean0);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut lat = probe
         .join()
@@ -241,8 +278,11 @@ fn run_mode(
         bail!("{mode} load failed: {r}");
     }
     let ops_per_sec = ops as f64 / r["secs"].as_f64().unwrap_or(f64::NAN);
+    let server_us_per_op = cpu as f64 / process::clock_ticks_per_sec() as f64 * 1e6 / ops as f64;
+    let clean_share = clean as f64 / cpu.max(1) as f64;
     eprintln!(
-        "{mode}: {ops_per_sec:.0} ops/s, peak {} MB; idling {idle_secs} s",
+        "{build} {mode}: {ops_per_sec:.0} ops/s, {server_us_per_op:.2} µs CPU/op ({:.1}% cleaning), peak {} MB; idling {idle_secs} s",
+        clean_share * 100.0,
         peak.0 / 1_000_000
     );
     std::thread::sleep(Duration::from_secs(idle_secs));
@@ -250,6 +290,7 @@ fn run_mode(
     crate::bench_memory::stop(server);
     drop(data);
     Ok(SpaceRun {
+        build: build.to_owned(),
         mode: mode.to_owned(),
         keys,
         secs,
@@ -260,6 +301,8 @@ fn run_mode(
         idle_data_bytes: idle - idle_journals,
         ops_per_sec,
         p99_get_us,
+        server_us_per_op,
+        clean_share,
     })
 }
 
@@ -273,12 +316,25 @@ pub(crate) fn bench_space(opts: &SpaceOptions) -> Result<()> {
     let secs = opts.secs.unwrap_or(if opts.quick { 15 } else { 60 }).max(1);
     let out_dir = util::target_dir().join("bench");
     std::fs::create_dir_all(&out_dir)?;
+    let mut builds = vec![("head", bin)];
+    if let Some(c) = &opts.compare_bin {
+        builds.push(("compare", c.clone()));
+    }
+    if let Some(m) = opts.modes.iter().find(|m| *m != "on" && *m != "off") {
+        bail!("unknown mode {m:?}: on or off");
+    }
     let mut runs = Vec::new();
-    for mode in &opts.modes {
-        if mode != "on" && mode != "off" {
-            bail!("unknown mode {mode:?}: on or off");
+    for round in 0..opts.rounds.max(1) {
+        // Alternate which build goes first, so that neither always runs on a warmer machine.
+        let mut order: Vec<_> = builds.iter().collect();
+        if round % 2 == 1 {
+            order.reverse();
         }
-        runs.push(run_mode(opts, &bin, mode, keys, secs)?);
+        for mode in &opts.modes {
+            for (build, bin) in &order {
+                runs.push(run_mode(opts, (build, bin), mode, keys, secs)?);
+            }
+        }
     }
     let (rows, md) = report(&runs);
     std::fs::write(
@@ -306,7 +362,8 @@ mod tests {
 
     #[test]
     fn report_has_ratios_against_off() {
-        let run = |mode: &str, ops: f64| SpaceRun {
+        let run = |build: &str, mode: &str, ops: f64| SpaceRun {
+            build: build.to_owned(),
             mode: mode.to_owned(),
             keys: 10,
             secs: 1,
@@ -317,10 +374,20 @@ mod tests {
             idle_data_bytes: 100,
             ops_per_sec: ops,
             p99_get_us: 50.0,
+            server_us_per_op: 4.0,
+            clean_share: 0.25,
         };
-        let (rows, md) = report(&[run("on", 90.0), run("off", 100.0)]);
-        assert_eq!(rows.len(), 2);
+        let (rows, md) = report(&[
+            run("head", "on", 90.0),
+            run("compare", "on", 70.0),
+            run("head", "off", 100.0),
+            run("compare", "off", 200.0),
+        ]);
+        assert_eq!(rows.len(), 4);
         assert_eq!(rows[0]["peak_ratio"], json!(2.5));
         assert!(md.contains("0.90x"), "{md}");
+        // Each build's "on" run is compared with its own "off" run.
+        assert_eq!(rows[1]["ops_vs_off"], json!(0.35));
+        assert!(md.contains("25.0%"), "{md}");
     }
 }

@@ -336,6 +336,21 @@ pub(crate) fn cpu_ticks(pid: u32) -> Result<u64> {
     parse_stat_cpu_ticks(&stat).with_context(|| format!("cannot parse /proc/{pid}/stat: {stat}"))
 }
 
+/// CPU ticks of the server's threads whose name starts with `prefix`.
+pub(crate) fn thread_ticks(pid: u32, prefix: &str) -> Result<u64> {
+    let mut total = 0;
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let dir = e?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.trim().starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        total += parse_stat_cpu_ticks(&stat).unwrap_or(0);
+    }
+    Ok(total)
+}
+
 /// Returns utime + stime (fields 14 and 15) from a `/proc/<pid>/stat` line.
 pub(crate) fn parse_stat_cpu_ticks(stat: &str) -> Option<u64> {
     // The command name (field 2) is in parentheses and may contain spaces or ')'.
