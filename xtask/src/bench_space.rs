@@ -85,7 +85,8 @@ pub(crate) struct SpaceRun {
     p99_get_us: f64,
     /// The server's CPU time over the load, per op, in µs.
     server_us_per_op: f64,
-    /// The cleaning threads' (`epkv-clean-*`) share of the server's CPU over the load.
+    /// The compaction threads' share of the server's CPU over the load
+    /// (`ep_compaction_cpu_time`).
     clean_share: f64,
 }
 
@@ -174,6 +175,15 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
     (rows, md)
 }
 
+/// `ep_compaction_cpu_time`: the compaction and cleaning threads' CPU time so far, in µs
+/// (0 from a build without the stat, for a `--compare-bin` A/B against an older one).
+fn compaction_cpu_us(c: &mut crate::bench_memory::wire::BinClient) -> Result<u64> {
+    Ok(c.stats("persistence")?
+        .get("ep_compaction_cpu_time")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0))
+}
+
 fn run_mode(
     opts: &SpaceOptions,
     (build, bin): (&str, &Path),
@@ -215,9 +225,10 @@ fn run_mode(
     base(&mut cmd);
     cmd.args(["--secs", &secs.to_string(), "--no-populate", "--fresh-keys"])
         .stdout(Stdio::piped());
+    let mut stats = crate::bench_memory::wire::BinClient::connect(&server.addr(), true)?;
     let (cpu0, clean0) = (
         process::cpu_ticks(server.pid())?,
-        process::thread_ticks(server.pid(), "epkv-clean")?,
+        compaction_cpu_us(&mut stats)?,
     );
     let child = cmd.spawn().context("start epkv-pipeload")?;
     // The latency probe: GETs of random keys, one at a time, until the load ends.
@@ -262,7 +273,7 @@ fn run_mode(
     };
     let _ = waiter.join();
     let cpu = process::cpu_ticks(server.pid())?.saturating_sub(cpu0);
-    let clean = process::thread_ticks(server.pid(), "epkv-clean")?.saturating_sub(clean0);
+    let clean_us = compaction_cpu_us(&mut stats)?.saturating_sub(clean0);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut lat = probe
         .join()
@@ -278,8 +289,9 @@ fn run_mode(
         bail!("{mode} load failed: {r}");
     }
     let ops_per_sec = ops as f64 / r["secs"].as_f64().unwrap_or(f64::NAN);
-    let server_us_per_op = cpu as f64 / process::clock_ticks_per_sec() as f64 * 1e6 / ops as f64;
-    let clean_share = clean as f64 / cpu.max(1) as f64;
+    let cpu_us = cpu as f64 / process::clock_ticks_per_sec() as f64 * 1e6;
+    let server_us_per_op = cpu_us / ops as f64;
+    let clean_share = clean_us as f64 / cpu_us.max(1.0);
     eprintln!(
         "{build} {mode}: {ops_per_sec:.0} ops/s, {server_us_per_op:.2} µs CPU/op ({:.1}% cleaning), peak {} MB; idling {idle_secs} s",
         clean_share * 100.0,

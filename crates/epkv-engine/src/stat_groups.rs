@@ -293,6 +293,10 @@ impl Bucket {
                 t.bytes_reclaimed.to_string(),
             ),
             (
+                "ep_compaction_cpu_time",
+                p.compaction_cpu_us.load(Relaxed).to_string(),
+            ),
+            (
                 "ep_persistence_storage",
                 p.shards
                     .first()

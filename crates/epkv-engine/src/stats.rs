@@ -34,6 +34,8 @@ pub enum StatUnit {
     Seconds,
     /// Microseconds.
     Micros,
+    /// A number of microseconds since the bucket started (a counter of time).
+    MicrosCount,
     /// A percentage (0-100).
     Percent,
     /// `true` or `false`.
@@ -249,10 +251,16 @@ const PERSISTENCE_DEFS: &[StatDefinition] = &[
         "disk bytes compactions gave back (old file size minus new, summed)",
     ),
     gauge(
+        "ep_compaction_cpu_time",
+        StatGroup::Persistence,
+        StatUnit::MicrosCount,
+        "CPU time the compaction threads took (file compactions and log cleaning; 0 where the OS does not report a thread's CPU time)",
+    ),
+    gauge(
         "ep_storage_index_bytes",
         StatGroup::Persistence,
         StatUnit::Bytes,
-        "memory of the write-once log's in-memory key index (about 80 bytes per stored key; outside the bucket's quota; 0 with the files backend)",
+        "memory of the write-once log's in-memory key index (about 100 bytes per stored key; outside the bucket's quota; 0 with the files backend)",
     ),
     gauge(
         "ep_db_file_size",

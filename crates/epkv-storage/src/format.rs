@@ -214,6 +214,33 @@ pub fn decode_frame(buf: &[u8]) -> Result<(RecordKind, &[u8], usize), DecodeErro
     Ok((kind, body, total))
 }
 
+/// Splits off the frame at the start of `buf` without checking its CRC: returns its kind,
+/// its body and its total length. For a reader that will verify only some frames
+/// ([`verify_frame`]): log cleaning checks only the records it copies.
+///
+/// # Errors
+/// A truncated frame, a bad length or an unknown kind.
+pub fn split_frame(buf: &[u8]) -> Result<(RecordKind, &[u8], usize), DecodeError> {
+    let (kind, len, _) = parse_frame_header(buf)?;
+    let total = FRAME_HEADER_LEN + len as usize;
+    if buf.len() < total {
+        return Err(DecodeError::Truncated {
+            need: total,
+            have: buf.len(),
+        });
+    }
+    let kind = RecordKind::from_u8(kind).ok_or(DecodeError::Kind(kind))?;
+    Ok((kind, &buf[FRAME_HEADER_LEN..total], total))
+}
+
+/// Checks the CRC of `frame`, one whole frame as [`split_frame`] measured it.
+///
+/// # Errors
+/// As [`decode_frame`].
+pub fn verify_frame(frame: &[u8]) -> Result<(), DecodeError> {
+    decode_frame(frame).map(|_| ())
+}
+
 /// Decodes a frame that must be of kind `want`.
 ///
 /// # Errors
@@ -1052,6 +1079,33 @@ mod tests {
             decode_frame(&f[..f.len() - 1]),
             Err(DecodeError::Truncated { .. })
         ));
+    }
+
+    #[test]
+    fn split_frame_skips_the_crc_and_verify_frame_checks_it() {
+        let mut body = Vec::new();
+        encode_document(&mut body, &doc("k", 4));
+        let mut f = Vec::new();
+        put_frame(&mut f, RecordKind::Document, &body);
+        f.extend_from_slice(b"next");
+        let (k, b, n) = split_frame(&f).unwrap();
+        assert_eq!((k, b, n), (RecordKind::Document, &body[..], f.len() - 4));
+        verify_frame(&f[..n]).unwrap();
+        // A flipped body bit passes the split and fails the check.
+        let mut g = f.clone();
+        g[FRAME_HEADER_LEN + 2] ^= 1;
+        assert_eq!(split_frame(&g).unwrap().2, n);
+        assert!(matches!(
+            verify_frame(&g[..n]),
+            Err(DecodeError::Checksum { .. })
+        ));
+        // Lengths and kinds are still checked.
+        assert!(matches!(
+            split_frame(&f[..n - 1]),
+            Err(DecodeError::Truncated { .. })
+        ));
+        g[0] = 0xee;
+        assert!(matches!(split_frame(&g), Err(DecodeError::Kind(0xee))));
     }
 
     #[test]

@@ -170,16 +170,15 @@ impl KeyTable {
 
     /// Where `key`'s newest version is.
     pub(crate) fn get(&self, key: &[u8]) -> Option<&Loc> {
-        self.find(key, Self::tag(key)).map(|i| &self.slots[i].loc)
+        self.get_tagged(key, Self::tag(key))
     }
 
-    /// [`Self::get`], mutably.
-    pub(crate) fn get_mut(&mut self, key: &[u8]) -> Option<&mut Loc> {
-        let t = Self::tag(key);
-        self.get_mut_tagged(key, t)
+    /// [`Self::get`] with `key`'s tag ([`Self::tag`]).
+    pub(crate) fn get_tagged(&self, key: &[u8], t: Tag) -> Option<&Loc> {
+        self.find(key, t).map(|i| &self.slots[i].loc)
     }
 
-    /// [`Self::get_mut`] with `key`'s tag ([`Self::tag`]).
+    /// [`Self::get_tagged`], mutably.
     pub(crate) fn get_mut_tagged(&mut self, key: &[u8], t: Tag) -> Option<&mut Loc> {
         self.find(key, t).map(|i| &mut self.slots[i].loc)
     }

@@ -86,6 +86,12 @@ pub(crate) fn metric_for(def: &StatDefinition) -> Option<Exported> {
         StatUnit::Bytes => (Kind::Gauge, format!("kv_{stat}{bytes}"), 1.0, false),
         StatUnit::Seconds => (Kind::Gauge, format!("kv_{stat}_seconds"), 1.0, false),
         StatUnit::Micros => (Kind::Gauge, format!("kv_{stat}_seconds"), 1e-6, false),
+        StatUnit::MicrosCount => (
+            Kind::Counter,
+            format!("kv_{stat}_seconds_total"),
+            1e-6,
+            false,
+        ),
         StatUnit::Percent => (Kind::Gauge, format!("kv_{stat}_ratio"), 0.01, false),
         StatUnit::Flag => (Kind::Gauge, format!("kv_{stat}"), 1.0, true),
         StatUnit::Text => return None,
@@ -96,7 +102,9 @@ pub(crate) fn metric_for(def: &StatDefinition) -> Option<Exported> {
         StatGroup::Persistence => "persistence ".to_owned(),
     };
     let unit_note = match def.unit {
-        StatUnit::Micros => " (reported in microseconds, exported in seconds)",
+        StatUnit::Micros | StatUnit::MicrosCount => {
+            " (reported in microseconds, exported in seconds)"
+        }
         StatUnit::Percent => " (reported as a percentage, exported as a ratio)",
         StatUnit::Flag => " (1 for true)",
         _ => "",
