@@ -42,6 +42,22 @@ pub trait Engine: Send + Sync + 'static {
     /// `KeyNotFound`, `NotMyVbucket`, `TempFail`.
     fn get(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item>;
 
+    /// A hint that `key` of `vbid` is about to be read or written: the engine may start
+    /// loading the memory its lookup will touch, so that the front end overlaps the cache
+    /// misses of pipelined requests (it gives the hint for the next request in a
+    /// connection's buffer while it runs the current one). It changes nothing and may
+    /// be ignored; the default does nothing.
+    fn prefetch(&self, vbid: Vbid, key: &[u8]) {
+        let _ = (vbid, key);
+    }
+
+    /// The first stage of [`Self::prefetch`], for a request further ahead whose key is
+    /// not looked at yet: the engine may start loading `vbid`'s own state. The default
+    /// does nothing.
+    fn prefetch_vbucket(&self, vbid: Vbid) {
+        let _ = vbid;
+    }
+
     /// Reads a live document as [`Self::get`] does, but lends it to `f` instead of
     /// returning a copy: the front end encodes the reply straight from the engine's
     /// memory. `f` runs while the engine holds the key (under its lock), so it must be

@@ -13,6 +13,19 @@ impl Engine for Bucket {
         self.op_get(vbid, key)
     }
 
+    fn prefetch(&self, vbid: Vbid, key: &[u8]) {
+        if let Some(vb) = self.vbuckets.get(usize::from(vbid.0)) {
+            vb.table.prefetch(key);
+        }
+    }
+
+    fn prefetch_vbucket(&self, vbid: Vbid) {
+        // The vBucket's first cache line: its state, and the table's front.
+        if let Some(vb) = self.vbuckets.get(usize::from(vbid.0)) {
+            vb.table.prefetch_table();
+        }
+    }
+
     fn get_with(
         &self,
         vbid: Vbid,

@@ -1355,6 +1355,53 @@ impl Session {
         (extras, 16)
     }
 
+    /// Hints the bucket's engine that `req`, the next request in the connection's buffer,
+    /// will look its key up soon ([`epkv_engine_api::Engine::prefetch`]), so that its
+    /// cache misses overlap the current request's work. With `key_too` false, only its
+    /// vBucket ([`epkv_engine_api::Engine::prefetch_vbucket`], for the request after the
+    /// next). Only the common key-value operations; anything else, or a key that does
+    /// not decode, is left alone.
+    pub(crate) fn prefetch(&self, req: &Request<'_>, key_too: bool) {
+        let Some(b) = &self.bucket else {
+            return;
+        };
+        let keyed = matches!(
+            Opcode::from_u8(req.header.opcode),
+            Some(
+                Opcode::Get
+                    | Opcode::GetQ
+                    | Opcode::GetK
+                    | Opcode::GetKQ
+                    | Opcode::Set
+                    | Opcode::SetQ
+                    | Opcode::Add
+                    | Opcode::AddQ
+                    | Opcode::Replace
+                    | Opcode::ReplaceQ
+                    | Opcode::Delete
+                    | Opcode::DeleteQ
+            )
+        );
+        if !keyed || req.key.is_empty() {
+            return;
+        }
+        let mut buf = DocKeyBuf::new();
+        let Ok((key, raw)) = self.engine_key(req.key, &mut buf) else {
+            return;
+        };
+        // As `execute_data` picks it.
+        let vbid = if self.vbucket_aware {
+            req.header.vbucket
+        } else {
+            vbucket_for_key(raw, NUM_VBUCKETS)
+        };
+        if key_too {
+            b.engine.prefetch(vbid, key);
+        } else {
+            b.engine.prefetch_vbucket(vbid);
+        }
+    }
+
     /// The engine key of a key from the wire (with the raw key, without its collection):
     /// the client's LEB128 collection prefix when it negotiated collections, else the
     /// default collection.

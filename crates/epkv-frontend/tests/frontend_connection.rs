@@ -10,6 +10,7 @@ mod common;
 use common::{Client, TestServer, set_req};
 use epkv_frontend::{Frontend, FrontendConfig, FrontendError};
 use epkv_protocol::{Opcode, RequestBuilder};
+use epkv_types::{NUM_VBUCKETS, Vbid, vbucket_for_key};
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::sync::Arc;
@@ -42,6 +43,95 @@ fn a_thousand_pipelined_requests_in_one_write_are_answered_in_order() {
         let r = c.recv();
         assert_eq!(r.opaque, i);
         assert_eq!(r.status, if i % 3 == 0 { 0x01 } else { 0 });
+    }
+}
+
+/// While it runs a request, the front end hints the engine about the next ones in its
+/// buffer: the key of the next key-value request (as the engine key) and the vBucket of
+/// the one after. Other requests, vBuckets out of range
+/// and answers are unaffected.
+#[test]
+fn pipelined_requests_hint_the_engine_about_the_next_keys() {
+    let server = TestServer::start();
+    let mut c = server.client();
+    // A HELLO makes the connection vBucket-aware: the vBuckets given are used.
+    c.send(
+        &RequestBuilder::new(Opcode::Hello)
+            .key(b"test")
+            .to_vec()
+            .unwrap(),
+    );
+    assert_eq!(c.recv().status, 0);
+    let key = |i: u32| format!("key-{i}").into_bytes();
+    let mut batch = Vec::new();
+    for i in 0..300u32 {
+        let k = key(i);
+        let req = match i % 3 {
+            0 => RequestBuilder::new(Opcode::Get)
+                .key(&k)
+                .vbucket(vbucket_for_key(&k, NUM_VBUCKETS)),
+            // A vBucket out of range: NotMyVbucket, and no harm from its hints.
+            1 => RequestBuilder::new(Opcode::Get)
+                .key(&k)
+                .vbucket(Vbid(u16::MAX)),
+            _ => RequestBuilder::new(Opcode::Noop),
+        };
+        batch.extend(req.opaque(i).to_vec().unwrap());
+    }
+    c.send(&batch);
+    for i in 0..300u32 {
+        let r = c.recv();
+        assert_eq!(r.opaque, i);
+        let want = [0x01, 0x07, 0][i as usize % 3];
+        assert_eq!(r.status, want, "request {i}");
+    }
+    let hints = server.engine.prefetched.lock().clone();
+    // Every key hint is a GET of the batch, in the default collection, with its vBucket;
+    // NOOPs give none.
+    let mut keys = 0;
+    for (vbid, k) in &hints {
+        if let Some(k) = k {
+            // A default-collection engine key is the key itself.
+            let raw = &k[..];
+            let i: u32 = std::str::from_utf8(&raw[4..]).unwrap().parse().unwrap();
+            assert_ne!(i % 3, 2, "a NOOP has no key");
+            let want = if i.is_multiple_of(3) {
+                vbucket_for_key(raw, NUM_VBUCKETS)
+            } else {
+                Vbid(u16::MAX)
+            };
+            assert_eq!(*vbid, want);
+            keys += 1;
+        }
+    }
+    // Nearly all of them arrive with a request before them in the same read.
+    assert!(keys > 100, "{keys} key hints of 200 keyed requests");
+    assert!(hints.len() > keys, "vBucket hints too");
+
+    // A client that never said HELLO sends vBucket 0 and gets the key's vBucket: so do
+    // the hints.
+    server.engine.prefetched.lock().clear();
+    let mut plain = server.client();
+    let mut batch = Vec::new();
+    for i in 0..100u32 {
+        batch.extend(
+            RequestBuilder::new(Opcode::Get)
+                .key(&key(i))
+                .opaque(i)
+                .to_vec()
+                .unwrap(),
+        );
+    }
+    plain.send(&batch);
+    for i in 0..100u32 {
+        assert_eq!((plain.recv().opaque, i), (i, i));
+    }
+    let hints = server.engine.prefetched.lock().clone();
+    assert!(hints.len() > 100, "{} hints", hints.len());
+    for (vbid, k) in hints {
+        if let Some(k) = k {
+            assert_eq!(vbid, vbucket_for_key(&k, NUM_VBUCKETS));
+        }
     }
 }
 

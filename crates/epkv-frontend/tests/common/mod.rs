@@ -48,6 +48,8 @@ pub struct FakeEngine {
     pub time_offset: AtomicI64,
     /// Every (operation, vbid) the engine was called with.
     pub calls: Mutex<Vec<(&'static str, Vbid)>>,
+    /// Every prefetch hint: the vBucket, and the key (`None` for a vBucket-only hint).
+    pub prefetched: Mutex<Vec<(Vbid, Option<Vec<u8>>)>>,
 }
 
 impl Default for FakeEngine {
@@ -61,6 +63,7 @@ impl Default for FakeEngine {
             shutdown_called: AtomicBool::new(false),
             time_offset: AtomicI64::new(0),
             calls: Mutex::default(),
+            prefetched: Mutex::default(),
         }
     }
 }
@@ -113,6 +116,14 @@ impl FakeEngine {
 }
 
 impl Engine for FakeEngine {
+    fn prefetch(&self, vbid: Vbid, key: &[u8]) {
+        self.prefetched.lock().push((vbid, Some(key.to_vec())));
+    }
+
+    fn prefetch_vbucket(&self, vbid: Vbid) {
+        self.prefetched.lock().push((vbid, None));
+    }
+
     fn get(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
         self.check("get", vbid, key)?;
         let items = self.items.lock();
