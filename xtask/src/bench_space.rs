@@ -70,6 +70,8 @@ const KEY_BYTES: usize = 16;
 pub(crate) struct SpaceRun {
     /// `head`, or `compare` for `--compare-bin`.
     build: String,
+    /// Which round of `--rounds` (from 0).
+    round: usize,
     mode: String,
     keys: usize,
     secs: u64,
@@ -122,19 +124,18 @@ pub(crate) fn report(runs: &[SpaceRun]) -> (Vec<Value>, String) {
          | build | compaction | keys | secs | live MB | peak MB | peak / live | after idle MB | idle / live | data files / live (peak, idle) | ops/s | ops/s vs off | GET p99 µs (probe) | server CPU µs/op | cleaning share of CPU |\n\
          |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
-    for (i, r) in runs.iter().enumerate() {
-        // Against the "off" run of the same build and round: the nearest one in the list.
+    for r in runs {
+        // Against the "off" run of the same build and round.
         let vs_off = runs
             .iter()
-            .enumerate()
-            .filter(|(_, o)| o.mode == "off" && o.build == r.build)
-            .min_by_key(|(j, _)| j.abs_diff(i))
-            .map(|(_, o)| r.ops_per_sec / o.ops_per_sec);
+            .find(|o| o.mode == "off" && o.build == r.build && o.round == r.round)
+            .map(|o| r.ops_per_sec / o.ops_per_sec);
         rows.push(json!({
             "bench": "SpaceAmplification",
             "params": {"keys": r.keys, "secs": r.secs, "value_bytes": VALUE_BYTES, "compaction": r.mode},
             "impl": "epkv",
             "build": r.build,
+            "round": r.round,
             "items_per_sec": r.ops_per_sec,
             "live_bytes": r.live_bytes,
             "peak_bytes": r.peak_bytes,
@@ -186,7 +187,7 @@ fn compaction_cpu_us(c: &mut crate::bench_memory::wire::BinClient) -> Result<u64
 
 fn run_mode(
     opts: &SpaceOptions,
-    (build, bin): (&str, &Path),
+    (build, bin, round): (&str, &Path, usize),
     mode: &str,
     keys: usize,
     secs: u64,
@@ -303,6 +304,7 @@ fn run_mode(
     drop(data);
     Ok(SpaceRun {
         build: build.to_owned(),
+        round,
         mode: mode.to_owned(),
         keys,
         secs,
@@ -344,7 +346,7 @@ pub(crate) fn bench_space(opts: &SpaceOptions) -> Result<()> {
         }
         for mode in &opts.modes {
             for (build, bin) in &order {
-                runs.push(run_mode(opts, (build, bin), mode, keys, secs)?);
+                runs.push(run_mode(opts, (build, bin, round), mode, keys, secs)?);
             }
         }
     }
@@ -374,8 +376,9 @@ mod tests {
 
     #[test]
     fn report_has_ratios_against_off() {
-        let run = |build: &str, mode: &str, ops: f64| SpaceRun {
+        let run = |build: &str, round: usize, mode: &str, ops: f64| SpaceRun {
             build: build.to_owned(),
+            round,
             mode: mode.to_owned(),
             keys: 10,
             secs: 1,
@@ -390,16 +393,20 @@ mod tests {
             clean_share: 0.25,
         };
         let (rows, md) = report(&[
-            run("head", "on", 90.0),
-            run("compare", "on", 70.0),
-            run("head", "off", 100.0),
-            run("compare", "off", 200.0),
+            run("head", 0, "on", 90.0),
+            run("compare", 0, "on", 70.0),
+            run("head", 0, "off", 100.0),
+            run("compare", 0, "off", 200.0),
+            run("head", 1, "on", 90.0),
+            run("head", 1, "off", 300.0),
         ]);
-        assert_eq!(rows.len(), 4);
+        assert_eq!(rows.len(), 6);
         assert_eq!(rows[0]["peak_ratio"], json!(2.5));
         assert!(md.contains("0.90x"), "{md}");
         // Each build's "on" run is compared with its own "off" run.
         assert_eq!(rows[1]["ops_vs_off"], json!(0.35));
+        // ... of the same round.
+        assert_eq!(rows[4]["ops_vs_off"], json!(0.3));
         assert!(md.contains("25.0%"), "{md}");
     }
 }
