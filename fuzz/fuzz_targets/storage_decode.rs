@@ -2,7 +2,8 @@
 //! with whatever a damaged disk returns: walk the frames from the front, decode each body
 //! by its kind, and re-encode what decodes. A decoder must never panic or over-allocate,
 //! never accept a frame whose CRC32C does not match, and whatever decodes must re-encode
-//! to the same bytes.
+//! to the same bytes. Splitting a frame without its CRC (log cleaning) must agree with
+//! decoding it.
 #![no_main]
 
 use epkv_storage::format::{
@@ -15,6 +16,18 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let mut rest = data;
     while !rest.is_empty() {
+        // Log cleaning splits frames without their CRC and checks only the ones it copies:
+        // the split must agree with the full decode, and the check with its CRC test.
+        let split = format::split_frame(rest);
+        match (decode_frame(rest), &split) {
+            (Ok(full), Ok(s)) => {
+                assert_eq!(full, *s);
+                assert!(format::verify_frame(&rest[..s.2]).is_ok());
+            }
+            (Ok(_), Err(e)) => panic!("a frame that decodes does not split: {e:?}"),
+            (Err(_), Ok(s)) => assert!(format::verify_frame(&rest[..s.2]).is_err()),
+            (Err(_), Err(_)) => {}
+        }
         let Ok((kind, body, total)) = decode_frame(rest) else {
             // Also try the body decoders directly on raw bytes (no CRC in the way).
             let _ = decode_document(rest);

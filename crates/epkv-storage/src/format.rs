@@ -192,11 +192,9 @@ pub fn parse_frame_header(buf: &[u8]) -> Result<(u8, u32, u32), DecodeError> {
     Ok((kind, len, crc))
 }
 
-/// Decodes the frame at the start of `buf`: returns its kind, its body and its total length.
-///
-/// # Errors
-/// A truncated frame, a bad length, an unknown kind or a checksum mismatch.
-pub fn decode_frame(buf: &[u8]) -> Result<(RecordKind, &[u8], usize), DecodeError> {
+/// The frame at the start of `buf`, unchecked: its kind byte, its stored CRC, its body
+/// and its total length.
+fn frame_parts(buf: &[u8]) -> Result<(u8, u32, &[u8], usize), DecodeError> {
     let (kind, len, stored) = parse_frame_header(buf)?;
     let total = FRAME_HEADER_LEN + len as usize;
     if buf.len() < total {
@@ -205,7 +203,15 @@ pub fn decode_frame(buf: &[u8]) -> Result<(RecordKind, &[u8], usize), DecodeErro
             have: buf.len(),
         });
     }
-    let body = &buf[FRAME_HEADER_LEN..total];
+    Ok((kind, stored, &buf[FRAME_HEADER_LEN..total], total))
+}
+
+/// Decodes the frame at the start of `buf`: returns its kind, its body and its total length.
+///
+/// # Errors
+/// A truncated frame, a bad length, an unknown kind or a checksum mismatch.
+pub fn decode_frame(buf: &[u8]) -> Result<(RecordKind, &[u8], usize), DecodeError> {
+    let (kind, stored, body, total) = frame_parts(buf)?;
     let computed = crc32c::crc32c_append(crc32c::crc32c(&buf[..5]), body);
     if computed != stored {
         return Err(DecodeError::Checksum { stored, computed });
@@ -221,16 +227,9 @@ pub fn decode_frame(buf: &[u8]) -> Result<(RecordKind, &[u8], usize), DecodeErro
 /// # Errors
 /// A truncated frame, a bad length or an unknown kind.
 pub fn split_frame(buf: &[u8]) -> Result<(RecordKind, &[u8], usize), DecodeError> {
-    let (kind, len, _) = parse_frame_header(buf)?;
-    let total = FRAME_HEADER_LEN + len as usize;
-    if buf.len() < total {
-        return Err(DecodeError::Truncated {
-            need: total,
-            have: buf.len(),
-        });
-    }
+    let (kind, _, body, total) = frame_parts(buf)?;
     let kind = RecordKind::from_u8(kind).ok_or(DecodeError::Kind(kind))?;
-    Ok((kind, &buf[FRAME_HEADER_LEN..total], total))
+    Ok((kind, body, total))
 }
 
 /// Checks the CRC of `frame`, one whole frame as [`split_frame`] measured it.

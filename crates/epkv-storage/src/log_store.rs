@@ -2257,102 +2257,73 @@ mod tests {
         files
     }
 
-    /// The real file system, whose direct handles refuse writes (EINVAL) after the first
-    /// `allowed`, as a file system that takes `O_DIRECT` opens but not the writes may.
+    /// The real file system, whose direct handles count their reads, refuse them all
+    /// (EINVAL) when `refuse_reads`, and refuse writes after the first `writes_left`: as a
+    /// file system that takes `O_DIRECT` opens but not the I/O may.
     #[derive(Debug)]
-    struct RefusingDirect(Arc<AtomicU64>);
-
-    #[derive(Debug)]
-    struct RefusingFile(Arc<dyn VFile>, Arc<AtomicU64>);
-
-    impl VFile for RefusingFile {
-        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-            self.0.read_exact_at(buf, offset)
-        }
-        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-            let left = self.1.load(Relaxed);
-            if left == 0 {
-                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-            }
-            self.1.store(left - 1, Relaxed);
-            self.0.write_all_at(buf, offset)
-        }
-        fn sync_data(&self) -> std::io::Result<()> {
-            self.0.sync_data()
-        }
-        fn len(&self) -> std::io::Result<u64> {
-            self.0.len()
-        }
-        fn set_len(&self, len: u64) -> std::io::Result<()> {
-            self.0.set_len(len)
-        }
-    }
-
-    impl Vfs for RefusingDirect {
-        fn open(&self, path: &Path, mode: OpenMode) -> std::io::Result<Arc<dyn VFile>> {
-            RealFs.open(path, mode)
-        }
-        fn open_direct(&self, path: &Path) -> std::io::Result<Option<Arc<dyn VFile>>> {
-            Ok(RealFs
-                .open_direct(path)?
-                .map(|f| Arc::new(RefusingFile(f, Arc::clone(&self.0))) as Arc<dyn VFile>))
-        }
-        fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
-            RealFs.rename(from, to)
-        }
-        fn remove(&self, path: &Path) -> std::io::Result<()> {
-            RealFs.remove(path)
-        }
-        fn list(&self, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-            RealFs.list(dir)
-        }
-        fn create_dir_all(&self, dir: &Path) -> std::io::Result<()> {
-            RealFs.create_dir_all(dir)
-        }
-        fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
-            RealFs.sync_dir(dir)
-        }
-    }
-
-    /// Direct handles whose reads are counted, or refused with `EINVAL`.
-    #[derive(Debug)]
-    struct DirectReads {
-        refuse: bool,
+    struct TestDirect {
+        writes_left: Arc<AtomicU64>,
+        refuse_reads: bool,
         reads: Arc<AtomicU64>,
     }
 
-    #[derive(Debug)]
-    struct CountedReads(Arc<dyn VFile>, bool, Arc<AtomicU64>);
-
-    impl VFile for CountedReads {
-        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-            self.2.fetch_add(1, Relaxed);
-            if self.1 {
-                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    impl TestDirect {
+        fn refusing_writes_after(allowed: u64) -> Self {
+            Self {
+                writes_left: Arc::new(AtomicU64::new(allowed)),
+                refuse_reads: false,
+                reads: Arc::default(),
             }
-            self.0.read_exact_at(buf, offset)
-        }
-        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-            self.0.write_all_at(buf, offset)
-        }
-        fn sync_data(&self) -> std::io::Result<()> {
-            self.0.sync_data()
-        }
-        fn len(&self) -> std::io::Result<u64> {
-            self.0.len()
-        }
-        fn set_len(&self, len: u64) -> std::io::Result<()> {
-            self.0.set_len(len)
         }
     }
 
-    impl Vfs for DirectReads {
+    #[derive(Debug)]
+    struct TestDirectFile {
+        file: Arc<dyn VFile>,
+        writes_left: Arc<AtomicU64>,
+        refuse_reads: bool,
+        reads: Arc<AtomicU64>,
+    }
+
+    impl VFile for TestDirectFile {
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+            self.reads.fetch_add(1, Relaxed);
+            if self.refuse_reads {
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            self.file.read_exact_at(buf, offset)
+        }
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            let left = self.writes_left.load(Relaxed);
+            if left == 0 {
+                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            self.writes_left.store(left - 1, Relaxed);
+            self.file.write_all_at(buf, offset)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.file.sync_data()
+        }
+        fn len(&self) -> std::io::Result<u64> {
+            self.file.len()
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.file.set_len(len)
+        }
+    }
+
+    impl Vfs for TestDirect {
         fn open(&self, path: &Path, mode: OpenMode) -> std::io::Result<Arc<dyn VFile>> {
             RealFs.open(path, mode)
         }
         fn open_direct(&self, path: &Path) -> std::io::Result<Option<Arc<dyn VFile>>> {
-            Ok(RealFs.open_direct(path)?.map(|f| {
-                Arc::new(CountedReads(f, self.refuse, Arc::clone(&self.reads))) as Arc<dyn VFile>
+            Ok(RealFs.open_direct(path)?.map(|file| {
+                Arc::new(TestDirectFile {
+                    file,
+                    writes_left: Arc::clone(&self.writes_left),
+                    refuse_reads: self.refuse_reads,
+                    reads: Arc::clone(&self.reads),
+                }) as Arc<dyn VFile>
             }))
         }
         fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
@@ -2379,11 +2350,12 @@ mod tests {
             let mut cfg = LogStoreConfig::new(dir.path());
             // Files of a few direct blocks and a partial one.
             cfg.file_bytes = 14 << 10;
-            let reads = Arc::new(AtomicU64::new(0));
-            let vfs: Arc<dyn Vfs> = Arc::new(DirectReads {
-                refuse,
-                reads: Arc::clone(&reads),
-            });
+            let test_fs = TestDirect {
+                refuse_reads: refuse,
+                ..TestDirect::refusing_writes_after(u64::MAX)
+            };
+            let reads = Arc::clone(&test_fs.reads);
+            let vfs: Arc<dyn Vfs> = Arc::new(test_fs);
             let s = LogStore::open_with(cfg.clone(), Arc::clone(&vfs)).unwrap();
             let direct = s.head.lock().direct.is_some();
             let v = |i: u64| format!("{i}").repeat(700);
@@ -2434,7 +2406,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let mut cfg = LogStoreConfig::new(dir.path());
             cfg.file_bytes = 16 << 10;
-            let vfs: Arc<dyn Vfs> = Arc::new(RefusingDirect(Arc::new(AtomicU64::new(allowed))));
+            let vfs: Arc<dyn Vfs> = Arc::new(TestDirect::refusing_writes_after(allowed));
             let s = LogStore::open_with(cfg.clone(), Arc::clone(&vfs)).unwrap();
             let v = "v".repeat(700);
             for i in 0..40u64 {
