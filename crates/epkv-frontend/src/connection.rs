@@ -604,15 +604,10 @@ fn process(
         let t0 = *started.get_or_insert_with(|| clock.now());
         // Hints for the next pipelined requests, so that their lookups' cache misses load
         // while this request runs: the vBucket of the one after next, then the next one's
-        // key (which needs its vBucket's line to hash).
-        if inbuf.len() > n
-            && let Ok(Some(m)) = frame_len(&inbuf[n..], limits)
-            && let Ok(next) = Request::parse(&inbuf[n..n + m], limits)
-        {
-            let rest = &inbuf[n + m..];
-            if let Ok(Some(l)) = frame_len(rest, limits)
-                && let Ok(after) = Request::parse(&rest[..l], limits)
-            {
+        // key (which needs its vBucket's line to hash). A request not wholly in the
+        // buffer yet does not parse, and gets no hint.
+        if let Ok(next) = Request::parse(&inbuf[n..], limits) {
+            if let Ok(after) = Request::parse(&inbuf[n + next.packet_len()..], limits) {
                 session.prefetch(&after, false);
             }
             session.prefetch(&next, true);

@@ -1459,14 +1459,14 @@ impl LogStore {
                 }
             }
             if chunk_bytes >= CLEAN_CHUNK {
-                let n = self.append_copies(std::mem::take(&mut chunk), out)?;
+                let n = self.append_copies(num, std::mem::take(&mut chunk), out)?;
                 chunk_bytes = 0;
                 pace(n);
             }
             pos = next;
         }
         if !chunk.is_empty() {
-            let n = self.append_copies(chunk, out)?;
+            let n = self.append_copies(num, chunk, out)?;
             pace(n);
         }
         {
@@ -1547,9 +1547,15 @@ impl LogStore {
         Ok(&scratch[..len])
     }
 
-    /// Appends one chunk of copies as a batch (not synced) and points the index at them
-    /// where it still points at the originals. Returns the bytes written.
-    fn append_copies(&self, chunk: Vec<CopyEntry<'_>>, out: &mut CleanOutcome) -> Result<u64> {
+    /// Appends one chunk of copies of records of file `from` as a batch (not synced) and
+    /// points the index at them where it still points at the originals. Returns the bytes
+    /// written.
+    fn append_copies(
+        &self,
+        from: u32,
+        chunk: Vec<CopyEntry<'_>>,
+        out: &mut CleanOutcome,
+    ) -> Result<u64> {
         let mut h = self.head.lock();
         let approx: usize = chunk
             .iter()
@@ -1587,10 +1593,9 @@ impl LogStore {
         for i in 0..HINT_AHEAD {
             hint(&ix.vbs, i);
         }
-        // Every original is in the file being cleaned.
-        let mut from_file = None;
         let mut moved_bytes = 0u64;
         for (i, &(vbid, key, t, old, at)) in moved.iter().enumerate() {
+            debug_assert_eq!(old.file, from, "copies come from the file being cleaned");
             hint(&ix.vbs, i + HINT_AHEAD);
             let Some(vb) = ix.vbs.get_mut(&vbid) else {
                 continue;
@@ -1600,7 +1605,6 @@ impl LogStore {
             {
                 cur.file = num;
                 cur.offset = at;
-                from_file = Some(old.file);
                 moved_bytes += u64::from(old.len);
                 out.copied += 1;
             }
@@ -1608,7 +1612,7 @@ impl LogStore {
         let head_stat = ix.files.entry(num).or_default();
         head_stat.bytes = h.end;
         head_stat.live += moved_bytes;
-        if let Some(f) = from_file.and_then(|f| ix.files.get_mut(&f)) {
+        if let Some(f) = ix.files.get_mut(&from) {
             f.live = f.live.saturating_sub(moved_bytes);
         }
         for e in head.entries {
