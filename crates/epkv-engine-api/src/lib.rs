@@ -6,6 +6,9 @@
 //! found, CAS mismatch, not my vBucket, ...). It is not an engine and knows nothing of the
 //! wire format: the front end maps [`EngineStatus`] to mcbp status codes in one exhaustive
 //! `match`.
+//! It also holds the front end's one question to the cluster manager, [`ClusterView`]
+//! (the current map, for GET_CLUSTER_CONFIG and NOT_MY_VBUCKET), so that the front end
+//! and `epkv-cluster` meet here and neither depends on the other.
 //!
 //! Invariants: requests reaching an engine have been validated by the front end (key
 //! length, extras, datatype); engines may `debug_assert!` that. Expiry times cross this
@@ -23,6 +26,7 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+pub mod cluster;
 pub mod dcp;
 mod engine;
 mod item;
@@ -30,6 +34,7 @@ mod request;
 mod status;
 pub mod xattr;
 
+pub use cluster::{ClusterView, NodePorts};
 pub use dcp::{DcpEvent, DcpStream, DcpStreamError, DcpStreamRequest};
 pub use engine::{Engine, FetchedCallback, PersistedCallback, StatSink, SyncWriteCallback};
 pub use item::{

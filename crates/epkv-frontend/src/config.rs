@@ -3,6 +3,7 @@
 use crate::error::{FrontendError, Result};
 use crate::tls::TlsConfig;
 use epkv_auth::UserDirectory;
+use epkv_engine_api::ClusterView;
 use epkv_executor::{Clock, SystemClock};
 use epkv_protocol::Limits;
 use std::fmt;
@@ -58,10 +59,12 @@ pub struct FrontendConfig {
     /// A second listener serving the same protocol over TLS, on the same address as
     /// `bind`; `None` (the default) has no TLS listener.
     pub tls: Option<TlsConfig>,
-    /// The cluster this node belongs to (`--cluster`): its vBucket states, replication
-    /// and cluster map follow it. `None` (the default): a single node holding every
-    /// vBucket active.
-    pub cluster: Option<crate::cluster::Topology>,
+    /// Where the cluster map comes from (GET_CLUSTER_CONFIG, and the body of
+    /// NOT_MY_VBUCKET replies): `epkv-server` gives its `epkv_cluster::Cluster`, for a
+    /// single node as for a cluster. `None` (the default) serves no map, as KV-Engine
+    /// before ns_server sets one: GET_CLUSTER_CONFIG answers KeyNotFound and
+    /// NOT_MY_VBUCKET carries no body.
+    pub cluster: Option<Arc<dyn ClusterView>>,
 }
 
 /// The KV-Engine release whose protocol epkv speaks: the first part of the version it
@@ -115,6 +118,7 @@ impl fmt::Debug for FrontendConfig {
             .field("mgmt_port", &self.mgmt_port)
             .field("auth_threads", &self.auth_threads)
             .field("tls", &self.tls)
+            .field("cluster", &self.cluster.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -2,7 +2,6 @@
 //! acceptor loop and the worker threads.
 
 use crate::buckets::Buckets;
-use crate::cluster_config::NodePorts;
 use crate::config::FrontendConfig;
 use crate::error::{FrontendError, Result};
 use crate::stats::ConnectionStats;
@@ -10,12 +9,12 @@ use crate::timings::WorkerTimings;
 use crate::tls::TlsReloader;
 use crate::worker::{Accepted, ConnectionSlot, Worker};
 use epkv_auth::UserDirectory;
-use epkv_engine_api::Engine;
+use epkv_engine_api::{ClusterView, Engine, NodePorts};
 use epkv_protocol::Limits;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -31,8 +30,6 @@ pub(crate) struct Shared {
     /// The zero-configuration loopback mode: no users and a loopback listener, so every
     /// connection starts on `default` without authenticating.
     pub(crate) open_default: bool,
-    /// The cluster map revision: starts at 1 and grows on every change of the map.
-    cluster_rev: AtomicI64,
     pub(crate) config: FrontendConfig,
     pub(crate) limits: Limits,
     pub(crate) conns: ConnectionStats,
@@ -46,204 +43,45 @@ pub(crate) struct Shared {
     pub(crate) tls: Option<TlsReloader>,
     /// The DCP producers, for the `dcp` STAT group.
     pub(crate) dcp: crate::dcp::Registry,
-    /// The cluster this node is in, if any.
-    pub(crate) topology: parking_lot::RwLock<Option<crate::cluster::Topology>>,
-    /// Stops the current replication tasks (replaced on every topology change).
-    replication_stop: parking_lot::Mutex<Option<watch::Sender<bool>>>,
-    /// The runtime replication tasks run on (the acceptor's), once serving.
-    runtime: std::sync::OnceLock<tokio::runtime::Handle>,
-    /// Serializes topology applications, so that the last one applied is the newest
-    /// topology (a failover may arrive while the first one waits for warmup).
-    apply_lock: tokio::sync::Mutex<()>,
+    /// Where the cluster map comes from, if anywhere ([`FrontendConfig::cluster`]).
+    pub(crate) cluster: Option<Arc<dyn ClusterView>>,
 }
 
 impl Shared {
-    /// The current cluster map revision.
-    pub(crate) fn cluster_rev(&self) -> i64 {
-        self.cluster_rev.load(Ordering::Acquire)
+    /// The version of the current cluster map, `(epoch, revision)`, if a map is served.
+    pub(crate) fn cluster_version(&self) -> Option<(i64, i64)> {
+        self.cluster.as_ref().map(|c| c.version())
     }
 
-    /// Records a change of the cluster map.
+    /// Records a change of the cluster map (a client set a vBucket's state).
     pub(crate) fn bump_cluster_rev(&self) {
-        self.cluster_rev.fetch_add(1, Ordering::AcqRel);
+        if let Some(c) = &self.cluster {
+            c.map_changed();
+        }
+    }
+
+    /// The cluster map of bucket `name` (served by `engine`) for a client that reached
+    /// this node at `local`, if a map is served.
+    pub(crate) fn bucket_config(
+        &self,
+        name: &str,
+        engine: &dyn Engine,
+        local: SocketAddr,
+    ) -> Option<String> {
+        let c = self.cluster.as_ref()?;
+        Some(c.bucket_config(name, engine, local, self.ports))
+    }
+
+    /// The global cluster map (no bucket selected), if a map is served.
+    pub(crate) fn global_config(&self, local: SocketAddr) -> Option<String> {
+        let c = self.cluster.as_ref()?;
+        Some(c.global_config(local, self.ports))
     }
 
     /// Whether `user` may use bucket `bucket`.
     pub(crate) fn may_access(&self, user: &str, bucket: &str) -> bool {
         self.users.current().may_access(user, bucket)
     }
-
-    /// Brings every bucket's vBucket states in line with the topology, and restarts
-    /// replication from the nodes holding the active copies of this node's replicas.
-    /// Runs on the serving runtime (a state change waits for warmup: TempFail is retried
-    /// for up to a minute).
-    pub(crate) fn apply_topology(self: &Arc<Self>) {
-        let Some(rt) = self.runtime.get() else {
-            return;
-        };
-        rt.spawn(Arc::clone(self).apply_topology_now());
-    }
-
-    /// The state and replication-chain part of [`Self::apply_topology`], at once, so that
-    /// a failover's promotions and chains are in place when the REST call returns (a
-    /// vBucket still warming up is left to the asynchronous pass).
-    pub(crate) fn apply_states_now(&self) {
-        let Some(t) = self.topology.read().clone() else {
-            return;
-        };
-        for (name, engine) in self.buckets.iter() {
-            for v in 0..epkv_types::NUM_VBUCKETS {
-                let vb = epkv_types::Vbid(v);
-                let want = t.state_of(vb);
-                if engine.vbucket_state(vb) != Some(want)
-                    && let Err(e) = engine.set_vbucket_state(vb, want)
-                {
-                    tracing::debug!(bucket = %name, %vb, error = %e, "state change left to the asynchronous pass");
-                }
-            }
-            set_chains(&name, &*engine, &t);
-        }
-    }
-
-    /// [`Self::apply_topology`], awaited (the first time, before the node serves).
-    async fn apply_topology_now(self: Arc<Self>) {
-        let _one_at_a_time = self.apply_lock.lock().await;
-        let Some(t) = self.topology.read().clone() else {
-            return;
-        };
-        let (stop_tx, stop_rx) = watch::channel(false);
-        if let Some(old) = self.replication_stop.lock().replace(stop_tx) {
-            let _ = old.send(true);
-        }
-        for (name, engine) in self.buckets.iter() {
-            set_states(&name, &*engine, &t).await;
-            for (node, vbuckets) in t.sources() {
-                let addr = match t.kv_addr(node) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::error!(bucket = %name, node, error = %e, "cannot replicate from a node");
-                        continue;
-                    }
-                };
-                let source = crate::replication::Source {
-                    bucket: name.clone(),
-                    engine: Arc::clone(&engine),
-                    addr,
-                    vbuckets,
-                    credentials: t.credentials(),
-                    name: format!("replication:{}->{}:{name}", node, t.this()),
-                };
-                tokio::spawn(crate::replication::run(source, stop_rx.clone()));
-            }
-        }
-    }
-
-    /// Before serving: asks the other nodes which nodes they failed over (a node that
-    /// was failed over while it was down must not take its old vBuckets back) and
-    /// applies those failovers. Nodes that do not answer within a few seconds are
-    /// skipped (a whole cluster starting together has none to learn).
-    async fn learn_failovers(&self) {
-        let Some(t) = self.topology.read().clone() else {
-            return;
-        };
-        let Some((bucket, _)) = self.buckets.iter().next() else {
-            return;
-        };
-        let mut failed = std::collections::BTreeSet::new();
-        for i in 0..t.nodes().len() {
-            if i == t.this() {
-                continue;
-            }
-            let Ok(addr) = t.kv_addr(i) else { continue };
-            let credentials = t.credentials();
-            let asked = tokio::time::timeout(
-                std::time::Duration::from_secs(3),
-                crate::replication::fetch_map(addr, credentials.as_ref(), &bucket),
-            )
-            .await;
-            match asked {
-                Ok(Ok(map)) => {
-                    for f in map["epkvFailedNodes"].as_array().into_iter().flatten() {
-                        if let Some(f) = f.as_u64().and_then(|f| usize::try_from(f).ok()) {
-                            failed.insert(f);
-                        }
-                    }
-                }
-                Ok(Err(e)) => {
-                    tracing::info!(node = i, error = %e, "cannot ask a node for its cluster map")
-                }
-                Err(_) => tracing::info!(node = i, "a node did not answer for its cluster map"),
-            }
-        }
-        if failed.is_empty() {
-            return;
-        }
-        let mut t = self.topology.write();
-        if let Some(t) = t.as_mut() {
-            for f in failed {
-                if t.mark_failed(f) {
-                    if f == t.this() {
-                        tracing::warn!(
-                            "this node was failed over while it was down: it holds no vBuckets until it is added back (POST /controller/reAddNode)"
-                        );
-                    } else {
-                        tracing::warn!(node = f, "learned a failover from the other nodes");
-                    }
-                }
-            }
-        }
-        drop(t);
-        self.bump_cluster_rev();
-    }
-}
-
-/// Tells each active vBucket of `engine` its replication chain.
-fn set_chains(bucket: &str, engine: &dyn Engine, t: &crate::cluster::Topology) {
-    for v in 0..epkv_types::NUM_VBUCKETS {
-        let vb = epkv_types::Vbid(v);
-        if t.state_of(vb) == epkv_types::VBucketState::Active {
-            let chain = t.chain(vb);
-            let replicas = chain.len().saturating_sub(1);
-            let live = chain.iter().skip(1).filter(|n| n.is_some()).count();
-            if let Err(e) = engine.set_replication_chain(vb, replicas, live) {
-                tracing::error!(bucket, %vb, error = %e, "cannot set a vBucket's replication chain");
-            }
-        }
-    }
-}
-
-/// Sets each vBucket of `engine` to the state the topology gives it.
-async fn set_states(bucket: &str, engine: &dyn Engine, t: &crate::cluster::Topology) {
-    let mut changed = 0;
-    for v in 0..epkv_types::NUM_VBUCKETS {
-        let vb = epkv_types::Vbid(v);
-        let want = t.state_of(vb);
-        for attempt in 0..600 {
-            if engine.vbucket_state(vb) == Some(want) {
-                break;
-            }
-            match engine.set_vbucket_state(vb, want) {
-                Ok(()) => {
-                    changed += 1;
-                    break;
-                }
-                Err(epkv_engine_api::EngineStatus::TempFail) if attempt < 599 => {
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-                Err(e) => {
-                    tracing::error!(bucket, %vb, state = want.as_str(), error = %e, "cannot set a vBucket's state from the cluster map");
-                    break;
-                }
-            }
-        }
-    }
-    set_chains(bucket, engine, t);
-    tracing::info!(
-        bucket,
-        changed,
-        node = t.this(),
-        "vBucket states follow the cluster map"
-    );
 }
 
 /// What the management REST API needs of a running front end: its buckets and users
@@ -294,82 +132,11 @@ impl FrontendHandle {
 
     /// The terse bucket config of `name` (the GET_CLUSTER_CONFIG JSON), for a client that
     /// reached this node at `local` (its IP is the node's hostname in the config), or
-    /// `None` if there is no such bucket.
+    /// `None` if there is no such bucket or no cluster map is served.
     #[must_use]
     pub fn bucket_config(&self, name: &str, local: SocketAddr) -> Option<String> {
         let engine = self.shared.buckets.get(name)?;
-        Some(crate::cluster_config::bucket_config(
-            name,
-            self.shared.cluster_rev(),
-            local,
-            self.shared.ports,
-            &*engine,
-            self.shared.topology.read().as_ref(),
-        ))
-    }
-
-    /// Adds failed-over node `node` back ([`crate::cluster::Topology::re_add`]): it
-    /// becomes a replica again of the vBuckets the cluster file gave it. Sent to every
-    /// node, the re-added one included. Returns whether anything changed.
-    ///
-    /// # Errors
-    /// No cluster is configured, or no such node.
-    pub fn re_add(&self, node: &str) -> std::result::Result<bool, String> {
-        self.change_topology(node, "node added back as a replica", |t, i| Ok(t.re_add(i)))
-    }
-
-    /// Applies `change` to the topology for node `node`; when it changed anything, the
-    /// new states and chains take effect before this returns, the map's revision moves
-    /// on, and replication restarts.
-    fn change_topology(
-        &self,
-        node: &str,
-        what: &str,
-        change: impl FnOnce(&mut crate::cluster::Topology, usize) -> std::result::Result<bool, String>,
-    ) -> std::result::Result<bool, String> {
-        let changed = {
-            let mut t = self.shared.topology.write();
-            let t = t.as_mut().ok_or("this node is not in a cluster")?;
-            let i = t
-                .node_named(node)
-                .ok_or_else(|| format!("no node {node} in the cluster"))?;
-            change(t, i)?
-        };
-        if changed {
-            tracing::warn!(node, "{what}");
-            self.shared.apply_states_now();
-            self.shared.bump_cluster_rev();
-            self.shared.apply_topology();
-        }
-        Ok(changed)
-    }
-
-    /// Fails node `node` (`host:port` as the cluster file names it, or its index) over
-    /// ([`crate::cluster::Topology::fail_over`]): this node promotes the replicas it holds
-    /// of that node's active vBuckets, replicates from the new actives, and the cluster
-    /// map's revision moves on. Returns whether anything changed.
-    ///
-    /// # Errors
-    /// No cluster is configured, or no such node.
-    pub fn fail_over(&self, node: &str) -> std::result::Result<bool, String> {
-        self.change_topology(node, "node failed over", |t, i| {
-            if i == t.this() {
-                return Err("a node cannot fail itself over".into());
-            }
-            Ok(t.fail_over(i))
-        })
-    }
-
-    /// Records a change of the cluster map (a bucket created or dropped), so clients that
-    /// poll it see a new revision. In a cluster, a new bucket's vBuckets then take the
-    /// states the map gives them (at once where they can, the rest once warm), and
-    /// replication restarts for every bucket.
-    pub fn bump_cluster_rev(&self) {
-        if self.shared.topology.read().is_some() {
-            self.shared.apply_states_now();
-            self.shared.apply_topology();
-        }
-        self.shared.bump_cluster_rev();
+        self.shared.bucket_config(name, &*engine, local)
     }
 }
 
@@ -473,7 +240,6 @@ impl Frontend {
                 open_default: config.users.current().is_empty() && config.bind.ip().is_loopback(),
                 users: config.users.clone(),
                 buckets,
-                cluster_rev: AtomicI64::new(1),
                 config,
                 limits,
                 conns: ConnectionStats::default(),
@@ -483,10 +249,7 @@ impl Frontend {
                 ports,
                 tls: tls_reloader,
                 dcp: crate::dcp::Registry::default(),
-                topology: parking_lot::RwLock::new(cluster),
-                replication_stop: parking_lot::Mutex::new(None),
-                runtime: std::sync::OnceLock::new(),
-                apply_lock: tokio::sync::Mutex::new(()),
+                cluster,
             }),
         })
     }
@@ -558,14 +321,6 @@ impl Frontend {
             None => None,
         };
         let (stop_tx, stop_rx) = watch::channel(false);
-        let _ = shared.runtime.set(tokio::runtime::Handle::current());
-        if shared.topology.read().is_some() {
-            // A cluster node takes its vBuckets' states from the map before it serves
-            // (clients wait in the listen backlog meanwhile).
-            shared.learn_failovers().await;
-            Arc::clone(&shared).apply_topology_now().await;
-        }
-
         let mut senders = Vec::with_capacity(shared.config.threads);
         let mut done = Vec::with_capacity(shared.config.threads);
         let mut threads = Vec::with_capacity(shared.config.threads);

@@ -49,7 +49,9 @@
 //! - A client that did not agree to XERROR never receives a status outside its
 //!   vocabulary: it is remapped or, where kv_engine disconnects, the connection closes.
 //! - Passwords never reach a log: SASL failures log the mechanism and the claimed user.
-//! - The cluster map revision only grows (SET_VBUCKET bumps it).
+//! - The cluster map comes from the [`epkv_engine_api::ClusterView`] the front end is
+//!   given ([`FrontendConfig::cluster`]); SET_VBUCKET tells it the map changed. The front
+//!   end holds no topology and starts no replication: `epkv-cluster` does.
 //!
 //! Depends on `epkv-types`, `epkv-protocol`, `epkv-engine-api`, `epkv-executor` (for
 //! the clock) and `epkv-auth` (SASL and users). Must never depend on `epkv-engine` or any
@@ -69,14 +71,11 @@
 
 mod auth_guard;
 mod buckets;
-pub mod cluster;
-mod cluster_config;
 mod config;
 mod connection;
 mod dcp;
 mod error;
 mod frontend;
-mod replication;
 mod response;
 mod sasl;
 mod session;

@@ -5,7 +5,6 @@
 //! so pipelined requests are answered in order.
 
 use crate::buckets::DEFAULT_BUCKET;
-use crate::cluster_config::{REV_EPOCH, bucket_config, global_config};
 use crate::frontend::Shared;
 use crate::response::{ReplyTo, put, put_error_text, put_status, put_success};
 use crate::status_map::{engine_status_to_wire, status_for_client};
@@ -763,7 +762,9 @@ impl Session {
     }
 
     /// GET_CLUSTER_CONFIG: the selected bucket's config, or the global config when no
-    /// bucket is selected; an empty value when the client already has this revision.
+    /// bucket is selected; an empty value when the client already has this version, and
+    /// KeyNotFound when the front end serves no map (as KV-Engine before ns_server sets
+    /// one).
     fn cluster_config(
         &self,
         shared: &Shared,
@@ -771,24 +772,21 @@ impl Session {
         out: &mut BytesMut,
         to: ReplyTo,
     ) {
-        let rev = shared.cluster_rev();
+        let Some(version) = shared.cluster_version() else {
+            self.fail_wire(out, to, Status::KeyEnoent, &[]);
+            return;
+        };
         if let Some(known) = known_version
-            && known >= (REV_EPOCH, rev)
+            && known >= version
         {
             put_status(out, to, Status::Success, &[]);
             return;
         }
         let config = match &self.bucket {
-            Some(b) => bucket_config(
-                &b.name,
-                rev,
-                self.local,
-                shared.ports,
-                &*b.engine,
-                shared.topology.read().as_ref(),
-            ),
-            None => global_config(rev, self.local, shared.ports),
+            Some(b) => shared.bucket_config(&b.name, &*b.engine, self.local),
+            None => shared.global_config(self.local),
         };
+        let config = config.unwrap_or_default();
         put_success(
             out,
             to,
@@ -817,17 +815,10 @@ impl Session {
         let wire = engine_status_to_wire(e);
         if wire == Status::NotMyVbucket
             && let Some(b) = &self.bucket
+            && let Some(config) = shared.bucket_config(&b.name, &*b.engine, self.local)
         {
             // The current map rides along, so the client need not ask for it (kv_engine
             // sends it; cxx parses it only when the JSON bit is set).
-            let config = bucket_config(
-                &b.name,
-                shared.cluster_rev(),
-                self.local,
-                shared.ports,
-                &*b.engine,
-                shared.topology.read().as_ref(),
-            );
             put(
                 out,
                 &to.reply(Status::NotMyVbucket)

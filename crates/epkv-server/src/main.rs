@@ -188,6 +188,13 @@ fn run(cli: Cli) -> Result<()> {
     let tls = settings::tls_config(s).map_err(anyhow::Error::msg)?;
     let mgmt_listener = bind_mgmt(&resolved)?;
 
+    // The cluster map, replication and failover (a single node without --cluster): the
+    // front end asks it for the map, the management API changes it.
+    let served = manager.buckets().clone();
+    let cluster = epkv_cluster::Cluster::new(
+        settings::cluster_topology(s).map_err(anyhow::Error::msg)?,
+        Arc::new(move || served.iter().collect()),
+    );
     let config = FrontendConfig {
         bind: SocketAddr::new(s.bind, s.port),
         threads,
@@ -207,7 +214,7 @@ fn run(cli: Cli) -> Result<()> {
             s.auth_threads
         },
         tls,
-        cluster: settings::cluster_topology(s).map_err(anyhow::Error::msg)?,
+        cluster: Some(Arc::clone(&cluster) as Arc<dyn epkv_engine_api::ClusterView>),
     };
     let frontend =
         Frontend::bind_buckets(config, manager.buckets().clone()).map_err(explain_bind_error)?;
@@ -267,6 +274,7 @@ fn run(cli: Cli) -> Result<()> {
                 start_users.admin,
             ),
             frontend.handle(),
+            Arc::clone(&cluster),
             epkv_frontend::wire_version(env!("CARGO_PKG_VERSION")),
             Arc::new(SystemClock),
         );
@@ -363,6 +371,9 @@ fn run(cli: Cli) -> Result<()> {
                 .context("cannot install the SIGHUP handler")?;
             tokio::spawn(reload_on_sighup(hup, reloader));
         }
+        // A cluster node takes its vBuckets' states from the map before it serves
+        // (clients wait in the listen backlog meanwhile).
+        cluster.start().await;
         frontend
             .run_until(shutdown)
             .await

@@ -174,22 +174,20 @@ impl<'de> serde::Deserialize<'de> for Storage {
 ///
 /// # Errors
 /// The file cannot be read or is invalid, or the index names no node.
-pub(crate) fn cluster_topology(
-    s: &Settings,
-) -> Result<Option<epkv_frontend::cluster::Topology>, String> {
+pub(crate) fn cluster_topology(s: &Settings) -> Result<Option<epkv_cluster::Topology>, String> {
     if s.cluster.as_os_str().is_empty() {
         return Ok(None);
     }
     let text = std::fs::read_to_string(&s.cluster)
         .map_err(|e| format!("cannot read the cluster file {}: {e}", s.cluster.display()))?;
-    let file = epkv_frontend::cluster::ClusterFile::parse(&text)?;
+    let file = epkv_cluster::ClusterFile::parse(&text)?;
     std::fs::create_dir_all(&s.data_dir).map_err(|e| {
         format!(
             "cannot create the data directory {}: {e}",
             s.data_dir.display()
         )
     })?;
-    epkv_frontend::cluster::Topology::new(file, s.cluster_node)?
+    epkv_cluster::Topology::new(file, s.cluster_node)?
         .with_state_file(s.data_dir.join("cluster-state.json"))
         .map(Some)
 }

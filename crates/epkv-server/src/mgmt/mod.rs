@@ -26,6 +26,7 @@ use crate::bucket_manager::{
 };
 use crate::http_auth::{Access, Verdict};
 use crate::http_server::{HttpListener, HttpResponse, reply};
+use epkv_cluster::Cluster;
 use epkv_engine_api::{Engine, EngineStatus};
 use epkv_executor::Clock;
 use epkv_frontend::FrontendHandle;
@@ -124,6 +125,7 @@ pub(crate) struct Mgmt {
     buckets: Arc<BucketManager>,
     users: UserAdmin,
     frontend: FrontendHandle,
+    cluster: Arc<Cluster>,
     collections: Box<dyn scopes::CollectionsApi>,
     version: String,
     uuid: String,
@@ -138,6 +140,7 @@ impl Mgmt {
         buckets: Arc<BucketManager>,
         users: UserAdmin,
         frontend: FrontendHandle,
+        cluster: Arc<Cluster>,
         version: String,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -150,6 +153,7 @@ impl Mgmt {
             buckets,
             users,
             frontend,
+            cluster,
             collections: Box::new(scopes::EngineCollections {
                 buckets: Arc::clone(&collections_of),
             }),
@@ -273,7 +277,7 @@ fn route(
                     "otpNode",
                     "name the node to add back (host:port or its index)",
                 ),
-                Some(node) => match m.frontend.re_add(node) {
+                Some(node) => match m.cluster.re_add(node) {
                     Ok(_) => Reply::empty(StatusCode::OK),
                     Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
                 },
@@ -287,7 +291,7 @@ fn route(
                     "otpNode",
                     "name the node to fail over (host:port or its index)",
                 ),
-                Some(node) => match m.frontend.fail_over(node) {
+                Some(node) => match m.cluster.fail_over(node) {
                     Ok(_) => Reply::empty(StatusCode::OK),
                     Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
                 },
@@ -332,7 +336,7 @@ fn route(
             Method::DELETE if !admin => Reply::forbidden(&format!("cluster.bucket[{name}]!delete")),
             Method::DELETE => match m.buckets.drop_bucket(name) {
                 Ok(()) => {
-                    m.frontend.bump_cluster_rev();
+                    m.cluster.buckets_changed();
                     Reply::empty(StatusCode::OK)
                 }
                 Err(e) => change_error(e),
@@ -601,7 +605,7 @@ fn create_bucket(m: &Mgmt, form: &Form) -> Reply {
     };
     match m.buckets.create(params) {
         Ok(()) => {
-            m.frontend.bump_cluster_rev();
+            m.cluster.buckets_changed();
             Reply::empty(StatusCode::ACCEPTED)
         }
         Err(e) => change_error(e),

@@ -18,7 +18,7 @@
 //! REST port, when served, is `mgmt`: the SDKs send bucket and user management there.
 //! There is no TLS management port, so `mgmtSSL` is never advertised.
 
-use epkv_engine_api::Engine;
+use epkv_engine_api::{Engine, NodePorts};
 use epkv_types::{NUM_VBUCKETS, VBucketState, Vbid};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -26,17 +26,6 @@ use std::net::SocketAddr;
 /// The config epoch; configs are compared by (epoch, rev). It would change only if the
 /// revision counter restarted, which it does not within one process.
 pub(crate) const REV_EPOCH: i64 = 1;
-
-/// The ports this node serves the data service on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct NodePorts {
-    /// The plain KV port (`kv`).
-    pub(crate) kv: u16,
-    /// The TLS port (`kvSSL`), when TLS is on.
-    pub(crate) kv_ssl: Option<u16>,
-    /// The management REST port (`mgmt`), when served.
-    pub(crate) mgmt: Option<u16>,
-}
 
 /// `hostname` and `serverList` forms of the address a client connected to, with the
 /// plain KV port.
@@ -85,7 +74,7 @@ pub(crate) fn bucket_config(
     local: SocketAddr,
     ports: NodePorts,
     engine: &dyn Engine,
-    cluster: Option<&crate::cluster::Topology>,
+    cluster: Option<&crate::topology::Topology>,
 ) -> String {
     if let Some(t) = cluster {
         return clustered_bucket_config(name, rev, ports, engine, t);
@@ -117,7 +106,7 @@ pub(crate) fn bucket_config(
     s
 }
 
-/// The bucket config of a node in a cluster ([`crate::cluster`]): every node, named as
+/// The bucket config of a node in a cluster ([`crate::topology`]): every node, named as
 /// the cluster file names it (this node with its TLS and management ports), and the
 /// vBucket map with its replicas.
 fn clustered_bucket_config(
@@ -125,7 +114,7 @@ fn clustered_bucket_config(
     rev: i64,
     ports: NodePorts,
     engine: &dyn Engine,
-    t: &crate::cluster::Topology,
+    t: &crate::topology::Topology,
 ) -> String {
     let mut nodes = String::new();
     let mut nodes_ext = String::new();
@@ -139,7 +128,7 @@ fn clustered_bucket_config(
         let _ = write!(
             nodes,
             "{{\"hostname\":\"{}\",\"ports\":{{\"direct\":{}}}{}}}",
-            crate::cluster::host_port(&n.host, mgmt.unwrap_or(n.port)),
+            crate::topology::host_port(&n.host, mgmt.unwrap_or(n.port)),
             n.port,
             if this { ",\"thisNode\":true" } else { "" }
         );
