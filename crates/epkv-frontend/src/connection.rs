@@ -31,8 +31,10 @@
 //! already queued are written; a request that is well framed but invalid is answered
 //! with an error status and the connection stays open.
 
+use crate::dispatch::Flow;
+use crate::durable::PendingDurable;
 use crate::frontend::Shared;
-use crate::session::{Flow, PendingDurable, Session};
+use crate::session::Session;
 use crate::timings::WorkerTimings;
 use crate::transport::Transport;
 use crate::worker::ConnectionSlot;

@@ -768,17 +768,6 @@ pub(crate) fn collection_filter(engine: &dyn Engine, value: &[u8]) -> Result<Str
     Err(Status::Einval)
 }
 
-/// True for the DCP opcodes (0x50-0x65), which [`crate::session::Session`] hands to
-/// this module.
-pub(crate) fn is_dcp(op: epkv_protocol::Opcode) -> bool {
-    (0x50..=0x65).contains(&op.as_u8())
-}
-
-/// Answers a DCP request that needs an open producer on a connection without one.
-pub(crate) fn not_a_producer(out: &mut BytesMut, to: ReplyTo) {
-    put_error_text(out, to, Status::Einval);
-}
-
 /// Answers with a bare status.
 pub(crate) fn answer(out: &mut BytesMut, to: ReplyTo, status: Status) {
     if status == Status::Success {

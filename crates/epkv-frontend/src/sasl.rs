@@ -12,9 +12,10 @@
 //! [`crate::auth_guard`]).
 
 use crate::auth_guard::MAX_FAILURES_PER_CONNECTION;
+use crate::dispatch::Flow;
 use crate::frontend::Shared;
 use crate::response::{ReplyTo, put_error_text, put_success};
-use crate::session::{Flow, Session};
+use crate::session::Session;
 use bytes::BytesMut;
 use epkv_auth::{AuthError, MECHANISMS, SaslServer, SaslStep};
 use epkv_protocol::{Response, Status};

@@ -11,15 +11,17 @@
 //!   (u16) | length (u32) | value`; on failure 0xcc with `index (u8) | status (u16)` of
 //!   the first failed spec. Nothing is changed then.
 
+use crate::dispatch::{DataCall, unexpected};
+use crate::durable::{DurableReply, durability as to_requirements};
 use crate::frontend::Shared;
 use crate::response::{ReplyTo, put};
-use crate::session::{DurableReply, Session, durability as to_requirements};
+use crate::session::Session;
 use bytes::BytesMut;
 use epkv_engine_api::{
     Engine, EngineStatus, SubdocError, SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec,
 };
 use epkv_protocol::{
-    DOC_FLAG_ACCESS_DELETED, DOC_FLAG_ADD, DOC_FLAG_CREATE_AS_DELETED, DOC_FLAG_MKDOC,
+    Command, DOC_FLAG_ACCESS_DELETED, DOC_FLAG_ADD, DOC_FLAG_CREATE_AS_DELETED, DOC_FLAG_MKDOC,
     DOC_FLAG_REVIVE, DOC_FLAGS, DurabilityRequirement, Opcode, PATH_FLAG_EXPAND_MACROS,
     PATH_FLAG_MKDIR_P, PATH_FLAG_XATTR, Response, Status,
 };
@@ -301,4 +303,113 @@ impl Session {
             Datatype::RAW
         }
     }
+}
+
+/// A single-path lookup (SUBDOC_GET, _EXISTS, _GET_COUNT) or mutation.
+pub(crate) fn single(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
+    let DataCall {
+        shared,
+        engine,
+        vbid,
+        out,
+        to,
+        ..
+    } = c;
+    let Command::Subdoc {
+        op,
+        key,
+        body,
+        path_len,
+        path_flags,
+        doc_flags,
+        expiry,
+        cas,
+        durability: d,
+        preserve_ttl,
+    } = cmd
+    else {
+        return unexpected(out, to);
+    };
+    let (path, value) = body.split_at(path_len);
+    let spec = Session::subdoc_specs(&[epkv_protocol::SubdocSpec {
+        opcode: op,
+        flags: path_flags,
+        path,
+        value,
+    }]);
+    if epkv_protocol::is_subdoc_lookup(op) {
+        s.subdoc_lookup(shared, engine, out, to, vbid, key, &spec, doc_flags, false);
+    } else {
+        let req = MutationRequest {
+            key,
+            specs: spec,
+            doc_flags,
+            expiry,
+            cas,
+            durability: d,
+            preserve_ttl,
+            multi: false,
+        };
+        s.subdoc_mutate(shared, engine, out, to, vbid, &req);
+    }
+}
+
+/// SUBDOC_MULTI_LOOKUP.
+pub(crate) fn multi_lookup(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
+    let DataCall {
+        shared,
+        engine,
+        vbid,
+        out,
+        to,
+        ..
+    } = c;
+    let Command::SubdocMultiLookup {
+        key,
+        doc_flags,
+        specs,
+    } = cmd
+    else {
+        return unexpected(out, to);
+    };
+    // The decoder checked the specs.
+    let parsed = epkv_protocol::parse_specs(specs, false).unwrap_or_default();
+    let specs = Session::subdoc_specs(&parsed);
+    s.subdoc_lookup(shared, engine, out, to, vbid, key, &specs, doc_flags, true);
+}
+
+/// SUBDOC_MULTI_MUTATION.
+pub(crate) fn multi_mutation(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
+    let DataCall {
+        shared,
+        engine,
+        vbid,
+        out,
+        to,
+        ..
+    } = c;
+    let Command::SubdocMultiMutation {
+        key,
+        doc_flags,
+        expiry,
+        specs,
+        cas,
+        durability: d,
+        preserve_ttl,
+    } = cmd
+    else {
+        return unexpected(out, to);
+    };
+    let parsed = epkv_protocol::parse_specs(specs, true).unwrap_or_default();
+    let req = MutationRequest {
+        key,
+        specs: Session::subdoc_specs(&parsed),
+        doc_flags,
+        expiry,
+        cas,
+        durability: d,
+        preserve_ttl,
+        multi: true,
+    };
+    s.subdoc_mutate(shared, engine, out, to, vbid, &req);
 }

@@ -1,0 +1,285 @@
+//! The opcode table: every opcode the front end executes, with its handler and the checks
+//! the dispatcher makes before calling it, one row per opcode.
+//!
+//! The shape is KV-Engine's executor table (`daemon/mcbp_executors.cc`): an array indexed
+//! by the opcode byte, so finding a request's row is one load, whatever the number of
+//! opcodes. The rows are declared once in [`ENTRIES`]; [`TABLE`] is built from them at
+//! compile time, and the build fails if an opcode has two rows.
+//!
+//! What the codec checks (extras, key and value lengths, which frame infos an opcode
+//! accepts, durability frames included) is `epkv_protocol`'s own table, applied by
+//! [`epkv_protocol::Command::decode`] before a handler runs; this table holds what the
+//! front end checks.
+//!
+//! Adding a column: add a field to [`Entry`] and a parameter to [`row`], give every row
+//! its value (a new column is a decision per opcode), and make
+//! [`Session::execute`](crate::session::Session) consult it in `dispatch`.
+
+use crate::dispatch::{DataFn, DcpFn, SessionFn};
+use crate::handlers::{admin, collections, dcp, kv, setup, stat, subdoc};
+use epkv_protocol::Opcode;
+
+/// What a handler is given, which also decides how its request is read.
+#[derive(Clone, Copy)]
+pub(crate) enum Handler {
+    /// A connection-level command: decoded, run on the session itself.
+    Session(SessionFn),
+    /// A data command: decoded, its document key encoded for the engine and its vBucket
+    /// chosen, then run against the selected bucket's engine. A command the engine
+    /// answers WouldBlock runs again after its background fetch.
+    Data(DataFn),
+    /// A DCP message: handed over undecoded (DCP has its own codec,
+    /// [`epkv_protocol::dcp`]), with the selected bucket.
+    Dcp(DcpFn),
+}
+
+/// The bucket a request needs the connection to have selected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bucket {
+    /// None: the handler works without one (or looks at the selection itself).
+    Any,
+    /// A selected bucket; NoBucket (0x08) without one.
+    Selected,
+    /// A selected bucket that has not been dropped: NoBucket without one, and a dropped
+    /// bucket closes the connection (as Couchbase Server closes connections on a deleted
+    /// bucket).
+    Live,
+}
+
+/// What the request needs the connection to be on the DCP side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dcp {
+    /// Any connection.
+    Any,
+    /// A connection DCP_OPEN made a producer; Einval otherwise.
+    Producer,
+}
+
+/// What the connection's look-ahead does when this request is next in its buffer (see
+/// [`Session::prefetch`](crate::session::Session::prefetch)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hint {
+    /// Nothing.
+    None,
+    /// Hints the engine about the request's key (or only its vBucket, two requests
+    /// ahead), so its cache misses overlap the current request's work. Only the common
+    /// key-value operations, whose lookup is their cost.
+    Key,
+}
+
+/// One opcode's row: its handler and the checks made before calling it.
+#[derive(Clone, Copy)]
+pub(crate) struct Entry {
+    /// The opcode.
+    pub(crate) opcode: Opcode,
+    /// The family's handler.
+    pub(crate) handler: Handler,
+    /// The bucket the connection must have selected.
+    pub(crate) bucket: Bucket,
+    /// Whether the connection must be a DCP producer.
+    pub(crate) dcp: Dcp,
+    /// The look-ahead hint for this request.
+    pub(crate) hint: Hint,
+}
+
+/// Returns a row (a function, so the table reads as columns).
+const fn row(opcode: Opcode, handler: Handler, bucket: Bucket, dcp: Dcp, hint: Hint) -> Entry {
+    Entry {
+        opcode,
+        handler,
+        bucket,
+        dcp,
+        hint,
+    }
+}
+
+use Bucket::{Any, Live, Selected};
+use Dcp::{Any as AnyConn, Producer};
+use Handler::{Data, Dcp as DcpMsg, Session};
+use Hint::{Key, None as NoHint};
+
+/// Every opcode the front end executes: exactly the implemented ones
+/// ([`Opcode::is_implemented`]). An opcode without a row is answered UnknownCommand, or
+/// by [`dcp::unregistered`] for the DCP messages only a consumer takes.
+#[rustfmt::skip]
+pub(crate) const ENTRIES: &[Entry] = &[
+    //  opcode                               handler                              bucket    dcp        hint
+    // Key-value data.
+    row(Opcode::Get,                       Data(kv::get),                        Live,     AnyConn,   Key),
+    row(Opcode::GetQ,                      Data(kv::get),                        Live,     AnyConn,   Key),
+    row(Opcode::GetK,                      Data(kv::get),                        Live,     AnyConn,   Key),
+    row(Opcode::GetKQ,                     Data(kv::get),                        Live,     AnyConn,   Key),
+    row(Opcode::GetReplica,                Data(kv::get_replica),                Live,     AnyConn,   NoHint),
+    row(Opcode::Set,                       Data(kv::store),                      Live,     AnyConn,   Key),
+    row(Opcode::SetQ,                      Data(kv::store),                      Live,     AnyConn,   Key),
+    row(Opcode::Add,                       Data(kv::store),                      Live,     AnyConn,   Key),
+    row(Opcode::AddQ,                      Data(kv::store),                      Live,     AnyConn,   Key),
+    row(Opcode::Replace,                   Data(kv::store),                      Live,     AnyConn,   Key),
+    row(Opcode::ReplaceQ,                  Data(kv::store),                      Live,     AnyConn,   Key),
+    row(Opcode::Append,                    Data(kv::store),                      Live,     AnyConn,   NoHint),
+    row(Opcode::AppendQ,                   Data(kv::store),                      Live,     AnyConn,   NoHint),
+    row(Opcode::Prepend,                   Data(kv::store),                      Live,     AnyConn,   NoHint),
+    row(Opcode::PrependQ,                  Data(kv::store),                      Live,     AnyConn,   NoHint),
+    row(Opcode::Delete,                    Data(kv::delete),                     Live,     AnyConn,   Key),
+    row(Opcode::DeleteQ,                   Data(kv::delete),                     Live,     AnyConn,   Key),
+    row(Opcode::Increment,                 Data(kv::arithmetic),                 Live,     AnyConn,   NoHint),
+    row(Opcode::IncrementQ,                Data(kv::arithmetic),                 Live,     AnyConn,   NoHint),
+    row(Opcode::Decrement,                 Data(kv::arithmetic),                 Live,     AnyConn,   NoHint),
+    row(Opcode::DecrementQ,                Data(kv::arithmetic),                 Live,     AnyConn,   NoHint),
+    row(Opcode::Touch,                     Data(kv::touch),                      Live,     AnyConn,   NoHint),
+    row(Opcode::Gat,                       Data(kv::gat),                        Live,     AnyConn,   NoHint),
+    row(Opcode::GatQ,                      Data(kv::gat),                        Live,     AnyConn,   NoHint),
+    row(Opcode::GetLocked,                 Data(kv::get_locked),                 Live,     AnyConn,   NoHint),
+    row(Opcode::UnlockKey,                 Data(kv::unlock_key),                 Live,     AnyConn,   NoHint),
+    row(Opcode::GetMeta,                   Data(kv::get_meta),                   Live,     AnyConn,   NoHint),
+    row(Opcode::GetqMeta,                  Data(kv::get_meta),                   Live,     AnyConn,   NoHint),
+    row(Opcode::EvictKey,                  Data(kv::evict_key),                  Live,     AnyConn,   NoHint),
+    row(Opcode::Observe,                   Data(kv::observe),                    Live,     AnyConn,   NoHint),
+    row(Opcode::ObserveSeqno,              Data(kv::observe_seqno),              Live,     AnyConn,   NoHint),
+    row(Opcode::Flush,                     Data(kv::flush),                      Live,     AnyConn,   NoHint),
+    row(Opcode::FlushQ,                    Data(kv::flush),                      Live,     AnyConn,   NoHint),
+    // Sub-document.
+    row(Opcode::SubdocGet,                 Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocExists,              Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocGetCount,            Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocDictAdd,             Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocDictUpsert,          Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocDelete,              Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocReplace,             Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocArrayPushLast,       Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocArrayPushFirst,      Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocArrayInsert,         Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocArrayAddUnique,      Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocCounter,             Data(subdoc::single),                 Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocMultiLookup,         Data(subdoc::multi_lookup),           Live,     AnyConn,   NoHint),
+    row(Opcode::SubdocMultiMutation,       Data(subdoc::multi_mutation),         Live,     AnyConn,   NoHint),
+    // Collections.
+    row(Opcode::GetCollectionsManifest,    Data(collections::manifest),          Live,     AnyConn,   NoHint),
+    row(Opcode::GetCollectionId,           Data(collections::id),                Live,     AnyConn,   NoHint),
+    row(Opcode::GetScopeId,                Data(collections::id),                Live,     AnyConn,   NoHint),
+    // Session setup.
+    row(Opcode::Hello,                     Session(setup::hello),                Any,      AnyConn,   NoHint),
+    row(Opcode::SaslListMechs,             Session(setup::sasl_list_mechs),      Any,      AnyConn,   NoHint),
+    row(Opcode::SaslAuth,                  Session(setup::sasl_auth),            Any,      AnyConn,   NoHint),
+    row(Opcode::SaslStep,                  Session(setup::sasl_step),            Any,      AnyConn,   NoHint),
+    row(Opcode::SelectBucket,              Session(setup::select_bucket),        Any,      AnyConn,   NoHint),
+    // Statistics (the `timings` group needs no bucket; the handler checks the others).
+    row(Opcode::Stat,                      Session(stat::stat),                  Any,      AnyConn,   NoHint),
+    // Administration and the cluster map.
+    row(Opcode::Quit,                      Session(admin::quit),                 Any,      AnyConn,   NoHint),
+    row(Opcode::QuitQ,                     Session(admin::quit),                 Any,      AnyConn,   NoHint),
+    row(Opcode::Noop,                      Session(admin::noop),                 Any,      AnyConn,   NoHint),
+    row(Opcode::Verbosity,                 Session(admin::noop),                 Any,      AnyConn,   NoHint),
+    row(Opcode::Version,                   Session(admin::version),              Any,      AnyConn,   NoHint),
+    row(Opcode::GetErrorMap,               Session(admin::get_error_map),        Any,      AnyConn,   NoHint),
+    row(Opcode::GetClusterConfig,          Session(admin::get_cluster_config),   Any,      AnyConn,   NoHint),
+    row(Opcode::AdjustTimeofday,           Session(admin::adjust_timeofday),     Any,      AnyConn,   NoHint),
+    row(Opcode::SetVbucket,                Data(admin::set_vbucket),             Live,     AnyConn,   NoHint),
+    row(Opcode::GetVbucket,                Data(admin::get_vbucket),             Live,     AnyConn,   NoHint),
+    // DCP.
+    row(Opcode::DcpOpen,                   DcpMsg(dcp::open),                    Selected, AnyConn,   NoHint),
+    row(Opcode::DcpGetFailoverLog,         DcpMsg(dcp::get_failover_log),        Selected, AnyConn,   NoHint),
+    row(Opcode::DcpNoop,                   DcpMsg(dcp::noop),                    Selected, AnyConn,   NoHint),
+    row(Opcode::DcpControl,                DcpMsg(dcp::control),                 Selected, Producer,  NoHint),
+    row(Opcode::DcpStreamReq,              DcpMsg(dcp::stream_req),              Selected, Producer,  NoHint),
+    row(Opcode::DcpCloseStream,            DcpMsg(dcp::close_stream),            Selected, Producer,  NoHint),
+    row(Opcode::DcpBufferAcknowledgement,  DcpMsg(dcp::buffer_ack),              Selected, Producer,  NoHint),
+    row(Opcode::DcpSeqnoAcknowledged,      DcpMsg(dcp::seqno_acknowledged),      Selected, Producer,  NoHint),
+];
+
+/// The rows by opcode byte, built from [`ENTRIES`] at compile time.
+pub(crate) static TABLE: [Option<Entry>; 256] = build();
+
+/// Indexes [`ENTRIES`] by opcode byte. Fails the build when an opcode has two rows, or
+/// when a row's bucket check does not give its handler what it needs: a data handler runs
+/// against the bucket's engine (so its bucket must be live, the check every data request
+/// had), a DCP handler is given the selected bucket, and a session handler looks at the
+/// selection itself.
+const fn build() -> [Option<Entry>; 256] {
+    let mut table = [None; 256];
+    let mut i = 0;
+    while i < ENTRIES.len() {
+        let e = ENTRIES[i];
+        let slot = e.opcode as usize;
+        assert!(table[slot].is_none(), "an opcode has two rows");
+        let consistent = match e.handler {
+            Handler::Session(_) => matches!(e.bucket, Bucket::Any),
+            Handler::Data(_) => matches!(e.bucket, Bucket::Live),
+            Handler::Dcp(_) => matches!(e.bucket, Bucket::Selected),
+        };
+        assert!(consistent, "a row's bucket check does not fit its handler");
+        table[slot] = Some(e);
+        i += 1;
+    }
+    table
+}
+
+/// Returns the row of an opcode byte, if it has one.
+#[inline]
+pub(crate) fn entry(opcode: u8) -> Option<&'static Entry> {
+    TABLE[usize::from(opcode)].as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_implemented_opcode_has_exactly_one_row_and_no_other_opcode_has_one() {
+        for op in Opcode::ALL {
+            let rows = ENTRIES.iter().filter(|e| e.opcode == *op).count();
+            let want = usize::from(op.is_implemented());
+            assert_eq!(rows, want, "{op:?}: {rows} rows");
+            assert_eq!(entry(op.as_u8()).is_some(), op.is_implemented(), "{op:?}");
+            if let Some(e) = entry(op.as_u8()) {
+                assert_eq!(e.opcode, *op);
+            }
+        }
+        for byte in 0..=255u8 {
+            if Opcode::from_u8(byte).is_none() {
+                assert!(entry(byte).is_none(), "{byte:#04x} is no opcode");
+            }
+        }
+    }
+
+    #[test]
+    fn dcp_messages_and_only_they_get_the_raw_request() {
+        for e in ENTRIES {
+            assert_eq!(
+                matches!(e.handler, Handler::Dcp(_)),
+                e.opcode.is_dcp(),
+                "{:?}",
+                e.opcode
+            );
+            if e.dcp == Dcp::Producer {
+                assert!(e.opcode.is_dcp(), "{:?}", e.opcode);
+            }
+        }
+    }
+
+    #[test]
+    fn look_ahead_hints_only_the_common_key_value_operations() {
+        let hinted: Vec<Opcode> = ENTRIES
+            .iter()
+            .filter(|e| e.hint == Hint::Key)
+            .map(|e| e.opcode)
+            .collect();
+        assert_eq!(
+            hinted,
+            [
+                Opcode::Get,
+                Opcode::GetQ,
+                Opcode::GetK,
+                Opcode::GetKQ,
+                Opcode::Set,
+                Opcode::SetQ,
+                Opcode::Add,
+                Opcode::AddQ,
+                Opcode::Replace,
+                Opcode::ReplaceQ,
+                Opcode::Delete,
+                Opcode::DeleteQ,
+            ]
+        );
+    }
+}

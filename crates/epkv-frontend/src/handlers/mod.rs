@@ -1,0 +1,98 @@
+//! The request handlers, one module per family of opcodes, each registered in the opcode
+//! table ([`crate::dispatch::table`]):
+//!
+//! - [`kv`]: the key-value data commands (get, store, delete, arithmetic, touch and GAT,
+//!   locks, eviction, observe, GET_META, GET_REPLICA, FLUSH);
+//! - [`subdoc`]: sub-document lookups and mutations, single- and multi-path;
+//! - [`collections`]: the manifest and collection and scope ids;
+//! - [`setup`]: what sets a session up: HELLO, SASL, SELECT_BUCKET;
+//! - [`stat`]: STAT and its groups;
+//! - [`admin`]: the cluster map, vBucket states, the error map, VERSION, NOOP, QUIT and
+//!   the test-only clock;
+//! - [`dcp`]: DCP producer messages.
+//!
+//! Besides the handlers, this module holds the error replies every family shares.
+
+pub(crate) mod admin;
+pub(crate) mod collections;
+pub(crate) mod dcp;
+pub(crate) mod kv;
+pub(crate) mod setup;
+pub(crate) mod stat;
+pub(crate) mod subdoc;
+
+use crate::frontend::Shared;
+use crate::response::{ReplyTo, put, put_status};
+use crate::session::Session;
+use crate::status_map::{engine_status_to_wire, status_for_client};
+use bytes::BytesMut;
+use epkv_engine_api::EngineStatus;
+use epkv_protocol::Status;
+use epkv_types::Datatype;
+
+impl Session {
+    /// Answers an engine outcome other than success. WouldBlock is not answered: the
+    /// request waits for its background fetch and runs again (see [`crate::session::BlockedOn`]).
+    pub(crate) fn fail(
+        &self,
+        shared: &Shared,
+        out: &mut BytesMut,
+        to: ReplyTo,
+        e: EngineStatus,
+        key: &[u8],
+    ) {
+        if e == EngineStatus::WouldBlock {
+            self.would_block.set(true);
+            return;
+        }
+        let wire = engine_status_to_wire(e);
+        if wire == Status::NotMyVbucket
+            && let Some(b) = &self.bucket
+            && let Some(config) = admin::bucket_map(self, shared, b)
+        {
+            // The current map rides along, so the client need not ask for it (kv_engine
+            // sends it; cxx parses it only when the JSON bit is set).
+            put(
+                out,
+                &to.reply(Status::NotMyVbucket)
+                    .with_datatype(self.datatype_out(Datatype::JSON))
+                    .with_key(key)
+                    .with_value(config.as_bytes()),
+            );
+            return;
+        }
+        if matches!(wire, Status::UnknownCollection | Status::UnknownScope)
+            && let Some(b) = &self.bucket
+            && let Some(status) = status_for_client(wire, to.opcode, self.xerror)
+        {
+            // The manifest the answer came from, so the client knows whether to refresh
+            // (kv_engine's error context: the uid in hex without 0x).
+            let context = format!("{{\"manifest_uid\":\"{:x}\"}}", b.engine.manifest_uid());
+            put(
+                out,
+                &to.reply(status)
+                    .with_datatype(self.datatype_out(Datatype::JSON))
+                    .with_key(key)
+                    .with_value(context.as_bytes()),
+            );
+            return;
+        }
+        self.fail_wire(out, to, wire, key);
+    }
+
+    /// Answers `wire`, remapped for clients without XERROR; when there is no classic
+    /// equivalent, nothing is answered and the connection is closed after this batch.
+    pub(crate) fn fail_wire(&self, out: &mut BytesMut, to: ReplyTo, wire: Status, key: &[u8]) {
+        match status_for_client(wire, to.opcode, self.xerror) {
+            Some(status) => put_status(out, to, status, key),
+            None => {
+                tracing::info!(
+                    status = wire.as_u16(),
+                    agent = self.agent.as_deref().unwrap_or(""),
+                    "closing connection: status not understood by a client without XERROR"
+                );
+                self.disconnect.set(true);
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The session-setup family: HELLO (feature negotiation), SASL authentication (the
+//! exchange itself is [`crate::sasl`]'s) and SELECT_BUCKET.
+
+use crate::dispatch::{Call, Flow, unexpected};
+use crate::frontend::Shared;
+use crate::response::{ReplyTo, put_error_text, put_status, put_success};
+use crate::session::{SelectedBucket, Session};
+use bytes::BytesMut;
+use epkv_protocol::{Command, Feature, HelloFeatures, Status};
+use epkv_types::{Cas, Datatype};
+use std::sync::Arc;
+
+/// HELLO: the features the client asked for that epkv implements.
+pub(crate) fn hello(s: &mut Session, c: Call<'_>, cmd: Command<'_>) -> Flow {
+    match cmd {
+        Command::Hello { agent, features } => s.hello(agent, features, c.out, c.to),
+        _ => unexpected(c.out, c.to),
+    }
+    Flow::Continue
+}
+
+/// SASL_LIST_MECHS: the mechanisms epkv offers.
+pub(crate) fn sasl_list_mechs(s: &mut Session, c: Call<'_>, cmd: Command<'_>) -> Flow {
+    match cmd {
+        Command::SaslListMechs => s.sasl_list_mechs(c.shared, c.out, c.to),
+        _ => unexpected(c.out, c.to),
+    }
+    Flow::Continue
+}
+
+/// SASL_AUTH: starts an authentication (possibly left pending, see
+/// [`crate::sasl::PendingAuth`]).
+pub(crate) fn sasl_auth(s: &mut Session, c: Call<'_>, cmd: Command<'_>) -> Flow {
+    match cmd {
+        Command::SaslAuth { mechanism, data } => {
+            s.sasl_auth(c.shared, mechanism, data, c.out, c.to)
+        }
+        _ => {
+            unexpected(c.out, c.to);
+            Flow::Continue
+        }
+    }
+}
+
+/// SASL_STEP: continues a multi-step authentication.
+pub(crate) fn sasl_step(s: &mut Session, c: Call<'_>, cmd: Command<'_>) -> Flow {
+    match cmd {
+        Command::SaslStep { mechanism, data } => {
+            s.sasl_step(c.shared, mechanism, data, c.out, c.to)
+        }
+        _ => {
+            unexpected(c.out, c.to);
+            Flow::Continue
+        }
+    }
+}
+
+/// SELECT_BUCKET: the bucket the connection's data requests go to from now on.
+pub(crate) fn select_bucket(s: &mut Session, c: Call<'_>, cmd: Command<'_>) -> Flow {
+    match cmd {
+        Command::SelectBucket { name } => s.select_bucket(c.shared, name, c.out, c.to),
+        _ => unexpected(c.out, c.to),
+    }
+    Flow::Continue
+}
+
+impl Session {
+    /// HELLO: agrees to the requested features epkv implements, in the client's order.
+    fn hello(
+        &mut self,
+        agent: &[u8],
+        features: HelloFeatures<'_>,
+        out: &mut BytesMut,
+        to: ReplyTo,
+    ) {
+        self.vbucket_aware = true;
+        self.mutation_seqno = false;
+        self.json = false;
+        self.xerror = false;
+        self.snappy = false;
+        self.xattr = false;
+        self.collections = false;
+        let mut agreed: Vec<Feature> = Vec::with_capacity(features.len());
+        for f in features.known() {
+            if !f.is_implemented() || agreed.contains(&f) {
+                continue;
+            }
+            match f {
+                Feature::TcpNoDelay => self.nodelay_change = Some(true),
+                Feature::TcpDelay => self.nodelay_change = Some(false),
+                Feature::MutationSeqno => self.mutation_seqno = true,
+                Feature::Json => self.json = true,
+                Feature::Xerror => self.xerror = true,
+                Feature::Snappy => self.snappy = true,
+                Feature::Xattr => self.xattr = true,
+                Feature::Collections => self.collections = true,
+                // AltRequestSupport, SyncReplication, SelectBucket and PreserveTtl are
+                // informational (as in kv_engine): magic 0x08, durability and PreserveTtl
+                // frames and SELECT_BUCKET are accepted either way.
+                _ => {}
+            }
+            agreed.push(f);
+        }
+        let value: Vec<u8> = agreed
+            .iter()
+            .flat_map(|f| f.as_u16().to_be_bytes())
+            .collect();
+        let agent = String::from_utf8_lossy(agent).into_owned();
+        tracing::debug!(
+            agent = %agent,
+            agreed = ?agreed.iter().map(|f| f.name()).collect::<Vec<_>>(),
+            "HELLO"
+        );
+        self.agent = Some(agent);
+        put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &value);
+    }
+
+    /// SELECT_BUCKET: 0x24 Eaccess for a bucket that does not exist or that the
+    /// connection may not use (kv_engine answers both alike, so names cannot be probed).
+    fn select_bucket(&mut self, shared: &Shared, name: &[u8], out: &mut BytesMut, to: ReplyTo) {
+        let found = std::str::from_utf8(name)
+            .ok()
+            .and_then(|n| shared.buckets.live(n).map(|e| (n, e)));
+        let Some((name, live)) = found else {
+            tracing::debug!(bucket = %String::from_utf8_lossy(name), user = self.user.as_deref().unwrap_or(""), "SELECT_BUCKET: no such bucket");
+            put_error_text(out, to, Status::Eaccess);
+            return;
+        };
+        if !self.may_use(shared, name) {
+            tracing::info!(
+                bucket = name,
+                user = self.user.as_deref().unwrap_or(""),
+                "SELECT_BUCKET refused: no access"
+            );
+            put_error_text(out, to, Status::Eaccess);
+            return;
+        }
+        self.bucket = Some(SelectedBucket {
+            name: Arc::from(name),
+            engine: live.engine,
+            dropped: live.dropped,
+        });
+        put_status(out, to, Status::Success, &[]);
+    }
+}
