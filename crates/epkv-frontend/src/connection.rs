@@ -35,6 +35,7 @@ use crate::dispatch::Flow;
 use crate::durable::PendingDurable;
 use crate::frontend::Shared;
 use crate::session::Session;
+use crate::stop_signal::StopSignal;
 use crate::timings::WorkerTimings;
 use crate::transport::Transport;
 use crate::worker::ConnectionSlot;
@@ -195,196 +196,61 @@ impl<S: Transport> Connection<S> {
         let idle = shared.config.idle_timeout;
         tracing::debug!(conn = id, %peer, "connection opened");
 
-        let mut inbuf = BytesMut::with_capacity(READ_CHUNK);
-        let mut out = BytesMut::with_capacity(READ_CHUNK);
-        let mut closing: Option<Closing> = None;
-        let mut waiting: Option<Waiting> = None;
-        let mut fetching: Option<oneshot::Receiver<Result<(), EngineStatus>>> = None;
-        let mut authing: Option<crate::sasl::PendingAuth> = None;
-        let mut eof = false;
-        let mut last_activity = tokio::time::Instant::now();
+        let mut st = LoopState::new(id, peer, idle);
         let idle_sleep = tokio::time::sleep(idle.unwrap_or(std::time::Duration::MAX / 4));
         tokio::pin!(idle_sleep);
         // A DCP producer's NOOP timer, armed once DCP_CONTROL enables NOOPs.
         let noop_sleep = tokio::time::sleep(std::time::Duration::MAX / 4);
         tokio::pin!(noop_sleep);
-        let mut noop_interval: Option<std::time::Duration> = None;
         let mut stop_signal = StopSignal::new(stop);
-        // Replies handed to a stream that buffers writes (TLS) but not yet flushed to the
-        // socket. Always false for TCP, where the compiler drops every use.
-        let mut unflushed = false;
 
         let reason: &str = loop {
             // Whether execution stopped at the output limit with requests possibly left in
             // the input buffer.
-            let mut backlog = false;
-            if closing.is_none() && waiting.is_none() && fetching.is_none() && authing.is_none() {
-                if let Some(c) = process(
-                    shared,
-                    &timings,
-                    &mut session,
-                    &mut inbuf,
-                    &mut out,
-                    id,
-                    peer,
-                ) {
-                    closing = Some(c);
-                }
-                waiting = session.take_pending().map(|pending| Waiting {
-                    deadline: pending.timeout.map(|t| tokio::time::Instant::now() + t),
-                    pending,
-                });
-                authing = session.take_pending_auth();
-                fetching = session.take_blocked().map(|b| {
-                    let (tx, rx) = oneshot::channel();
-                    b.engine.when_fetched(
-                        b.vbid,
-                        &b.key,
-                        Box::new(move |outcome| {
-                            // The connection may have gone; then nobody waits.
-                            let _ = tx.send(outcome);
-                        }),
-                    );
-                    rx
-                });
-                if let Some(p) = session.dcp.as_mut() {
-                    p.drain(&mut out, out_limit);
-                }
-                backlog = out.len() >= out_limit;
-                if let Some(nodelay) = session.nodelay_change.take()
-                    && let Err(e) = stream.set_nodelay(nodelay)
-                {
-                    tracing::debug!(conn = id, error = %e, "cannot change TCP_NODELAY");
-                }
+            let backlog = st.is_free() && st.execute(shared, &timings, &mut session, &stream);
+            st.write_now(&mut stream);
+            if let Some(reason) = st.finished::<S>(backlog) {
+                break reason;
             }
-            // Write at once if the socket takes it (the common case), without a trip
-            // through the select below.
-            while !out.is_empty() {
-                match poll_write_now(&mut stream, &out) {
-                    Poll::Ready(Ok(n)) if n > 0 => {
-                        out.advance(n);
-                        unflushed = S::BUFFERS_WRITES;
-                        if idle.is_some() {
-                            last_activity = tokio::time::Instant::now();
-                        }
-                    }
-                    // Errors and a full socket are handled by the select's write branch.
-                    _ => break,
-                }
-            }
-            if S::BUFFERS_WRITES && unflushed && out.is_empty() {
-                // Errors and a full socket are handled by the select's flush branch.
-                if let Poll::Ready(Ok(())) = poll_flush_now(&mut stream) {
-                    unflushed = false;
-                }
-            }
-            if out.is_empty() && !unflushed {
-                if out.capacity() > SHRINK_ABOVE {
-                    out = BytesMut::with_capacity(READ_CHUNK);
-                }
-                rewind(&mut out);
-                match closing {
-                    Some(Closing::Quit) => break "quit",
-                    Some(Closing::BadHeader) => break "untrusted packet header",
-                    Some(Closing::Shutdown) => break "server shutdown",
-                    Some(Closing::NoXerror) => break "status not understood without XERROR",
-                    Some(Closing::AuthFailures) => break "too many failed authentications",
-                    None if eof
-                        && !backlog
-                        && waiting.is_none()
-                        && fetching.is_none()
-                        && authing.is_none() =>
-                    {
-                        break "client closed";
-                    }
-                    None => {}
-                }
-            }
-            if backlog && out.len() < out_limit {
+            if backlog && st.out.len() < out_limit {
                 // The replies went out at once and more requests are buffered: execute
                 // them, after letting the worker's other connections run.
                 tokio::task::yield_now().await;
                 continue;
             }
-            let want_read = closing.is_none()
-                && waiting.is_none()
-                && fetching.is_none()
-                && authing.is_none()
-                && !eof
-                && out.len() < out_limit;
-            if want_read {
-                if inbuf.is_empty() && inbuf.capacity() > SHRINK_ABOVE {
-                    inbuf = BytesMut::with_capacity(READ_CHUNK);
-                }
-                rewind(&mut inbuf);
-                if inbuf.capacity() - inbuf.len() < READ_CHUNK / 4 {
-                    inbuf.reserve(READ_CHUNK);
-                }
-            }
-            let dcp_room = session.dcp.is_some() && closing.is_none() && out.len() < out_limit;
-            let interval = session
-                .dcp
-                .as_ref()
-                .and_then(crate::dcp::Producer::noop_interval);
-            if interval != noop_interval {
-                // NOOPs switched on or their interval changed: the first is due one
-                // interval from now.
-                noop_interval = interval;
-                if let Some(every) = interval {
-                    noop_sleep
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + every);
-                }
-            }
+            let want_read = st.prepare_read(out_limit);
+            let dcp_room =
+                session.dcp.is_some() && st.closing.is_none() && st.out.len() < out_limit;
+            st.arm_noop(&session, noop_sleep.as_mut());
             tokio::select! {
                 biased;
                 io = std::future::poll_fn(|cx| poll_io(
                     cx,
                     &mut stream,
-                    &out,
-                    S::BUFFERS_WRITES && unflushed,
-                    want_read.then_some(&mut inbuf),
-                )), if !out.is_empty() || want_read || (S::BUFFERS_WRITES && unflushed) => match io {
-                    Io::Wrote(Ok(0)) => break "write returned zero",
-                    Io::Wrote(Ok(n)) => {
-                        out.advance(n);
-                        unflushed = S::BUFFERS_WRITES;
-                        if idle.is_some() {
-                            last_activity = tokio::time::Instant::now();
-                        }
-                    }
-                    Io::Flushed(Ok(())) => unflushed = false,
-                    Io::Wrote(Err(e)) | Io::Flushed(Err(e)) => {
-                        tracing::debug!(conn = id, %peer, error = %e, "write failed");
-                        break "write error";
-                    }
-                    Io::Read(Ok(0)) => eof = true,
-                    Io::Read(Ok(_)) => {
-                        if idle.is_some() {
-                            last_activity = tokio::time::Instant::now();
-                        }
-                    }
-                    Io::Read(Err(e)) => {
-                        tracing::debug!(conn = id, %peer, error = %e, "read failed");
-                        break "read error";
+                    &st.out,
+                    S::BUFFERS_WRITES && st.unflushed,
+                    want_read.then_some(&mut st.inbuf),
+                )), if !st.out.is_empty() || want_read || (S::BUFFERS_WRITES && st.unflushed) => {
+                    if let Some(reason) = st.on_io::<S>(io) {
+                        break reason;
                     }
                 },
-                outcome = durable_outcome(&mut waiting), if waiting.is_some() => {
-                    if let Some(w) = waiting.take()
-                        && session.complete_durable(&mut out, w.pending, outcome)
+                outcome = durable_outcome(&mut st.waiting), if st.waiting.is_some() => {
+                    if let Some(w) = st.waiting.take()
+                        && session.complete_durable(&mut st.out, w.pending, outcome)
                     {
-                        closing = Some(Closing::NoXerror);
+                        st.closing = Some(Closing::NoXerror);
                     }
                 },
-                outcome = auth_outcome(shared, &mut authing), if authing.is_some() => {
-                    if let Some(p) = authing.take()
-                        && session.complete_auth(shared, &mut out, p, outcome)
+                outcome = auth_outcome(shared, &mut st.authing), if st.authing.is_some() => {
+                    if let Some(p) = st.authing.take()
+                        && session.complete_auth(shared, &mut st.out, p, outcome)
                     {
-                        closing = Some(Closing::AuthFailures);
+                        st.closing = Some(Closing::AuthFailures);
                     }
                 },
-                outcome = fetch_outcome(&mut fetching), if fetching.is_some() => {
-                    fetching = None;
+                outcome = fetch_outcome(&mut st.fetching), if st.fetching.is_some() => {
+                    st.fetching = None;
                     // The blocked request is still first in the input buffer: the next
                     // pass executes it again, or answers the fetch's error.
                     session.fetch_done(outcome);
@@ -394,30 +260,20 @@ impl<S: Transport> Connection<S> {
                     None => Poll::Pending,
                 }), if dcp_room => {
                     if let Some(p) = session.dcp.as_mut() {
-                        p.drain(&mut out, out_limit);
+                        p.drain(&mut st.out, out_limit);
                     }
                 },
-                () = &mut noop_sleep, if noop_interval.is_some() => {
-                    if let Some(p) = session.dcp.as_mut()
-                        && !p.noop_due(&mut out)
-                    {
-                        tracing::info!(conn = id, %peer, "closing DCP connection: NOOP not answered");
+                () = &mut noop_sleep, if st.noop_interval.is_some() => {
+                    if !st.noop_due(&mut session, noop_sleep.as_mut()) {
                         break "dcp noop not answered";
-                    }
-                    if let Some(every) = noop_interval {
-                        noop_sleep.as_mut().reset(tokio::time::Instant::now() + every);
                     }
                 },
                 () = &mut idle_sleep, if idle.is_some() => {
-                    let Some(idle) = idle else { continue };
-                    let deadline = last_activity + idle;
-                    if tokio::time::Instant::now() >= deadline {
-                        tracing::info!(conn = id, %peer, idle_secs = idle.as_secs(), "closing idle connection");
-                        break "idle timeout";
+                    if let Some(reason) = st.idle_due(idle_sleep.as_mut()) {
+                        break reason;
                     }
-                    idle_sleep.as_mut().reset(deadline);
                 },
-                () = &mut stop_signal, if closing.is_none() => closing = Some(Closing::Shutdown),
+                () = &mut stop_signal, if st.closing.is_none() => st.closing = Some(Closing::Shutdown),
             }
         };
         if S::BUFFERS_WRITES && !matches!(reason, "read error" | "write error") {
@@ -426,6 +282,250 @@ impl<S: Transport> Connection<S> {
             let _ = tokio::time::timeout(CLOSE_NOTIFY_WAIT, stream.shutdown()).await;
         }
         tracing::debug!(conn = id, %peer, agent = session.agent.as_deref().unwrap_or(""), reason, "connection closed");
+    }
+}
+
+/// The connection loop's state between passes: its buffers, why it is closing, and what
+/// it is waiting for instead of executing requests.
+struct LoopState {
+    id: u64,
+    peer: SocketAddr,
+    /// The idle timeout, if any.
+    idle: Option<std::time::Duration>,
+    inbuf: BytesMut,
+    out: BytesMut,
+    closing: Option<Closing>,
+    /// A durable write whose reply waits for its durability.
+    waiting: Option<Waiting>,
+    /// A background fetch the first buffered request waits for.
+    fetching: Option<oneshot::Receiver<Result<(), EngineStatus>>>,
+    /// A SASL_AUTH whose reply waits for its delay or the password-check pool.
+    authing: Option<crate::sasl::PendingAuth>,
+    /// The client closed its side.
+    eof: bool,
+    /// When the connection last read or wrote (kept only with an idle timeout).
+    last_activity: tokio::time::Instant,
+    /// The interval of the DCP producer's NOOPs the timer is armed for.
+    noop_interval: Option<std::time::Duration>,
+    /// Replies handed to a stream that buffers writes (TLS) but not yet flushed to the
+    /// socket. Read only as `S::BUFFERS_WRITES && unflushed`, so for TCP every use is a
+    /// constant the compiler drops.
+    unflushed: bool,
+}
+
+impl LoopState {
+    fn new(id: u64, peer: SocketAddr, idle: Option<std::time::Duration>) -> Self {
+        Self {
+            id,
+            peer,
+            idle,
+            inbuf: BytesMut::with_capacity(READ_CHUNK),
+            out: BytesMut::with_capacity(READ_CHUNK),
+            closing: None,
+            waiting: None,
+            fetching: None,
+            authing: None,
+            eof: false,
+            last_activity: tokio::time::Instant::now(),
+            noop_interval: None,
+            unflushed: false,
+        }
+    }
+
+    /// Whether the connection may execute requests: it is not closing nor waiting for a
+    /// durable write, a background fetch or an authentication.
+    fn is_free(&self) -> bool {
+        self.closing.is_none()
+            && self.waiting.is_none()
+            && self.fetching.is_none()
+            && self.authing.is_none()
+    }
+
+    /// Notes a read or write, for the idle timeout.
+    fn active(&mut self) {
+        if self.idle.is_some() {
+            self.last_activity = tokio::time::Instant::now();
+        }
+    }
+
+    /// Executes the buffered requests, takes what the last one left waiting, lets a DCP
+    /// producer fill the output and applies a TCP_NODELAY change. Returns whether
+    /// execution stopped at the output limit (requests may be left in the input buffer).
+    fn execute<S: Transport>(
+        &mut self,
+        shared: &Shared,
+        timings: &WorkerTimings,
+        session: &mut Session,
+        stream: &S,
+    ) -> bool {
+        let out_limit = shared.config.output_buffer_limit;
+        let (id, peer) = (self.id, self.peer);
+        if let Some(c) = process(
+            shared,
+            timings,
+            session,
+            &mut self.inbuf,
+            &mut self.out,
+            id,
+            peer,
+        ) {
+            self.closing = Some(c);
+        }
+        self.waiting = session.take_pending().map(|pending| Waiting {
+            deadline: pending.timeout.map(|t| tokio::time::Instant::now() + t),
+            pending,
+        });
+        self.authing = session.take_pending_auth();
+        self.fetching = session.take_blocked().map(|b| {
+            let (tx, rx) = oneshot::channel();
+            b.engine.when_fetched(
+                b.vbid,
+                &b.key,
+                Box::new(move |outcome| {
+                    // The connection may have gone; then nobody waits.
+                    let _ = tx.send(outcome);
+                }),
+            );
+            rx
+        });
+        if let Some(p) = session.dcp.as_mut() {
+            p.drain(&mut self.out, out_limit);
+        }
+        let backlog = self.out.len() >= out_limit;
+        if let Some(nodelay) = session.nodelay_change.take()
+            && let Err(e) = stream.set_nodelay(nodelay)
+        {
+            tracing::debug!(conn = id, error = %e, "cannot change TCP_NODELAY");
+        }
+        backlog
+    }
+
+    /// Writes (and for TLS flushes) at once what the socket takes (the common case),
+    /// without a trip through the connection loop's select.
+    fn write_now<S: Transport>(&mut self, stream: &mut S) {
+        while !self.out.is_empty() {
+            match poll_write_now(stream, &self.out) {
+                Poll::Ready(Ok(n)) if n > 0 => {
+                    self.out.advance(n);
+                    self.unflushed = S::BUFFERS_WRITES;
+                    self.active();
+                }
+                // Errors and a full socket are handled by the select's write branch.
+                _ => break,
+            }
+        }
+        if S::BUFFERS_WRITES && self.unflushed && self.out.is_empty() {
+            // Errors and a full socket are handled by the select's flush branch.
+            if let Poll::Ready(Ok(())) = poll_flush_now(stream) {
+                self.unflushed = false;
+            }
+        }
+    }
+
+    /// Once every reply is out: resets the output buffer and returns why the connection
+    /// closes, if it does now.
+    fn finished<S: Transport>(&mut self, backlog: bool) -> Option<&'static str> {
+        if !self.out.is_empty() || (S::BUFFERS_WRITES && self.unflushed) {
+            return None;
+        }
+        if self.out.capacity() > SHRINK_ABOVE {
+            self.out = BytesMut::with_capacity(READ_CHUNK);
+        }
+        rewind(&mut self.out);
+        match self.closing {
+            Some(Closing::Quit) => Some("quit"),
+            Some(Closing::BadHeader) => Some("untrusted packet header"),
+            Some(Closing::Shutdown) => Some("server shutdown"),
+            Some(Closing::NoXerror) => Some("status not understood without XERROR"),
+            Some(Closing::AuthFailures) => Some("too many failed authentications"),
+            None if self.eof && !backlog && self.is_free() => Some("client closed"),
+            None => None,
+        }
+    }
+
+    /// Whether to read now; if so, makes room in the input buffer first.
+    fn prepare_read(&mut self, out_limit: usize) -> bool {
+        let want_read = self.is_free() && !self.eof && self.out.len() < out_limit;
+        if want_read {
+            let inbuf = &mut self.inbuf;
+            if inbuf.is_empty() && inbuf.capacity() > SHRINK_ABOVE {
+                *inbuf = BytesMut::with_capacity(READ_CHUNK);
+            }
+            rewind(inbuf);
+            if inbuf.capacity() - inbuf.len() < READ_CHUNK / 4 {
+                inbuf.reserve(READ_CHUNK);
+            }
+        }
+        want_read
+    }
+
+    /// Re-arms the NOOP timer when a DCP producer's NOOPs were switched on or their
+    /// interval changed: the first is due one interval from now.
+    fn arm_noop(&mut self, session: &Session, timer: Pin<&mut tokio::time::Sleep>) {
+        let interval = session
+            .dcp
+            .as_ref()
+            .and_then(crate::dcp::Producer::noop_interval);
+        if interval != self.noop_interval {
+            self.noop_interval = interval;
+            if let Some(every) = interval {
+                timer.reset(tokio::time::Instant::now() + every);
+            }
+        }
+    }
+
+    /// The NOOP timer fired: sends the producer's NOOP and re-arms the timer. Returns
+    /// false when the previous NOOP was not answered (the connection closes).
+    fn noop_due(&mut self, session: &mut Session, timer: Pin<&mut tokio::time::Sleep>) -> bool {
+        if let Some(p) = session.dcp.as_mut()
+            && !p.noop_due(&mut self.out)
+        {
+            tracing::info!(conn = self.id, peer = %self.peer, "closing DCP connection: NOOP not answered");
+            return false;
+        }
+        if let Some(every) = self.noop_interval {
+            timer.reset(tokio::time::Instant::now() + every);
+        }
+        true
+    }
+
+    /// The idle timer fired: returns why the connection closes if it has been idle that
+    /// long, else re-arms the timer for the idle timeout after the last activity.
+    fn idle_due(&mut self, timer: Pin<&mut tokio::time::Sleep>) -> Option<&'static str> {
+        let idle = self.idle?;
+        let deadline = self.last_activity + idle;
+        if tokio::time::Instant::now() >= deadline {
+            tracing::info!(conn = self.id, peer = %self.peer, idle_secs = idle.as_secs(), "closing idle connection");
+            return Some("idle timeout");
+        }
+        timer.reset(deadline);
+        None
+    }
+
+    /// Takes in what one step of the stream did; returns why the connection closes, if
+    /// it must.
+    fn on_io<S: Transport>(&mut self, io: Io) -> Option<&'static str> {
+        let (id, peer) = (self.id, self.peer);
+        match io {
+            Io::Wrote(Ok(0)) => return Some("write returned zero"),
+            Io::Wrote(Ok(n)) => {
+                self.out.advance(n);
+                self.unflushed = S::BUFFERS_WRITES;
+                self.active();
+            }
+            Io::Flushed(Ok(())) => self.unflushed = false,
+            Io::Wrote(Err(e)) | Io::Flushed(Err(e)) => {
+                tracing::debug!(conn = id, %peer, error = %e, "write failed");
+                return Some("write error");
+            }
+            Io::Read(Ok(0)) => self.eof = true,
+            Io::Read(Ok(_)) => self.active(),
+            Io::Read(Err(e)) => {
+                tracing::debug!(conn = id, %peer, error = %e, "read failed");
+                return Some("read error");
+            }
+        }
+        None
     }
 }
 
@@ -462,51 +562,6 @@ fn poll_io<S: Transport>(
         }
     }
     Poll::Pending
-}
-
-/// Resolves once the front end is stopping (the watch channel says true or its sender is
-/// gone).
-///
-/// It is polled on every pass of the connection loop, so it is made cheap: once a poll
-/// has registered the task's waker with the channel, later polls by the same task only
-/// compare the channel's version (one atomic load) until a stop is actually signalled;
-/// polling the channel's wait future every time took a lock per pass.
-struct StopSignal {
-    peek: watch::Receiver<bool>,
-    wait: Pin<Box<dyn Future<Output = ()> + Send>>,
-    /// The waker the wait future last registered, if a poll left it pending.
-    armed: Option<Waker>,
-}
-
-impl StopSignal {
-    fn new(stop: watch::Receiver<bool>) -> Self {
-        let mut rx = stop.clone();
-        Self {
-            peek: stop,
-            wait: Box::pin(async move {
-                if !*rx.borrow_and_update() {
-                    let _ = rx.changed().await;
-                }
-            }),
-            armed: None,
-        }
-    }
-}
-
-impl Future for StopSignal {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(w) = &self.armed
-            && w.will_wake(cx.waker())
-            && matches!(self.peek.has_changed(), Ok(false))
-        {
-            return Poll::Pending;
-        }
-        let polled = self.wait.as_mut().poll(cx);
-        self.armed = polled.is_pending().then(|| cx.waker().clone());
-        polled
-    }
 }
 
 /// Moves an empty buffer's start back to the start of its allocation.
@@ -558,45 +613,14 @@ fn process(
                 .is_some_and(|&b| Magic::from_u8(b).is_some_and(Magic::is_client_response))
         {
             // A DCP consumer answering the producer (a NOOP's response).
-            match response_frame_len(inbuf, limits) {
-                Ok(Some(n)) => {
-                    if let (Some(head), Some(p)) =
-                        (inbuf.first_chunk::<HEADER_LEN>(), session.dcp.as_mut())
-                        && let Ok(h) = ResponseHeader::decode(head, limits)
-                    {
-                        p.response(h.opcode, h.status);
-                    }
-                    inbuf.advance(n);
-                    continue;
-                }
-                Ok(None) => return None,
-                Err(e) => {
-                    tracing::info!(conn = id, %peer, error = %e, "closing DCP connection: response header cannot be trusted");
-                    inbuf.clear();
-                    return Some(Closing::BadHeader);
-                }
+            match take_response(session, inbuf, limits, id, peer) {
+                Ok(()) => continue,
+                Err(stop) => return stop,
             }
         }
         let n = match frame_len(inbuf, limits) {
             Ok(Some(n)) => n,
-            Ok(None) => {
-                // A client speaking something else (the text protocol, HTTP, TLS) is
-                // told apart by its first byte without waiting for a whole header.
-                if let Some(&first) = inbuf.first()
-                    && !Magic::from_u8(first).is_some_and(Magic::is_client_request)
-                {
-                    tracing::info!(conn = id, %peer, magic = first, "closing connection: not a binary protocol request");
-                    inbuf.clear();
-                    return Some(Closing::BadHeader);
-                }
-                // Make room for the whole packet now that its (trusted) size is known.
-                if let Ok(need) = frame_hint(inbuf, limits)
-                    && need > inbuf.capacity()
-                {
-                    inbuf.reserve(need - inbuf.len());
-                }
-                return None;
-            }
+            Ok(None) => return incomplete(inbuf, limits, id, peer),
             Err(e) => {
                 tracing::info!(conn = id, %peer, error = %e, "closing connection: packet header cannot be trusted");
                 inbuf.clear();
@@ -651,10 +675,66 @@ fn process(
     None
 }
 
+/// Takes a DCP consumer's response (to a NOOP) off the front of `inbuf` and hands it to
+/// the producer. `Err` when processing stops: with `None` when the response is not
+/// wholly buffered yet, with why the connection closes when its header cannot be
+/// trusted.
+fn take_response(
+    session: &mut Session,
+    inbuf: &mut BytesMut,
+    limits: &epkv_protocol::Limits,
+    id: u64,
+    peer: SocketAddr,
+) -> Result<(), Option<Closing>> {
+    match response_frame_len(inbuf, limits) {
+        Ok(Some(n)) => {
+            if let (Some(head), Some(p)) = (inbuf.first_chunk::<HEADER_LEN>(), session.dcp.as_mut())
+                && let Ok(h) = ResponseHeader::decode(head, limits)
+            {
+                p.response(h.opcode, h.status);
+            }
+            inbuf.advance(n);
+            Ok(())
+        }
+        Ok(None) => Err(None),
+        Err(e) => {
+            tracing::info!(conn = id, %peer, error = %e, "closing DCP connection: response header cannot be trusted");
+            inbuf.clear();
+            Err(Some(Closing::BadHeader))
+        }
+    }
+}
+
+/// What processing does when `inbuf` holds no whole request: closes the connection for a
+/// client that does not speak the binary protocol, else makes room for the request and
+/// waits for the rest of it.
+fn incomplete(
+    inbuf: &mut BytesMut,
+    limits: &epkv_protocol::Limits,
+    id: u64,
+    peer: SocketAddr,
+) -> Option<Closing> {
+    // A client speaking something else (the text protocol, HTTP, TLS) is told apart by
+    // its first byte without waiting for a whole header.
+    if let Some(&first) = inbuf.first()
+        && !Magic::from_u8(first).is_some_and(Magic::is_client_request)
+    {
+        tracing::info!(conn = id, %peer, magic = first, "closing connection: not a binary protocol request");
+        inbuf.clear();
+        return Some(Closing::BadHeader);
+    }
+    // Make room for the whole packet now that its (trusted) size is known.
+    if let Ok(need) = frame_hint(inbuf, limits)
+        && need > inbuf.capacity()
+    {
+        inbuf.reserve(need - inbuf.len());
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn rewind_puts_an_empty_buffers_start_back_and_leaves_others_alone() {
@@ -674,45 +754,5 @@ mod tests {
         let at = buf.as_ptr();
         rewind(&mut buf);
         assert_eq!((buf.as_ptr(), &buf[..]), (at, &[2u8, 3][..]));
-    }
-
-    async fn poll_once(s: &mut StopSignal) -> Poll<()> {
-        std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *s).poll(cx))).await
-    }
-
-    #[tokio::test]
-    async fn stop_signal_stays_pending_then_wakes_its_task_on_stop() {
-        let (tx, rx) = watch::channel(false);
-        let mut s = StopSignal::new(rx);
-        for _ in 0..3 {
-            assert!(poll_once(&mut s).await.is_pending());
-        }
-        let waiter = tokio::spawn(async move {
-            for _ in 0..3 {
-                assert!(poll_once(&mut s).await.is_pending());
-            }
-            s.await;
-        });
-        tokio::task::yield_now().await;
-        tx.send(true).unwrap();
-        tokio::time::timeout(Duration::from_secs(10), waiter)
-            .await
-            .expect("the stopped signal wakes the task that polled it")
-            .unwrap();
-    }
-
-    #[tokio::test]
-    async fn stop_signal_resolves_when_already_stopped_or_the_sender_is_gone() {
-        let (tx, rx) = watch::channel(true);
-        let mut s = StopSignal::new(rx);
-        assert!(poll_once(&mut s).await.is_ready());
-        drop(tx);
-        let (tx, rx) = watch::channel(false);
-        let mut s = StopSignal::new(rx);
-        assert!(poll_once(&mut s).await.is_pending());
-        drop(tx);
-        tokio::time::timeout(Duration::from_secs(10), s)
-            .await
-            .expect("a dropped sender stops the connection");
     }
 }

@@ -84,6 +84,7 @@ mod sasl;
 mod session;
 mod stats;
 mod status_map;
+mod stop_signal;
 mod timings;
 mod tls;
 mod transport;
