@@ -23,6 +23,24 @@
 //! authenticates with SASL and selects a bucket its user may use (0x24 otherwise), and data
 //! requests before that answer 0x08 NoBucket. See `docs/protocol.md`.
 //!
+//! Dispatch (KV-Engine's executor table): a request's opcode byte indexes one table,
+//! `ENTRIES` in `dispatch/table.rs`, built into an array at compile time. Its row names
+//! the handler and, as columns, the checks the dispatcher (`dispatch/mod.rs`) makes
+//! before calling it: the bucket the connection must have selected (any, a selected one,
+//! or a live one: not dropped), whether the connection must be a DCP producer, and the
+//! look-ahead hint for pipelined requests. The codec's own per-opcode validation
+//! (`epkv_protocol::Command::decode`: lengths, frame infos, durability frames) runs
+//! first, except for DCP messages, which their handlers decode. Handlers live in
+//! `handlers/`, one module per family: `kv` (key-value data), `subdoc`, `collections`,
+//! `setup` (HELLO, SASL, SELECT_BUCKET), `stat`, `admin` (cluster map, vBucket states,
+//! error map, VERSION, NOOP, QUIT, the test clock) and `dcp`. `session.rs` holds a
+//! connection's state only. To add an opcode: mark it implemented in `epkv-protocol`'s
+//! opcode table with its decoding rule and `Command` variant; write its handler in its
+//! family's module (a `SessionFn`, `DataFn` or `DcpFn`, by what it needs); add its row to
+//! `ENTRIES`. A unit test fails until every implemented opcode has exactly one row; an
+//! opcode without a row is answered UnknownCommand. A new check is a new column: a field
+//! of `Entry`, a value in every row, and its use in the dispatcher.
+//!
 //! TLS: with [`FrontendConfig::tls`] set, a second listener on the same address (port
 //! 11207 by default) serves the same protocol over TLS 1.2/1.3 (rustls). The handshake
 //! runs on the connection's worker as a task with a timeout; afterwards the connection
@@ -52,6 +70,8 @@
 //! - The cluster map comes from the [`epkv_engine_api::ClusterView`] the front end is
 //!   given ([`FrontendConfig::cluster`]); SET_VBUCKET tells it the map changed. The front
 //!   end holds no topology and starts no replication: `epkv-cluster` does.
+//! - Every implemented opcode has exactly one row in the opcode table, and the checks
+//!   made before its handler runs are that row's.
 //!
 //! Depends on `epkv-types`, `epkv-protocol`, `epkv-engine-api`, `epkv-executor` (for
 //! the clock) and `epkv-auth` (SASL and users). Must never depend on `epkv-engine` or any
