@@ -156,7 +156,8 @@ impl Session {
                 Flow::Continue
             }
             (Handler::Session(f), _) => f(self, c, cmd),
-            // A data row always checks for a live bucket (the table's build makes sure).
+            // Not reached: DCP rows returned above, and a data row's check is for a live
+            // bucket (the table's build makes sure).
             (Handler::Data(_) | Handler::Dcp(_), _) => {
                 unexpected(c.out, c.to);
                 Flow::Continue
