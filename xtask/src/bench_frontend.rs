@@ -66,6 +66,11 @@ pub(crate) struct FrontendOptions {
     /// epkv-pipeload) against memcached, epkv memory-only and epkv as shipped.
     #[arg(long)]
     pub(crate) pipelined: bool,
+    /// With --pipelined: a second epkv-server binary measured in the same run (memory
+    /// only and as shipped, in the same rotation as the others), for an A/B of a change;
+    /// the report gives its ratios to the build under test
+    #[arg(long, requires = "pipelined")]
+    pub(crate) compare_bin: Option<PathBuf>,
 }
 
 /// A request mix, written as a memaslap configuration file.

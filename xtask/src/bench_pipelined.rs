@@ -26,6 +26,8 @@ const VALUE_BYTES: usize = 512;
 const KEYS: usize = 100_000;
 const GET_FRACTION: f64 = 0.9;
 const SERVERS: [&str; 3] = ["memcached", "epkv-memory-only", "epkv-as-shipped"];
+/// The compared build's runs, with `--compare-bin`.
+const COMPARED: [&str; 2] = ["compare-memory-only", "compare-as-shipped"];
 
 /// Runs the pipelined cases.
 pub(crate) fn bench_pipelined(opts: &FrontendOptions) -> Result<()> {
@@ -41,9 +43,13 @@ pub(crate) fn bench_pipelined(opts: &FrontendOptions) -> Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     let ticks = process::clock_ticks_per_sec() as f64;
     let mut results: Vec<(&str, f64, f64)> = Vec::new();
+    let mut servers = SERVERS.to_vec();
+    if opts.compare_bin.is_some() {
+        servers.extend(COMPARED);
+    }
     for round in 0..rounds {
-        for i in 0..SERVERS.len() {
-            let name = SERVERS[(i + round) % SERVERS.len()];
+        for i in 0..servers.len() {
+            let name = servers[(i + round) % servers.len()];
             let log = out_dir.join(format!("pipelined-{name}.log"));
             let data = tempdir("bench-pipelined")?;
             let mem = format!("{}", opts.memory_mib);
@@ -61,11 +67,15 @@ pub(crate) fn bench_pipelined(opts: &FrontendOptions) -> Result<()> {
                         "--data-dir".into(),
                         data.path().display().to_string(),
                     ];
-                    if name == "epkv-memory-only" {
+                    if name.ends_with("memory-only") {
                         args.extend(["--persistence".into(), "false".into()]);
                     }
                     args.extend(opts.epkv_args.iter().cloned());
-                    ServerProcess::start_epkv(&bin, &args, log)?
+                    let bin = match &opts.compare_bin {
+                        Some(other) if name.starts_with("compare-") => other,
+                        _ => &bin,
+                    };
+                    ServerProcess::start_epkv(bin, &args, log)?
                 }
             };
             let mut cmd = Command::new(pipeload_bin());
@@ -131,7 +141,7 @@ pub(crate) fn bench_pipelined(opts: &FrontendOptions) -> Result<()> {
          | server | ops/s | server CPU us/op | ops/s vs memcached | CPU/op vs memcached | goal |\n\
          |---|---:|---:|---:|---:|---|\n"
     );
-    for name in SERVERS {
+    for &name in &servers {
         let (rate, cpu) = stat(name);
         rows.push(
             json!({"bench": "frontend/pipelined_get_90_set_10", "params": params,
@@ -148,6 +158,23 @@ pub(crate) fn bench_pipelined(opts: &FrontendOptions) -> Result<()> {
             rate / mc_rate,
             cpu / mc_cpu
         ));
+    }
+    if opts.compare_bin.is_some() {
+        md.push_str("\n| build under test vs compared | ops/s | CPU/op |\n|---|---:|---:|\n");
+        for (ours, theirs) in [SERVERS[1], SERVERS[2]].into_iter().zip(COMPARED) {
+            let (rate, cpu) = stat(ours);
+            let (other_rate, other_cpu) = stat(theirs);
+            rows.push(
+                json!({"bench": "frontend/pipelined_get_90_set_10_ab", "params": params,
+                "impl": ours, "compared": theirs, "ops_ratio": rate / other_rate,
+                "cpu_ratio": cpu / other_cpu}),
+            );
+            md.push_str(&format!(
+                "| {ours} / {theirs} | {:.3}x | {:.3}x |\n",
+                rate / other_rate,
+                cpu / other_cpu
+            ));
+        }
     }
     std::fs::write(
         out_dir.join("frontend-pipelined.json"),
