@@ -1,13 +1,13 @@
 //! DCP producer streams: each vBucket's log of recent changes and the streams that read
 //! it, falling back to a backfill from disk when they are behind it.
 //!
-//! **The log.** A vBucket keeps a [`DcpLog`] only while at least one stream is open on
+//! **The log.** A vBucket keeps a [`crate::dcp_log::DcpLog`] only while at least one stream is open on
 //! it, so a bucket nobody streams from pays one atomic load per write. While it is on,
 //! the ordering point ([`crate::vbucket::VBucket::assign_queued`] and `assign_sync`)
 //! appends every change to it with the ordering lock held, so the log is in seqno order
 //! and has no gaps: it holds every seqno above its `base`. It is bounded (bytes charged
-//! to the bucket's memory quota, at most [`LOG_BYTES`] per vBucket): when full, or when
-//! the quota refuses the charge, the oldest entries go and `base` moves up.
+//! to the bucket's memory quota, at most [`crate::dcp_log::LOG_BYTES`] per vBucket): when
+//! full, or when the quota refuses the charge, the oldest entries go and `base` moves up.
 //!
 //! **A stream** ([`Stream`]) has a cursor, the last seqno it handed out. While the log
 //! holds the seqno after it, it reads from memory: each read is one snapshot
@@ -32,184 +32,17 @@
 
 use crate::bucket::Bucket;
 use crate::collections::Manifest;
+use crate::dcp_log::{LogKind, Read};
 use crate::vbucket::VBucket;
 use epkv_engine_api::EngineStatus;
 use epkv_engine_api::dcp::{
     CollectionEvent, CollectionEventKind, DcpDocument, DcpEndReason, DcpEvent, DcpStream,
     DcpStreamError, DcpStreamRequest, SNAPSHOT_CHECKPOINT, SNAPSHOT_DISK, SNAPSHOT_MEMORY,
 };
-use epkv_hashtable::MemoryTracker;
 use epkv_storage::{Document, ScanControl};
 use epkv_types::{VBucketState, Vbid};
-use parking_lot::Mutex;
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll, Waker};
-
-/// Most bytes a vBucket's log holds (keys, values and a fixed overhead per entry).
-pub(crate) const LOG_BYTES: usize = 1 << 20;
-/// Bytes charged per entry besides its key and value.
-const ENTRY_OVERHEAD: usize = 96;
-
-/// What a log entry is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LogKind {
-    /// A mutation, or the commit of a SyncWrite to a stream without sync replication.
-    Mutation,
-    /// A deletion or expiry.
-    Deletion,
-    /// A SyncWrite's prepare at a durability level (1-3).
-    Prepare(u8),
-    /// The commit of the prepare with this seqno.
-    Commit(u64),
-    /// The abort of the prepare with this seqno.
-    Abort(u64),
-    /// A scope or collection change ([`crate::system_events`]).
-    System,
-}
-
-/// One change in the log: what it is and the document the flusher persists for it.
-#[derive(Debug, Clone)]
-struct Entry {
-    kind: LogKind,
-    doc: Document,
-}
-
-impl Entry {
-    fn charge(&self) -> usize {
-        ENTRY_OVERHEAD + self.doc.key.len() + self.doc.value.len()
-    }
-}
-
-#[derive(Debug, Default)]
-struct LogInner {
-    /// Streams attached.
-    streams: usize,
-    /// Every seqno above `base` is in `entries` (which may still be empty).
-    base: u64,
-    entries: VecDeque<Entry>,
-    /// Bytes charged for `entries`.
-    bytes: usize,
-    /// Streams waiting for an entry.
-    wakers: Vec<Waker>,
-}
-
-/// A vBucket's log of recent changes for DCP streams (see the module docs).
-#[derive(Debug, Default)]
-pub(crate) struct DcpLog {
-    /// True while a stream is attached: the ordering point appends.
-    on: AtomicBool,
-    inner: Mutex<LogInner>,
-}
-
-/// What a read of the log found.
-enum Read {
-    /// Entries after the cursor (at least one).
-    Entries(Vec<Entry>),
-    /// The cursor is below the log's base: the log cannot serve it.
-    Behind { base: u64 },
-    /// Nothing after the cursor yet; the waker is registered.
-    Empty,
-}
-
-impl DcpLog {
-    /// True while streams are attached (the ordering point must call [`Self::append`]).
-    pub(crate) fn is_on(&self) -> bool {
-        self.on.load(Ordering::Relaxed)
-    }
-
-    /// Attaches a stream. The caller holds the vBucket's ordering lock and gives its high
-    /// seqno, so that the first stream's log starts exactly after it.
-    pub(crate) fn attach(&self, high_seqno: u64) {
-        let mut l = self.inner.lock();
-        if l.streams == 0 {
-            l.base = high_seqno;
-            self.on.store(true, Ordering::Relaxed);
-        }
-        l.streams += 1;
-    }
-
-    /// Detaches a stream; the last one turns the log off and frees it.
-    fn detach(&self, memory: &MemoryTracker) {
-        let mut l = self.inner.lock();
-        l.streams = l.streams.saturating_sub(1);
-        if l.streams == 0 {
-            self.on.store(false, Ordering::Relaxed);
-            l.entries.clear();
-            memory.release(std::mem::take(&mut l.bytes));
-            l.wakers.clear();
-        }
-    }
-
-    /// Appends the change `doc` of `kind`. Called at the ordering point, with the
-    /// ordering lock held, for every seqno while the log is on.
-    pub(crate) fn append(&self, kind: LogKind, doc: &Document, memory: &MemoryTracker) {
-        let entry = Entry {
-            kind,
-            doc: doc.clone(),
-        };
-        let charge = entry.charge();
-        let wakers = {
-            let mut l = self.inner.lock();
-            if l.streams == 0 {
-                return;
-            }
-            while !l.entries.is_empty()
-                && (l.bytes + charge > LOG_BYTES || memory.try_charge(charge).is_err())
-            {
-                let old = l.entries.pop_front().map_or(0, |e| e.charge());
-                l.bytes -= old;
-                memory.release(old);
-                l.base = l.entries.front().map_or(doc.seqno - 1, |e| e.doc.seqno - 1);
-            }
-            if l.entries.is_empty() && memory.try_charge(charge).is_err() {
-                // No room even for this one: the log restarts after it.
-                l.base = doc.seqno;
-            } else {
-                l.bytes += charge;
-                l.entries.push_back(entry);
-            }
-            std::mem::take(&mut l.wakers)
-        };
-        for w in wakers {
-            w.wake();
-        }
-    }
-
-    /// Wakes every waiting stream (a state change).
-    pub(crate) fn wake_all(&self) {
-        let wakers = std::mem::take(&mut self.inner.lock().wakers);
-        for w in wakers {
-            w.wake();
-        }
-    }
-
-    /// The entries after `cursor`, up to `end` and about `budget` bytes.
-    fn read(&self, cursor: u64, end: u64, budget: usize, cx: &Context<'_>) -> Read {
-        let mut l = self.inner.lock();
-        if cursor < l.base {
-            return Read::Behind { base: l.base };
-        }
-        let from = l.entries.partition_point(|e| e.doc.seqno <= cursor);
-        if from == l.entries.len() {
-            if !l.wakers.iter().any(|w| w.will_wake(cx.waker())) {
-                l.wakers.push(cx.waker().clone());
-            }
-            return Read::Empty;
-        }
-        let mut out = Vec::new();
-        let mut size = 0;
-        for e in l.entries.range(from..) {
-            if e.doc.seqno > end || (size >= budget && !out.is_empty()) {
-                break;
-            }
-            size += e.charge();
-            out.push(e.clone());
-        }
-        Read::Entries(out)
-    }
-}
+use std::task::{Context, Poll};
 
 /// Checks a stream request against the vBucket's failover log (newest first) and high
 /// seqno, as KV-Engine's failover table does. Returns the uuid the stream follows.
@@ -291,7 +124,7 @@ impl Filter {
     /// Whether a document of stored key `key` (a prepare's or a committed one) passes;
     /// `manifest` is [`Self::manifest`]'s.
     fn wants(&self, manifest: Option<&Manifest>, key: &[u8]) -> bool {
-        let cid = match crate::durability::prepared_key_of(key) {
+        let cid = match crate::durability_monitor::prepared_key_of(key) {
             Some(k) => epkv_types::doc_key::collection_of(k),
             None => epkv_types::doc_key::collection_of(key),
         };
@@ -506,8 +339,8 @@ fn event_of(kind: LogKind, doc: Document, sync: bool) -> Option<DcpEvent> {
         LogKind::Commit(_) if !sync => Some(committed(doc)),
         LogKind::Prepare(_) | LogKind::Abort(_) if !sync => None,
         LogKind::Prepare(level) => {
-            let key = crate::durability::prepared_key_of(&doc.key)?.to_vec();
-            let deleted = doc.datatype & crate::durability::PREPARE_DELETES != 0;
+            let key = crate::durability_monitor::prepared_key_of(&doc.key)?.to_vec();
+            let deleted = doc.datatype & crate::durability_monitor::PREPARE_DELETES != 0;
             Some(DcpEvent::Prepare {
                 doc: DcpDocument {
                     key,
@@ -523,7 +356,7 @@ fn event_of(kind: LogKind, doc: Document, sync: bool) -> Option<DcpEvent> {
             commit_seqno: doc.seqno,
         }),
         LogKind::Abort(prepared_seqno) => Some(DcpEvent::Abort {
-            key: crate::durability::prepared_key_of(&doc.key)?.to_vec(),
+            key: crate::durability_monitor::prepared_key_of(&doc.key)?.to_vec(),
             prepared_seqno,
             abort_seqno: doc.seqno,
         }),
@@ -662,7 +495,7 @@ impl Stream {
                 return ScanControl::Stop;
             }
             last = d.seqno;
-            let prepare = crate::durability::prepared_key_of(&d.key).is_some();
+            let prepare = crate::durability_monitor::prepared_key_of(&d.key).is_some();
             if !prepare {
                 max_visible = d.seqno;
             }

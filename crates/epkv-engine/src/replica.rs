@@ -27,7 +27,7 @@
 //! committed once on its disk.
 
 use crate::bucket::{Bucket, LazyNow, document_of, expired, item_of};
-use crate::durability::{PREPARE_DELETES, Passive, prepare_key};
+use crate::durability_monitor::{PREPARE_DELETES, Passive, prepare_key};
 use crate::vbucket::{DeleteSource, SyncStep, VBucket, tombstone_document};
 use epkv_engine_api::dcp::DcpDocument;
 use epkv_engine_api::{DcpEvent, EngineResult, EngineStatus, Item};
@@ -318,7 +318,7 @@ impl Bucket {
     }
 
     /// The high prepared seqno replica vBucket `vbid` may acknowledge now
-    /// ([`crate::durability::Monitor::replica_hps`]).
+    /// ([`crate::durability_monitor::Monitor::replica_hps`]).
     ///
     /// # Errors
     /// `NotMyVbucket` unless `vbid` is a replica here.

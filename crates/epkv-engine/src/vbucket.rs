@@ -2,7 +2,7 @@
 //! (seqno + HLC CAS + deleted revision) and failover log.
 
 use crate::hlc;
-use crate::persistence::VbPersist;
+use crate::vb_persist::VbPersist;
 use epkv_hashtable::{HashTable, MemoryTracker};
 use epkv_storage::Document;
 use epkv_types::{Cas, Seqno, VBucketState, Vbid};
@@ -159,7 +159,7 @@ pub(crate) struct VBucket {
     /// lock by the item pager's ordering (a hint: it may be one change behind).
     state_hint: AtomicU8,
     /// Full eviction's key filter and evicted count; `None` with value eviction.
-    pub(crate) full: Option<crate::full_eviction::FullState>,
+    pub(crate) full: Option<crate::key_filter::FullState>,
     /// Numbers placeholders (kept in their CAS, which nothing else reads): a fetch
     /// restores only over the placeholder that was there when its read began.
     placeholders: AtomicU64,
@@ -168,9 +168,9 @@ pub(crate) struct VBucket {
     /// old version, to keep its attributes (KV-Engine's `mayContainXattrs`).
     may_contain_xattrs: AtomicBool,
     /// SyncWrites in flight, in seqno order (see [`crate::durability`]).
-    pub(crate) durability: crate::durability::Monitor,
+    pub(crate) durability: crate::durability_monitor::Monitor,
     /// Recent changes for DCP streams, kept only while one is open ([`crate::dcp`]).
-    pub(crate) dcp: crate::dcp::DcpLog,
+    pub(crate) dcp: crate::dcp_log::DcpLog,
 }
 
 /// Datatype bit of a tombstone the expiry of its document made (on disk and in the DCP
@@ -250,8 +250,8 @@ impl VBucket {
             full: None,
             placeholders: AtomicU64::new(0),
             may_contain_xattrs: AtomicBool::new(false),
-            durability: crate::durability::Monitor::default(),
-            dcp: crate::dcp::DcpLog::default(),
+            durability: crate::durability_monitor::Monitor::default(),
+            dcp: crate::dcp_log::DcpLog::default(),
         })
     }
 
@@ -304,7 +304,7 @@ impl VBucket {
 
     /// Makes this vBucket evict whole documents (it gets a key filter).
     pub(crate) fn with_full_eviction(mut self) -> Self {
-        self.full = Some(crate::full_eviction::FullState::new());
+        self.full = Some(crate::key_filter::FullState::new());
         self
     }
 
@@ -380,7 +380,7 @@ impl VBucket {
         self.dcp.wake_all();
     }
 
-    /// Attaches a DCP stream to the log ([`crate::dcp::DcpLog::attach`]) and returns the
+    /// Attaches a DCP stream to the log ([`crate::dcp_log::DcpLog::attach`]) and returns the
     /// high seqno the log starts after.
     pub(crate) fn dcp_attach(&self) -> u64 {
         let o = self.order.lock();
@@ -475,9 +475,9 @@ impl VBucket {
         let mut o = self.order.lock();
         let a = o.next(now_nanos, deleted_rev, true);
         let kind = if deleted_rev.is_some() {
-            crate::dcp::LogKind::Deletion
+            crate::dcp_log::LogKind::Deletion
         } else {
-            crate::dcp::LogKind::Mutation
+            crate::dcp_log::LogKind::Mutation
         };
         let woke = self.log_and_queue(kind, &a, make);
         (a, woke)
@@ -488,7 +488,7 @@ impl VBucket {
     /// Returns whether the queue was empty.
     fn log_and_queue(
         &self,
-        kind: crate::dcp::LogKind,
+        kind: crate::dcp_log::LogKind,
         a: &Assigned,
         make: impl FnOnce(&Assigned) -> Document,
     ) -> bool {
@@ -513,7 +513,7 @@ impl VBucket {
         make: impl FnOnce(&Assigned) -> Document,
     ) -> (Assigned, bool) {
         let a = self.order.lock().next(now_nanos, None, true);
-        let woke = self.log_and_queue(crate::dcp::LogKind::System, &a, make);
+        let woke = self.log_and_queue(crate::dcp_log::LogKind::System, &a, make);
         (a, woke)
     }
 
@@ -546,9 +546,9 @@ impl VBucket {
             let doc = make(&a);
             if dcp {
                 let kind = match (prepared, visible) {
-                    (true, _) => crate::dcp::LogKind::Prepare(level),
-                    (false, true) => crate::dcp::LogKind::Commit(completed),
-                    (false, false) => crate::dcp::LogKind::Abort(completed),
+                    (true, _) => crate::dcp_log::LogKind::Prepare(level),
+                    (false, true) => crate::dcp_log::LogKind::Commit(completed),
+                    (false, false) => crate::dcp_log::LogKind::Abort(completed),
                 };
                 self.dcp.append(kind, &doc, self.table.tracker());
             }

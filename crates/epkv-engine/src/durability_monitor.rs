@@ -1,0 +1,542 @@
+//! [`Monitor`]: a vBucket's SyncWrites in flight, in seqno order (KV-Engine's active
+//! durability monitor), and as a replica the prepares it holds (its passive one); plus
+//! the on-disk namespace of prepares ([`PREPARE_PREFIX`], [`prepare_key`]).
+//!
+//! The monitor only keeps the bookkeeping: which prepares are tracked, which are resolved
+//! (a majority of the chain holds them, and this node's disk when their level says so),
+//! the timeouts' deadlines and the waiters of their outcomes. Applying a commit or an
+//! abort to the hash table is [`crate::durability`]'s work.
+//!
+//! Level: a leaf, below the vBucket that owns one. It imports no module of this crate.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use epkv_engine_api::{EngineResult, EngineStatus, SyncWriteCallback};
+use parking_lot::Mutex;
+
+/// The durability timeout of a SyncWrite whose client gave none (KV-Engine's 30 s).
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The prefix of a prepare's key on disk: a zero byte and the LEB128 id 2, a collection
+/// id reserved by Couchbase and never given to a collection (see `epkv_types::doc_key`),
+/// so no document key starts with it.
+pub(crate) const PREPARE_PREFIX: [u8; 2] = [0, 2];
+
+/// Datatype bit of a prepare document on disk that deletes its key (not a client bit).
+pub(crate) const PREPARE_DELETES: u8 = 0x80;
+
+/// Outcomes kept for a front end that has not asked yet; past this many the oldest go
+/// (a caller that never asks, such as a test driving the engine directly).
+const MAX_UNCLAIMED: usize = 1 << 16;
+
+/// The key under which the prepare of `key` is stored.
+pub(crate) fn prepare_key(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(PREPARE_PREFIX.len() + key.len());
+    k.extend_from_slice(&PREPARE_PREFIX);
+    k.extend_from_slice(key);
+    k
+}
+
+/// The document key of a stored prepare, or `None` for any other stored key.
+pub(crate) fn prepared_key_of(stored: &[u8]) -> Option<&[u8]> {
+    stored.strip_prefix(&PREPARE_PREFIX[..])
+}
+
+/// One prepare in flight.
+pub(crate) struct Tracked {
+    pub(crate) seqno: u64,
+    pub(crate) key: Vec<u8>,
+    /// Its level needs this node's persistence (not Majority).
+    pub(crate) persist: bool,
+    /// When it is aborted if not committed; `None` for prepares warmup restored.
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) waiter: Option<SyncWriteCallback>,
+    /// It needs the replicas' acknowledgements (false for prepares warmup restored or a
+    /// promoted replica held: they are committed once this node has them on disk).
+    pub(crate) needs_acks: bool,
+}
+
+/// A prepare a replica vBucket holds, until its commit or abort arrives.
+#[derive(Debug, Clone)]
+pub(crate) struct Passive {
+    pub(crate) seqno: u64,
+    pub(crate) key: Vec<u8>,
+    /// Its level needs persistence (the replica acknowledges it only once persisted).
+    pub(crate) persist: bool,
+}
+
+/// The prepares of a replica vBucket and what it has acknowledged.
+#[derive(Debug, Default)]
+struct PassiveState {
+    /// In seqno order.
+    prepares: VecDeque<Passive>,
+    /// The highest prepare seqno received.
+    high_prepared: u64,
+    /// The highest prepared seqno acknowledgeable (see [`Monitor::replica_hps`]).
+    acked: u64,
+}
+
+#[derive(Default)]
+struct State {
+    /// In seqno order.
+    tracked: VecDeque<Tracked>,
+    /// Prepares taken off `tracked` whose completion is being applied, with their
+    /// waiter if one asked: a waiter that asks meanwhile is attached here, so it hears
+    /// the outcome only once the commit or abort is in the hash table.
+    resolving: HashMap<u64, Option<SyncWriteCallback>>,
+    /// Failures (aborts) of completed prepares nobody has asked for yet, by prepare
+    /// seqno. A commit is not kept: a completed prepare found nowhere was committed.
+    unclaimed: HashMap<u64, EngineResult<()>>,
+    /// The highest seqno `unclaimed` dropped for room: an outcome asked for at or below
+    /// it may have been a failure, so it reads as ambiguous.
+    forgotten_upto: u64,
+    /// The deadline the timeout task was last armed for.
+    armed: Option<Instant>,
+    /// The highest prepare seqno tracked (HPS) and the highest completed (HCS).
+    high_prepared: u64,
+    high_completed: u64,
+    /// Replica slots of the vBucket's chain (0: this node alone is the majority).
+    replicas: usize,
+    /// Of those, the slots a node holds (a failed-over node leaves an empty slot).
+    live_replicas: usize,
+    /// Each replica's acknowledged high prepared seqno, by its DCP connection name.
+    acks: Vec<(String, u64)>,
+}
+
+impl State {
+    /// Replica acknowledgements a prepare needs: a majority of the chain of
+    /// `1 + replicas` nodes (`(1 + replicas) / 2 + 1`), minus this node.
+    fn acks_needed(&self) -> usize {
+        self.replicas.div_ceil(2)
+    }
+
+    /// Replicas that acknowledged `seqno`.
+    fn acked(&self, seqno: u64) -> usize {
+        self.acks.iter().filter(|(_, a)| *a >= seqno).count()
+    }
+}
+
+/// A vBucket's SyncWrites in flight (KV-Engine's ActiveDurabilityMonitor), and as a
+/// replica the prepares it holds (its PassiveDurabilityMonitor).
+#[derive(Default)]
+pub(crate) struct Monitor {
+    state: Mutex<State>,
+    /// Held while completions are applied, so that they are applied in seqno order.
+    pub(crate) completing: Mutex<()>,
+    /// The timeout task, once the vBucket has had a SyncWrite with a deadline.
+    pub(crate) task: OnceLock<epkv_executor::TaskHandle>,
+    /// As a replica: the prepares received and not completed.
+    passive: Mutex<PassiveState>,
+}
+
+impl std::fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor")
+            .field("tracked", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Monitor {
+    /// SyncWrites in flight (not counting completions being applied).
+    pub(crate) fn len(&self) -> usize {
+        self.state.lock().tracked.len()
+    }
+
+    pub(crate) fn track(&self, t: Tracked) {
+        let mut s = self.state.lock();
+        s.high_prepared = s.high_prepared.max(t.seqno);
+        s.tracked.push_back(t);
+    }
+
+    /// Tracks a prepare, unless it is a Majority one with nothing in flight before it:
+    /// that one is resolved already (this node is its own majority, and no persist-level
+    /// prepare fences it), so it is recorded as completed and the caller commits it in
+    /// place. Returns whether it did so.
+    pub(crate) fn track_or_complete(&self, t: Tracked, majority: bool) -> bool {
+        let mut s = self.state.lock();
+        s.high_prepared = s.high_prepared.max(t.seqno);
+        if majority && s.tracked.is_empty() && s.replicas == 0 {
+            s.high_completed = s.high_completed.max(t.seqno);
+            return true;
+        }
+        s.tracked.push_back(t);
+        false
+    }
+
+    /// The high prepared and high completed seqnos.
+    pub(crate) fn seqnos(&self) -> (u64, u64) {
+        let s = self.state.lock();
+        (s.high_prepared, s.high_completed)
+    }
+
+    /// Sets the high prepared and completed seqnos warmup read.
+    pub(crate) fn restore_seqnos(&self, prepared: u64, completed: u64) {
+        let mut s = self.state.lock();
+        s.high_prepared = s.high_prepared.max(prepared);
+        s.high_completed = s.high_completed.max(completed);
+    }
+
+    /// Takes the head if it is resolved: `(prepare, true)` to commit, `(prepare, false)`
+    /// to abort. Only the head is ever resolved, so completions follow seqno order.
+    pub(crate) fn pop_resolved(
+        &self,
+        persisted: u64,
+        now: Option<Instant>,
+    ) -> Option<(Tracked, bool)> {
+        let mut s = self.state.lock();
+        let head = s.tracked.front()?;
+        let commit = (!head.persist || head.seqno <= persisted)
+            && (!head.needs_acks || s.acked(head.seqno) >= s.acks_needed());
+        let expired = head
+            .deadline
+            .zip(now)
+            .is_some_and(|(deadline, now)| deadline <= now);
+        if !commit && !expired {
+            return None;
+        }
+        let mut t = s.tracked.pop_front()?;
+        s.high_completed = s.high_completed.max(t.seqno);
+        let waiter = t.waiter.take();
+        s.resolving.insert(t.seqno, waiter);
+        Some((t, commit))
+    }
+
+    /// Hands the outcome of a prepare taken by [`Self::pop_resolved`] or [`Self::drain`]
+    /// (its completion now applied) to its waiter, or keeps it for one. Returns the
+    /// waiter to call (outside the lock).
+    pub(crate) fn settle(
+        &self,
+        seqno: u64,
+        outcome: EngineResult<()>,
+    ) -> Option<(SyncWriteCallback, EngineResult<()>)> {
+        let mut s = self.state.lock();
+        if let Some(w) = s.resolving.remove(&seqno).flatten() {
+            return Some((w, outcome));
+        }
+        if outcome.is_err() {
+            if s.unclaimed.len() >= MAX_UNCLAIMED
+                && let Some(oldest) = s.unclaimed.keys().min().copied()
+            {
+                s.unclaimed.remove(&oldest);
+                s.forgotten_upto = s.forgotten_upto.max(oldest);
+            }
+            s.unclaimed.insert(seqno, outcome);
+        }
+        None
+    }
+
+    /// Attaches `done` to the prepare `seqno`, or returns it with the outcome to call it
+    /// with at once (completed already; or unknown, which reads as ambiguous).
+    pub(crate) fn claim(
+        &self,
+        seqno: u64,
+        done: SyncWriteCallback,
+    ) -> Option<(SyncWriteCallback, EngineResult<()>)> {
+        let mut s = self.state.lock();
+        if let Ok(i) = s.tracked.binary_search_by_key(&seqno, |t| t.seqno) {
+            if let Some(t) = s.tracked.get_mut(i) {
+                t.waiter = Some(done);
+            }
+            return None;
+        }
+        if let Some(slot) = s.resolving.get_mut(&seqno) {
+            *slot = Some(done);
+            return None;
+        }
+        let outcome = match s.unclaimed.remove(&seqno) {
+            Some(failed) => failed,
+            None if seqno > s.forgotten_upto && seqno <= s.high_completed => Ok(()),
+            None => Err(EngineStatus::SyncWriteAmbiguous),
+        };
+        Some((done, outcome))
+    }
+
+    /// The head's deadline when the timeout task must be re-armed for it (and records
+    /// it as armed): only when the task is armed for nothing or for later. A task armed
+    /// earlier than the head needs (the previous head's deadline) is left alone: it runs
+    /// once, spuriously, and re-arms itself. So a stream of SyncWrites with one timeout,
+    /// whose deadlines only grow, re-arms the task about once per timeout period, not
+    /// once per write.
+    pub(crate) fn rearm(&self) -> Option<Instant> {
+        let mut s = self.state.lock();
+        let head = s.tracked.front().and_then(|t| t.deadline)?;
+        if s.armed.is_some_and(|armed| armed <= head) {
+            return None;
+        }
+        s.armed = Some(head);
+        Some(head)
+    }
+
+    /// After a run of the timeout task: the deadline it must sleep until (recorded as
+    /// armed), or `None` to sleep until a SyncWrite arms it.
+    pub(crate) fn armed_after_run(&self) -> Option<Instant> {
+        let mut s = self.state.lock();
+        s.armed = s.tracked.front().and_then(|t| t.deadline);
+        s.armed
+    }
+
+    /// Sets the chain this active vBucket replicates to: `replicas` slots, `live` of them
+    /// held by a node. Acknowledgements so far are forgotten (new replicas start over).
+    pub(crate) fn set_chain(&self, replicas: usize, live: usize) {
+        let mut s = self.state.lock();
+        if s.replicas != replicas || s.live_replicas != live {
+            s.acks.clear();
+        }
+        s.replicas = replicas;
+        s.live_replicas = live.min(replicas);
+    }
+
+    /// True when the chain has too few nodes for a majority (DurabilityImpossible).
+    pub(crate) fn impossible(&self) -> bool {
+        let s = self.state.lock();
+        s.live_replicas < s.acks_needed()
+    }
+
+    /// Records replica `name`'s acknowledged high prepared seqno. Returns whether it
+    /// moved.
+    pub(crate) fn ack(&self, name: &str, seqno: u64) -> bool {
+        let mut s = self.state.lock();
+        if s.replicas == 0 {
+            return false;
+        }
+        match s.acks.iter_mut().find(|(n, _)| n == name) {
+            Some((_, a)) if *a >= seqno => false,
+            Some((_, a)) => {
+                *a = seqno;
+                true
+            }
+            None => {
+                s.acks.push((name.to_owned(), seqno));
+                true
+            }
+        }
+    }
+
+    /// As a replica: a prepare received.
+    pub(crate) fn passive_prepare(&self, p: Passive) {
+        let mut s = self.passive.lock();
+        s.high_prepared = s.high_prepared.max(p.seqno);
+        s.prepares.push_back(p);
+    }
+
+    /// As a replica: the prepare `seqno` completed (committed or aborted). Returns it.
+    pub(crate) fn passive_complete(&self, seqno: u64) -> Option<Passive> {
+        let mut s = self.passive.lock();
+        let i = s.prepares.iter().position(|p| p.seqno == seqno)?;
+        s.prepares.remove(i)
+    }
+
+    /// As a replica: the high prepared seqno it may acknowledge with the vBucket
+    /// persisted up to `persisted`: past every prepare received, except that it stops
+    /// before the first persist-level prepare not yet on disk. Never goes back.
+    pub(crate) fn replica_hps(&self, persisted: u64) -> u64 {
+        let mut s = self.passive.lock();
+        let blocked = s
+            .prepares
+            .iter()
+            .find(|p| p.persist && p.seqno > persisted)
+            .map(|p| p.seqno);
+        let hps = match blocked {
+            None => s.high_prepared,
+            Some(b) => s
+                .prepares
+                .iter()
+                .map(|p| p.seqno)
+                .filter(|&q| q < b)
+                .max()
+                .unwrap_or(0)
+                .max(s.acked),
+        };
+        s.acked = s.acked.max(hps);
+        s.acked
+    }
+
+    /// As a replica becoming active, or starting over: takes the prepares it held.
+    pub(crate) fn take_passive(&self) -> Vec<Passive> {
+        let mut s = self.passive.lock();
+        s.acked = 0;
+        s.high_prepared = 0;
+        s.prepares.drain(..).collect()
+    }
+
+    /// Takes every prepare in flight (FLUSH, a state change): their waiters hear
+    /// SyncWriteAmbiguous.
+    pub(crate) fn drain(&self) -> Vec<Tracked> {
+        let mut s = self.state.lock();
+        if let Some(last) = s.tracked.back() {
+            s.high_completed = s.high_completed.max(last.seqno);
+        }
+        let taken: Vec<Tracked> = s.tracked.drain(..).collect();
+        let mut out = Vec::with_capacity(taken.len());
+        for mut t in taken {
+            let waiter = t.waiter.take();
+            s.resolving.insert(t.seqno, waiter);
+            out.push(t);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use epkv_executor::Clock as _;
+
+    fn t0() -> Instant {
+        epkv_executor::ManualClock::new(Duration::ZERO).now()
+    }
+
+    fn tracked(seqno: u64, persist: bool, deadline: Option<Instant>) -> Tracked {
+        Tracked {
+            needs_acks: true,
+            seqno,
+            key: format!("k{seqno}").into_bytes(),
+            persist,
+            deadline,
+            waiter: None,
+        }
+    }
+
+    #[test]
+    fn prepares_are_stored_in_the_storage_prepare_namespace() {
+        let k = prepare_key(b"\0\x08k");
+        assert_eq!(
+            epkv_types::doc_key::collection_of(&k),
+            epkv_storage::PREPARE_NAMESPACE
+        );
+        assert_eq!(prepared_key_of(&k), Some(&b"\0\x08k"[..]));
+        assert_eq!(prepared_key_of(b"k"), None);
+        assert_eq!(prepared_key_of(b"\0\x08k"), None);
+    }
+
+    #[test]
+    fn only_the_head_resolves_and_a_persist_level_head_fences_the_rest() {
+        let m = Monitor::default();
+        m.track(tracked(1, false, None));
+        m.track(tracked(2, true, None));
+        m.track(tracked(3, false, None));
+        // Majority at the head commits; the unpersisted persist-level one stops the rest.
+        assert!(matches!(m.pop_resolved(0, None), Some((t, true)) if t.seqno == 1));
+        assert!(m.pop_resolved(1, None).is_none());
+        // Persisted: it commits, and the Majority one behind it follows.
+        assert!(matches!(m.pop_resolved(2, None), Some((t, true)) if t.seqno == 2));
+        assert!(matches!(m.pop_resolved(2, None), Some((t, true)) if t.seqno == 3));
+        assert!(m.pop_resolved(u64::MAX, None).is_none());
+        assert_eq!(m.seqnos(), (3, 3));
+    }
+
+    #[test]
+    fn an_expired_head_aborts_but_a_persisted_one_commits_first() {
+        let t0 = t0();
+        let m = Monitor::default();
+        m.track(tracked(5, true, Some(t0)));
+        m.track(tracked(6, true, Some(t0 + Duration::from_secs(9))));
+        let later = Some(t0 + Duration::from_secs(1));
+        // Persisted and expired: the commit wins.
+        assert!(matches!(m.pop_resolved(5, later), Some((t, true)) if t.seqno == 5));
+        // Not persisted, not expired.
+        assert!(m.pop_resolved(5, later).is_none());
+        // Expired: aborted.
+        let much_later = Some(t0 + Duration::from_secs(10));
+        assert!(matches!(m.pop_resolved(5, much_later), Some((t, false)) if t.seqno == 6));
+    }
+
+    #[test]
+    fn the_timeout_task_is_rearmed_only_for_an_earlier_head() {
+        let t0 = t0();
+        let s = |n| Some(t0 + Duration::from_secs(n));
+        let m = Monitor::default();
+        assert_eq!(m.rearm(), None, "nothing to arm for");
+        m.track(tracked(1, true, s(30)));
+        assert_eq!(m.rearm(), s(30));
+        assert_eq!(m.rearm(), None, "armed already");
+        m.track(tracked(2, true, s(40)));
+        assert!(m.pop_resolved(1, None).is_some());
+        // The head is due later than the task: it is left to run once and re-arm itself.
+        assert_eq!(m.rearm(), None);
+        assert_eq!(m.armed_after_run(), s(40));
+        assert!(m.pop_resolved(2, None).is_some());
+        assert_eq!(m.armed_after_run(), None);
+        m.track(tracked(3, true, s(5)));
+        assert_eq!(m.rearm(), s(5), "a sleeping task is armed");
+    }
+
+    #[test]
+    fn an_outcome_reaches_its_waiter_whenever_it_asks() {
+        use std::sync::{Arc, Mutex};
+        let m = Monitor::default();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let waiter = |seen: &Arc<Mutex<Vec<EngineResult<()>>>>| -> SyncWriteCallback {
+            let seen = Arc::clone(seen);
+            Box::new(move |r| seen.lock().unwrap_or_else(|e| e.into_inner()).push(r))
+        };
+        // Asked before completion: attached, then called by settle's caller.
+        m.track(tracked(1, false, None));
+        assert!(m.claim(1, waiter(&seen)).is_none());
+        let Some((t, _)) = m.pop_resolved(0, None) else {
+            panic!("the head resolves")
+        };
+        if let Some((done, r)) = m.settle(t.seqno, Ok(())) {
+            done(r);
+        }
+        // Completed before anyone asked: kept, and handed over on the ask.
+        m.track(tracked(2, false, None));
+        let Some((t, _)) = m.pop_resolved(0, None) else {
+            panic!("the head resolves")
+        };
+        assert!(
+            m.settle(t.seqno, Err(EngineStatus::SyncWriteAmbiguous))
+                .is_none()
+        );
+        if let Some((done, r)) = m.claim(2, waiter(&seen)) {
+            done(r);
+        }
+        // Asked while the completion is being applied (taken off the monitor, not yet
+        // settled): told at the settle, not before and not as unknown.
+        m.track(tracked(3, false, None));
+        let Some((t, _)) = m.pop_resolved(0, None) else {
+            panic!("the head resolves")
+        };
+        assert!(
+            m.claim(3, waiter(&seen)).is_none(),
+            "attached, not answered"
+        );
+        assert_eq!(seen.lock().unwrap_or_else(|e| e.into_inner()).len(), 2);
+        if let Some((done, r)) = m.settle(t.seqno, Ok(())) {
+            done(r);
+        }
+        // Committed before anyone asked: nothing kept, and it reads as committed.
+        m.track(tracked(4, false, None));
+        let Some((t, _)) = m.pop_resolved(0, None) else {
+            panic!("the head resolves")
+        };
+        assert!(m.settle(t.seqno, Ok(())).is_none());
+        if let Some((done, r)) = m.claim(4, waiter(&seen)) {
+            done(r);
+        }
+        // A Majority prepare with nothing before it completes at once.
+        assert!(m.track_or_complete(tracked(5, false, None), true));
+        if let Some((done, r)) = m.claim(5, waiter(&seen)) {
+            done(r);
+        }
+        // Unknown: ambiguous, never success.
+        if let Some((done, r)) = m.claim(99, waiter(&seen)) {
+            done(r);
+        }
+        let seen = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        assert_eq!(
+            seen,
+            vec![
+                Ok(()),
+                Err(EngineStatus::SyncWriteAmbiguous),
+                Ok(()),
+                Ok(()),
+                Ok(()),
+                Err(EngineStatus::SyncWriteAmbiguous)
+            ]
+        );
+    }
+}
