@@ -1,17 +1,19 @@
 //! [`Bucket`]: the vBucket map, the clock, memory accounting, counters and the expiry pager,
 //! plus the helpers every operation shares (routing, time, expiry on access, CAS checks).
 
+use crate::document::{document_of, expired, system_section};
 use crate::expiry_pager::ExpiryPager;
+use crate::lazy_now::LazyNow;
 use crate::persistence::{PersistedFuture, Persistence, RETRY_AFTER};
+use crate::persistence_config::FlusherMode;
 use crate::stats::{Counter, Counters};
 use crate::vbucket::{Assigned, DeleteSource, VBucket, WarmupPhase};
 use crate::{BucketConfig, EngineClock, Result};
-use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, Item, MutationInfo};
+use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, MutationInfo};
 use epkv_executor::{Clock, OffsetClock};
 use epkv_hashtable::{Entry, ItemMeta, MemoryTracker, StoredValue};
-use epkv_types::{Cas, Datatype, DurabilityLevel, VBucketState, Vbid, vbucket_for_key};
+use epkv_types::{Datatype, VBucketState, Vbid, vbucket_for_key};
 use parking_lot::RwLockReadGuard;
-use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
 
@@ -46,7 +48,7 @@ pub struct Bucket {
     /// The item pager's task and cycle state.
     pub(crate) item_pager: crate::item_pager::ItemPager,
     /// Background fetch wait and read times.
-    pub(crate) bg_times: crate::bg_fetcher::BgFetchTimes,
+    pub(crate) bg_times: crate::bg_fetch_queue::BgFetchTimes,
     /// The executor the bucket's tasks run on (its own, or the one it was given); set
     /// once the tasks are scheduled. Read for the task list ([`Bucket::tasks`]).
     pub(crate) task_executor: std::sync::OnceLock<epkv_executor::ExecutorHandle>,
@@ -71,135 +73,6 @@ impl fmt::Debug for Bucket {
     }
 }
 
-/// The time of one operation, read from the bucket clock at most once, and only if the
-/// operation needs it (a GET of an item with no expiry and no lock never reads the clock).
-pub(crate) struct LazyNow<'a> {
-    clock: &'a dyn Clock,
-    cached: Cell<Option<(u32, u64)>>,
-}
-
-impl<'a> LazyNow<'a> {
-    pub(crate) fn new(clock: &'a dyn Clock) -> Self {
-        Self {
-            clock,
-            cached: Cell::new(None),
-        }
-    }
-
-    fn read(&self) -> (u32, u64) {
-        if let Some(v) = self.cached.get() {
-            return v;
-        }
-        let t = self.clock.unix_time();
-        let v = (
-            u32::try_from(t.as_secs()).unwrap_or(u32::MAX),
-            u64::try_from(t.as_nanos()).unwrap_or(u64::MAX),
-        );
-        self.cached.set(Some(v));
-        v
-    }
-
-    /// Unix time in whole seconds (expiry and lock times).
-    pub(crate) fn secs(&self) -> u32 {
-        self.read().0
-    }
-
-    /// Unix time in nanoseconds (HLC CAS).
-    pub(crate) fn nanos(&self) -> u64 {
-        self.read().1
-    }
-}
-
-/// Returns true when `meta` has expired by `now`.
-pub(crate) fn expired(meta: &ItemMeta, now: &LazyNow<'_>) -> bool {
-    meta.expiry != 0 && meta.is_expired(now.secs())
-}
-
-/// Returns true while `meta` is locked at `now`.
-pub(crate) fn locked(meta: &ItemMeta, now: &LazyNow<'_>) -> bool {
-    meta.lock_expiry != 0 && meta.is_locked(now.secs())
-}
-
-/// The CAS a client must present to change an existing document: while it is locked, the
-/// lock's CAS, which GET_LOCKED made the document's CAS (anything else → Locked); otherwise the document's CAS, unless the request
-/// carries the wildcard (mismatch → KeyExists).
-pub(crate) fn check_lock_and_cas(meta: &ItemMeta, cas: Cas, now: &LazyNow<'_>) -> EngineResult<()> {
-    if locked(meta, now) {
-        if cas == meta.cas {
-            Ok(())
-        } else {
-            Err(EngineStatus::Locked)
-        }
-    } else if cas.is_any() || cas == meta.cas {
-        Ok(())
-    } else {
-        Err(EngineStatus::KeyExists)
-    }
-}
-
-/// Durability on a single node with no replicas: Majority is satisfied by the active
-/// alone, so it commits at once. The persist levels need persistence: a persistent bucket
-/// accepts them (the front end acknowledges the write once [`Bucket::when_persisted`]
-/// reports its seqno durable); a memory-only bucket rejects them, as an ephemeral bucket.
-pub(crate) fn check_durability(
-    d: Option<&DurabilityRequirements>,
-    persistent: bool,
-) -> EngineResult<()> {
-    match d.map(|d| d.level) {
-        None | Some(DurabilityLevel::Majority) => Ok(()),
-        Some(DurabilityLevel::MajorityAndPersistOnMaster | DurabilityLevel::PersistToMajority) => {
-            if persistent {
-                Ok(())
-            } else {
-                Err(EngineStatus::DurabilityInvalidLevel)
-            }
-        }
-    }
-}
-
-/// The document the flusher writes for the entry's item as of the mutation `a`, with
-/// revision `rev` and (for TOUCH) a new expiry.
-pub(crate) fn document_of(
-    e: &Entry<'_>,
-    a: &Assigned,
-    rev: u64,
-    expiry: Option<u32>,
-) -> epkv_storage::Document {
-    let (value, m, deleted) = match e.committed() {
-        Some(sv) => (
-            bytes::Bytes::copy_from_slice(sv.value()),
-            *sv.meta(),
-            sv.is_deleted(),
-        ),
-        None => (bytes::Bytes::new(), ItemMeta::default(), false),
-    };
-    epkv_storage::Document {
-        key: e.key().to_vec(),
-        value,
-        seqno: a.seqno.0,
-        cas: a.cas.0,
-        rev_seqno: rev,
-        flags: m.flags,
-        expiry: expiry.unwrap_or(m.expiry),
-        datatype: m.datatype.0,
-        deleted,
-    }
-}
-
-/// The system extended attributes of a live item (an empty section when it has none, or
-/// when its value is not in memory).
-pub(crate) fn system_section(sv: &StoredValue) -> Vec<u8> {
-    let m = sv.meta();
-    if !m.datatype.contains(Datatype::XATTR) || !sv.is_resident() {
-        return Vec::new();
-    }
-    let Ok(plain) = crate::ops::plain_value(sv.value(), m.datatype) else {
-        return Vec::new();
-    };
-    epkv_engine_api::xattr::system_only(epkv_engine_api::xattr::section(&plain, m.datatype))
-        .unwrap_or_default()
-}
-
 /// Schedules a task of `bucket` that holds it only weakly: each run upgrades the
 /// reference and calls `run`, and the task ends once the bucket is gone.
 pub(crate) fn schedule_weak(
@@ -215,45 +88,6 @@ pub(crate) fn schedule_weak(
                 .map_or(epkv_executor::Next::Done, |b| run(&b))
         })?,
     )
-}
-
-/// SyncWriteInProgress while a SyncWrite (a prepare) of the key is in flight: no other
-/// write of the key may run until it completes.
-pub(crate) fn check_no_sync_write(e: &Entry<'_>) -> EngineResult<()> {
-    match e.prepared() {
-        Some(p) if p.committed_state().is_in_flight() => Err(EngineStatus::SyncWriteInProgress),
-        _ => Ok(()),
-    }
-}
-
-/// Lends a stored document as the engine API's borrowed view, with the CAS readers see.
-pub(crate) fn view_of(sv: &StoredValue, vbid: Vbid, cas: Cas) -> epkv_engine_api::ItemView<'_> {
-    let m = sv.meta();
-    epkv_engine_api::ItemView {
-        key: sv.key(),
-        value: sv.value(),
-        flags: m.flags,
-        expiry_unix_secs: m.expiry,
-        datatype: m.datatype,
-        cas,
-        vbid,
-        seqno: m.by_seqno,
-    }
-}
-
-/// Builds the [`Item`] a read returns.
-pub(crate) fn item_of(sv: &StoredValue, vbid: Vbid, cas: Cas) -> Item {
-    let m = sv.meta();
-    Item {
-        key: sv.key_bytes(),
-        value: sv.value_bytes(),
-        flags: m.flags,
-        expiry_unix_secs: m.expiry,
-        datatype: m.datatype,
-        cas,
-        vbid,
-        seqno: m.by_seqno,
-    }
 }
 
 impl Bucket {
@@ -320,10 +154,12 @@ impl Bucket {
         let persistence = match &config.persistence {
             Some(p) => {
                 let mut p = p.clone();
-                p.apply_after_bytes = p.apply_after_bytes.min(crate::persistence::apply_cap(
-                    config.memory_quota_bytes,
-                    p.shards,
-                ));
+                p.apply_after_bytes =
+                    p.apply_after_bytes
+                        .min(crate::persistence_config::apply_cap(
+                            config.memory_quota_bytes,
+                            p.shards,
+                        ));
                 let p = Persistence::open(p)?;
                 let queued = p.prepare_warmup(&vbuckets)?;
                 tracing::info!(bucket = %config.name, vbuckets = queued, "warmup started");
@@ -350,7 +186,7 @@ impl Bucket {
             pager: ExpiryPager::new(),
             persistence,
             item_pager,
-            bg_times: crate::bg_fetcher::BgFetchTimes::default(),
+            bg_times: crate::bg_fetch_queue::BgFetchTimes::default(),
             task_executor: std::sync::OnceLock::new(),
         });
         let _ = bucket.self_ref.set(Arc::downgrade(&bucket));
@@ -506,7 +342,7 @@ impl Bucket {
         }
         *p.fetchers.lock() = fetchers;
         Self::start_item_pager(bucket, &exec)?;
-        if p.config.flusher == crate::persistence::FlusherMode::Manual {
+        if p.config.flusher == FlusherMode::Manual {
             return Ok(());
         }
         let mut handles = Vec::with_capacity(p.shards.len());
@@ -856,7 +692,7 @@ impl Bucket {
     /// Returns the number of documents in all vBuckets (the `curr_items_tot` stat).
     #[must_use]
     pub fn item_count(&self) -> usize {
-        self.vbuckets.iter().map(Self::vb_items).sum()
+        self.vbuckets.iter().map(VBucket::item_count).sum()
     }
 
     /// Returns a vBucket's high seqno (the seqno of its latest mutation; 0 if none), or
@@ -1082,7 +918,7 @@ impl Bucket {
             tracing::error!(vbid = %vb.id, "cannot keep a deleted document's system attributes in memory; they are dropped");
         }
         let (a, woke) = vb.assign_deletion_queued(now.nanos(), meta.rev_seqno + 1, e.key(), source);
-        Self::remove_deleted(vb, e, &a, meta.rev_seqno + 1);
+        crate::full_eviction::remove_deleted(vb, e, &a, meta.rev_seqno + 1);
         self.queued(vb, woke);
         a
     }
@@ -1163,7 +999,7 @@ impl Bucket {
             vb.note_xattrs(sv.meta().datatype);
         }
         if !deleted {
-            Self::note_written(vb, e.key());
+            vb.note_written(e.key());
         }
         let patch = |e: &mut Entry<'_>, a: &Assigned| {
             if !patches.is_empty()

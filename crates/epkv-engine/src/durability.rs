@@ -57,10 +57,9 @@ use epkv_hashtable::{CommittedState, Entry, ItemMeta, StoredValue};
 use epkv_storage::Document;
 use epkv_types::{Datatype, DurabilityLevel, Vbid};
 
-use crate::bucket::{Bucket, LazyNow};
-use crate::durability_monitor::{
-    DEFAULT_TIMEOUT, PREPARE_DELETES, Passive, Tracked, prepare_key, prepared_key_of,
-};
+use crate::bucket::Bucket;
+use crate::durability_monitor::{DEFAULT_TIMEOUT, PREPARE_DELETES, Tracked, prepare_key};
+use crate::lazy_now::LazyNow;
 use crate::stats::Counter;
 use crate::vbucket::{Assigned, SyncStep, VBucket, tombstone_document};
 
@@ -158,7 +157,7 @@ impl Bucket {
         d: &DurabilityRequirements,
     ) -> EngineResult<Assigned> {
         let (meta, kept) = match e.get() {
-            Some(sv) => (*sv.meta(), crate::bucket::system_section(sv)),
+            Some(sv) => (*sv.meta(), crate::document::system_section(sv)),
             None => return Err(EngineStatus::KeyNotFound),
         };
         let tomb = if kept.is_empty() {
@@ -270,7 +269,7 @@ impl Bucket {
         }
         let deletes = p.is_deleted();
         if !deletes {
-            Self::note_written(vb, e.key());
+            vb.note_written(e.key());
         }
         let (a, woke) = vb.assign_sync(
             now.nanos(),
@@ -431,56 +430,6 @@ impl Bucket {
                 done(outcome);
             }
         }
-    }
-
-    /// Restores a prepare warmup found above the high completed seqno: as
-    /// `PreparedMaybeVisible`, tracked with no deadline until it is committed again.
-    pub(crate) fn restore_prepare(vb: &VBucket, d: &Document) {
-        let Some(key) = prepared_key_of(&d.key) else {
-            return;
-        };
-        let meta = ItemMeta {
-            cas: epkv_types::Cas(d.cas),
-            rev_seqno: d.rev_seqno,
-            by_seqno: epkv_types::Seqno(d.seqno),
-            flags: d.flags,
-            expiry: d.expiry,
-            datatype: Datatype(d.datatype & !PREPARE_DELETES),
-            ..ItemMeta::default()
-        };
-        let sv = if d.datatype & PREPARE_DELETES != 0 {
-            StoredValue::new_tombstone(key, &d.value, meta)
-        } else {
-            StoredValue::new(key, &d.value, meta)
-        };
-        let Ok(sv) = sv else {
-            tracing::error!(vbid = %vb.id, seqno = d.seqno, "cannot restore a pending prepare");
-            return;
-        };
-        let stored = vb.table.with_entry(key, |e| {
-            e.insert_prepared(sv.with_state(CommittedState::PreparedMaybeVisible))
-        });
-        if let Err(err) = stored {
-            tracing::error!(vbid = %vb.id, seqno = d.seqno, error = %err, "cannot restore a pending prepare");
-            return;
-        }
-        if vb.state_hint() == epkv_types::VBucketState::Replica {
-            // A replica keeps it until the active's commit or abort arrives.
-            vb.durability.passive_prepare(Passive {
-                seqno: d.seqno,
-                key: key.to_vec(),
-                persist: true,
-            });
-            return;
-        }
-        vb.durability.track(Tracked {
-            seqno: d.seqno,
-            key: key.to_vec(),
-            persist: true,
-            deadline: None,
-            waiter: None,
-            needs_acks: false,
-        });
     }
 
     /// A replica vBucket just became active: the prepares it held are tracked as its

@@ -33,7 +33,7 @@ impl Engine for Bucket {
         f: &mut dyn FnMut(&epkv_engine_api::ItemView<'_>),
     ) -> EngineResult<()> {
         self.op_get_with(vbid, key, |sv, cas| {
-            f(&crate::bucket::view_of(sv, vbid, cas))
+            f(&crate::document::view_of(sv, vbid, cas))
         })
     }
 

@@ -33,14 +33,6 @@ use epkv_engine_api::{EngineResult, EngineStatus};
 use epkv_hashtable::{Entry, ItemMeta, StoredValue};
 
 impl Bucket {
-    /// Live documents of `vb`: in memory, plus (full eviction) those only on disk.
-    pub(crate) fn vb_items(vb: &VBucket) -> usize {
-        let on_disk = vb.full.as_ref().map_or(0, |f| f.evicted());
-        vb.table
-            .len()
-            .saturating_add(usize::try_from(on_disk).unwrap_or(usize::MAX))
-    }
-
     /// Makes sure the entry shows what the operation needs: the document's metadata (its
     /// existence, CAS, lock, expiry), and with `value` its value. When memory does not
     /// have it (value evicted; under full eviction, a key not in memory that the key
@@ -103,42 +95,6 @@ impl Bucket {
         }
     }
 
-    /// Notes a live version of `key` written in `vb` (full eviction: the key filter must
-    /// contain every key that may exist).
-    pub(crate) fn note_written(vb: &VBucket, key: &[u8]) {
-        if let Some(full) = &vb.full {
-            full.filter.add(key);
-        }
-    }
-
-    /// Takes a deleted document out of the entry: in a memory-only bucket it goes; in a
-    /// persistent one a dirty tombstone (the deletion `a`, revision `rev`) stays in its
-    /// place until the flusher has persisted it, since the disk holds the live version
-    /// until then and a key missing from memory may be looked up there (full eviction,
-    /// GET_META). Persisted tombstones leave memory through the item pager and the
-    /// expiry pass.
-    pub(crate) fn remove_deleted(vb: &VBucket, e: &mut Entry<'_>, a: &Assigned, rev: u64) {
-        if !vb.is_persistent() {
-            e.remove();
-            return;
-        }
-        let meta = ItemMeta {
-            by_seqno: a.seqno,
-            cas: a.cas,
-            rev_seqno: rev,
-            ..ItemMeta::default()
-        };
-        // The tombstone (header and key) is never larger than what it replaces, so the
-        // quota cannot refuse it.
-        let stored = StoredValue::new_deleted(e.key(), meta)
-            .map_err(|err| err.to_string())
-            .and_then(|t| e.insert(t).map_err(|err| err.to_string()));
-        if let Err(err) = stored {
-            tracing::error!(vbid = %vb.id, error = %err, "cannot keep a tombstone in memory; the key is removed");
-            e.remove();
-        }
-    }
-
     /// Rebuilds `vb`'s key filter, sized for its current item count: every live key in
     /// memory, then every live key of its data file. Keys written meanwhile go to both
     /// filters. Memory is walked before the disk so that a key evicted during the
@@ -153,7 +109,7 @@ impl Bucket {
         let Some(shard) = p.shards.get(p.shard_of(vb.id)) else {
             return Ok(());
         };
-        let keys = Self::vb_items(vb).saturating_add(Self::vb_items(vb) / 4);
+        let keys = vb.item_count().saturating_add(vb.item_count() / 4);
         full.filter.begin_rebuild(keys);
         vb.table.for_each(|sv| {
             if !sv.is_deleted() {
@@ -202,3 +158,31 @@ impl Bucket {
 /// Filters the item pager rebuilds in one run at most (each reads its vBucket's keys
 /// from the data file's index, a few milliseconds for 10,000 keys).
 const REBUILDS_PER_RUN: usize = 64;
+
+/// Takes a deleted document out of the entry: in a memory-only bucket it goes; in a
+/// persistent one a dirty tombstone (the deletion `a`, revision `rev`) stays in its
+/// place until the flusher has persisted it, since the disk holds the live version
+/// until then and a key missing from memory may be looked up there (full eviction,
+/// GET_META). Persisted tombstones leave memory through the item pager and the
+/// expiry pass.
+pub(crate) fn remove_deleted(vb: &VBucket, e: &mut Entry<'_>, a: &Assigned, rev: u64) {
+    if !vb.is_persistent() {
+        e.remove();
+        return;
+    }
+    let meta = ItemMeta {
+        by_seqno: a.seqno,
+        cas: a.cas,
+        rev_seqno: rev,
+        ..ItemMeta::default()
+    };
+    // The tombstone (header and key) is never larger than what it replaces, so the
+    // quota cannot refuse it.
+    let stored = StoredValue::new_deleted(e.key(), meta)
+        .map_err(|err| err.to_string())
+        .and_then(|t| e.insert(t).map_err(|err| err.to_string()));
+    if let Err(err) = stored {
+        tracing::error!(vbid = %vb.id, error = %err, "cannot keep a tombstone in memory; the key is removed");
+        e.remove();
+    }
+}

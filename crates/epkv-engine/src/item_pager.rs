@@ -27,15 +27,18 @@
 //!   pausable visitor, so front-end threads never wait on a long pager run and the stripe
 //!   locks are each held for one stripe at most.
 
-use crate::bucket::{Bucket, LazyNow, locked};
+use crate::bucket::Bucket;
 use crate::config::EphemeralFullPolicy;
+use crate::document::locked;
+use crate::lazy_now::LazyNow;
+use crate::pager_waker::PagerWaker;
 use crate::stats::Counter;
 use crate::vbucket::{VBucket, WarmupPhase};
 use epkv_hashtable::{Position, Visit, VisitedItem};
 use epkv_types::{VBucketState, Vbid};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 /// Items one pager run visits before it yields its thread (about 1-2 ms of work).
 pub(crate) const ITEMS_PER_RUN: usize = 10_000;
@@ -70,38 +73,6 @@ pub struct PagerRun {
     pub deleted: usize,
     /// A cycle is still in progress: run again.
     pub more: bool,
-}
-
-/// Wakes the pager task; shared with the memory tracker's high-watermark hook.
-#[derive(Debug, Default)]
-pub(crate) struct PagerWaker {
-    /// The pager task, once scheduled.
-    task: OnceLock<epkv_executor::TaskHandle>,
-    /// Set by a wake, cleared by the pager when it looks at memory (so a burst of
-    /// wakes wakes the task once).
-    woken: AtomicBool,
-    /// Set when a write was refused for lack of memory: the next run starts a cycle
-    /// even below the high watermark (if above the low one). The high-watermark hook does
-    /// not set it: it fires on reserved bytes, which run ahead of the bytes items hold by
-    /// up to the tracker's per-thread reserves, so the pager checks the exact figure.
-    urgent: AtomicBool,
-}
-
-impl PagerWaker {
-    /// Wakes the pager unless a wake is already pending.
-    pub(crate) fn wake(&self) {
-        if !self.woken.swap(true, Ordering::AcqRel)
-            && let Some(t) = self.task.get()
-        {
-            t.wake();
-        }
-    }
-
-    /// Wakes the pager for a refused write (see `urgent`).
-    fn wake_urgent(&self) {
-        self.urgent.store(true, Ordering::Release);
-        self.wake();
-    }
 }
 
 /// The pager's state, owned by the bucket.

@@ -190,14 +190,17 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod bg_fetch_queue;
 mod bg_fetcher;
 mod bucket;
+mod bucket_collections;
 mod clock;
 pub mod collections;
 mod config;
 mod counter_value;
 mod dcp;
 mod dcp_log;
+mod document;
 mod durability;
 mod durability_monitor;
 mod engine_impl;
@@ -207,8 +210,11 @@ mod full_eviction;
 mod hlc;
 mod item_pager;
 mod key_filter;
+mod lazy_now;
 mod ops;
+mod pager_waker;
 mod persistence;
+mod persistence_config;
 mod replica;
 mod shard_store;
 mod stat_groups;
@@ -325,6 +331,7 @@ pub use config::{
 pub use epkv_storage::JournalMode;
 pub use error::{Error, Result};
 pub use item_pager::PagerRun;
-pub use persistence::{FlusherMode, PersistedFuture, PersistenceConfig};
+pub use persistence::PersistedFuture;
+pub use persistence_config::{FlusherMode, PersistenceConfig};
 pub use shard_store::StorageBackend;
 pub use stats::{STATS, StatDefinition, StatGroup, StatUnit};

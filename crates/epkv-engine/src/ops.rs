@@ -4,10 +4,11 @@
 //! lock, with seqno and CAS assigned at the vBucket's ordering point before it is released.
 
 use crate::Bucket;
-use crate::bucket::{
-    LazyNow, check_durability, check_lock_and_cas, check_no_sync_write, item_of, locked,
-};
 use crate::counter_value;
+use crate::document::{
+    check_durability, check_lock_and_cas, check_no_sync_write, item_of, locked, plain_value,
+};
+use crate::lazy_now::LazyNow;
 use crate::stats::Counter;
 use crate::vbucket::{Assigned, DeleteSource, VBucket};
 use epkv_engine_api::xattr;
@@ -21,23 +22,6 @@ use epkv_types::{Cas, Datatype, Vbid};
 /// Raw expiry that tells INCREMENT/DECREMENT not to create a missing key.
 const ARITHMETIC_NO_CREATE: u32 = 0xffff_ffff;
 
-/// Returns JSON if `value` is a JSON document, else raw bytes (used for values the engine
-/// builds itself, as KV-Engine re-checks the datatype after APPEND/PREPEND).
-/// The value itself: decompressed when `datatype` says Snappy (APPEND/PREPEND and
-/// INCR/DECR work on the plain bytes, as KV-Engine's do).
-pub(crate) fn plain_value(
-    value: &[u8],
-    datatype: Datatype,
-) -> Result<std::borrow::Cow<'_, [u8]>, EngineStatus> {
-    if !datatype.contains(Datatype::SNAPPY) {
-        return Ok(std::borrow::Cow::Borrowed(value));
-    }
-    snap::raw::Decoder::new()
-        .decompress_vec(value)
-        .map(std::borrow::Cow::Owned)
-        .map_err(|_| EngineStatus::Invalid)
-}
-
 /// Whether a value a client sent with datatype XATTR holds a valid attribute section
 /// (true for any value without the bit).
 fn valid_with_attrs(value: &[u8], datatype: Datatype) -> bool {
@@ -50,6 +34,8 @@ fn valid_with_attrs(value: &[u8], datatype: Datatype) -> bool {
     xattr::split(&plain).is_ok_and(|(s, _)| crate::xattrs::valid_section(s))
 }
 
+/// Returns JSON if `value` is a JSON document, else raw bytes (used for values the engine
+/// builds itself, as KV-Engine re-checks the datatype after APPEND/PREPEND).
 fn json_or_raw(value: &[u8]) -> Datatype {
     if serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok() {
         Datatype::JSON
@@ -124,7 +110,7 @@ impl Bucket {
         }
         let expiry = Expiry::from_wire(expiry_raw).to_unix_secs(now.secs());
         let (a, woke) = vb.assign_mutation_queued(now.nanos(), |a| {
-            crate::bucket::document_of(e, a, meta.rev_seqno + 1, Some(expiry))
+            crate::document::document_of(e, a, meta.rev_seqno + 1, Some(expiry))
         });
         if let Some(m) = e.meta_mut() {
             m.expiry = expiry;

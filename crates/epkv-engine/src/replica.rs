@@ -26,8 +26,10 @@
 //! the replica is promoted, the prepares it holds become the new active's and are
 //! committed once on its disk.
 
-use crate::bucket::{Bucket, LazyNow, document_of, expired, item_of};
+use crate::bucket::Bucket;
+use crate::document::{document_of, expired, item_of};
 use crate::durability_monitor::{PREPARE_DELETES, Passive, prepare_key};
+use crate::lazy_now::LazyNow;
 use crate::vbucket::{DeleteSource, SyncStep, VBucket, tombstone_document};
 use epkv_engine_api::dcp::DcpDocument;
 use epkv_engine_api::{DcpEvent, EngineResult, EngineStatus, Item};
@@ -135,7 +137,7 @@ impl Bucket {
                     t.datatype |= source.tombstone_bits();
                     t
                 });
-                Self::remove_deleted(vb, e, &a, rev);
+                crate::full_eviction::remove_deleted(vb, e, &a, rev);
                 self.queued(vb, woke);
                 return Ok(());
             }
@@ -152,7 +154,7 @@ impl Bucket {
                 StoredValue::new(&doc.key, &doc.value, meta).map_err(|_| EngineStatus::Invalid)?;
             vb.note_xattrs(Datatype(doc.datatype));
             self.insert_or_tempfail(e, sv)?;
-            Self::note_written(vb, e.key());
+            vb.note_written(e.key());
             let (a, woke) = vb.assign_replicated(doc.seqno, doc.cas, None, None, |a| {
                 document_of(e, a, rev, None)
             });
@@ -274,7 +276,7 @@ impl Bucket {
                 EngineStatus::Internal
             })?;
             if !deletes {
-                Self::note_written(vb, key);
+                vb.note_written(key);
             }
             if !vb.is_persistent() {
                 e.mark_clean(a.seqno);

@@ -31,9 +31,9 @@ impl Bucket {
         for vb in self.vbuckets.iter() {
             let i = state_index(*vb.state());
             t.vbs[i] += 1;
-            t.items[i] += Self::vb_items(vb);
+            t.items[i] += vb.item_count();
             // Under full eviction a document out of memory is non-resident too.
-            t.non_resident[i] += Self::vb_items(vb) - vb.table.len() + vb.table.num_non_resident();
+            t.non_resident[i] += vb.item_count() - vb.table.len() + vb.table.num_non_resident();
         }
         t
     }
@@ -141,7 +141,7 @@ impl Bucket {
             let (high_seqno, max_cas, max_deleted_rev) = vb.ordering_snapshot();
             let p = format!("vb_{}", vb.id.0);
             sink(&p, state.as_str());
-            sink(&format!("{p}:num_items"), &Self::vb_items(vb).to_string());
+            sink(&format!("{p}:num_items"), &vb.item_count().to_string());
             if self.persistence.is_some() {
                 let u = usage.get(&vb.id.0).copied().unwrap_or_default();
                 sink(&format!("{p}:db_file_size"), &u.file_bytes.to_string());

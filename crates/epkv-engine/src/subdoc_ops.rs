@@ -8,8 +8,9 @@
 //! deleted one live again (REVIVE), or delete one (a whole-document DELETE spec).
 
 use crate::Bucket;
-use crate::bucket::{LazyNow, check_durability, check_lock_and_cas};
-use crate::ops::plain_value;
+use crate::document::plain_value;
+use crate::document::{check_durability, check_lock_and_cas};
+use crate::lazy_now::LazyNow;
 use crate::stats::Counter;
 use crate::subdoc;
 use crate::xattrs::{Attrs, Patches};
@@ -115,7 +116,7 @@ impl Bucket {
             e.track_reference();
             let (sv, deleted) = target(e, access_deleted).ok_or(EngineStatus::KeyNotFound)?;
             let m = sv.meta();
-            let cas = if crate::bucket::locked(m, &now) {
+            let cas = if crate::document::locked(m, &now) {
                 Cas(u64::MAX)
             } else {
                 m.cas
@@ -160,7 +161,7 @@ impl Bucket {
         check_durability(req.durability.as_ref(), self.persistence.is_some())?;
         let now = LazyNow::new(&*self.clock);
         let result = vb.table.with_entry(req.key, |e| {
-            crate::bucket::check_no_sync_write(e)?;
+            crate::document::check_no_sync_write(e)?;
             self.expire_on_access(vb, e, &now)?;
             self.fetch_if_evicted(vb, e)?;
             if req.access_deleted {

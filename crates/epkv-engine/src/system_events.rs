@@ -124,7 +124,7 @@ impl Bucket {
         if !self.wait_warmup(WARMUP_WAIT) {
             tracing::warn!(bucket = %self.config.name, "a collection change before warmup finished: vBuckets still loading do not get its events");
         }
-        let now = crate::bucket::LazyNow::new(&*self.clock).nanos();
+        let now = crate::lazy_now::LazyNow::new(&*self.clock).nanos();
         for vb in self.vbuckets.iter() {
             let state = vb.state();
             if *state != VBucketState::Active

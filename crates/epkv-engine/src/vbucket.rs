@@ -255,6 +255,22 @@ impl VBucket {
         })
     }
 
+    /// Live documents: in memory, plus (full eviction) those only on disk.
+    pub(crate) fn item_count(&self) -> usize {
+        let on_disk = self.full.as_ref().map_or(0, |f| f.evicted());
+        self.table
+            .len()
+            .saturating_add(usize::try_from(on_disk).unwrap_or(usize::MAX))
+    }
+
+    /// Notes a live version of `key` written here (full eviction: the key filter must
+    /// contain every key that may exist).
+    pub(crate) fn note_written(&self, key: &[u8]) {
+        if let Some(full) = &self.full {
+            full.filter.add(key);
+        }
+    }
+
     /// Whether some document of this vBucket may have extended attributes.
     pub(crate) fn may_contain_xattrs(&self) -> bool {
         self.may_contain_xattrs.load(Relaxed)
