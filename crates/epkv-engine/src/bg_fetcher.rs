@@ -11,7 +11,7 @@
 //! raced the fetch wins, and the waiting operation, run again, sees the write.
 
 use crate::bg_fetch_queue::{BgFetchQueue, record};
-use crate::bucket::Bucket;
+use crate::bucket_core::BucketCore;
 use crate::stats::Counter;
 use crate::vbucket::VBucket;
 use epkv_engine_api::{EngineResult, EngineStatus, FetchedCallback};
@@ -31,7 +31,7 @@ use FetchError::{Failed, NoRoom};
 /// Pause before a fetch whose value did not fit is retried.
 const NO_ROOM_RETRY_AFTER: Duration = Duration::from_millis(2);
 
-impl Bucket {
+impl BucketCore {
     /// Queues a background fetch of the entry's key in `vb` and answers WouldBlock: the
     /// caller waits with [`epkv_engine_api::Engine::when_fetched`] and runs the operation
     /// again. Internal for a bucket that cannot fetch (memory-only: nothing is ever
@@ -65,13 +65,13 @@ impl Bucket {
         }
     }
 
-    /// Blocks the calling thread until the background fetch of `key` in `vbid` is over
-    /// (at once if none is in flight), at most `timeout`: for callers outside the front
-    /// end (tests, tools) that got WouldBlock and want to run the operation again.
-    ///
-    /// # Errors
-    /// The fetch's error (TempFail, Internal), or TempFail if `timeout` passed first.
-    pub fn wait_fetched(&self, vbid: Vbid, key: &[u8], timeout: Duration) -> EngineResult<()> {
+    /// See [`crate::Bucket::wait_fetched`].
+    pub(crate) fn wait_fetched(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+        timeout: Duration,
+    ) -> EngineResult<()> {
         let (tx, rx) = std::sync::mpsc::channel();
         self.bg_fetch_when_done(
             vbid,
@@ -84,10 +84,8 @@ impl Bucket {
             .unwrap_or(Err(EngineStatus::TempFail))
     }
 
-    /// Runs a shard's queued background fetches now (the fetcher task's run; tests with
-    /// a manual executor call it through the task). Returns how many keys it read and how
-    /// many of those it queued again because their values did not fit in memory.
-    pub fn run_bg_fetches(&self, shard: usize) -> (usize, usize) {
+    /// See [`crate::Bucket::run_bg_fetches`].
+    pub(crate) fn run_bg_fetches(&self, shard: usize) -> (usize, usize) {
         let Some(p) = &self.persistence else {
             return (0, 0);
         };
@@ -224,7 +222,7 @@ impl Bucket {
     }
 }
 
-impl Bucket {
+impl BucketCore {
     /// Full eviction: replaces a placeholder with what the disk has for its key: the
     /// document (with its value if `value`, else metadata only), or a clean tombstone
     /// that reads as absent when the disk has no live version.

@@ -1,21 +1,25 @@
 //! [`Bucket`]: the vBucket map, the clock, memory accounting, counters and the expiry pager,
 //! plus the helpers every operation shares (routing, time, expiry on access, CAS checks).
 
+use crate::bucket_core::{BucketCore, CoreOwner, schedule_weak};
 use crate::document::{document_of, expired, system_section};
 use crate::expiry_pager::ExpiryPager;
+use crate::item_pager::PagerRun;
 use crate::lazy_now::LazyNow;
 use crate::persistence::{PersistedFuture, Persistence, RETRY_AFTER};
 use crate::persistence_config::FlusherMode;
 use crate::stats::{Counter, Counters};
 use crate::vbucket::{Assigned, DeleteSource, VBucket, WarmupPhase};
 use crate::{BucketConfig, EngineClock, Result};
-use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, MutationInfo};
-use epkv_executor::{Clock, OffsetClock};
+use epkv_engine_api::{
+    DurabilityRequirements, EngineResult, EngineStatus, MutationInfo, SyncWriteCallback,
+};
+use epkv_executor::OffsetClock;
 use epkv_hashtable::{Entry, ItemMeta, MemoryTracker, StoredValue};
-use epkv_types::{Datatype, VBucketState, Vbid, vbucket_for_key};
-use parking_lot::RwLockReadGuard;
+use epkv_types::{Datatype, VBucketState, Vbid};
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// File bytes one run of the fragmentation compactor rewrites at most before it yields
 /// its AuxIO thread (it runs again at once while files past the threshold remain): about
@@ -27,33 +31,20 @@ const FRAGMENTATION_RUN_BYTES: u64 = 64 << 20;
 ///
 /// Created by [`Bucket::new`], which also starts the expiry pager thread (unless its
 /// interval is zero); [`epkv_engine_api::Engine::shutdown`] stops and joins it.
+///
+/// The bucket is the top of the crate's layering: it composes the [`BucketCore`] (the
+/// vBuckets and what the background services share) with the item and expiry pagers,
+/// and its operations and the `Engine` implementation run over them. Nothing below it
+/// names it.
 pub struct Bucket {
-    /// Immutable after creation.
-    pub(crate) config: BucketConfig,
-    /// The time source for expiry, lock timeouts and CAS.
-    pub(crate) clock: Arc<dyn Clock>,
+    /// The vBuckets, the store and the services' shared state.
+    pub(crate) core: BucketCore,
     /// Set in testing mode only; ADJUST_TIMEOFDAY moves it.
     pub(crate) testing_clock: Option<Arc<OffsetClock>>,
-    /// Indexed by vbid. The slice never changes; each vBucket synchronises itself.
-    pub(crate) vbuckets: Box<[VBucket]>,
-    /// Item memory of every vBucket; its limit is the quota, and passing the high
-    /// watermark wakes the item pager.
-    pub(crate) memory: Arc<MemoryTracker>,
-    /// Event counters (sharded per thread).
-    pub(crate) counters: Counters,
     /// The background expiry pager.
     pub(crate) pager: ExpiryPager,
-    /// Shards, flushers and persisted seqnos; `None` for a memory-only bucket.
-    pub(crate) persistence: Option<Persistence>,
     /// The item pager's task and cycle state.
     pub(crate) item_pager: crate::item_pager::ItemPager,
-    /// Background fetch wait and read times.
-    pub(crate) bg_times: crate::bg_fetch_queue::BgFetchTimes,
-    /// The executor the bucket's tasks run on (its own, or the one it was given); set
-    /// once the tasks are scheduled. Read for the task list ([`Bucket::tasks`]).
-    pub(crate) task_executor: std::sync::OnceLock<epkv_executor::ExecutorHandle>,
-    /// Scopes and collections.
-    pub(crate) collections: crate::collections::Collections,
     /// Operation counts per collection.
     pub(crate) collection_ops: crate::collections::CollectionOps,
     /// The bucket itself, for background work started by a request (the purge of a
@@ -63,31 +54,20 @@ pub struct Bucket {
     pub(crate) purges: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
-impl fmt::Debug for Bucket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Bucket")
-            .field("name", &self.config.name)
-            .field("vbuckets", &self.vbuckets.len())
-            .field("mem_used", &self.memory.used())
-            .finish_non_exhaustive()
+impl CoreOwner for Bucket {
+    fn core(&self) -> &BucketCore {
+        &self.core
     }
 }
 
-/// Schedules a task of `bucket` that holds it only weakly: each run upgrades the
-/// reference and calls `run`, and the task ends once the bucket is gone.
-pub(crate) fn schedule_weak(
-    exec: &epkv_executor::ExecutorHandle,
-    bucket: &Arc<Bucket>,
-    spec: epkv_executor::TaskSpec,
-    run: impl Fn(&Bucket) -> epkv_executor::Next + Send + 'static,
-) -> Result<epkv_executor::TaskHandle> {
-    let weak = Arc::downgrade(bucket);
-    Ok(
-        exec.schedule(spec, move |_: &epkv_executor::TaskContext<'_>| {
-            weak.upgrade()
-                .map_or(epkv_executor::Next::Done, |b| run(&b))
-        })?,
-    )
+impl fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Bucket")
+            .field("name", &self.core.config.name)
+            .field("vbuckets", &self.core.vbuckets.len())
+            .field("mem_used", &self.core.memory.used())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Bucket {
@@ -173,38 +153,47 @@ impl Bucket {
         .map_err(crate::Error::Collections)?;
         let interval = config.expiry_pager_interval;
         let bucket = Arc::new(Bucket {
-            collections,
+            core: BucketCore {
+                config,
+                clock: clock.clock(),
+                vbuckets,
+                memory,
+                counters: Counters::new(),
+                persistence,
+                collections,
+                pager_waker: Arc::clone(&item_pager.waker),
+                bg_times: crate::bg_fetch_queue::BgFetchTimes::default(),
+                task_executor: std::sync::OnceLock::new(),
+                owner: std::sync::OnceLock::new(),
+            },
+            testing_clock: clock.testing().cloned(),
+            pager: ExpiryPager::new(),
+            item_pager,
             collection_ops: crate::collections::CollectionOps::default(),
             self_ref: std::sync::OnceLock::new(),
             purges: parking_lot::Mutex::new(Vec::new()),
-            clock: clock.clock(),
-            testing_clock: clock.testing().cloned(),
-            config,
-            vbuckets,
-            memory,
-            counters: Counters::new(),
-            pager: ExpiryPager::new(),
-            persistence,
-            item_pager,
-            bg_times: crate::bg_fetch_queue::BgFetchTimes::default(),
-            task_executor: std::sync::OnceLock::new(),
         });
         let _ = bucket.self_ref.set(Arc::downgrade(&bucket));
+        let owner: std::sync::Weak<dyn CoreOwner> = Arc::downgrade(&bucket) as _;
+        let _ = bucket.core.owner.set(owner);
         let weak = Arc::downgrade(&bucket);
-        bucket.collections.set_on_change(Box::new(move |events| {
-            if let Some(b) = weak.upgrade() {
-                b.record_collection_events(events);
-            }
-        }));
+        bucket
+            .core
+            .collections
+            .set_on_change(Box::new(move |events| {
+                if let Some(b) = weak.upgrade() {
+                    b.core.record_collection_events(events);
+                }
+            }));
         Self::start_tasks(&bucket, executor)?;
         if !interval.is_zero() {
             ExpiryPager::start(&bucket, interval)?;
         }
         tracing::info!(
-            bucket = %bucket.config.name,
-            vbuckets = bucket.vbuckets.len(),
-            quota_bytes = bucket.config.memory_quota_bytes,
-            flush_enabled = bucket.config.flush_enabled,
+            bucket = %bucket.core.config.name,
+            vbuckets = bucket.core.vbuckets.len(),
+            quota_bytes = bucket.core.config.memory_quota_bytes,
+            flush_enabled = bucket.core.config.flush_enabled,
             "bucket created"
         );
         Ok(bucket)
@@ -213,9 +202,67 @@ impl Bucket {
     /// Blocks until warmup has loaded (or failed) every stored vBucket, at most
     /// `timeout`; returns whether it has. True at once for a memory-only bucket.
     pub fn wait_warmup(&self, timeout: std::time::Duration) -> bool {
-        self.persistence
-            .as_ref()
-            .is_none_or(|p| p.warmup.wait(timeout))
+        self.core.wait_warmup(timeout)
+    }
+
+    /// Blocks the calling thread until the background fetch of `key` in `vbid` is over
+    /// (at once if none is in flight), at most `timeout`: for callers outside the front
+    /// end (tests, tools) that got WouldBlock and want to run the operation again.
+    ///
+    /// # Errors
+    /// The fetch's error (TempFail, Internal), or TempFail if `timeout` passed first.
+    pub fn wait_fetched(&self, vbid: Vbid, key: &[u8], timeout: Duration) -> EngineResult<()> {
+        self.core.wait_fetched(vbid, key, timeout)
+    }
+
+    /// Runs a shard's queued background fetches now (the fetcher task's run; tests with
+    /// a manual executor call it through the task). Returns how many keys it read and how
+    /// many of those it queued again because their values did not fit in memory.
+    pub fn run_bg_fetches(&self, shard: usize) -> (usize, usize) {
+        self.core.run_bg_fetches(shard)
+    }
+
+    /// The order in which the item pager visits vBuckets (KV-Engine's `VBCBAdaptor` with
+    /// the paging visitor's comparator): replicas first, then by pageable memory, largest
+    /// first. Dead vBuckets and vBuckets not warmed up are left out.
+    #[must_use]
+    pub fn pager_vbucket_order(&self) -> Vec<Vbid> {
+        self.core.pager_vbucket_order()
+    }
+
+    /// Runs the item pager for at most 10,000 items: starts a cycle if memory
+    /// is above the high watermark (or above the low one after a wake), continues the
+    /// cycle in progress, and ends it once memory is at the low watermark or nothing more
+    /// can be freed. The pager task calls this; tests call it directly.
+    pub fn run_item_pager(&self) -> PagerRun {
+        self.core.run_item_pager(&self.item_pager)
+    }
+
+    /// Ejects one document's value now, as KV-Engine's EVICT_KEY (0x93): `Ok(true)` when
+    /// it ejected it, `Ok(false)` when it was not resident already.
+    ///
+    /// # Errors
+    /// `KeyNotFound` for a missing document; `KeyExists` for one not yet persisted
+    /// (KV-Engine answers "Can't eject: Dirty object." with the same status);
+    /// `NotSupported` for a memory-only bucket, which cannot read a value back;
+    /// `NotMyVbucket` / `TempFail` as for any operation on the key.
+    pub fn evict_key(&self, vbid: Vbid, key: &[u8]) -> epkv_engine_api::EngineResult<bool> {
+        self.core.evict_key(vbid, key)
+    }
+
+    /// Calls `done` with the outcome of the SyncWrite whose prepare has `seqno` in
+    /// `vbid`: success once committed, SyncWriteAmbiguous once aborted (at once if it has
+    /// completed already).
+    ///
+    /// # Errors
+    /// NotMyVbucket for a vBucket outside the bucket.
+    pub fn when_sync_write_completed(
+        &self,
+        vbid: Vbid,
+        seqno: u64,
+        done: SyncWriteCallback,
+    ) -> EngineResult<()> {
+        self.core.when_sync_write_completed(vbid, seqno, done)
     }
 
     /// One row per live task of the executor the bucket's background work runs on
@@ -224,7 +271,8 @@ impl Bucket {
     /// executor with [`Bucket::new_on_executor`] lists every task of that executor.
     #[must_use]
     pub fn tasks(&self) -> Vec<epkv_executor::TaskInfo> {
-        self.task_executor
+        self.core
+            .task_executor
             .get()
             .map(epkv_executor::ExecutorHandle::tasks)
             .unwrap_or_default()
@@ -233,20 +281,23 @@ impl Bucket {
     /// True once warmup has loaded (or failed) every stored vBucket.
     #[must_use]
     pub fn is_warmed_up(&self) -> bool {
-        self.persistence.as_ref().is_none_or(|p| p.warmup.is_done())
+        self.core
+            .persistence
+            .as_ref()
+            .is_none_or(|p| p.warmup.is_done())
     }
 
     /// One run of a shard's warmup task: loads one vBucket.
     fn warmup_run(&self, shard: usize) -> epkv_executor::Next {
-        let Some(p) = &self.persistence else {
+        let Some(p) = &self.core.persistence else {
             return epkv_executor::Next::Done;
         };
         p.warmup_next(
             shard,
-            &self.vbuckets,
-            (&self.memory, self.config.low_wat_bytes()),
-            &self.collections,
-            &|vb| self.complete_sync_writes(vb),
+            &self.core.vbuckets,
+            (&self.core.memory, self.core.config.low_wat_bytes()),
+            &self.core.collections,
+            &|vb| self.core.complete_sync_writes(vb),
         );
         // Loading may have dirtied the vBucket's state (a new failover branch after an
         // unclean shutdown). A write to a vBucket whose queue is already non-empty does
@@ -272,7 +323,7 @@ impl Bucket {
         bucket: &Arc<Bucket>,
         executor: Option<epkv_executor::ExecutorHandle>,
     ) -> Result<()> {
-        let Some(p) = &bucket.persistence else {
+        let Some(p) = &bucket.core.persistence else {
             let exec = match executor {
                 Some(h) => h,
                 None => {
@@ -288,7 +339,7 @@ impl Bucket {
                     h
                 }
             };
-            let _ = bucket.task_executor.set(exec.clone());
+            let _ = bucket.core.task_executor.set(exec.clone());
             return Self::start_item_pager(bucket, &exec);
         };
         let exec = match executor {
@@ -310,7 +361,7 @@ impl Bucket {
                 h
             }
         };
-        let _ = bucket.task_executor.set(exec.clone());
+        let _ = bucket.core.task_executor.set(exec.clone());
         let mut warmers = Vec::new();
         for shard in 0..p.shards.len() {
             if p.warmup
@@ -324,9 +375,12 @@ impl Bucket {
                 format!("warmup-{shard}"),
                 epkv_executor::Group::Reader,
             );
-            warmers.push(schedule_weak(&exec, bucket, spec, move |b| {
-                b.warmup_run(shard)
-            })?);
+            warmers.push(schedule_weak(
+                &exec,
+                Arc::downgrade(bucket),
+                spec,
+                move |b: &Bucket| b.warmup_run(shard),
+            )?);
         }
         *p.warmers.lock() = warmers;
         let mut fetchers = Vec::with_capacity(p.shards.len());
@@ -336,9 +390,12 @@ impl Bucket {
                 epkv_executor::Group::Reader,
             )
             .start(epkv_executor::Start::Sleep);
-            fetchers.push(schedule_weak(&exec, bucket, spec, move |b| {
-                b.bg_fetcher_run(shard)
-            })?);
+            fetchers.push(schedule_weak(
+                &exec,
+                Arc::downgrade(bucket),
+                spec,
+                move |b: &Bucket| b.core.bg_fetcher_run(shard),
+            )?);
         }
         *p.fetchers.lock() = fetchers;
         Self::start_item_pager(bucket, &exec)?;
@@ -351,9 +408,12 @@ impl Bucket {
                 format!("flusher-{shard}"),
                 epkv_executor::Group::Writer,
             );
-            handles.push(schedule_weak(&exec, bucket, spec, move |b| {
-                b.flusher_run(shard)
-            })?);
+            handles.push(schedule_weak(
+                &exec,
+                Arc::downgrade(bucket),
+                spec,
+                move |b: &Bucket| b.flusher_run(shard),
+            )?);
         }
         // One applier per shard writes journaled commits to the data files while the
         // flusher goes on with the next batch (the background half of a journal commit).
@@ -364,18 +424,21 @@ impl Bucket {
                 epkv_executor::Group::Writer,
             )
             .start(epkv_executor::Start::Sleep);
-            appliers.push(schedule_weak(&exec, bucket, spec, move |b| {
-                b.applier_run(shard)
-            })?);
+            appliers.push(schedule_weak(
+                &exec,
+                Arc::downgrade(bucket),
+                spec,
+                move |b: &Bucket| b.applier_run(shard),
+            )?);
         }
         *p.appliers.lock() = appliers;
         if !p.config.compaction_interval.is_zero() {
             let every = p.config.compaction_interval;
             let spec = epkv_executor::TaskSpec::new("compactor", epkv_executor::Group::AuxIo)
                 .start(epkv_executor::Start::After(every));
-            handles.push(schedule_weak(&exec, bucket, spec, move |b| {
+            handles.push(schedule_weak(&exec, Arc::downgrade(bucket), spec, move |b: &Bucket| {
                 if let Err(e) = b.compact_all() {
-                    tracing::warn!(bucket = %b.config.name, error = %e, "background compaction failed; retried at the next interval");
+                    tracing::warn!(bucket = %b.core.config.name, error = %e, "background compaction failed; retried at the next interval");
                 }
                 epkv_executor::Next::After(every)
             })?);
@@ -387,12 +450,12 @@ impl Bucket {
                 epkv_executor::Group::AuxIo,
             )
             .start(epkv_executor::Start::After(every));
-            handles.push(schedule_weak(&exec, bucket, spec, move |b| {
+            handles.push(schedule_weak(&exec, Arc::downgrade(bucket), spec, move |b: &Bucket| {
                 match b.compact_fragmented_upto(FRAGMENTATION_RUN_BYTES) {
                     Ok((_, true)) => epkv_executor::Next::After(std::time::Duration::ZERO),
                     Ok((_, false)) => epkv_executor::Next::After(every),
                     Err(e) => {
-                        tracing::warn!(bucket = %b.config.name, error = %e, "fragmentation compaction failed; retried at the next check");
+                        tracing::warn!(bucket = %b.core.config.name, error = %e, "fragmentation compaction failed; retried at the next check");
                         epkv_executor::Next::After(every)
                     }
                 }
@@ -409,7 +472,7 @@ impl Bucket {
     /// Schedules the item pager task on `exec`'s NonIO group: it first runs after
     /// `item_pager_interval` (or when woken).
     fn start_item_pager(bucket: &Arc<Bucket>, exec: &epkv_executor::ExecutorHandle) -> Result<()> {
-        let every = bucket.config.item_pager_interval;
+        let every = bucket.core.config.item_pager_interval;
         let start = if every.is_zero() {
             epkv_executor::Start::Sleep
         } else {
@@ -417,10 +480,12 @@ impl Bucket {
         };
         let spec =
             epkv_executor::TaskSpec::new("item-pager", epkv_executor::Group::NonIo).start(start);
-        let handle = schedule_weak(exec, bucket, spec, Bucket::item_pager_task_run)?;
+        let handle = schedule_weak(exec, Arc::downgrade(bucket), spec, |b: &Bucket| {
+            b.core.item_pager_task_run(&b.item_pager)
+        })?;
         bucket.item_pager.set_task(handle);
         // Memory may have passed the high watermark before the task existed (warmup).
-        if bucket.memory.used() > bucket.config.high_wat_bytes() {
+        if bucket.core.memory.used() > bucket.core.config.high_wat_bytes() {
             bucket.item_pager.waker.wake();
         }
         Ok(())
@@ -437,26 +502,26 @@ impl Bucket {
     pub fn compact_all(
         &self,
     ) -> std::result::Result<epkv_storage::CompactionOutcome, epkv_storage::Error> {
-        let Some(p) = &self.persistence else {
+        let Some(p) = &self.core.persistence else {
             return Ok(epkv_storage::CompactionOutcome::default());
         };
-        let now = u32::try_from(self.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
+        let now = u32::try_from(self.core.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
         // Dropped collections' documents go too; once every file was compacted the
         // manifest forgets those collections.
-        let dropped = self.collections.dropped();
+        let dropped = self.core.collections.dropped();
         let every_file = self.is_warmed_up();
-        let out = p.compact_all(&self.vbuckets, now, &self.clock, &dropped)?;
+        let out = p.compact_all(&self.core.vbuckets, now, &self.core.clock, &dropped)?;
         if every_file {
-            self.collections.forget_dropped(&dropped);
+            self.core.collections.forget_dropped(&dropped);
         }
         // Full eviction: each key filter is rebuilt at its vBucket's size, without the
         // keys deleted since it was last built.
-        for vb in self.vbuckets.iter().filter(|vb| vb.full.is_some()) {
+        for vb in self.core.vbuckets.iter().filter(|vb| vb.full.is_some()) {
             if vb.warmup_phase() == WarmupPhase::Ready {
-                self.rebuild_key_filter(vb)?;
+                self.core.rebuild_key_filter(vb)?;
             }
         }
-        tracing::info!(bucket = %self.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, collection_docs_dropped = out.collection_docs_dropped, prepares_purged = out.prepares_purged, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, caught_up = out.caught_up, "compaction done");
+        tracing::info!(bucket = %self.core.config.name, kept = out.kept, tombstones_purged = out.tombstones_purged, collection_docs_dropped = out.collection_docs_dropped, prepares_purged = out.prepares_purged, expired = out.expired, bytes_before = out.bytes_before, bytes_after = out.bytes_after, caught_up = out.caught_up, "compaction done");
         Ok(out)
     }
 
@@ -480,26 +545,26 @@ impl Bucket {
         &self,
         budget_bytes: u64,
     ) -> std::result::Result<(usize, bool), epkv_storage::Error> {
-        let Some(p) = &self.persistence else {
+        let Some(p) = &self.core.persistence else {
             return Ok((0, false));
         };
-        let now = u32::try_from(self.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
+        let now = u32::try_from(self.core.clock.unix_time().as_secs()).unwrap_or(u32::MAX);
         p.compact_fragmented_files(
-            &self.vbuckets,
+            &self.core.vbuckets,
             now,
-            &self.clock,
+            &self.core.clock,
             budget_bytes,
-            &self.collections.dropped(),
+            &self.core.collections.dropped(),
         )
     }
 
     /// One run of a shard's flusher task.
     fn flusher_run(&self, shard: usize) -> epkv_executor::Next {
         use epkv_executor::Next;
-        let Some(p) = &self.persistence else {
+        let Some(p) = &self.core.persistence else {
             return Next::Done;
         };
-        match p.flush_shard(shard, &self.vbuckets) {
+        match p.flush_shard(shard, &self.core.vbuckets) {
             Ok(o) => {
                 if o.vbuckets > 0
                     && p.has_applier_work(shard)
@@ -511,7 +576,7 @@ impl Bucket {
                 Next::Sleep
             }
             Err(e) => {
-                tracing::warn!(bucket = %self.config.name, shard, error = %e, "flush failed; items stay queued and are retried");
+                tracing::warn!(bucket = %self.core.config.name, shard, error = %e, "flush failed; items stay queued and are retried");
                 Next::After(RETRY_AFTER)
             }
         }
@@ -520,14 +585,14 @@ impl Bucket {
     /// One run of a shard's applier task: writes its journaled commits to data files.
     fn applier_run(&self, shard: usize) -> epkv_executor::Next {
         use epkv_executor::Next;
-        let Some(p) = &self.persistence else {
+        let Some(p) = &self.core.persistence else {
             return Next::Done;
         };
         match p.apply_pending(shard) {
             Ok(0) => Next::Sleep,
             Ok(_) => Next::After(std::time::Duration::ZERO),
             Err(e) => {
-                tracing::warn!(bucket = %self.config.name, shard, error = %e, "writing journaled commits to data files failed; retrying");
+                tracing::warn!(bucket = %self.core.config.name, shard, error = %e, "writing journaled commits to data files failed; retrying");
                 Next::After(RETRY_AFTER)
             }
         }
@@ -539,14 +604,14 @@ impl Bucket {
     /// # Errors
     /// The first storage error (the items stay queued).
     pub fn flush_all(&self) -> std::result::Result<usize, epkv_storage::Error> {
-        let Some(p) = &self.persistence else {
+        let Some(p) = &self.core.persistence else {
             return Ok(0);
         };
         // Everything, whatever is marked dirty.
         p.scan_all();
         let mut n = 0;
         for shard in 0..p.shards.len() {
-            n += p.flush_shard(shard, &self.vbuckets)?.items;
+            n += p.flush_shard(shard, &self.core.vbuckets)?.items;
         }
         Ok(n)
     }
@@ -555,7 +620,8 @@ impl Bucket {
     /// memory-only bucket).
     #[must_use]
     pub fn persisted_seqno(&self, vbid: Vbid) -> Option<u64> {
-        self.vbuckets
+        self.core
+            .vbuckets
             .get(usize::from(vbid.0))
             .map(|vb| vb.persist.persisted())
     }
@@ -572,15 +638,16 @@ impl Bucket {
         seqno: u64,
         f: impl FnOnce(u64) + Send + 'static,
     ) -> EngineResult<()> {
-        if self.persistence.is_none() {
+        if self.core.persistence.is_none() {
             return Err(EngineStatus::NotSupported);
         }
         let vb = self
+            .core
             .vbuckets
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
         if vb.persist.when_persisted(seqno, Box::new(f))
-            && let Some(p) = &self.persistence
+            && let Some(p) = &self.core.persistence
         {
             p.urgent(vbid);
         }
@@ -597,40 +664,21 @@ impl Bucket {
         Ok(fut)
     }
 
-    /// Queue bookkeeping after a write: wakes the shard's flusher when the vBucket's
-    /// queue went from empty to non-empty.
-    pub(crate) fn queued(&self, vb: &VBucket, was_empty: bool) {
-        if was_empty && let Some(p) = &self.persistence {
-            p.wake(vb.id);
-        }
-    }
-
-    /// TempFail while the disk is full (a flush failed with ENOSPC): the write could not
-    /// be made durable. Reads are not affected.
-    pub(crate) fn check_disk(&self) -> EngineResult<()> {
-        match &self.persistence {
-            Some(p) if p.disk_full.load(std::sync::atomic::Ordering::Relaxed) => {
-                Err(EngineStatus::TempFail)
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// Stops the flushers, flushes everything queued and checkpoints every shard (data
     /// files synced, journals emptied). Called by `Engine::shutdown`.
     pub(crate) fn shutdown_persistence(&self) {
         self.item_pager.stop();
-        if let Some(p) = &self.persistence {
+        if let Some(p) = &self.core.persistence {
             p.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         // A purge of dropped collections stops at its next vBucket; nothing writes the
         // files once shutdown returns.
         for t in std::mem::take(&mut *self.purges.lock()) {
             if t.join().is_err() {
-                tracing::error!(bucket = %self.config.name, "the purge of dropped collections panicked");
+                tracing::error!(bucket = %self.core.config.name, "the purge of dropped collections panicked");
             }
         }
-        let Some(p) = &self.persistence else {
+        let Some(p) = &self.core.persistence else {
             return;
         };
         for h in p
@@ -653,12 +701,12 @@ impl Bucket {
         if let Some(exec) = p.executor.lock().take()
             && let Err(e) = exec.shutdown(std::time::Duration::from_secs(30))
         {
-            tracing::error!(bucket = %self.config.name, error = %e, "flusher executor did not stop");
+            tracing::error!(bucket = %self.core.config.name, error = %e, "flusher executor did not stop");
         }
         match self.flush_all() {
-            Ok(n) => tracing::info!(bucket = %self.config.name, items = n, "final flush done"),
+            Ok(n) => tracing::info!(bucket = %self.core.config.name, items = n, "final flush done"),
             Err(e) => {
-                tracing::error!(bucket = %self.config.name, error = %e, "final flush failed; queued items not persisted")
+                tracing::error!(bucket = %self.core.config.name, error = %e, "final flush failed; queued items not persisted")
             }
         }
         // A vBucket warmup never loaded missed its new failover branch (after an
@@ -669,37 +717,38 @@ impl Bucket {
         for (i, s) in p.shards.iter().enumerate() {
             if let Err(e) = epkv_storage::KvStore::checkpoint(&s.store) {
                 clean = false;
-                tracing::error!(bucket = %self.config.name, shard = i, error = %e, "final checkpoint failed; the journal is kept and replayed at next start");
+                tracing::error!(bucket = %self.core.config.name, shard = i, error = %e, "final checkpoint failed; the journal is kept and replayed at next start");
             }
         }
         if clean && let Err(e) = p.mark_clean_shutdown() {
-            tracing::error!(bucket = %self.config.name, error = %e, "cannot record the clean shutdown; the next start creates new failover entries");
+            tracing::error!(bucket = %self.core.config.name, error = %e, "cannot record the clean shutdown; the next start creates new failover entries");
         }
     }
 
     /// Returns the configuration the bucket was created with.
     #[must_use]
     pub fn config(&self) -> &BucketConfig {
-        &self.config
+        &self.core.config
     }
 
     /// Returns the item memory in use, in bytes (the `mem_used` stat).
     #[must_use]
     pub fn mem_used(&self) -> usize {
-        self.memory.used()
+        self.core.memory.used()
     }
 
     /// Returns the number of documents in all vBuckets (the `curr_items_tot` stat).
     #[must_use]
     pub fn item_count(&self) -> usize {
-        self.vbuckets.iter().map(VBucket::item_count).sum()
+        self.core.vbuckets.iter().map(VBucket::item_count).sum()
     }
 
     /// Returns a vBucket's high seqno (the seqno of its latest mutation; 0 if none), or
     /// `None` for a vbid outside the bucket.
     #[must_use]
     pub fn high_seqno(&self, vbid: Vbid) -> Option<u64> {
-        self.vbuckets
+        self.core
+            .vbuckets
             .get(usize::from(vbid.0))
             .map(|vb| vb.ordering_snapshot().0)
     }
@@ -714,7 +763,7 @@ impl Bucket {
     /// items that really are not persisted yet, walking the vBucket's items to do so.
     #[must_use]
     pub fn hash_table_stats(&self, vbid: Vbid) -> Option<epkv_hashtable::TableStats> {
-        self.vbuckets.get(usize::from(vbid.0)).map(|vb| {
+        self.core.vbuckets.get(usize::from(vbid.0)).map(|vb| {
             let mut stats = vb.table.stats();
             let persisted = vb.persisted_seqno();
             let mut settled = 0;
@@ -742,7 +791,7 @@ impl Bucket {
     /// expires items, as in KV-Engine).
     pub fn run_expiry_pass(&self) -> usize {
         let mut removed = 0;
-        for vb in self.vbuckets.iter() {
+        for vb in self.core.vbuckets.iter() {
             if vb.warmup_phase() != WarmupPhase::Ready {
                 continue;
             }
@@ -750,7 +799,7 @@ impl Bucket {
             if *state != VBucketState::Active {
                 continue;
             }
-            let now = LazyNow::new(&*self.clock);
+            let now = LazyNow::new(&*self.core.clock);
             // A memory-only vBucket whose documents may have extended attributes takes
             // this path too: its deletions may leave tombstones (system attributes),
             // which the next pass drops.
@@ -798,45 +847,18 @@ impl Bucket {
                         sv.key(),
                         DeleteSource::Expiry,
                     );
-                    self.queued(vb, woke);
+                    self.core.queued(vb, woke);
                     false
                 } else {
                     true
                 }
             });
         }
-        self.counters.add(Counter::ExpiredPager, removed as u64);
-        self.counters.incr(Counter::ExpiryPagerRuns);
+        self.core
+            .counters
+            .add(Counter::ExpiredPager, removed as u64);
+        self.core.counters.incr(Counter::ExpiryPagerRuns);
         removed
-    }
-
-    /// Finds the vBucket for a client request and checks that it may serve it: the vbid
-    /// must be in range, the key must map to it, and its state must be active (pending →
-    /// TempFail, where KV-Engine would park the request until the vBucket turns active;
-    /// replica and dead → NotMyVbucket). The returned guard keeps the state from changing
-    /// until the operation finishes.
-    pub(crate) fn client_vbucket(
-        &self,
-        vbid: Vbid,
-        key: &[u8],
-    ) -> EngineResult<(&VBucket, RwLockReadGuard<'_, VBucketState>)> {
-        let vb = self
-            .vbuckets
-            .get(usize::from(vbid.0))
-            .ok_or(EngineStatus::NotMyVbucket)?;
-        // Clients hash the key without its collection.
-        let (_, raw) = epkv_types::doc_key::decode(key);
-        if vbucket_for_key(raw, self.config.num_vbuckets) != vbid {
-            return Err(EngineStatus::NotMyVbucket);
-        }
-        self.collections.check_key(key)?;
-        vb.check_warm()?;
-        let state = vb.state();
-        match *state {
-            VBucketState::Active => Ok((vb, state)),
-            VBucketState::Pending => Err(EngineStatus::TempFail),
-            VBucketState::Replica | VBucketState::Dead => Err(EngineStatus::NotMyVbucket),
-        }
     }
 
     /// Removes the entry's item if it has expired, giving the removal a seqno, as KV-Engine
@@ -859,7 +881,7 @@ impl Bucket {
             self.fetch_if_evicted(vb, e)?;
         }
         if self.expire_entry(vb, e, now) {
-            self.counters.incr(Counter::ExpiredAccess);
+            self.core.counters.incr(Counter::ExpiredAccess);
         }
         Ok(())
     }
@@ -919,7 +941,7 @@ impl Bucket {
         }
         let (a, woke) = vb.assign_deletion_queued(now.nanos(), meta.rev_seqno + 1, e.key(), source);
         crate::full_eviction::remove_deleted(vb, e, &a, meta.rev_seqno + 1);
-        self.queued(vb, woke);
+        self.core.queued(vb, woke);
         a
     }
 
@@ -929,7 +951,7 @@ impl Bucket {
     /// fetch and answers WouldBlock (see [`crate::bg_fetcher`]); the operation runs again
     /// once the fetch is over.
     pub(crate) fn fetch_if_evicted(&self, vb: &VBucket, e: &mut Entry<'_>) -> EngineResult<()> {
-        self.fetch_for(vb, e, true)
+        self.core.fetch_for(vb, e, true)
     }
 
     /// As [`Self::fetch_if_evicted`] for an operation that needs only to know whether
@@ -940,44 +962,7 @@ impl Bucket {
         vb: &VBucket,
         e: &mut Entry<'_>,
     ) -> EngineResult<()> {
-        self.fetch_for(vb, e, false)
-    }
-
-    /// Stores `sv` in the entry, refusing when item memory would pass the quota: with
-    /// TempFail (and a wake of the item pager, which makes room) while the pager can free
-    /// memory, with NoMemory (ENOMEM) in a memory-only bucket whose full policy is
-    /// `fail_new_data`, as Couchbase's ephemeral buckets answer. A prepare (see
-    /// [`crate::durability`]) goes to the entry's prepared slot, a committed version to
-    /// its committed one.
-    pub(crate) fn insert_or_tempfail(
-        &self,
-        e: &mut Entry<'_>,
-        sv: StoredValue,
-    ) -> EngineResult<()> {
-        let stored = if sv.is_prepared() {
-            e.insert_prepared(sv)
-        } else {
-            e.insert(sv)
-        };
-        match stored {
-            Ok(_) => Ok(()),
-            Err(epkv_hashtable::Error::QuotaExceeded { .. }) => {
-                if self.persistence.is_none()
-                    && self.config.ephemeral_full_policy
-                        == crate::config::EphemeralFullPolicy::FailNewData
-                {
-                    self.counters.incr(Counter::OomErrors);
-                    return Err(EngineStatus::NoMemory);
-                }
-                self.counters.incr(Counter::TmpOomErrors);
-                self.wake_pager();
-                Err(EngineStatus::TempFail)
-            }
-            Err(err) => {
-                tracing::error!(error = %err, "hash table refused an insert");
-                Err(EngineStatus::Internal)
-            }
-        }
+        self.core.fetch_for(vb, e, false)
     }
 
     /// The ordering point of a write: gives the entry's (just stored) item its seqno, CAS
@@ -1027,7 +1012,7 @@ impl Bucket {
             m.cas = a.cas;
             m.rev_seqno = old_rev.map_or(a.new_key_rev, |r| r + 1);
         }
-        self.queued(vb, woke);
+        self.core.queued(vb, woke);
         a
     }
 
@@ -1049,9 +1034,11 @@ impl Bucket {
         d: Option<&DurabilityRequirements>,
     ) -> EngineResult<Assigned> {
         match d {
-            Some(d) => self.prepare_version(vb, e, sv, now, old_rev, patches, d),
+            Some(d) => self
+                .core
+                .prepare_version(vb, e, sv, now, old_rev, patches, d),
             None => {
-                self.insert_or_tempfail(e, sv)?;
+                self.core.insert_or_tempfail(e, sv)?;
                 Ok(self.commit_stored(vb, e, now, old_rev, patches, DeleteSource::Explicit))
             }
         }
@@ -1066,7 +1053,7 @@ impl Bucket {
         result: &EngineResult<MutationInfo>,
     ) {
         if let (Some(d), Ok(info)) = (d, result) {
-            self.sync_write_added(vb, info.seqno, d.level);
+            self.core.sync_write_added(vb, info.seqno, d.level);
         }
     }
 
@@ -1089,7 +1076,7 @@ impl Drop for Bucket {
         // Nor on a flusher thread: stop the executor from a thread of its own. (A clean
         // shutdown has already flushed and stopped it; this only handles a bucket dropped
         // without one, whose unflushed writes were never reported persisted.)
-        if let Some(p) = &self.persistence {
+        if let Some(p) = &self.core.persistence {
             for h in p
                 .flushers
                 .lock()

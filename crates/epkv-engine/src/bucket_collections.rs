@@ -15,16 +15,20 @@ impl Bucket {
     /// removed from memory.
     pub fn purge_dropped(&self) -> usize {
         let mut removed = 0;
-        for vb in &self.vbuckets {
-            removed += vb
-                .table
-                .retain(|sv| self.collections.is_live(doc_key::collection_of(sv.key())));
+        for vb in &self.core.vbuckets {
+            removed += vb.table.retain(|sv| {
+                self.core
+                    .collections
+                    .is_live(doc_key::collection_of(sv.key()))
+            });
             std::thread::yield_now();
         }
-        if self.persistence.is_none() {
-            self.collections.forget_dropped(&self.collections.dropped());
+        if self.core.persistence.is_none() {
+            self.core
+                .collections
+                .forget_dropped(&self.core.collections.dropped());
         } else if let Err(e) = self.compact_all() {
-            tracing::warn!(bucket = %self.config.name, error = %e, "dropped collections stay on disk until the next compaction");
+            tracing::warn!(bucket = %self.core.config.name, error = %e, "dropped collections stay on disk until the next compaction");
         }
         removed
     }
@@ -34,7 +38,7 @@ impl Bucket {
     fn collection_usage(&self) -> std::collections::HashMap<u32, (u64, u64)> {
         let mut usage: std::collections::HashMap<u32, (u64, u64)> =
             std::collections::HashMap::new();
-        for vb in &self.vbuckets {
+        for vb in &self.core.vbuckets {
             vb.table.for_each(|sv| {
                 if !sv.is_deleted() {
                     let u = usage.entry(doc_key::collection_of(sv.key())).or_default();
@@ -50,7 +54,7 @@ impl Bucket {
     /// `SCOPE_ID:COLLECTION_ID:` `name`, `scope_name`, `items`, `mem_used`, `maxTTL`,
     /// `ops_get`, `ops_store`, `ops_delete` (ids in hex with `0x`, as KV-Engine).
     pub(crate) fn emit_collections(&self, sink: epkv_engine_api::StatSink<'_>) {
-        let m = self.collections.manifest();
+        let m = self.core.collections.manifest();
         let usage = self.collection_usage();
         sink("manifest_uid", &m.uid.to_string());
         for s in &m.scopes {
@@ -73,7 +77,7 @@ impl Bucket {
     /// `STAT scopes`: the manifest uid, then for each scope `SCOPE_ID:` `name`,
     /// `collections` (how many) and `items`.
     pub(crate) fn emit_scopes(&self, sink: epkv_engine_api::StatSink<'_>) {
-        let m = self.collections.manifest();
+        let m = self.core.collections.manifest();
         let usage = self.collection_usage();
         sink("manifest_uid", &m.uid.to_string());
         for s in &m.scopes {
@@ -101,12 +105,12 @@ impl Bucket {
                 let Some(bucket) = weak.upgrade() else {
                     return;
                 };
-                let started = bucket.clock.now();
+                let started = bucket.core.clock.now();
                 let removed = bucket.purge_dropped();
                 tracing::info!(
-                    bucket = %bucket.config.name,
+                    bucket = %bucket.core.config.name,
                     removed,
-                    millis = bucket.clock.now().saturating_duration_since(started).as_millis(),
+                    millis = bucket.core.clock.now().saturating_duration_since(started).as_millis(),
                     "dropped collections purged from memory"
                 );
             });
@@ -126,7 +130,7 @@ impl Bucket {
     /// The expiry a write gets in the collection of engine key `key`: its `maxTTL`
     /// applies to a write without an expiry and caps a longer one.
     pub(crate) fn collection_expiry(&self, key: &[u8], expiry_unix: u32, now_secs: u32) -> u32 {
-        match self.collections.max_ttl(key) {
+        match self.core.collections.max_ttl(key) {
             Some(ttl) => {
                 let limit = now_secs.saturating_add(ttl);
                 if expiry_unix == 0 || expiry_unix > limit {

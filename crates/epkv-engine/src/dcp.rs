@@ -30,7 +30,7 @@
 //! log's base. A state change wakes every waiter, so streams end with
 //! [`DcpEndReason::StateChanged`] promptly.
 
-use crate::bucket::Bucket;
+use crate::bucket_core::{BucketCore, CoreOwner};
 use crate::collections::Manifest;
 use crate::dcp_log::{LogKind, Read};
 use crate::vbucket::VBucket;
@@ -117,7 +117,7 @@ enum Filter {
 impl Filter {
     /// The manifest a read resolves a scope filter's collections with: taken once per
     /// read (after the entries it covers were written), not once per document.
-    fn manifest(&self, b: &Bucket) -> Option<Arc<Manifest>> {
+    fn manifest(&self, b: &BucketCore) -> Option<Arc<Manifest>> {
         matches!(self, Self::Scope(_)).then(|| b.collections.manifest())
     }
 
@@ -172,7 +172,7 @@ impl Filter {
 /// [`Filter::manifest`]'s.
 fn select(
     filter: &mut Filter,
-    b: &Bucket,
+    b: &BucketCore,
     manifest: Option<&Manifest>,
     sync: bool,
     kind: LogKind,
@@ -204,7 +204,7 @@ fn select(
 
 /// One vBucket's stream (see the module docs).
 pub(crate) struct Stream {
-    bucket: Weak<Bucket>,
+    bucket: Weak<dyn CoreOwner>,
     vbid: Vbid,
     uuid: u64,
     cursor: u64,
@@ -225,7 +225,7 @@ impl std::fmt::Debug for Stream {
     }
 }
 
-impl Bucket {
+impl BucketCore {
     /// Opens a DCP stream of `vbid` ([`epkv_engine_api::Engine::dcp_stream`]).
     pub(crate) fn dcp_stream(
         &self,
@@ -238,7 +238,7 @@ impl Bucket {
             .ok_or(EngineStatus::NotMyVbucket)?;
         vb.check_warm()?;
         let bucket = self
-            .self_ref
+            .owner
             .get()
             .cloned()
             .ok_or(EngineStatus::NotSupported)?;
@@ -297,9 +297,9 @@ impl Drop for Stream {
             return;
         }
         if let Some(b) = self.bucket.upgrade()
-            && let Some(vb) = b.vbuckets.get(usize::from(self.vbid.0))
+            && let Some(vb) = b.core().vbuckets.get(usize::from(self.vbid.0))
         {
-            vb.dcp.detach(&b.memory);
+            vb.dcp.detach(&b.core().memory);
         }
     }
 }
@@ -366,9 +366,9 @@ fn event_of(kind: LogKind, doc: Document, sync: bool) -> Option<DcpEvent> {
 impl Stream {
     fn end(&mut self, reason: DcpEndReason, out: &mut Vec<DcpEvent>) -> Poll<()> {
         if let Some(b) = self.bucket.upgrade()
-            && let Some(vb) = b.vbuckets.get(usize::from(self.vbid.0))
+            && let Some(vb) = b.core().vbuckets.get(usize::from(self.vbid.0))
         {
-            vb.dcp.detach(&b.memory);
+            vb.dcp.detach(&b.core().memory);
         }
         self.phase = Phase::Done;
         out.push(DcpEvent::End(reason));
@@ -377,7 +377,7 @@ impl Stream {
 
     fn read_memory(
         &mut self,
-        b: &Bucket,
+        b: &BucketCore,
         vb: &VBucket,
         cx: &Context<'_>,
         budget: usize,
@@ -473,7 +473,7 @@ impl Stream {
         }
     }
 
-    fn read_disk(&mut self, b: &Bucket, budget: usize, out: &mut Vec<DcpEvent>) -> Poll<()> {
+    fn read_disk(&mut self, b: &BucketCore, budget: usize, out: &mut Vec<DcpEvent>) -> Poll<()> {
         let Phase::Backfill { upto, hcs, marker } = self.phase else {
             return Poll::Pending;
         };
@@ -570,9 +570,10 @@ impl DcpStream for Stream {
         if matches!(self.phase, Phase::Done) {
             return Poll::Pending;
         }
-        let Some(b) = self.bucket.upgrade() else {
+        let Some(owner) = self.bucket.upgrade() else {
             return self.end(DcpEndReason::StateChanged, out);
         };
+        let b = owner.core();
         let Some(vb) = b.vbuckets.get(usize::from(self.vbid.0)) else {
             return self.end(DcpEndReason::StateChanged, out);
         };
@@ -584,8 +585,8 @@ impl DcpStream for Stream {
         }
         let before = out.len();
         let r = match self.phase {
-            Phase::Memory => self.read_memory(&b, vb, cx, budget_bytes, out),
-            Phase::Backfill { .. } => self.read_disk(&b, budget_bytes, out),
+            Phase::Memory => self.read_memory(b, vb, cx, budget_bytes, out),
+            Phase::Backfill { .. } => self.read_disk(b, budget_bytes, out),
             Phase::Done => Poll::Pending,
         };
         if r.is_ready() && out.len() == before {

@@ -50,27 +50,18 @@
 //! single node they are persisted, so they are committed again before the vBucket
 //! serves; a reader never sees the state from before them.
 
-use std::time::Instant;
-
 use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, SyncWriteCallback};
 use epkv_hashtable::{CommittedState, Entry, ItemMeta, StoredValue};
 use epkv_storage::Document;
 use epkv_types::{Datatype, DurabilityLevel, Vbid};
 
-use crate::bucket::Bucket;
+use crate::bucket_core::{BucketCore, CoreOwner, schedule_weak};
 use crate::durability_monitor::{DEFAULT_TIMEOUT, PREPARE_DELETES, Tracked, prepare_key};
 use crate::lazy_now::LazyNow;
 use crate::stats::Counter;
 use crate::vbucket::{Assigned, SyncStep, VBucket, tombstone_document};
 
-impl Bucket {
-    /// The executor's time (the timeout task's clock).
-    fn sync_now(&self) -> Option<Instant> {
-        self.task_executor
-            .get()
-            .map(epkv_executor::ExecutorHandle::now)
-    }
-
+impl BucketCore {
     /// Stores `sv` (built by a write as the key's next version) as a prepare of `d`
     /// instead of committing it, with its seqno, CAS and revision (`old_rev + 1`, or a
     /// new key's), and applies `patches` (macros) to it. The caller checked that no
@@ -200,13 +191,13 @@ impl Bucket {
         let Some(p) = &self.persistence else {
             return;
         };
-        let weak = self.self_ref.get().cloned().unwrap_or_default();
+        let owner = self.owner.get().cloned();
         let index = usize::from(vb.id.0);
         let resolve = Box::new(move |_persisted: u64| {
-            if let Some(b) = weak.upgrade()
-                && let Some(vb) = b.vbuckets.get(index)
+            if let Some(b) = owner.as_ref().and_then(std::sync::Weak::upgrade)
+                && let Some(vb) = b.core().vbuckets.get(index)
             {
-                b.complete_sync_writes(vb);
+                b.core().complete_sync_writes(vb);
             }
         });
         if vb.persist.when_persisted(seqno, resolve) {
@@ -332,13 +323,8 @@ impl Bucket {
         self.queued(vb, woke);
     }
 
-    /// Calls `done` with the outcome of the SyncWrite whose prepare has `seqno` in
-    /// `vbid`: success once committed, SyncWriteAmbiguous once aborted (at once if it has
-    /// completed already).
-    ///
-    /// # Errors
-    /// NotMyVbucket for a vBucket outside the bucket.
-    pub fn when_sync_write_completed(
+    /// See [`crate::Bucket::when_sync_write_completed`].
+    pub(crate) fn when_sync_write_completed(
         &self,
         vbid: Vbid,
         seqno: u64,
@@ -381,15 +367,21 @@ impl Bucket {
 
     fn start_sync_timeout(&self, vbid: Vbid) -> Option<epkv_executor::TaskHandle> {
         let exec = self.task_executor.get()?;
-        let bucket = self.self_ref.get()?.upgrade()?;
+        let owner = self.owner.get()?;
+        // Nothing to schedule for once the bucket is gone.
+        owner.upgrade()?;
         let spec = epkv_executor::TaskSpec::new(
             format!("durability-timeout-{}", vbid.0),
             epkv_executor::Group::NonIo,
         )
         .start(epkv_executor::Start::Sleep);
         let index = usize::from(vbid.0);
-        match crate::bucket::schedule_weak(exec, &bucket, spec, move |b| b.sync_timeout_run(index))
-        {
+        match schedule_weak(
+            exec,
+            owner.clone(),
+            spec,
+            move |b: &(dyn CoreOwner + 'static)| b.core().sync_timeout_run(index),
+        ) {
             Ok(h) => Some(h),
             Err(e) => {
                 tracing::error!(%vbid, error = %e, "cannot start the durability timeout task; SyncWrites of this vBucket are not aborted when their timeout passes");

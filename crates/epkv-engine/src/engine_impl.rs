@@ -14,14 +14,14 @@ impl Engine for Bucket {
     }
 
     fn prefetch(&self, vbid: Vbid, key: &[u8]) {
-        if let Some(vb) = self.vbuckets.get(usize::from(vbid.0)) {
+        if let Some(vb) = self.core.vbuckets.get(usize::from(vbid.0)) {
             vb.table.prefetch(key);
         }
     }
 
     fn prefetch_vbucket(&self, vbid: Vbid) {
         // The vBucket's first cache line: its state, and the table's front.
-        if let Some(vb) = self.vbuckets.get(usize::from(vbid.0)) {
+        if let Some(vb) = self.core.vbuckets.get(usize::from(vbid.0)) {
             vb.table.prefetch_table();
         }
     }
@@ -79,37 +79,39 @@ impl Engine for Bucket {
     }
 
     fn manifest_uid(&self) -> u64 {
-        self.collections.uid()
+        self.core.collections.uid()
     }
 
     fn collections_manifest(&self) -> EngineResult<String> {
-        Ok(self.collections.manifest().to_json().to_string())
+        Ok(self.core.collections.manifest().to_json().to_string())
     }
 
     fn collection_id(&self, path: &str) -> EngineResult<(u64, u32)> {
-        self.collections.collection_id(path)
+        self.core.collections.collection_id(path)
     }
 
     fn scope_id(&self, path: &str) -> EngineResult<(u64, u32)> {
-        self.collections.scope_id(path)
+        self.core.collections.scope_id(path)
     }
 
     fn create_scope(&self, name: &str) -> EngineResult<u64> {
-        self.collections.create_scope(name)
+        self.core.collections.create_scope(name)
     }
 
     fn drop_scope(&self, name: &str) -> EngineResult<u64> {
-        let uid = self.collections.drop_scope(name)?;
+        let uid = self.core.collections.drop_scope(name)?;
         self.start_purge();
         Ok(uid)
     }
 
     fn create_collection(&self, scope: &str, name: &str, max_ttl: u32) -> EngineResult<u64> {
-        self.collections.create_collection(scope, name, max_ttl)
+        self.core
+            .collections
+            .create_collection(scope, name, max_ttl)
     }
 
     fn drop_collection(&self, scope: &str, name: &str) -> EngineResult<u64> {
-        let uid = self.collections.drop_collection(scope, name)?;
+        let uid = self.core.collections.drop_collection(scope, name)?;
         self.start_purge();
         Ok(uid)
     }
@@ -131,7 +133,7 @@ impl Engine for Bucket {
     }
 
     fn when_fetched(&self, vbid: Vbid, key: &[u8], done: epkv_engine_api::FetchedCallback) {
-        self.bg_fetch_when_done(vbid, key, done);
+        self.core.bg_fetch_when_done(vbid, key, done);
     }
 
     fn flush(&self) -> EngineResult<()> {
@@ -143,11 +145,15 @@ impl Engine for Bucket {
     }
 
     fn vbucket_state(&self, vbid: Vbid) -> Option<VBucketState> {
-        self.vbuckets.get(usize::from(vbid.0)).map(|vb| *vb.state())
+        self.core
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .map(|vb| *vb.state())
     }
 
     fn set_vbucket_state(&self, vbid: Vbid, state: VBucketState) -> EngineResult<()> {
         let vb = self
+            .core
             .vbuckets
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
@@ -158,10 +164,10 @@ impl Engine for Bucket {
         if state != VBucketState::Active {
             // KV-Engine answers SyncWrites in flight ambiguous when their vBucket stops
             // being active; a single node aborts them.
-            self.abandon_sync_writes(vb);
+            self.core.abandon_sync_writes(vb);
         }
         if was == VBucketState::Replica && state == VBucketState::Active {
-            self.adopt_passive_prepares(vb);
+            self.core.adopt_passive_prepares(vb);
         } else if was == VBucketState::Replica && state != VBucketState::Replica {
             let dropped = vb.durability.take_passive();
             for p in dropped {
@@ -170,10 +176,10 @@ impl Engine for Bucket {
                 });
             }
         }
-        if let Some(p) = &self.persistence {
+        if let Some(p) = &self.core.persistence {
             p.wake(vbid);
         }
-        tracing::info!(bucket = %self.config.name, %vbid, state = state.as_str(), "vbucket state changed");
+        tracing::info!(bucket = %self.core.config.name, %vbid, state = state.as_str(), "vbucket state changed");
         Ok(())
     }
 
@@ -189,6 +195,7 @@ impl Engine for Bucket {
 
     fn vbucket_seqnos(&self, vbid: Vbid) -> EngineResult<VBucketSeqnos> {
         let vb = self
+            .core
             .vbuckets
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
@@ -210,7 +217,7 @@ impl Engine for Bucket {
         let (high_seqno, _, _) = vb.ordering_snapshot();
         // A client polling OBSERVE_SEQNO waits for persistence (PersistTo): flush now
         // rather than after the batching delay.
-        if let Some(p) = &self.persistence
+        if let Some(p) = &self.core.persistence
             && vb.persist.persisted() < high_seqno
         {
             p.urgent(vbid);
@@ -224,7 +231,7 @@ impl Engine for Bucket {
     }
 
     fn persistent(&self) -> bool {
-        self.persistence.is_some()
+        self.core.persistence.is_some()
     }
 
     fn get_replica(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
@@ -248,11 +255,11 @@ impl Engine for Bucket {
     }
 
     fn seqno_acknowledged(&self, vbid: Vbid, replica: &str, seqno: u64) -> EngineResult<()> {
-        self.op_seqno_acknowledged(vbid, replica, seqno)
+        self.core.op_seqno_acknowledged(vbid, replica, seqno)
     }
 
     fn set_replication_chain(&self, vbid: Vbid, replicas: usize, live: usize) -> EngineResult<()> {
-        self.op_set_replication_chain(vbid, replicas, live)
+        self.core.op_set_replication_chain(vbid, replicas, live)
     }
 
     fn dcp_stream(
@@ -260,11 +267,11 @@ impl Engine for Bucket {
         vbid: Vbid,
         req: epkv_engine_api::DcpStreamRequest,
     ) -> Result<Box<dyn epkv_engine_api::DcpStream>, epkv_engine_api::DcpStreamError> {
-        Bucket::dcp_stream(self, vbid, req)
+        self.core.dcp_stream(vbid, req)
     }
 
     fn durability_min_level(&self) -> Option<epkv_types::DurabilityLevel> {
-        self.config.durability_min_level
+        self.core.config.durability_min_level
     }
 
     fn when_persisted(
@@ -288,6 +295,6 @@ impl Engine for Bucket {
     fn shutdown(&self) {
         self.pager.stop();
         self.shutdown_persistence();
-        tracing::info!(bucket = %self.config.name, "bucket shut down");
+        tracing::info!(bucket = %self.core.config.name, "bucket shut down");
     }
 }

@@ -26,13 +26,13 @@
 //!   the flusher finds out, from the data file's index, whether the key existed before,
 //!   and corrects the count then.
 
-use crate::bucket::Bucket;
+use crate::bucket_core::BucketCore;
 use crate::stats::Counter;
 use crate::vbucket::{Assigned, VBucket};
 use epkv_engine_api::{EngineResult, EngineStatus};
 use epkv_hashtable::{Entry, ItemMeta, StoredValue};
 
-impl Bucket {
+impl BucketCore {
     /// Makes sure the entry shows what the operation needs: the document's metadata (its
     /// existence, CAS, lock, expiry), and with `value` its value. When memory does not
     /// have it (value evicted; under full eviction, a key not in memory that the key
@@ -79,19 +79,6 @@ impl Bucket {
         match self.insert_or_tempfail(e, placeholder) {
             Ok(()) => self.queue_bg_fetch(vb, e.key(), value),
             Err(s) => s,
-        }
-    }
-
-    /// For a write that replaces the document whatever it was (a SET without CAS): true
-    /// when it cannot know, without a disk read, whether the key exists (full eviction,
-    /// not in memory, and the key filter may contain it). The write does not wait for
-    /// that read; the flusher settles the item count instead
-    /// ([`crate::vb_persist::VbPersist::mark_unknown`]).
-    pub(crate) fn existence_unknown(vb: &VBucket, e: &Entry<'_>) -> bool {
-        match (&vb.full, e.committed()) {
-            (Some(_), Some(sv)) => sv.is_placeholder(),
-            (Some(full), None) => full.filter.may_contain(e.key()),
-            (None, _) => false,
         }
     }
 
@@ -184,5 +171,18 @@ pub(crate) fn remove_deleted(vb: &VBucket, e: &mut Entry<'_>, a: &Assigned, rev:
     if let Err(err) = stored {
         tracing::error!(vbid = %vb.id, error = %err, "cannot keep a tombstone in memory; the key is removed");
         e.remove();
+    }
+}
+
+/// For a write that replaces the document whatever it was (a SET without CAS): true
+/// when it cannot know, without a disk read, whether the key exists (full eviction,
+/// not in memory, and the key filter may contain it). The write does not wait for
+/// that read; the flusher settles the item count instead
+/// ([`crate::vb_persist::VbPersist::mark_unknown`]).
+pub(crate) fn existence_unknown(vb: &VBucket, e: &Entry<'_>) -> bool {
+    match (&vb.full, e.committed()) {
+        (Some(_), Some(sv)) => sv.is_placeholder(),
+        (Some(full), None) => full.filter.may_contain(e.key()),
+        (None, _) => false,
     }
 }

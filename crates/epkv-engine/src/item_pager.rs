@@ -27,7 +27,7 @@
 //!   pausable visitor, so front-end threads never wait on a long pager run and the stripe
 //!   locks are each held for one stripe at most.
 
-use crate::bucket::Bucket;
+use crate::bucket_core::BucketCore;
 use crate::config::EphemeralFullPolicy;
 use crate::document::locked;
 use crate::lazy_now::LazyNow;
@@ -122,12 +122,10 @@ impl ItemPager {
     }
 }
 
-impl Bucket {
-    /// The order in which the item pager visits vBuckets (KV-Engine's `VBCBAdaptor` with
-    /// the paging visitor's comparator): replicas first, then by pageable memory, largest
-    /// first. Dead vBuckets and vBuckets not warmed up are left out.
+impl BucketCore {
     #[must_use]
-    pub fn pager_vbucket_order(&self) -> Vec<Vbid> {
+    /// See [`crate::Bucket::pager_vbucket_order`].
+    pub(crate) fn pager_vbucket_order(&self) -> Vec<Vbid> {
         // One u64 per vBucket, sorted descending: the replica bit on top, then the
         // pageable bytes (saturated at 2^47), then the vbid, so the sort compares plain
         // integers (6.0 us instead of 8.6 for 1024 tuples in the `pager` bench).
@@ -193,13 +191,10 @@ impl Bucket {
         epkv_hashtable::mfu_percentile(&hist, fraction * 100.0).unwrap_or(u8::MAX)
     }
 
-    /// Runs the item pager for at most 10,000 items: starts a cycle if memory
-    /// is above the high watermark (or above the low one after a wake), continues the
-    /// cycle in progress, and ends it once memory is at the low watermark or nothing more
-    /// can be freed. The pager task calls this; tests call it directly.
-    pub fn run_item_pager(&self) -> PagerRun {
+    /// See [`crate::Bucket::run_item_pager`].
+    pub(crate) fn run_item_pager(&self, pager: &ItemPager) -> PagerRun {
         let mut run = PagerRun::default();
-        let waker = &self.item_pager.waker;
+        let waker = &pager.waker;
         // Cleared at the start of every run, so that a wake during the run wakes the task
         // again (a cycle may just be ending while memory passes the watermark anew).
         waker.woken.store(false, Ordering::Release);
@@ -209,7 +204,7 @@ impl Bucket {
         }
         self.rebuild_overfull_filters();
         let low = self.config.low_wat_bytes();
-        let mut guard = self.item_pager.cycle.lock();
+        let mut guard = pager.cycle.lock();
         if guard.is_none() {
             let urgent = waker.urgent.swap(false, Ordering::AcqRel);
             let used = self.memory.used();
@@ -371,15 +366,8 @@ impl Bucket {
         }
     }
 
-    /// Ejects one document's value now, as KV-Engine's EVICT_KEY (0x93): `Ok(true)` when
-    /// it ejected it, `Ok(false)` when it was not resident already.
-    ///
-    /// # Errors
-    /// `KeyNotFound` for a missing document; `KeyExists` for one not yet persisted
-    /// (KV-Engine answers "Can't eject: Dirty object." with the same status);
-    /// `NotSupported` for a memory-only bucket, which cannot read a value back;
-    /// `NotMyVbucket` / `TempFail` as for any operation on the key.
-    pub fn evict_key(&self, vbid: Vbid, key: &[u8]) -> epkv_engine_api::EngineResult<bool> {
+    /// See [`crate::Bucket::evict_key`].
+    pub(crate) fn evict_key(&self, vbid: Vbid, key: &[u8]) -> epkv_engine_api::EngineResult<bool> {
         use epkv_engine_api::EngineStatus;
         if self.persistence.is_none() {
             return Err(EngineStatus::NotSupported);
@@ -418,8 +406,8 @@ impl Bucket {
     }
 
     /// One run of the pager task.
-    pub(crate) fn item_pager_task_run(&self) -> epkv_executor::Next {
-        let run = self.run_item_pager();
+    pub(crate) fn item_pager_task_run(&self, pager: &ItemPager) -> epkv_executor::Next {
+        let run = self.run_item_pager(pager);
         if run.more {
             return epkv_executor::Next::After(std::time::Duration::ZERO);
         }
@@ -429,11 +417,6 @@ impl Bucket {
         } else {
             epkv_executor::Next::After(every)
         }
-    }
-
-    /// Wakes the item pager (a write was refused for lack of memory).
-    pub(crate) fn wake_pager(&self) {
-        self.item_pager.waker.wake_urgent();
     }
 }
 

@@ -194,6 +194,7 @@ mod bg_fetch_queue;
 mod bg_fetcher;
 mod bucket;
 mod bucket_collections;
+mod bucket_core;
 mod clock;
 pub mod collections;
 mod config;

@@ -58,10 +58,10 @@ impl Bucket {
         key: &[u8],
         read: impl FnOnce(&StoredValue, Cas) -> R,
     ) -> EngineResult<R> {
-        self.counters.incr(Counter::CmdGet);
-        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        self.core.counters.incr(Counter::CmdGet);
+        let (vb, _state) = self.core.client_vbucket(vbid, key)?;
         self.collection_ops.count(key, crate::collections::Op::Get);
-        let now = LazyNow::new(&*self.clock);
+        let now = LazyNow::new(&*self.core.clock);
         let result = vb.table.with_entry(key, |e| {
             self.expire_on_access(vb, e, &now)?;
             self.fetch_if_evicted(vb, e)?;
@@ -81,16 +81,16 @@ impl Bucket {
 
     fn count_read<T>(&self, result: &EngineResult<T>) {
         match result {
-            Ok(_) => self.counters.incr(Counter::GetHits),
-            Err(EngineStatus::KeyNotFound) => self.counters.incr(Counter::GetMisses),
+            Ok(_) => self.core.counters.incr(Counter::GetHits),
+            Err(EngineStatus::KeyNotFound) => self.core.counters.incr(Counter::GetMisses),
             Err(_) => {}
         }
     }
 
     fn count_touch<T>(&self, result: &EngineResult<T>) {
         match result {
-            Ok(_) => self.counters.incr(Counter::TouchHits),
-            Err(EngineStatus::KeyNotFound) => self.counters.incr(Counter::TouchMisses),
+            Ok(_) => self.core.counters.incr(Counter::TouchHits),
+            Err(EngineStatus::KeyNotFound) => self.core.counters.incr(Counter::TouchMisses),
             Err(_) => {}
         }
     }
@@ -119,7 +119,7 @@ impl Bucket {
             m.rev_seqno += 1;
             m.clear_lock();
         }
-        self.queued(vb, woke);
+        self.core.queued(vb, woke);
         Ok(a)
     }
 
@@ -130,10 +130,10 @@ impl Bucket {
         key: &[u8],
         expiry_raw: u32,
     ) -> EngineResult<Item> {
-        self.counters.incr(Counter::CmdGet);
-        let (vb, _state) = self.client_vbucket(vbid, key)?;
-        self.check_disk()?;
-        let now = LazyNow::new(&*self.clock);
+        self.core.counters.incr(Counter::CmdGet);
+        let (vb, _state) = self.core.client_vbucket(vbid, key)?;
+        self.core.check_disk()?;
+        let now = LazyNow::new(&*self.core.clock);
         let result = vb.table.with_entry(key, |e| {
             check_no_sync_write(e)?;
             self.expire_on_access(vb, e, &now)?;
@@ -154,9 +154,9 @@ impl Bucket {
         key: &[u8],
         expiry_raw: u32,
     ) -> EngineResult<MutationInfo> {
-        let (vb, _state) = self.client_vbucket(vbid, key)?;
-        self.check_disk()?;
-        let now = LazyNow::new(&*self.clock);
+        let (vb, _state) = self.core.client_vbucket(vbid, key)?;
+        self.core.check_disk()?;
+        let now = LazyNow::new(&*self.core.clock);
         let result = vb.table.with_entry(key, |e| {
             check_no_sync_write(e)?;
             self.expire_on_access(vb, e, &now)?;
@@ -175,14 +175,15 @@ impl Bucket {
         key: &[u8],
         lock_timeout_secs: u32,
     ) -> EngineResult<Item> {
-        let (vb, _state) = self.client_vbucket(vbid, key)?;
-        let timeout =
-            if lock_timeout_secs == 0 || lock_timeout_secs > self.config.getl_max_timeout_secs {
-                self.config.getl_default_timeout_secs
-            } else {
-                lock_timeout_secs
-            };
-        let now = LazyNow::new(&*self.clock);
+        let (vb, _state) = self.core.client_vbucket(vbid, key)?;
+        let timeout = if lock_timeout_secs == 0
+            || lock_timeout_secs > self.core.config.getl_max_timeout_secs
+        {
+            self.core.config.getl_default_timeout_secs
+        } else {
+            lock_timeout_secs
+        };
+        let now = LazyNow::new(&*self.core.clock);
         let result = vb.table.with_entry(key, |e| {
             self.fetch_meta_if_evicted(vb, e)?;
             self.expire_on_access(vb, e, &now)?;
@@ -202,8 +203,8 @@ impl Bucket {
             Ok(item_of(sv, vbid, lock_cas))
         });
         match &result {
-            Ok(_) => self.counters.incr(Counter::LockHits),
-            Err(EngineStatus::KeyNotFound) => self.counters.incr(Counter::LockMisses),
+            Ok(_) => self.core.counters.incr(Counter::LockHits),
+            Err(EngineStatus::KeyNotFound) => self.core.counters.incr(Counter::LockMisses),
             Err(_) => {}
         }
         result
@@ -214,13 +215,13 @@ impl Bucket {
     /// they are persisted): the lookup leaves the tombstone, or a marker that the key is
     /// absent, in memory for the next request.
     pub(crate) fn op_get_meta(&self, vbid: Vbid, key: &[u8]) -> EngineResult<DocMeta> {
-        let (vb, _state) = self.client_vbucket(vbid, key)?;
-        let now = LazyNow::new(&*self.clock);
+        let (vb, _state) = self.core.client_vbucket(vbid, key)?;
+        let now = LazyNow::new(&*self.core.clock);
         vb.table.with_entry(key, |e| {
             self.expire_on_access(vb, e, &now)?;
             self.fetch_meta_if_evicted(vb, e)?;
             if e.committed().is_none() && vb.is_persistent() && vb.full.is_none() {
-                return Err(self.look_up_on_disk(vb, e, false));
+                return Err(self.core.look_up_on_disk(vb, e, false));
             }
             match e.committed() {
                 // A tombstone with seqno 0 marks a key the disk does not have.
@@ -247,7 +248,7 @@ impl Bucket {
     /// OBSERVE of one key: whether it is on disk, and its CAS. Full eviction looks a key
     /// missing from memory up on disk first.
     pub(crate) fn op_observe(&self, vbid: Vbid, key: &[u8]) -> EngineResult<(KeyState, Cas)> {
-        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        let (vb, _state) = self.core.client_vbucket(vbid, key)?;
         let r = vb.table.with_entry(key, |e| {
             self.fetch_meta_if_evicted(vb, e)?;
             e.mark_clean_upto(vb.persisted_seqno());
@@ -265,7 +266,7 @@ impl Bucket {
         // A client polling OBSERVE waits for persistence (PersistTo): flush now rather
         // than after the batching delay.
         if let (Ok((KeyState::NotPersisted | KeyState::LogicallyDeleted, _)), Some(p)) =
-            (&r, &self.persistence)
+            (&r, &self.core.persistence)
         {
             p.urgent(vbid);
         }
@@ -274,8 +275,8 @@ impl Bucket {
 
     /// UNLOCK_KEY.
     pub(crate) fn op_unlock(&self, vbid: Vbid, key: &[u8], cas: Cas) -> EngineResult<()> {
-        let (vb, _state) = self.client_vbucket(vbid, key)?;
-        let now = LazyNow::new(&*self.clock);
+        let (vb, _state) = self.core.client_vbucket(vbid, key)?;
+        let now = LazyNow::new(&*self.core.clock);
         vb.table.with_entry(key, |e| {
             self.fetch_meta_if_evicted(vb, e)?;
             self.expire_on_access(vb, e, &now)?;
@@ -297,26 +298,26 @@ impl Bucket {
 
     /// SET, ADD, REPLACE, APPEND, PREPEND.
     pub(crate) fn op_store(&self, req: &StoreRequest<'_>) -> EngineResult<MutationInfo> {
-        self.counters.incr(Counter::CmdSet);
+        self.core.counters.incr(Counter::CmdSet);
         let plain_len = if req.datatype.contains(Datatype::SNAPPY) {
             snap::raw::decompress_len(req.value).map_err(|_| EngineStatus::Invalid)?
         } else {
             req.value.len()
         };
-        if req.value.len().max(plain_len) > self.config.max_item_size_bytes {
-            self.counters.incr(Counter::TooBig);
+        if req.value.len().max(plain_len) > self.core.config.max_item_size_bytes {
+            self.core.counters.incr(Counter::TooBig);
             return Err(EngineStatus::TooBig);
         }
         // memcached's validator rejects ADD with a CAS (EINVAL); the engine agrees.
         if req.op == StoreOp::Add && !req.cas.is_any() {
             return Err(EngineStatus::Invalid);
         }
-        let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        let (vb, _state) = self.core.client_vbucket(req.vbid, req.key)?;
         self.collection_ops
             .count(req.key, crate::collections::Op::Store);
-        self.check_disk()?;
-        check_durability(req.durability.as_ref(), self.persistence.is_some())?;
-        let now = LazyNow::new(&*self.clock);
+        self.core.check_disk()?;
+        check_durability(req.durability.as_ref(), self.core.persistence.is_some())?;
+        let now = LazyNow::new(&*self.core.clock);
         let result = vb
             .table
             .with_entry(req.key, |e| self.store_entry(vb, e, req, &now));
@@ -325,18 +326,18 @@ impl Bucket {
             self.count_cas(&result);
         }
         if matches!(result, Err(EngineStatus::TooBig)) {
-            self.counters.incr(Counter::TooBig);
+            self.core.counters.incr(Counter::TooBig);
         }
         result
     }
 
     fn count_cas<T>(&self, result: &EngineResult<T>) {
         match result {
-            Ok(_) => self.counters.incr(Counter::CasHits),
+            Ok(_) => self.core.counters.incr(Counter::CasHits),
             Err(EngineStatus::KeyNotFound | EngineStatus::NotStored) => {
-                self.counters.incr(Counter::CasMisses);
+                self.core.counters.incr(Counter::CasMisses);
             }
-            Err(EngineStatus::KeyExists) => self.counters.incr(Counter::CasBadval),
+            Err(EngineStatus::KeyExists) => self.core.counters.incr(Counter::CasBadval),
             Err(_) => {}
         }
     }
@@ -359,7 +360,7 @@ impl Bucket {
             // Replaces whatever is there: no disk read to find out what that is, unless
             // it may have attributes to keep.
             StoreOp::Set if req.cas.is_any() && !(keep_attrs && vb.may_contain_xattrs()) => {
-                existence_unknown = Self::existence_unknown(vb, e);
+                existence_unknown = crate::full_eviction::existence_unknown(vb, e);
             }
             _ => self.fetch_meta_if_evicted(vb, e)?,
         }
@@ -407,7 +408,7 @@ impl Bucket {
                     .len()
                     .saturating_add(old.len())
                     .saturating_add(new.len());
-                if total > self.config.max_item_size_bytes {
+                if total > self.core.config.max_item_size_bytes {
                     return Err(EngineStatus::TooBig);
                 }
                 let parts: [&[u8]; 3] = if req.op == StoreOp::Append {
@@ -436,7 +437,8 @@ impl Bucket {
                     let old = plain_value(old, meta.datatype)?;
                     let attrs = xattr::section(&old, meta.datatype);
                     let body = plain_value(req.value, req.datatype)?;
-                    if attrs.len().saturating_add(body.len()) > self.config.max_item_size_bytes {
+                    if attrs.len().saturating_add(body.len()) > self.core.config.max_item_size_bytes
+                    {
                         return Err(EngineStatus::TooBig);
                     }
                     let datatype = req
@@ -478,12 +480,12 @@ impl Bucket {
 
     /// DELETE.
     pub(crate) fn op_remove(&self, req: &RemoveRequest<'_>) -> EngineResult<MutationInfo> {
-        let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        let (vb, _state) = self.core.client_vbucket(req.vbid, req.key)?;
         self.collection_ops
             .count(req.key, crate::collections::Op::Delete);
-        self.check_disk()?;
-        check_durability(req.durability.as_ref(), self.persistence.is_some())?;
-        let now = LazyNow::new(&*self.clock);
+        self.core.check_disk()?;
+        check_durability(req.durability.as_ref(), self.core.persistence.is_some())?;
+        let now = LazyNow::new(&*self.core.clock);
         let result = vb.table.with_entry(req.key, |e| {
             check_no_sync_write(e)?;
             self.fetch_meta_if_evicted(vb, e)?;
@@ -495,15 +497,15 @@ impl Bucket {
                 self.fetch_if_evicted(vb, e)?;
             }
             let a = match &req.durability {
-                Some(d) => self.prepare_deletion(vb, e, &now, d)?,
+                Some(d) => self.core.prepare_deletion(vb, e, &now, d)?,
                 None => self.delete_entry(vb, e, &now, DeleteSource::Explicit),
             };
             Ok(Self::mutation_info(vb, a))
         });
         self.after_write(vb, req.durability.as_ref(), &result);
         match &result {
-            Ok(_) => self.counters.incr(Counter::DeleteHits),
-            Err(EngineStatus::KeyNotFound) => self.counters.incr(Counter::DeleteMisses),
+            Ok(_) => self.core.counters.incr(Counter::DeleteHits),
+            Err(EngineStatus::KeyNotFound) => self.core.counters.incr(Counter::DeleteMisses),
             Err(_) => {}
         }
         if !req.cas.is_any() {
@@ -517,12 +519,12 @@ impl Bucket {
         &self,
         req: &ArithmeticRequest<'_>,
     ) -> EngineResult<(u64, MutationInfo)> {
-        let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        let (vb, _state) = self.core.client_vbucket(req.vbid, req.key)?;
         self.collection_ops
             .count(req.key, crate::collections::Op::Store);
-        self.check_disk()?;
-        check_durability(req.durability.as_ref(), self.persistence.is_some())?;
-        let now = LazyNow::new(&*self.clock);
+        self.core.check_disk()?;
+        check_durability(req.durability.as_ref(), self.core.persistence.is_some())?;
+        let now = LazyNow::new(&*self.core.clock);
         let result = vb
             .table
             .with_entry(req.key, |e| self.arithmetic_entry(vb, e, req, &now));
@@ -532,8 +534,8 @@ impl Bucket {
             ArithmeticOp::Decrement => (Counter::DecrHits, Counter::DecrMisses),
         };
         match &result {
-            Ok(_) => self.counters.incr(hit),
-            Err(EngineStatus::KeyNotFound) => self.counters.incr(miss),
+            Ok(_) => self.core.counters.incr(hit),
+            Err(EngineStatus::KeyNotFound) => self.core.counters.incr(miss),
             Err(_) => {}
         }
         result
@@ -611,17 +613,18 @@ impl Bucket {
     /// FLUSH: removes every document of every vBucket (seqnos keep counting; failover
     /// logs are kept).
     pub(crate) fn op_flush(&self) -> EngineResult<()> {
-        if !self.config.flush_enabled {
+        if !self.core.config.flush_enabled {
             return Err(EngineStatus::NotSupported);
         }
         if !self.is_warmed_up() {
             // Warmup would load documents back while the files are being deleted.
             return Err(EngineStatus::TempFail);
         }
-        for vb in &self.vbuckets {
-            self.abandon_sync_writes(vb);
+        for vb in &self.core.vbuckets {
+            self.core.abandon_sync_writes(vb);
         }
         let removed: usize = self
+            .core
             .vbuckets
             .iter()
             .map(|vb| {
@@ -631,13 +634,13 @@ impl Bucket {
                 vb.table.clear()
             })
             .sum();
-        if let Some(p) = &self.persistence
-            && let Err(e) = p.wipe(&self.vbuckets)
+        if let Some(p) = &self.core.persistence
+            && let Err(e) = p.wipe(&self.core.vbuckets)
         {
-            tracing::error!(bucket = %self.config.name, error = %e, "FLUSH could not delete the data files");
+            tracing::error!(bucket = %self.core.config.name, error = %e, "FLUSH could not delete the data files");
             return Err(EngineStatus::TempFail);
         }
-        tracing::info!(bucket = %self.config.name, removed, "bucket flushed");
+        tracing::info!(bucket = %self.core.config.name, removed, "bucket flushed");
         Ok(())
     }
 }
@@ -681,7 +684,7 @@ mod tests {
     }
 
     fn rev(b: &Bucket, key: &str) -> Option<u64> {
-        let vb = &b.vbuckets[usize::from(vbucket_for_key(key.as_bytes(), NUM_VBUCKETS).0)];
+        let vb = &b.core.vbuckets[usize::from(vbucket_for_key(key.as_bytes(), NUM_VBUCKETS).0)];
         vb.table.get(key.as_bytes()).map(|sv| sv.meta().rev_seqno)
     }
 
@@ -725,9 +728,15 @@ mod tests {
         let b = bucket();
         set(&b, "k");
         let vbid = vbucket_for_key(b"k", NUM_VBUCKETS);
-        let before = b.vbuckets[usize::from(vbid.0)].table.get(b"k").unwrap();
+        let before = b.core.vbuckets[usize::from(vbid.0)]
+            .table
+            .get(b"k")
+            .unwrap();
         let locked = b.get_locked(vbid, b"k", 5).unwrap();
-        let after = b.vbuckets[usize::from(vbid.0)].table.get(b"k").unwrap();
+        let after = b.core.vbuckets[usize::from(vbid.0)]
+            .table
+            .get(b"k")
+            .unwrap();
         assert!(locked.cas > before.meta().cas);
         assert_eq!(
             after.meta().cas,

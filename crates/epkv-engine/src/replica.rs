@@ -41,6 +41,7 @@ impl Bucket {
     /// The replica vBucket `vbid`, ready (warm) and in the replica state.
     fn replica_vbucket(&self, vbid: Vbid) -> EngineResult<&VBucket> {
         let vb = self
+            .core
             .vbuckets
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
@@ -58,16 +59,16 @@ impl Bucket {
     /// an evicted value is read back.
     pub(crate) fn op_get_replica(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
         let (_, raw) = epkv_types::doc_key::decode(key);
-        if vbucket_for_key(raw, self.config.num_vbuckets) != vbid {
+        if vbucket_for_key(raw, self.core.config.num_vbuckets) != vbid {
             return Err(EngineStatus::NotMyVbucket);
         }
-        self.collections.check_key(key)?;
+        self.core.collections.check_key(key)?;
         let vb = self.replica_vbucket(vbid)?;
         let state = vb.state();
         if *state != VBucketState::Replica {
             return Err(EngineStatus::NotMyVbucket);
         }
-        let now = LazyNow::new(&*self.clock);
+        let now = LazyNow::new(&*self.core.clock);
         vb.table.with_entry(key, |e| {
             self.fetch_if_evicted(vb, e)?;
             let sv = e.get().ok_or(EngineStatus::KeyNotFound)?;
@@ -110,7 +111,7 @@ impl Bucket {
                 let (_, woke) = vb.assign_replicated(seqno, 0, None, None, |a| {
                     crate::system_events::document(&event, a)
                 });
-                self.queued(vb, woke);
+                self.core.queued(vb, woke);
                 return Ok(());
             }
             DcpEvent::Prepare {
@@ -138,7 +139,7 @@ impl Bucket {
                     t
                 });
                 crate::full_eviction::remove_deleted(vb, e, &a, rev);
-                self.queued(vb, woke);
+                self.core.queued(vb, woke);
                 return Ok(());
             }
             let meta = ItemMeta {
@@ -153,7 +154,7 @@ impl Bucket {
             let sv =
                 StoredValue::new(&doc.key, &doc.value, meta).map_err(|_| EngineStatus::Invalid)?;
             vb.note_xattrs(Datatype(doc.datatype));
-            self.insert_or_tempfail(e, sv)?;
+            self.core.insert_or_tempfail(e, sv)?;
             vb.note_written(e.key());
             let (a, woke) = vb.assign_replicated(doc.seqno, doc.cas, None, None, |a| {
                 document_of(e, a, rev, None)
@@ -161,7 +162,7 @@ impl Bucket {
             if !vb.is_persistent() {
                 e.mark_clean(a.seqno);
             }
-            self.queued(vb, woke);
+            self.core.queued(vb, woke);
             Ok(())
         })
     }
@@ -193,7 +194,7 @@ impl Bucket {
         .map_err(|_| EngineStatus::Invalid)?
         .with_state(CommittedState::Pending);
         vb.table.with_entry(&doc.key, |e| {
-            self.insert_or_tempfail(e, sv)?;
+            self.core.insert_or_tempfail(e, sv)?;
             let step = SyncStep {
                 prepared: true,
                 completed: 0,
@@ -220,7 +221,7 @@ impl Bucket {
                 // needs the active's).
                 persist: level == DurabilityLevel::PersistToMajority as u8,
             });
-            self.queued(vb, woke);
+            self.core.queued(vb, woke);
             Ok(())
         })
     }
@@ -284,7 +285,7 @@ impl Bucket {
                     e.remove();
                 }
             }
-            self.queued(vb, woke);
+            self.core.queued(vb, woke);
             Ok(())
         })
     }
@@ -314,7 +315,7 @@ impl Bucket {
             let (_, woke) = vb.assign_replicated(abort_seqno, 0, None, Some(step), |a| {
                 tombstone_document(prepare_key(key), a, rev)
             });
-            self.queued(vb, woke);
+            self.core.queued(vb, woke);
             Ok(())
         })
     }
@@ -347,7 +348,7 @@ impl Bucket {
         vb.replace_failover_log(log);
         if vb.is_persistent() {
             vb.persist.mark_state_dirty();
-            if let Some(p) = &self.persistence {
+            if let Some(p) = &self.core.persistence {
                 p.wake(vbid);
             }
         }
@@ -371,14 +372,14 @@ impl Bucket {
         }
         vb.durability.take_passive();
         let removed = vb.table.clear();
-        if let Some(p) = &self.persistence
+        if let Some(p) = &self.core.persistence
             && let Err(e) = p.wipe_one(vb)
         {
-            tracing::error!(bucket = %self.config.name, %vbid, error = %e, "cannot delete a replica vBucket's file to roll it back");
+            tracing::error!(bucket = %self.core.config.name, %vbid, error = %e, "cannot delete a replica vBucket's file to roll it back");
             return Err(EngineStatus::TempFail);
         }
         vb.reset_seqnos();
-        tracing::info!(bucket = %self.config.name, %vbid, removed, "replica vBucket rolled back to seqno 0");
+        tracing::info!(bucket = %self.core.config.name, %vbid, removed, "replica vBucket rolled back to seqno 0");
         Ok(())
     }
 }

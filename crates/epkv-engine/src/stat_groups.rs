@@ -28,7 +28,7 @@ fn state_index(s: VBucketState) -> usize {
 impl Bucket {
     fn totals(&self) -> Totals {
         let mut t = Totals::default();
-        for vb in self.vbuckets.iter() {
+        for vb in self.core.vbuckets.iter() {
             let i = state_index(*vb.state());
             t.vbs[i] += 1;
             t.items[i] += vb.item_count();
@@ -44,12 +44,12 @@ impl Bucket {
         if group == StatGroup::Default
             && let Some(c) = Counter::ALL.iter().find(|c| c.name() == name)
         {
-            return Some(self.counters.get(*c).to_string());
+            return Some(self.core.counters.get(*c).to_string());
         }
-        let c = &self.config;
+        let c = &self.core.config;
         let v = match name {
             "ep_bucket_name" => c.name.clone(),
-            "ep_bucket_type" => if self.persistence.is_some() {
+            "ep_bucket_type" => if self.core.persistence.is_some() {
                 "persistent"
             } else {
                 "ephemeral"
@@ -65,13 +65,13 @@ impl Bucket {
             "vb_dead_num" => t.vbs[3].to_string(),
             "ep_max_vbuckets" => c.num_vbuckets.to_string(),
             "ep_max_size" => c.memory_quota_bytes.to_string(),
-            "mem_used" | "ep_kv_size" => self.memory.used().to_string(),
+            "mem_used" | "ep_kv_size" => self.core.memory.used().to_string(),
             "ep_mem_high_wat" => c.high_wat_bytes().to_string(),
             "ep_mem_low_wat" => c.low_wat_bytes().to_string(),
             "ep_mem_high_wat_percent" => c.mem_high_wat_percent.to_string(),
             "ep_mem_low_wat_percent" => c.mem_low_wat_percent.to_string(),
             "ep_item_overhead_bytes" => StoredValue::FIXED_BYTES.to_string(),
-            "ep_tmp_oom_errors" => self.counters.get(Counter::TmpOomErrors).to_string(),
+            "ep_tmp_oom_errors" => self.core.counters.get(Counter::TmpOomErrors).to_string(),
             "ep_max_item_size" => c.max_item_size_bytes.to_string(),
             "ep_flushall_enabled" => c.flush_enabled.to_string(),
             "ep_exp_pager_stime" => c.expiry_pager_interval.as_secs().to_string(),
@@ -86,13 +86,19 @@ impl Bucket {
             "ep_item_pager_interval" => c.item_pager_interval.as_secs().to_string(),
             "ep_ephemeral_full_policy" => c.ephemeral_full_policy.as_str().to_owned(),
             "ep_item_eviction_policy" => c.eviction_policy.as_str().to_owned(),
-            "ep_bg_num_samples" => self.bg_times.wait_summary(|h| h.len()),
-            "ep_bg_wait_avg" => self.bg_times.wait_summary(|h| h.mean() as u64),
-            "ep_bg_wait_p99" => self.bg_times.wait_summary(|h| h.value_at_quantile(0.99)),
-            "ep_bg_max_wait" => self.bg_times.wait_summary(|h| h.max()),
-            "ep_bg_load_avg" => self.bg_times.load_summary(|h| h.mean() as u64),
-            "ep_bg_load_p99" => self.bg_times.load_summary(|h| h.value_at_quantile(0.99)),
-            "ep_bg_max_load" => self.bg_times.load_summary(|h| h.max()),
+            "ep_bg_num_samples" => self.core.bg_times.wait_summary(|h| h.len()),
+            "ep_bg_wait_avg" => self.core.bg_times.wait_summary(|h| h.mean() as u64),
+            "ep_bg_wait_p99" => self
+                .core
+                .bg_times
+                .wait_summary(|h| h.value_at_quantile(0.99)),
+            "ep_bg_max_wait" => self.core.bg_times.wait_summary(|h| h.max()),
+            "ep_bg_load_avg" => self.core.bg_times.load_summary(|h| h.mean() as u64),
+            "ep_bg_load_p99" => self
+                .core
+                .bg_times
+                .load_summary(|h| h.value_at_quantile(0.99)),
+            "ep_bg_max_load" => self.core.bg_times.load_summary(|h| h.max()),
             _ => return None,
         };
         Some(v)
@@ -109,7 +115,7 @@ impl Bucket {
     }
 
     fn emit_vbucket_states(&self, sink: StatSink<'_>) {
-        for vb in self.vbuckets.iter() {
+        for vb in self.core.vbuckets.iter() {
             let state = *vb.state();
             sink(&format!("vb_{}", vb.id.0), state.as_str());
         }
@@ -119,17 +125,19 @@ impl Bucket {
     fn selected_vbuckets(&self, only: Option<u16>) -> EngineResult<&[VBucket]> {
         match only {
             Some(id) => self
+                .core
                 .vbuckets
                 .get(usize::from(id))
                 .map(std::slice::from_ref)
                 .ok_or(EngineStatus::NotMyVbucket),
-            None => Ok(&self.vbuckets[..]),
+            None => Ok(&self.core.vbuckets[..]),
         }
     }
 
     fn emit_vbucket_details(&self, only: Option<u16>, sink: StatSink<'_>) -> EngineResult<()> {
         let vbs = self.selected_vbuckets(only)?;
         let usage: std::collections::HashMap<u16, epkv_storage::FileUsage> = self
+            .core
             .persistence
             .iter()
             .flat_map(|p| p.shards.iter())
@@ -142,7 +150,7 @@ impl Bucket {
             let p = format!("vb_{}", vb.id.0);
             sink(&p, state.as_str());
             sink(&format!("{p}:num_items"), &vb.item_count().to_string());
-            if self.persistence.is_some() {
+            if self.core.persistence.is_some() {
                 let u = usage.get(&vb.id.0).copied().unwrap_or_default();
                 sink(&format!("{p}:db_file_size"), &u.file_bytes.to_string());
                 sink(&format!("{p}:db_data_size"), &u.live_bytes.to_string());
@@ -199,7 +207,7 @@ impl Bucket {
     /// the difference between two nodes' sums; `cargo xtask bench cluster` samples it).
     fn emit_replication(&self, sink: StatSink<'_>) {
         let (mut active, mut replica, mut na, mut nr) = (0u64, 0u64, 0u64, 0u64);
-        for vb in &self.vbuckets {
+        for vb in &self.core.vbuckets {
             match vb.state_hint() {
                 VBucketState::Active => {
                     active += vb.ordering_snapshot().0;
@@ -220,7 +228,7 @@ impl Bucket {
 
     /// `kvstore`: each shard's storage counters, prefixed `rw_N:` as in KV-Engine.
     fn emit_kvstore(&self, sink: StatSink<'_>) {
-        let Some(p) = &self.persistence else {
+        let Some(p) = &self.core.persistence else {
             return;
         };
         for (i, s) in p.shards.iter().enumerate() {
@@ -250,13 +258,19 @@ impl Bucket {
     /// `persistence`: the bucket's flusher and storage totals.
     fn emit_persistence(&self, sink: StatSink<'_>) {
         use std::sync::atomic::Ordering::Relaxed;
-        let Some(p) = &self.persistence else {
+        let Some(p) = &self.core.persistence else {
             sink("ep_persistence_enabled", "false");
             return;
         };
         let t = p.store_stats();
-        let queue: usize = self.vbuckets.iter().map(|vb| vb.persist.queued()).sum();
+        let queue: usize = self
+            .core
+            .vbuckets
+            .iter()
+            .map(|vb| vb.persist.queued())
+            .sum();
         let waiters: usize = self
+            .core
             .vbuckets
             .iter()
             .map(|vb| vb.persist.waiter_count())
@@ -333,7 +347,7 @@ impl Bucket {
     /// `warmup`: progress of loading the stored vBuckets at start.
     fn emit_warmup(&self, sink: StatSink<'_>) {
         use std::sync::atomic::Ordering::Relaxed;
-        let Some(p) = &self.persistence else {
+        let Some(p) = &self.core.persistence else {
             sink("ep_warmup", "disabled");
             return;
         };

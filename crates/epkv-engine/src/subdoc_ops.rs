@@ -57,7 +57,7 @@ impl Bucket {
         e: &mut Entry<'_>,
     ) -> EngineResult<()> {
         if e.committed().is_none() && vb.is_persistent() {
-            return Err(self.look_up_on_disk(vb, e, true));
+            return Err(self.core.look_up_on_disk(vb, e, true));
         }
         Ok(())
     }
@@ -70,13 +70,13 @@ impl Bucket {
         specs: &[SubdocSpec<'_>],
         access_deleted: bool,
     ) -> EngineResult<SubdocLookup> {
-        self.counters.incr(Counter::CmdGet);
+        self.core.counters.incr(Counter::CmdGet);
         if specs.iter().any(|s| !s.op.is_lookup()) {
             return Err(EngineStatus::Invalid);
         }
-        let (vb, _state) = self.client_vbucket(vbid, key)?;
+        let (vb, _state) = self.core.client_vbucket(vbid, key)?;
         self.collection_ops.count(key, crate::collections::Op::Get);
-        let now = LazyNow::new(&*self.clock);
+        let now = LazyNow::new(&*self.core.clock);
         let search = |plain: &[u8], m: &ItemMeta, deleted: bool| {
             let (section, body) = if m.datatype.contains(Datatype::XATTR) {
                 xattr::split(plain).unwrap_or((&[], &[]))
@@ -127,7 +127,7 @@ impl Bucket {
                 Ok((cas, deleted, Err((*m, sv.value().to_vec()))))
             }
         })?;
-        self.counters.incr(Counter::GetHits);
+        self.core.counters.incr(Counter::GetHits);
         let results = match found {
             Ok(results) => results,
             Err((m, value)) => {
@@ -144,7 +144,7 @@ impl Bucket {
 
     /// Sub-document mutations (see [`epkv_engine_api::Engine::subdoc_mutate`]).
     pub(crate) fn op_subdoc_mutate(&self, req: &SubdocMutation<'_>) -> EngineResult<SubdocMutated> {
-        self.counters.incr(Counter::CmdSet);
+        self.core.counters.incr(Counter::CmdSet);
         if req.specs.is_empty() || req.specs.iter().any(|s| s.op.is_lookup()) {
             return Err(EngineStatus::Invalid);
         }
@@ -154,12 +154,12 @@ impl Bucket {
         {
             return Err(EngineStatus::Invalid);
         }
-        let (vb, _state) = self.client_vbucket(req.vbid, req.key)?;
+        let (vb, _state) = self.core.client_vbucket(req.vbid, req.key)?;
         self.collection_ops
             .count(req.key, crate::collections::Op::Store);
-        self.check_disk()?;
-        check_durability(req.durability.as_ref(), self.persistence.is_some())?;
-        let now = LazyNow::new(&*self.clock);
+        self.core.check_disk()?;
+        check_durability(req.durability.as_ref(), self.core.persistence.is_some())?;
+        let now = LazyNow::new(&*self.core.clock);
         let result = vb.table.with_entry(req.key, |e| {
             crate::document::check_no_sync_write(e)?;
             self.expire_on_access(vb, e, &now)?;
@@ -246,7 +246,7 @@ impl Bucket {
             }
             let mut patches = Patches::default();
             let section = attrs.to_section(crc32c::crc32c(&body), &mut patches);
-            if section.len().saturating_add(body.len()) > self.config.max_item_size_bytes {
+            if section.len().saturating_add(body.len()) > self.core.config.max_item_size_bytes {
                 return Err(EngineStatus::TooBig);
             }
             let mut datatype = Datatype::RAW;

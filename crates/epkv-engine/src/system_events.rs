@@ -17,7 +17,7 @@
 //! Replica vBuckets do not record their own node's changes: they store the events their
 //! active streams to them ([`Bucket::op_replicate`]), with the active's seqnos.
 
-use crate::bucket::Bucket;
+use crate::bucket_core::BucketCore;
 use crate::vbucket::Assigned;
 use epkv_engine_api::dcp::{CollectionEvent, CollectionEventKind};
 use epkv_storage::Document;
@@ -111,7 +111,7 @@ fn decode_value(v: &[u8]) -> Option<CollectionEvent> {
 /// How long a scope or collection change waits for warmup before recording its events.
 const WARMUP_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-impl Bucket {
+impl BucketCore {
     /// Gives each of `events` (one manifest change, in order) a seqno in every active,
     /// warm vBucket, for DCP and the flusher (see the module docs). A vBucket still
     /// warming up has no seqnos to extend yet: the change waits for warmup (bounded by
