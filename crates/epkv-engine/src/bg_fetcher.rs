@@ -9,6 +9,8 @@
 //! the engine held during the read), then restores each value under the key's stripe lock
 //! **only if the item is still the non-resident version that was read**: a write that
 //! raced the fetch wins, and the waiting operation, run again, sees the write.
+//!
+//! Level: a service over [`crate::bucket_core::BucketCore`]; it never names the bucket.
 
 use crate::bg_fetch_queue::{BgFetchQueue, record};
 use crate::bucket_core::BucketCore;

@@ -1,5 +1,10 @@
-//! [`Bucket`]: the vBucket map, the clock, memory accounting, counters and the expiry pager,
-//! plus the helpers every operation shares (routing, time, expiry on access, CAS checks).
+//! [`Bucket`]: the [`BucketCore`] composed with the item and expiry pagers, the task
+//! wiring (flushers, appliers, warmup, fetchers, compactors, the item pager), and the write
+//! path every operation shares (expiry on access, commit of a stored version, deletion).
+//!
+//! Level: the top but one: it imports the core and the services; only the operations
+//! (`ops`, `subdoc_ops`, `replica`, `stat_groups`, `bucket_collections`, `engine_impl`)
+//! import it.
 
 use crate::bucket_core::{BucketCore, CoreOwner, schedule_weak};
 use crate::document::{document_of, expired, system_section};
@@ -32,7 +37,7 @@ const FRAGMENTATION_RUN_BYTES: u64 = 64 << 20;
 /// Created by [`Bucket::new`], which also starts the expiry pager thread (unless its
 /// interval is zero); [`epkv_engine_api::Engine::shutdown`] stops and joins it.
 ///
-/// The bucket is the top of the crate's layering: it composes the [`BucketCore`] (the
+/// The bucket is the top of the crate's layering: it composes the `BucketCore` (the
 /// vBuckets and what the background services share) with the item and expiry pagers,
 /// and its operations and the `Engine` implementation run over them. Nothing below it
 /// names it.
@@ -908,7 +913,7 @@ impl Bucket {
     /// Deletes the entry's live document (whose value, when it has extended attributes,
     /// is resident): a tombstone with its system attributes if it has any (kept in
     /// memory until persisted, or in a memory-only bucket until the next expiry pass),
-    /// else as [`Self::remove_deleted`].
+    /// else as [`crate::full_eviction::remove_deleted`].
     pub(crate) fn delete_entry(
         &self,
         vb: &VBucket,
@@ -945,7 +950,7 @@ impl Bucket {
         a
     }
 
-    /// Makes sure the entry's item has its value in memory (see [`Self::fetch_for`]):
+    /// Makes sure the entry's item has its value in memory (see [`BucketCore::fetch_for`]):
     /// if it is not resident (the item pager evicted it, or warmup loaded only its key
     /// and metadata), or, under full eviction, not in memory at all, queues a background
     /// fetch and answers WouldBlock (see [`crate::bg_fetcher`]); the operation runs again

@@ -29,6 +29,9 @@
 //! wake it), or with the persistence waiters when it waits for the flusher to reach the
 //! log's base. A state change wakes every waiter, so streams end with
 //! [`DcpEndReason::StateChanged`] promptly.
+//!
+//! Level: a service over [`crate::bucket_core::BucketCore`]; a stream holds its bucket as a
+//! `Weak<dyn CoreOwner>` and never names it. The log itself is [`crate::dcp_log`], a leaf.
 
 use crate::bucket_core::{BucketCore, CoreOwner};
 use crate::collections::Manifest;

@@ -55,7 +55,7 @@ pub(crate) fn check_lock_and_cas(meta: &ItemMeta, cas: Cas, now: &LazyNow<'_>) -
 
 /// Durability on a single node with no replicas: Majority is satisfied by the active
 /// alone, so it commits at once. The persist levels need persistence: a persistent bucket
-/// accepts them (the front end acknowledges the write once [`Bucket::when_persisted`]
+/// accepts them (the front end acknowledges the write once [`crate::Bucket::when_persisted`]
 /// reports its seqno durable); a memory-only bucket rejects them, as an ephemeral bucket.
 pub(crate) fn check_durability(
     d: Option<&DurabilityRequirements>,

@@ -35,7 +35,7 @@
 //! deadline whenever that changes; there is no timer per connection or per write.
 //!
 //! **Waiting.** The front end learns a write's outcome through
-//! [`Bucket::when_sync_write_completed`] with the prepare's seqno. An outcome that
+//! [`crate::Bucket::when_sync_write_completed`] with the prepare's seqno. An outcome that
 //! arrives before the front end asks is kept until it does.
 //!
 //! **On disk**, a prepare is a document under its key in a namespace of its own: the
@@ -49,6 +49,9 @@
 //! `PreparedMaybeVisible`: the write may have been acknowledged before the crash. On a
 //! single node they are persisted, so they are committed again before the vBucket
 //! serves; a reader never sees the state from before them.
+//!
+//! Level: a service over [`crate::bucket_core::BucketCore`]; it never names the bucket.
+//! The per-vBucket bookkeeping is [`crate::durability_monitor`], a leaf.
 
 use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, SyncWriteCallback};
 use epkv_hashtable::{CommittedState, Entry, ItemMeta, StoredValue};

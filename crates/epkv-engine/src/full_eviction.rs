@@ -9,7 +9,7 @@
 //!   (`ep_bloom_filter_negatives`). Every write adds its key; warmup fills the filter
 //!   from the data file's keys; compaction, and the item pager when the filter holds
 //!   twice the keys it was sized for, rebuild it at the right size
-//!   ([`Bucket::rebuild_key_filter`]).
+//!   ([`BucketCore::rebuild_key_filter`]).
 //! - **Placeholders.** A key not in memory that the filter may contain is looked up on
 //!   disk by a background fetch: the operation puts a placeholder (KV-Engine's temp
 //!   item, [`epkv_hashtable::StoredValue::new_placeholder`]) in the hash table and waits.
@@ -25,6 +25,8 @@
 //!   not read the disk (as in KV-Engine, so writes stay as fast as with value eviction):
 //!   the flusher finds out, from the data file's index, whether the key existed before,
 //!   and corrects the count then.
+//!
+//! Level: a service over [`crate::bucket_core::BucketCore`]; it never names the bucket.
 
 use crate::bucket_core::BucketCore;
 use crate::stats::Counter;

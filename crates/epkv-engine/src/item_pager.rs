@@ -6,7 +6,7 @@
 //!   when item memory passes the high watermark (the memory tracker's hook, on the write
 //!   that crossed it) or a write is refused for lack of memory.
 //! - **Order.** A cycle visits the vBuckets in KV-Engine's order: replicas first, then by
-//!   pageable memory, largest first ([`Bucket::pager_vbucket_order`]; seed 004 is this
+//!   pageable memory, largest first ([`crate::Bucket::pager_vbucket_order`]; seed 004 is this
 //!   ordering built from a vector indexed by vbid instead of an ordered map).
 //! - **Choice.** At the start of a cycle the evictable items' MFU histograms of every
 //!   vBucket are summed, and the MFU value at the percentile "bytes to free / bytes used"
@@ -26,6 +26,9 @@
 //!   (it is scheduled again at once) and resumes from the paused position of the
 //!   pausable visitor, so front-end threads never wait on a long pager run and the stripe
 //!   locks are each held for one stripe at most.
+//!
+//! Level: a service over [`crate::bucket_core::BucketCore`]; it never names the bucket,
+//! which owns the pager's cycle state ([`ItemPager`]) and hands it to each run.
 
 use crate::bucket_core::BucketCore;
 use crate::config::EphemeralFullPolicy;

@@ -35,6 +35,36 @@
 //! - [`PersistenceConfig`], [`FlusherMode`], [`PersistedFuture`]: persistence settings
 //!   and the persisted-seqno wait.
 //!
+//! # Layering
+//! The modules import each other without cycles (`tests/module_cycles.rs` fails on one),
+//! and each level imports only the levels below it:
+//! 1. **Leaf types**, importing nothing of the crate (or only another leaf): `config`,
+//!    `persistence_config`, `clock`, `error`, `hlc`, `stats`, `lazy_now`,
+//!    `counter_value`, `subdoc`, `collections`, `shard_store`, `expiry_pager`,
+//!    `pager_waker`, `bg_fetch_queue`; and the parts a vBucket owns: `dcp_log`,
+//!    `durability_monitor`, `vb_persist`, `key_filter`.
+//! 2. **The vBucket** (`vbucket`: state, hash table, ordering point, failover log) and
+//!    what works on one of its documents: `document`, `xattrs`.
+//! 3. **The store**: `persistence` (dirty queues taken by the flushers, warmup,
+//!    compaction), over a slice of vBuckets.
+//! 4. **The bucket core** (`bucket_core`): the vBuckets, the store, the memory tracker,
+//!    the counters, the clock and the configuration, with the primitives every write
+//!    shares (routing a request, admission under the quota, waking the flusher and the
+//!    item pager). It holds no service.
+//! 5. **The services**, each a set of methods of the core in a module of its own, none
+//!    naming the bucket: `bg_fetcher`, `full_eviction`, `durability`, `item_pager`,
+//!    `system_events`, `dcp`. Background work that must not keep the bucket alive holds
+//!    it as a `Weak<dyn CoreOwner>`.
+//! 6. **The bucket** (`bucket`): the core plus the item and expiry pagers, the write path
+//!    every operation shares (expiry on access, commit, delete) and the task wiring.
+//! 7. **The operations** on it: `ops`, `subdoc_ops`, `replica`, `stat_groups`,
+//!    `bucket_collections`, and `engine_impl` (the `Engine` trait). Only this level
+//!    names [`Bucket`].
+//!
+//! The hot paths stay static: an operation reaches the core as a by-value field of the
+//! bucket (a fixed offset, no indirection), and every call below it is a plain method
+//! call; `dyn` appears only in background work's weak handle and the clock.
+//!
 //! # Invariants
 //! - Per vBucket, seqnos strictly increase and CAS values strictly increase in seqno
 //!   order: both are handed out together at one ordering point (the vBucket's `order`
@@ -57,7 +87,7 @@
 //!
 //! # Locking
 //! Locks, in the order they may be taken (never the reverse):
-//! 0. The durability monitor's completion mutex (`durability::Monitor::completing`):
+//! 0. The durability monitor's completion mutex (`durability_monitor::Monitor::completing`):
 //!    held while resolved SyncWrites are committed or aborted, in seqno order; taken with
 //!    no stripe lock held (after the write's closure returned, by the flusher's persisted
 //!    callback, by the timeout task). The monitor's state mutex is a leaf: taken inside

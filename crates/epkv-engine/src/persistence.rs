@@ -33,6 +33,9 @@
 //!   at its persisted seqno.
 //! - **Appliers**: one task per shard writes journaled commits to the data files while the
 //!   flusher goes on (woken after each flush).
+//!
+//! Level: the store, below the bucket core; it sees vBuckets (a slice of them) and its
+//! shards, never the core or the bucket.
 
 use crate::bg_fetch_queue::BgFetchQueue;
 use crate::durability_monitor::{PREPARE_DELETES, Passive, Tracked, prepared_key_of};

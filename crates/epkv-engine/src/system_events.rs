@@ -2,7 +2,7 @@
 //! DCP streams carry them (DCP_SYSTEM_EVENT) where they happened among the documents.
 //!
 //! A manifest change ([`crate::collections::Collections`]) hands its events to
-//! [`Bucket::record_collection_events`], which gives each one a seqno in every active,
+//! [`BucketCore::record_collection_events`], which gives each one a seqno in every active,
 //! warm vBucket at the ordering point, appends it to the vBucket's DCP log and queues it
 //! for the flusher as a *system document*: a key in the reserved collection 1 (KV-Engine's
 //! system namespace) naming the scope or collection, and a small binary value. Creations
@@ -15,7 +15,9 @@
 //! never live), and nothing else can address them (no client may name collection 1).
 //!
 //! Replica vBuckets do not record their own node's changes: they store the events their
-//! active streams to them ([`Bucket::op_replicate`]), with the active's seqnos.
+//! active streams to them ([`crate::Bucket::op_replicate`]), with the active's seqnos.
+//!
+//! Level: a service over [`crate::bucket_core::BucketCore`]; it never names the bucket.
 
 use crate::bucket_core::BucketCore;
 use crate::vbucket::Assigned;

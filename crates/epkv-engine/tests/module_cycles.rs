@@ -8,6 +8,11 @@
 //! re-exports counts as its defining module). A strongly connected component of more than
 //! one module is a cycle, and the test fails naming it and each member's imports.
 
+#![expect(
+    clippy::expect_used,
+    reason = "test helpers outside #[test] functions panic on failure"
+)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
