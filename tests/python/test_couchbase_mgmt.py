@@ -29,6 +29,7 @@ from couchbase.exceptions import (  # noqa: E402
     BucketNotFoundException,
     CollectionAlreadyExistsException,
     CouchbaseException,
+    DocumentNotFoundException,
     ScopeAlreadyExistsException,
     ScopeNotFoundException,
     UserNotFoundException,
@@ -175,12 +176,13 @@ def test_users_upsert_get_and_drop(mgmt_server, cluster):
                            roles=[Role(name="data_reader", bucket="default")]))
     got = users.get_user(name)
     assert got.user.username == name
-    assert [(r.name, r.bucket) for r in got.user.roles] == [("bucket_full_access", "default")]
+    assert [(r.name, r.bucket) for r in got.user.roles] == [("data_reader", "default")]
     assert name in [u.user.username for u in users.get_all_users()]
-    # The new user works on the KV port at once.
+    # The new user works on the KV port at once, as a reader.
     c = _connect(mgmt_server.addr, name, "s3cret-pw")
     try:
-        c.bucket("default").default_collection().upsert(f"by-{name}", "x")
+        with pytest.raises(DocumentNotFoundException):
+            c.bucket("default").default_collection().get(f"by-{name}")
     finally:
         c.close()
     users.drop_user(name)
@@ -198,7 +200,7 @@ def test_bad_forms_name_the_field(mgmt_server):
     assert status == 400
     assert {"ramQuota", "flushEnabled", "maxTTL"} <= set(body["errors"])
     status, body, _ = _http(mgmt_server, "PUT", "/settings/rbac/users/local/u1",
-                            "password=long-enough&roles=ro_admin")
+                            "password=long-enough&roles=root")
     assert status == 400 and "roles" in body["errors"]
 
 

@@ -17,6 +17,9 @@
 //! - [`AuthError`]: everything that can fail; [`AuthError::is_auth_failure`] selects
 //!   status `0x20`.
 //! - [`MECHANISMS`]: the `SASL_LIST_MECHS` answer.
+//! - [`rbac`]: Couchbase's roles ([`Roles`]), the privileges each grants ([`Privilege`],
+//!   the table [`rbac::ROLES`]) and the decision, precomputed per bucket for the
+//!   per-request check ([`BucketPrivileges`]).
 //!
 //! Invariants:
 //! - No password is ever stored, in memory or in the file: only PBKDF2-derived SCRAM
@@ -64,6 +67,7 @@ mod credential;
 mod error;
 mod mechanism;
 mod plain;
+pub mod rbac;
 mod sasl_server;
 mod scram;
 mod user_directory;
@@ -71,6 +75,7 @@ mod user_store;
 
 pub use error::{AuthError, Result};
 pub use mechanism::{MECHANISMS, Mechanism, ScramHash};
+pub use rbac::{BucketPrivileges, Privilege, Privileges, Role, RoleError, Roles};
 pub use sasl_server::{SaslServer, SaslStep};
 pub use user_directory::UserDirectory;
 pub use user_store::{

@@ -1,6 +1,7 @@
 //! [`UserDirectory`]: the current [`UserStore`], shared by every reader and replaced as a
 //! whole when users change at run time (the management REST API).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::user_store::UserStore;
@@ -16,6 +17,10 @@ use crate::user_store::UserStore;
 pub struct UserDirectory {
     /// The current store; the lock is held only to clone or replace the `Arc`.
     current: Arc<RwLock<Arc<UserStore>>>,
+    /// How many times the store was replaced: connections compare it with the value they
+    /// computed their privileges at, so a change of users or roles reaches live
+    /// connections at their next request (one atomic load per request).
+    generation: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for UserDirectory {
@@ -36,7 +41,16 @@ impl UserDirectory {
     pub fn new(store: UserStore) -> Self {
         Self {
             current: Arc::new(RwLock::new(Arc::new(store))),
+            generation: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// How many times the store was replaced. Read it before [`Self::current`]: a store
+    /// taken after reading generation `g` is at least as new as `g`.
+    #[must_use]
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Returns the current store.
@@ -59,6 +73,7 @@ impl UserDirectory {
         let mut next = UserStore::clone(&guard);
         let out = change(&mut next)?;
         *guard = Arc::new(next);
+        self.generation.fetch_add(1, Ordering::Release);
         Ok(out)
     }
 }

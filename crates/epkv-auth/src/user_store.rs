@@ -19,6 +19,7 @@ use serde::Serialize;
 use crate::credential::ScramCredential;
 use crate::error::{AuthError, Result};
 use crate::mechanism::ScramHash;
+use crate::rbac::{Roles, Target};
 
 /// PBKDF2 iterations for new credentials unless [`UserStore::with_iterations`] says
 /// otherwise. 15000 is the SCRAM iteration count Couchbase Server uses by default.
@@ -64,30 +65,33 @@ impl BucketAccess {
             Self::Only(set) => set.contains(bucket),
         }
     }
+}
 
-    /// Returns the list written to the file: `["*"]` or the bucket names.
-    fn to_file_list(&self) -> Vec<String> {
-        match self {
-            Self::All => vec!["*".to_owned()],
-            Self::Only(set) => set.iter().cloned().collect(),
-        }
-    }
-
-    /// Checks every bucket name (see [`validate_bucket_name`]).
-    fn validate(&self) -> std::result::Result<(), &'static str> {
-        match self {
-            Self::All => Ok(()),
-            Self::Only(set) => set.iter().try_for_each(|b| validate_bucket_name(b)),
+impl From<BucketAccess> for Roles {
+    /// Every bucket is `admin`; a list of buckets is `bucket_full_access` on each: what a
+    /// bucket list granted before roles existed.
+    fn from(access: BucketAccess) -> Roles {
+        match access {
+            BucketAccess::All => Roles::admin(),
+            BucketAccess::Only(set) => Roles::full_access(set),
         }
     }
 }
 
-/// One user: a SCRAM verifier per hash function and the buckets they may use.
+/// One user: a SCRAM verifier per hash function and their roles.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct User {
     /// At least one entry for a user loaded or inserted through the public API.
     credentials: BTreeMap<ScramHash, ScramCredential>,
-    access: BucketAccess,
+    roles: Roles,
+}
+
+/// Checks the bucket names of `roles` as [`validate_bucket_name`] does.
+fn validate_roles(roles: &Roles) -> std::result::Result<(), &'static str> {
+    roles.roles().iter().try_for_each(|r| match &r.bucket {
+        Target::Any => Ok(()),
+        Target::Name(b) => validate_bucket_name(b),
+    })
 }
 
 /// The set of users epkv authenticates, with their salted and hashed credentials and
@@ -184,10 +188,11 @@ impl UserStore {
         &mut self,
         name: &str,
         password: &str,
-        access: BucketAccess,
+        roles: impl Into<Roles>,
     ) -> Result<()> {
         validate_user_name(name).map_err(AuthError::InvalidUser)?;
-        access.validate().map_err(AuthError::InvalidUser)?;
+        let roles = roles.into();
+        validate_roles(&roles).map_err(AuthError::InvalidUser)?;
         let credentials = ScramHash::STRONGEST_FIRST
             .iter()
             .map(|&h| {
@@ -197,13 +202,8 @@ impl UserStore {
                 )
             })
             .collect();
-        self.users.insert(
-            name.to_owned(),
-            User {
-                credentials,
-                access,
-            },
-        );
+        self.users
+            .insert(name.to_owned(), User { credentials, roles });
         Ok(())
     }
 
@@ -214,7 +214,7 @@ impl UserStore {
         &mut self,
         name: &str,
         password: &str,
-        access: BucketAccess,
+        access: impl Into<Roles>,
         hash: ScramHash,
         salt: Vec<u8>,
         iterations: u32,
@@ -224,7 +224,7 @@ impl UserStore {
             name.to_owned(),
             User {
                 credentials: BTreeMap::from([(hash, cred)]),
-                access,
+                roles: access.into(),
             },
         );
     }
@@ -241,16 +241,17 @@ impl UserStore {
         }
     }
 
-    /// Changes the bucket access of an existing user, keeping their credentials; returns
-    /// whether the user exists.
+    /// Changes the roles of an existing user, keeping their credentials; returns whether
+    /// the user exists.
     ///
     /// # Errors
     /// [`AuthError::InvalidUser`] if a bucket name is not acceptable.
-    pub fn set_access(&mut self, name: &str, access: BucketAccess) -> Result<bool> {
-        access.validate().map_err(AuthError::InvalidUser)?;
+    pub fn set_roles(&mut self, name: &str, roles: impl Into<Roles>) -> Result<bool> {
+        let roles = roles.into();
+        validate_roles(&roles).map_err(AuthError::InvalidUser)?;
         Ok(match self.users.get_mut(name) {
             Some(u) => {
-                u.access = access;
+                u.roles = roles;
                 true
             }
             None => false,
@@ -267,16 +268,16 @@ impl UserStore {
     pub fn may_access(&self, user: &str, bucket: &str) -> bool {
         self.users
             .get(user)
-            .is_some_and(|u| u.access.allows(bucket))
+            .is_some_and(|u| u.roles.may_use_bucket(bucket))
     }
 
-    /// Returns the bucket access of `user`, if the user exists.
+    /// Returns the roles of `user`, if the user exists.
     #[must_use]
-    pub fn access(&self, user: &str) -> Option<&BucketAccess> {
-        self.users.get(user).map(|u| &u.access)
+    pub fn roles(&self, user: &str) -> Option<&Roles> {
+        self.users.get(user).map(|u| &u.roles)
     }
 
-    /// Returns true when the user exists.
+    /// Returns whether `user` exists.
     #[must_use]
     pub fn contains(&self, user: &str) -> bool {
         self.users.contains_key(user)
@@ -336,7 +337,7 @@ impl UserStore {
         #[derive(Serialize)]
         struct FileUser<'a> {
             name: &'a str,
-            buckets: Vec<String>,
+            roles: Vec<String>,
             hashes: BTreeMap<&'static str, FileHash>,
         }
         #[derive(Serialize)]
@@ -351,7 +352,7 @@ impl UserStore {
                 .iter()
                 .map(|(name, u)| FileUser {
                     name,
-                    buckets: u.access.to_file_list(),
+                    roles: u.roles.to_strings(),
                     hashes: u
                         .credentials
                         .iter()
@@ -535,24 +536,46 @@ mod parse {
             validate_user_name(name).map_err(|m| ctx.err(Some("name"), m))?;
             ctx.user = Some(name.to_owned());
             for key in entry.keys() {
-                if !matches!(key.as_str(), "name" | "buckets" | "hashes") {
+                if !matches!(key.as_str(), "name" | "roles" | "buckets" | "hashes") {
                     return Err(ctx.err(Some(key), "unknown field"));
                 }
             }
-            let access = parse_buckets(&ctx, entry.get("buckets"))?;
+            let roles = match (entry.get("roles"), entry.get("buckets")) {
+                (Some(_), Some(_)) => {
+                    return Err(ctx.err(
+                        Some("buckets"),
+                        "give roles or (the older form) buckets, not both",
+                    ));
+                }
+                (Some(roles), None) => parse_roles(&ctx, roles)?,
+                (None, buckets) => Roles::from(parse_buckets(&ctx, buckets)?),
+            };
             let credentials = parse_hashes(&ctx, entry.get("hashes"))?;
             if store.users.contains_key(name) {
                 return Err(ctx.err(Some("name"), "duplicate user"));
             }
-            store.users.insert(
-                name.to_owned(),
-                User {
-                    credentials,
-                    access,
-                },
-            );
+            store
+                .users
+                .insert(name.to_owned(), User { credentials, roles });
         }
         Ok(())
+    }
+
+    fn parse_roles(ctx: &Ctx<'_>, value: &toml::Value) -> Result<Roles> {
+        let f = Some("roles");
+        let list = value
+            .as_array()
+            .ok_or_else(|| ctx.err(f, "expected an array of roles"))?;
+        let mut names = Vec::with_capacity(list.len());
+        for v in list {
+            names.push(
+                v.as_str()
+                    .ok_or_else(|| ctx.err(f, "expected an array of strings"))?,
+            );
+        }
+        let roles = Roles::from_strings(names).map_err(|e| ctx.err(f, e.to_string()))?;
+        validate_roles(&roles).map_err(|m| ctx.err(f, m))?;
+        Ok(roles)
     }
 
     fn parse_buckets(ctx: &Ctx<'_>, value: Option<&toml::Value>) -> Result<BucketAccess> {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use epkv_auth::{AuthError, BucketAccess, SaslServer, SaslStep, UserStore};
+use epkv_auth::{AuthError, BucketAccess, Roles, SaslServer, SaslStep, UserStore};
 
 const PASSWORDS: [(&str, &str); 3] = [
     ("Administrator", "correct horse battery staple"),
@@ -41,8 +41,8 @@ fn save_load_round_trip_authenticates_the_same_users() {
     assert!(loaded.may_access("app", "beer") && !loaded.may_access("app", "default"));
     assert!(loaded.may_access("Administrator", "anything"));
     assert_eq!(
-        loaded.access("reader"),
-        Some(&BucketAccess::only(["travel"]))
+        loaded.roles("reader"),
+        Some(&Roles::from(BucketAccess::only(["travel"])))
     );
     for (user, password) in PASSWORDS {
         let (_, step) = SaslServer::start(

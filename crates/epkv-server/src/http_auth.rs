@@ -20,7 +20,7 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use epkv_auth::{BucketAccess, SaslServer, UserDirectory};
+use epkv_auth::{SaslServer, UserDirectory};
 use epkv_executor::Clock;
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
@@ -91,7 +91,11 @@ impl Access {
     pub(crate) fn is_admin(&self, verdict: &Verdict) -> bool {
         match verdict {
             Verdict::Open => true,
-            Verdict::User(u) => self.users.current().access(u) == Some(&BucketAccess::All),
+            Verdict::User(u) => self
+                .users
+                .current()
+                .roles(u)
+                .is_some_and(|r| r.roles().iter().any(|r| r.name() == "admin")),
             Verdict::Denied => false,
         }
     }
@@ -207,7 +211,7 @@ mod tests {
     fn access(clock: Arc<ManualClock>) -> Access {
         let mut users = UserStore::empty().with_iterations(4096);
         users
-            .insert_with_password("ops", "pw", BucketAccess::only(["default"]))
+            .insert_with_password("ops", "pw", epkv_auth::BucketAccess::only(["default"]))
             .unwrap();
         Access::new(UserDirectory::new(users), false, clock)
     }

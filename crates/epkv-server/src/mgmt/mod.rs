@@ -401,7 +401,7 @@ fn route(
             let users = m.users.current();
             let list: Vec<Value> = users
                 .user_names()
-                .filter_map(|n| users.access(n).map(|a| rbac::user_json(n, a)))
+                .filter_map(|n| users.roles(n).map(|a| rbac::user_json(n, a)))
                 .collect();
             Reply::json(Value::Array(list))
         }
@@ -410,7 +410,7 @@ fn route(
                 return Reply::forbidden("cluster.admin.security!write");
             }
             match *method {
-                Method::GET | Method::HEAD => match m.users.current().access(name) {
+                Method::GET | Method::HEAD => match m.users.current().roles(name) {
                     Some(a) => Reply::json(rbac::user_json(name, a)),
                     None => Reply::unknown_user(),
                 },

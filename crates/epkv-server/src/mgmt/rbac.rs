@@ -1,103 +1,67 @@
 //! Users through `/settings/rbac/users`: Couchbase roles mapped onto epkv's bucket-level
 //! access, and the users file that keeps users created this way across restarts.
 //!
-//! epkv's access model is per bucket (see docs/auth.md): a user may use every bucket
-//! (`*`, which also makes them an administrator of the REST API) or a list of buckets.
-//! Couchbase roles map onto it:
-//! - `admin` is every bucket;
-//! - a data role on one bucket (`bucket_full_access[travel]`, `data_reader[travel]`, ...
-//!   see [`BUCKET_ROLES`]) grants that bucket; scope and collection qualifiers are
-//!   refused (there are no collections yet), and so is `[*]` (it would make the user an
-//!   administrator);
-//! - any other role is refused with 400.
-//!
-//! Reading a user back gives `admin`, or `bucket_full_access[B]` for each bucket it may
-//! use: what it can do, not the words it was created with.
+//! Roles are Couchbase's (`epkv_auth::rbac`, docs/auth.md): `admin`,
+//! `bucket_full_access[travel]`, `data_reader[travel:inventory:airline]`, ...; an unknown
+//! or malformed role is refused with 400. Reading a user back gives the roles it was
+//! given, each with the bucket, scope and collection it names.
 
-use epkv_auth::{BucketAccess, UserDirectory, UserStore};
+use epkv_auth::rbac::{Qualifier, Target};
+use epkv_auth::{Roles, UserDirectory, UserStore};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use std::path::PathBuf;
 
-/// Couchbase roles on one bucket that epkv grants as access to that bucket.
-pub(crate) const BUCKET_ROLES: &[&str] = &[
-    "bucket_admin",
-    "bucket_full_access",
-    "data_reader",
-    "data_writer",
-    "data_dcp_reader",
-    "data_backup",
-    "data_monitoring",
-];
-
 /// Shortest password accepted (Couchbase's rule).
 pub(crate) const MIN_PASSWORD_LEN: usize = 6;
 
-/// Parses a `roles` field (`admin,data_reader[travel]`).
+/// Parses a `roles` field (`admin,data_reader[travel]`): Couchbase's roles and
+/// qualifiers ([`Roles::parse_list`]).
 ///
 /// # Errors
 /// A message naming the first role that cannot be granted.
-pub(crate) fn parse_roles(roles: &str) -> Result<BucketAccess, String> {
-    let mut buckets = std::collections::BTreeSet::new();
-    for role in roles.split(',').map(str::trim).filter(|r| !r.is_empty()) {
-        let (name, target) = match role.split_once('[') {
-            Some((n, rest)) => {
-                let t = rest
-                    .strip_suffix(']')
-                    .ok_or_else(|| format!("malformed role {role:?}"))?;
-                (n, Some(t))
-            }
-            None => (role, None),
-        };
-        match (name, target) {
-            ("admin", None) => return Ok(BucketAccess::All),
-            (n, Some(t)) if BUCKET_ROLES.contains(&n) => {
-                if t == "*" {
-                    return Err(format!(
-                        "role {role:?} is not supported: epkv grants every bucket only with \
-                         the admin role"
-                    ));
-                }
-                if t.contains(':') {
-                    return Err(format!(
-                        "role {role:?} is not supported: scopes and collections do not exist yet"
-                    ));
-                }
-                if !epkv_frontend::is_valid_bucket_name(t) {
-                    return Err(format!("malformed role {role:?}: invalid bucket name"));
-                }
-                buckets.insert(t.to_owned());
-            }
-            _ => {
-                return Err(format!(
-                    "role {role:?} is not supported: use admin or one of {} on a bucket",
-                    BUCKET_ROLES.join(", ")
-                ));
-            }
+pub(crate) fn parse_roles(roles: &str) -> Result<Roles, String> {
+    let roles = Roles::parse_list(roles).map_err(|e| e.to_string())?;
+    for r in roles.roles() {
+        if let Target::Name(b) = &r.bucket
+            && !epkv_frontend::is_valid_bucket_name(b)
+        {
+            return Err(format!("malformed role {r}: invalid bucket name"));
         }
     }
-    Ok(BucketAccess::Only(buckets))
+    Ok(roles)
 }
 
-/// The roles a user's access is reported as.
-fn roles_json(access: &BucketAccess) -> Value {
+/// The roles a user has, as Couchbase reports them: each with its bucket, scope and
+/// collection where it names them (`*` where it names any).
+fn roles_json(roles: &Roles) -> Value {
     let origins = json!([{ "type": "user" }]);
-    match access {
-        BucketAccess::All => json!([{ "role": "admin", "origins": origins }]),
-        BucketAccess::Only(set) => set
-            .iter()
-            .map(|b| json!({ "role": "bucket_full_access", "bucket_name": b, "origins": origins }))
-            .collect(),
-    }
+    roles
+        .roles()
+        .iter()
+        .map(|r| {
+            let mut o = json!({ "role": r.name(), "origins": origins });
+            match r.def().qualifier {
+                Qualifier::None => {}
+                Qualifier::Bucket => o["bucket_name"] = json!(r.bucket.to_string()),
+                Qualifier::Collection => {
+                    o["bucket_name"] = json!(r.bucket.to_string());
+                    o["scope_name"] = json!(r.scope.to_string());
+                    o["collection_name"] = json!(r.collection.to_string());
+                }
+            }
+            o
+        })
+        .collect()
 }
 
 /// One user as `GET /settings/rbac/users/local/NAME` reports it.
-pub(crate) fn user_json(name: &str, access: &BucketAccess) -> Value {
+pub(crate) fn user_json(name: &str, roles: &Roles) -> Value {
     json!({
         "id": name,
         "domain": "local",
         "name": "",
-        "roles": roles_json(access),
+        "roles": roles_json(roles),
         "groups": [],
         "external_groups": [],
     })
@@ -170,7 +134,7 @@ impl UserAdmin {
         &self,
         name: &str,
         password: Option<&str>,
-        access: BucketAccess,
+        roles: Roles,
     ) -> Result<(), UserChangeError> {
         self.refuse_admin(name)?;
         if let Some(p) = password
@@ -184,8 +148,8 @@ impl UserAdmin {
         let mut saved = self.saved.lock();
         let mut next = saved.clone();
         match password {
-            Some(p) => next.insert_with_password(name, p, access),
-            None => match next.set_access(name, access) {
+            Some(p) => next.insert_with_password(name, p, roles),
+            None => match next.set_roles(name, roles) {
                 Ok(true) => Ok(()),
                 Ok(false) => {
                     return Err(UserChangeError::Invalid(
@@ -242,39 +206,51 @@ impl UserAdmin {
 mod tests {
     use super::*;
 
+    fn roles(list: &str) -> Roles {
+        Roles::parse_list(list).unwrap()
+    }
+
     #[test]
-    fn roles_map_onto_bucket_access() {
-        assert_eq!(parse_roles("admin").unwrap(), BucketAccess::All);
+    fn roles_parse_as_couchbase_writes_them() {
+        assert_eq!(parse_roles("admin").unwrap(), Roles::admin());
         assert_eq!(
-            parse_roles("data_reader[a], bucket_full_access[b]").unwrap(),
-            BucketAccess::only(["a", "b"])
+            parse_roles("data_reader[a], bucket_full_access[b]")
+                .unwrap()
+                .to_strings(),
+            ["bucket_full_access[b]", "data_reader[a]"]
         );
-        assert_eq!(
-            parse_roles("").unwrap(),
-            BucketAccess::only::<_, String>([])
-        );
-        assert!(parse_roles("ro_admin").is_err());
-        assert!(parse_roles("data_reader[*]").is_err());
-        assert!(parse_roles("data_reader[a:s:c]").is_err());
+        assert!(parse_roles("").unwrap().is_empty());
+        for ok in [
+            "ro_admin",
+            "data_reader[*]",
+            "data_reader[a:s:c]",
+            "data_reader[a:s]",
+        ] {
+            assert!(parse_roles(ok).is_ok(), "{ok}");
+        }
         assert!(parse_roles("data_reader[a").is_err());
         assert!(
             parse_roles("data_reader").is_err(),
             "a bucket role needs a bucket"
         );
         assert!(parse_roles("data_reader[a/b]").is_err());
+        assert!(parse_roles("root").is_err());
     }
 
     #[test]
-    fn users_read_back_as_admin_or_full_access_per_bucket() {
-        let u = user_json("app", &BucketAccess::only(["t"]));
+    fn users_read_back_with_the_roles_they_were_given() {
+        let u = user_json("app", &roles("bucket_full_access[t]"));
         assert_eq!(u["id"], "app");
         assert_eq!(u["domain"], "local");
         assert_eq!(u["roles"][0]["role"], "bucket_full_access");
         assert_eq!(u["roles"][0]["bucket_name"], "t");
-        assert_eq!(
-            user_json("a", &BucketAccess::All)["roles"][0]["role"],
-            "admin"
-        );
+        assert_eq!(user_json("a", &Roles::admin())["roles"][0]["role"], "admin");
+        let r = user_json("r", &roles("data_reader[t:s:c]"));
+        assert_eq!(r["roles"][0]["role"], "data_reader");
+        assert_eq!(r["roles"][0]["scope_name"], "s");
+        assert_eq!(r["roles"][0]["collection_name"], "c");
+        let any = user_json("r", &roles("data_reader[t]"));
+        assert_eq!(any["roles"][0]["scope_name"], "*");
     }
 
     #[test]
@@ -289,22 +265,22 @@ mod tests {
             Some("Administrator".into()),
         );
         admin
-            .upsert("app", Some("secret1"), BucketAccess::only(["t"]))
+            .upsert("app", Some("secret1"), roles("bucket_full_access[t]"))
             .unwrap();
         assert!(live.current().may_access("app", "t"));
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("app") && !text.contains("secret1"));
-        admin.upsert("app", None, BucketAccess::All).unwrap();
+        admin.upsert("app", None, Roles::admin()).unwrap();
         assert!(
             live.current().may_access("app", "x"),
             "access changed, password kept"
         );
         assert!(matches!(
-            admin.upsert("new", None, BucketAccess::All),
+            admin.upsert("new", None, Roles::admin()),
             Err(UserChangeError::Invalid("password", _))
         ));
         assert!(matches!(
-            admin.upsert("x", Some("short"), BucketAccess::All),
+            admin.upsert("x", Some("short"), Roles::admin()),
             Err(UserChangeError::Invalid("password", _))
         ));
         assert!(matches!(
