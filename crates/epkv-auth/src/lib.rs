@@ -20,6 +20,8 @@
 //! - [`rbac`]: Couchbase's roles ([`Roles`]), the privileges each grants ([`Privilege`],
 //!   the table [`rbac::ROLES`]) and the decision, precomputed per bucket for the
 //!   per-request check ([`BucketPrivileges`]).
+//! - [`AuditLog`]: the optional audit file (JSON lines) of authentications, refusals and
+//!   changes of users and buckets, shared by the KV port and the REST API.
 //!
 //! Invariants:
 //! - No password is ever stored, in memory or in the file: only PBKDF2-derived SCRAM
@@ -35,8 +37,9 @@
 //!   [`SaslServer`] is owned by one connection.
 //!
 //! Dependencies: RustCrypto `sha1`, `sha2`, `hmac`, `pbkdf2`, `subtle`; `base64`, `rand`,
-//! `serde`, `toml`, `thiserror`. It depends on no other epkv crate and must never depend on
-//! the protocol, front end or engine crates (the front end and server depend on it).
+//! `serde`, `serde_json`, `toml`, `thiserror`. It depends on no other epkv crate and must
+//! never depend on the protocol, front end or engine crates (the front end and server
+//! depend on it).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -63,6 +66,7 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+pub mod audit;
 mod credential;
 mod error;
 mod mechanism;
@@ -73,6 +77,7 @@ mod scram;
 mod user_directory;
 mod user_store;
 
+pub use audit::{AuditEvent, AuditKind, AuditLog, Interface};
 pub use error::{AuthError, Result};
 pub use mechanism::{MECHANISMS, Mechanism, ScramHash};
 pub use rbac::{BucketPrivileges, Privilege, Privileges, Role, RoleError, Roles};

@@ -290,6 +290,11 @@ const MANAGE_BUCKET: Privileges = Privileges::of(&[
     P::CollectionManagement,
 ]);
 
+/// What any role naming a bucket granted on it before privileges were checked: every
+/// data privilege and DCP both ways (as `bucket_full_access` grants).
+pub const LEGACY_BUCKET_ACCESS: Privileges =
+    DATA.union(Privileges::of(&[P::DcpProducer, P::DcpConsumer]));
+
 /// The roles epkv grants, and what each grants. From ns_server's role definitions
 /// (`menelaus_roles`) and its translation of permissions into KV-Engine privileges
 /// (`memcached_permissions`), with the REST privileges read off the same definitions:
@@ -748,6 +753,25 @@ impl Roles {
         self.0.iter().any(|r| r.covers_bucket(bucket))
     }
 
+    /// Whether these roles grant less than epkv granted the same user before privileges
+    /// were checked: then every role that named a bucket (or `*`) gave full access to that
+    /// bucket's data and DCP ([`LEGACY_BUCKET_ACCESS`]), and unqualified roles other than
+    /// `admin` gave it on every bucket. The server logs such users once at start.
+    #[must_use]
+    pub fn narrower_than_bucket_lists(&self) -> bool {
+        // A name no bucket can have stands for "any bucket" (roles on `*` cover it).
+        const ANY: &str = "";
+        self.0.iter().any(|r| {
+            let bucket = match &r.bucket {
+                Target::Any => ANY,
+                Target::Name(b) => b.as_str(),
+            };
+            LEGACY_BUCKET_ACCESS
+                .iter()
+                .any(|p| !self.allows(p, Some(bucket), None, None))
+        })
+    }
+
     /// The privileges on `bucket`, precomputed for the per-request check.
     #[must_use]
     pub fn bucket_privileges(&self, bucket: &str) -> BucketPrivileges {
@@ -951,6 +975,35 @@ mod tests {
         );
         assert!(r.allows(P::Delete, Some("beer"), None, None));
         assert!(!r.allows(P::BucketCreate, None, None, None));
+    }
+
+    #[test]
+    fn roles_narrower_than_the_older_full_access_are_recognised() {
+        for wide in [
+            "admin",
+            "bucket_full_access[a]",
+            "data_backup[a]",
+            "bucket_full_access[*]",
+            "data_reader[a],bucket_full_access[a]",
+        ] {
+            assert!(!roles(wide).narrower_than_bucket_lists(), "{wide}");
+        }
+        assert!(!Roles::full_access(["a", "b"]).narrower_than_bucket_lists());
+        assert!(!Roles::none().narrower_than_bucket_lists());
+        for narrow in [
+            "data_reader[a]",
+            "data_writer[a]",
+            "data_monitoring[a]",
+            "bucket_admin[a]",
+            "data_dcp_reader[a]",
+            "ro_admin",
+            "security_admin",
+            "cluster_admin",
+            "bucket_full_access[a],data_reader[b]",
+            "data_reader[a:s:c]",
+        ] {
+            assert!(roles(narrow).narrower_than_bucket_lists(), "{narrow}");
+        }
     }
 
     const ROLE_NAMES: [&str; 11] = [
