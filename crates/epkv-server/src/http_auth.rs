@@ -4,8 +4,10 @@
 //! - The open zero-configuration mode (no users and a loopback address) needs no
 //!   credentials, as the KV port.
 //! - Otherwise a request must carry `Authorization: Basic` with a configured user's name
-//!   and password; it sees the buckets that user may use (plus the server-wide metrics).
-//!   Anything else is answered 401 with `WWW-Authenticate: Basic realm="epkv"`.
+//!   and password. Anything else is answered 401 with `WWW-Authenticate: Basic
+//!   realm="epkv"` (and, when credentials were presented, an `auth_failure` audit event).
+//! - What an authenticated request may do is a privilege of the user's roles
+//!   ([`Access::allowed`], built on `Roles::allows`); the open mode allows everything.
 //!
 //! Checking a password derives its PBKDF2 hash (15,000 rounds, a few milliseconds), so:
 //! - the derivation runs on Tokio's blocking pool, never on the thread serving
@@ -20,13 +22,14 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use epkv_auth::{SaslServer, UserDirectory};
+use epkv_auth::{AuditEvent, AuditKind, AuditLog, Interface, Privilege, SaslServer, UserDirectory};
 use epkv_executor::Clock;
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
 use rand::RngCore;
 use sha2::Sha256;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,11 +58,17 @@ pub(crate) struct Access {
     key: [u8; 32],
     verified: Mutex<HashMap<[u8; 32], (String, Instant)>>,
     derivations: tokio::sync::Semaphore,
+    audit: AuditLog,
 }
 
 impl Access {
     /// The rules for `users`; `open` is the zero-configuration mode (no users, loopback).
-    pub(crate) fn new(users: UserDirectory, open: bool, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(
+        users: UserDirectory,
+        open: bool,
+        clock: Arc<dyn Clock>,
+        audit: AuditLog,
+    ) -> Self {
         let mut key = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut key);
         Self {
@@ -69,7 +78,13 @@ impl Access {
             key,
             verified: Mutex::new(HashMap::new()),
             derivations: tokio::sync::Semaphore::new(1),
+            audit,
         }
+    }
+
+    /// The audit log (disabled unless `--audit-log` is set).
+    pub(crate) fn audit(&self) -> &AuditLog {
+        &self.audit
     }
 
     /// Whether requests need no credentials.
@@ -77,17 +92,29 @@ impl Access {
         self.open
     }
 
-    /// Whether `verdict` may see bucket `bucket`.
-    pub(crate) fn may_see(&self, verdict: &Verdict, bucket: &str) -> bool {
+    /// Whether `verdict` holds `privilege` on `bucket` (`None` for a global privilege;
+    /// a collection-level one asked on a bucket must hold on all of its collections):
+    /// the one check of every REST endpoint and of `/metrics`. The open mode holds every
+    /// privilege.
+    pub(crate) fn allowed(
+        &self,
+        verdict: &Verdict,
+        privilege: Privilege,
+        bucket: Option<&str>,
+    ) -> bool {
         match verdict {
             Verdict::Open => true,
-            Verdict::User(u) => self.users.current().may_access(u, bucket),
+            Verdict::User(u) => self
+                .users
+                .current()
+                .roles(u)
+                .is_some_and(|r| r.allows(privilege, bucket, None, None)),
             Verdict::Denied => false,
         }
     }
 
-    /// Whether `verdict` is a cluster administrator: the open mode, or a user with access
-    /// to every bucket (`*`), as `--admin-user` is.
+    /// Whether `verdict` is a full administrator: the open mode, or a user with the
+    /// `admin` role (as `--admin-user`). Only they may grant `admin` or `security_admin`.
     pub(crate) fn is_admin(&self, verdict: &Verdict) -> bool {
         match verdict {
             Verdict::Open => true,
@@ -106,12 +133,26 @@ impl Access {
         self.verified.lock().clear();
     }
 
-    /// Checks a request's `Authorization` header value.
-    pub(crate) async fn check(&self, authorization: Option<&[u8]>) -> Verdict {
+    /// Checks a request's `Authorization` header value, from `peer` through
+    /// `interface`; a presented but wrong or malformed credential is audited.
+    pub(crate) async fn check(
+        &self,
+        authorization: Option<&[u8]>,
+        peer: SocketAddr,
+        interface: Interface,
+    ) -> Verdict {
         if self.open {
             return Verdict::Open;
         }
-        let Some((user, password)) = authorization.and_then(parse_basic) else {
+        let Some(authorization) = authorization else {
+            return Verdict::Denied;
+        };
+        let Some((user, password)) = parse_basic(authorization) else {
+            self.audit.record(
+                &AuditEvent::new(AuditKind::AuthFailure, interface)
+                    .source(peer)
+                    .detail("malformed Basic credentials"),
+            );
             return Verdict::Denied;
         };
         let digest = self.digest(&user, &password);
@@ -139,6 +180,12 @@ impl Access {
         .unwrap_or(false);
         if !ok {
             tracing::info!(user, "HTTP request with a wrong user or password");
+            self.audit.record(
+                &AuditEvent::new(AuditKind::AuthFailure, interface)
+                    .user(&user)
+                    .source(peer)
+                    .detail("wrong user or password (HTTP Basic)"),
+            );
             return Verdict::Denied;
         }
         self.remember(digest, &user);
@@ -204,6 +251,15 @@ mod tests {
     use epkv_auth::UserStore;
     use epkv_executor::ManualClock;
 
+    const PEER: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 1);
+
+    impl Access {
+        async fn check_test(&self, authorization: Option<&[u8]>) -> Verdict {
+            self.check(authorization, PEER, Interface::Rest).await
+        }
+    }
+
     fn basic(user: &str, password: &str) -> Vec<u8> {
         format!("Basic {}", B64.encode(format!("{user}:{password}"))).into_bytes()
     }
@@ -213,7 +269,12 @@ mod tests {
         users
             .insert_with_password("ops", "pw", epkv_auth::BucketAccess::only(["default"]))
             .unwrap();
-        Access::new(UserDirectory::new(users), false, clock)
+        Access::new(
+            UserDirectory::new(users),
+            false,
+            clock,
+            AuditLog::disabled(),
+        )
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -244,10 +305,15 @@ mod tests {
             UserDirectory::default(),
             true,
             Arc::new(ManualClock::new(Duration::ZERO)),
+            AuditLog::disabled(),
         );
         assert!(a.is_open());
-        assert_eq!(runtime().block_on(a.check(None)), Verdict::Open);
-        assert!(a.may_see(&Verdict::Open, "anything"));
+        assert_eq!(
+            runtime().block_on(a.check(None, PEER, Interface::Rest)),
+            Verdict::Open
+        );
+        assert!(a.allowed(&Verdict::Open, Privilege::BucketCreate, None));
+        assert!(a.allowed(&Verdict::Open, Privilege::Flush, Some("anything")));
     }
 
     #[test]
@@ -255,23 +321,26 @@ mod tests {
         let clock = Arc::new(ManualClock::new(Duration::ZERO));
         let a = access(Arc::clone(&clock));
         let rt = runtime();
-        assert_eq!(rt.block_on(a.check(None)), Verdict::Denied);
+        assert_eq!(rt.block_on(a.check_test(None)), Verdict::Denied);
         assert_eq!(
-            rt.block_on(a.check(Some(&basic("ops", "no")))),
+            rt.block_on(a.check_test(Some(&basic("ops", "no")))),
             Verdict::Denied
         );
         assert_eq!(
-            rt.block_on(a.check(Some(&basic("who", "pw")))),
+            rt.block_on(a.check_test(Some(&basic("who", "pw")))),
             Verdict::Denied
         );
         assert_eq!(a.cached_entries(), 0, "failures are not remembered");
-        let ok = rt.block_on(a.check(Some(&basic("ops", "pw"))));
+        let ok = rt.block_on(a.check_test(Some(&basic("ops", "pw"))));
         assert_eq!(ok, Verdict::User("ops".into()));
-        assert!(a.may_see(&ok, "default") && !a.may_see(&ok, "travel"));
+        let read = |b| a.allowed(&ok, Privilege::SettingsRead, Some(b));
+        assert!(read("default") && !read("travel"));
+        assert!(a.allowed(&ok, Privilege::Flush, Some("default")));
+        assert!(!a.allowed(&ok, Privilege::BucketCreate, None));
         assert!(!a.is_admin(&ok) && !a.is_admin(&Verdict::Denied));
         a.forget();
         assert_eq!(a.cached_entries(), 0);
-        assert!(!a.may_see(&Verdict::Denied, "default"));
+        assert!(!a.allowed(&Verdict::Denied, Privilege::SettingsRead, Some("default")));
     }
 
     #[test]
@@ -281,7 +350,7 @@ mod tests {
         let rt = runtime();
         let header = basic("ops", "pw");
         assert_eq!(
-            rt.block_on(a.check(Some(&header))),
+            rt.block_on(a.check_test(Some(&header))),
             Verdict::User("ops".into())
         );
         let digest = a.digest("ops", b"pw");
@@ -297,7 +366,7 @@ mod tests {
         clock.advance(Duration::from_secs(1));
         assert_eq!(a.cached(&digest), None, "expired after {CACHE_TTL:?}");
         assert_eq!(
-            rt.block_on(a.check(Some(&header))),
+            rt.block_on(a.check_test(Some(&header))),
             Verdict::User("ops".into())
         );
         assert_eq!(

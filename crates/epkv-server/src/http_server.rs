@@ -52,13 +52,14 @@ impl HttpListener {
     }
 
     /// Serves `handler` on the current Tokio runtime until the runtime stops. The
-    /// handler gets each request and the local address its connection reached.
+    /// handler gets each request, the local address its connection reached and the
+    /// client's address.
     ///
     /// # Errors
     /// When the listener cannot be registered with the runtime.
     pub(crate) fn spawn<H, F>(self, name: &'static str, handler: H) -> std::io::Result<()>
     where
-        H: Fn(Request<Incoming>, SocketAddr) -> F + Send + Sync + 'static,
+        H: Fn(Request<Incoming>, SocketAddr, SocketAddr) -> F + Send + Sync + 'static,
         F: Future<Output = HttpResponse> + Send + 'static,
     {
         self.listener.set_nonblocking(true)?;
@@ -70,7 +71,7 @@ impl HttpListener {
 
 async fn accept_loop<H, F>(listener: tokio::net::TcpListener, name: &'static str, handler: Arc<H>)
 where
-    H: Fn(Request<Incoming>, SocketAddr) -> F + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, SocketAddr, SocketAddr) -> F + Send + Sync + 'static,
     F: Future<Output = HttpResponse> + Send + 'static,
 {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -93,7 +94,7 @@ where
         let handler = Arc::clone(&handler);
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                let reply = handler(req, local);
+                let reply = handler(req, local, peer);
                 async move { Ok::<_, Infallible>(reply.await) }
             });
             let served = hyper::server::conn::http1::Builder::new()

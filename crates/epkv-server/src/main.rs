@@ -219,10 +219,21 @@ fn run(cli: Cli) -> Result<()> {
     let frontend =
         Frontend::bind_buckets(config, manager.buckets().clone()).map_err(explain_bind_error)?;
     let addr = frontend.local_addr();
+    let audit = if s.audit_log.as_os_str().is_empty() {
+        epkv_auth::AuditLog::disabled()
+    } else {
+        let wall = SystemClock;
+        epkv_auth::AuditLog::open(
+            &s.audit_log,
+            Arc::new(move || epkv_executor::Clock::unix_time(&wall)),
+        )
+        .with_context(|| format!("cannot open the audit log {}", s.audit_log.display()))?
+    };
     let access = Arc::new(http_auth::Access::new(
         users.clone(),
         frontend.handle().is_open(),
         Arc::new(SystemClock),
+        audit,
     ));
     let user_count = users.current().len();
     let metrics = match s.metrics_port.0 {

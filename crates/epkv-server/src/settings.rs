@@ -391,11 +391,13 @@ settings! {
     users_file: PathBuf = "", unit = "path",
         help = "Users file (TOML, salted SCRAM verifiers; write it with `epkv-server user add`). With users configured, clients must authenticate with SASL and select a bucket they may use";
     admin_user: String = "", unit = "name",
-        help = "Create a user with access to every bucket (with admin-password); also EPKV_ADMIN_USER",
+        help = "Create a user with the admin role (every privilege on every bucket; with admin-password); also EPKV_ADMIN_USER",
         clap(env = "EPKV_ADMIN_USER");
     admin_password: Secret = "", unit = "password",
         help = "Password of admin-user, kept only as salted hashes in memory; also EPKV_ADMIN_PASSWORD",
         clap(env = "EPKV_ADMIN_PASSWORD", hide_env_values = true);
+    audit_log: PathBuf = "", unit = "path",
+        help = "Append security events to this file as JSON lines (created with mode 0600): REST authentication failures and privilege refusals, users created, changed and deleted, buckets created, dropped and flushed (see docs/auth.md); off unless set";
     metrics_port: OptionalPort = "", unit = "port",
         help = "Serve Prometheus metrics (text format) at http://BIND:PORT/metrics; off unless set, 0 picks a free port (the startup line names it). Same address and authentication as the KV port: with users configured, HTTP Basic auth with a user's password";
     mgmt_port: OptionalPort = "8091", unit = "port",

@@ -46,8 +46,9 @@ pub(crate) struct Sources {
 }
 
 impl Sources {
-    /// The whole exposition, with the buckets `may_see` accepts.
-    pub(crate) fn exposition(&self, may_see: &dyn Fn(&str) -> bool) -> String {
+    /// The exposition of the buckets `may_see` accepts, plus the node-wide series
+    /// (connections, authentication, command timings) when `node_wide`.
+    pub(crate) fn exposition(&self, may_see: &dyn Fn(&str) -> bool, node_wide: bool) -> String {
         let mut f = Families::default();
         let buckets: Vec<_> = self
             .buckets
@@ -61,13 +62,15 @@ impl Sources {
         for (p, bucket) in &buckets {
             bucket_tasks(&mut f, &p.name, &bucket.tasks());
         }
-        connections(&mut f, self.frontend.connections());
-        auth(&mut f, self.frontend.auth());
-        command_timings(
-            &mut f,
-            &self.frontend.command_timings(&command_bounds()),
-            &command_bounds(),
-        );
+        if node_wide {
+            connections(&mut f, self.frontend.connections());
+            auth(&mut f, self.frontend.auth());
+            command_timings(
+                &mut f,
+                &self.frontend.command_timings(&command_bounds()),
+                &command_bounds(),
+            );
+        }
         f.encode()
     }
 }

@@ -1,5 +1,10 @@
 //! The Prometheus endpoint: `GET /metrics` in the text exposition format (0.0.4) on
-//! `--metrics-port`, at the KV port's address and with its access rules.
+//! `--metrics-port`, at the KV port's address and with its users.
+//!
+//! Access: a user with the `Stats` privilege (admin, ro_admin, cluster_admin,
+//! security_admin, bucket_admin) sees every series; one without it sees the series of
+//! the buckets they hold `SimpleStats` on (data_monitoring, bucket_full_access, ...) and
+//! no node-wide series; one with neither is refused (403).
 //!
 //! - [`names`]: how an engine stat becomes a metric (name, type, unit, HELP), derived from
 //!   the engine's stats table.
@@ -19,6 +24,7 @@ mod names;
 pub(crate) use collect::Sources;
 
 use crate::http_auth::{self, Access};
+use epkv_auth::{AuditEvent, AuditKind, Interface, Privilege};
 
 use crate::http_server::{HttpListener, HttpResponse, reply};
 use hyper::body::Incoming;
@@ -68,14 +74,14 @@ impl MetricsEndpoint {
     /// When the listener cannot be registered with the runtime.
     pub(crate) fn spawn(self) -> std::io::Result<()> {
         let state = self.state;
-        self.listener.spawn("metrics", move |req, _local| {
+        self.listener.spawn("metrics", move |req, _local, peer| {
             let state = Arc::clone(&state);
-            async move { handle(&state, req).await }
+            async move { handle(&state, req, peer).await }
         })
     }
 }
 
-async fn handle(state: &Arc<State>, req: Request<Incoming>) -> HttpResponse {
+async fn handle(state: &Arc<State>, req: Request<Incoming>, peer: SocketAddr) -> HttpResponse {
     if req.uri().path() != "/metrics" {
         return reply(
             StatusCode::NOT_FOUND,
@@ -89,7 +95,10 @@ async fn handle(state: &Arc<State>, req: Request<Incoming>) -> HttpResponse {
         return r;
     }
     let authorization = req.headers().get(AUTHORIZATION).map(HeaderValue::as_bytes);
-    let verdict = state.access.check(authorization).await;
+    let verdict = state
+        .access
+        .check(authorization, peer, Interface::Metrics)
+        .await;
     if verdict == http_auth::Verdict::Denied {
         let mut r = reply(StatusCode::UNAUTHORIZED, "authentication required\n");
         r.headers_mut().insert(
@@ -98,11 +107,37 @@ async fn handle(state: &Arc<State>, req: Request<Incoming>) -> HttpResponse {
         );
         return r;
     }
+    let node_wide = state.access.allowed(&verdict, Privilege::Stats, None);
+    let some_bucket = node_wide
+        || state.sources.buckets.snapshot().iter().any(|(p, _)| {
+            state
+                .access
+                .allowed(&verdict, Privilege::SimpleStats, Some(&p.name))
+        });
+    if !some_bucket {
+        if let http_auth::Verdict::User(user) = &verdict {
+            state.access.audit().record(
+                &AuditEvent::new(AuditKind::AccessDenied, Interface::Metrics)
+                    .user(user)
+                    .source(peer)
+                    .detail("cluster.stats!read"),
+            );
+        }
+        return reply(
+            StatusCode::FORBIDDEN,
+            "forbidden: needs the Stats privilege, or SimpleStats on a bucket\n",
+        );
+    }
     let scrape = Arc::clone(state);
     let text = tokio::task::spawn_blocking(move || {
-        scrape
-            .sources
-            .exposition(&|bucket| scrape.access.may_see(&verdict, bucket))
+        scrape.sources.exposition(
+            &|bucket| {
+                scrape
+                    .access
+                    .allowed(&verdict, Privilege::SimpleStats, Some(bucket))
+            },
+            node_wide,
+        )
     })
     .await;
     match text {

@@ -26,6 +26,7 @@ use crate::bucket_manager::{
 };
 use crate::http_auth::{Access, Verdict};
 use crate::http_server::{HttpListener, HttpResponse, reply};
+use epkv_auth::{AuditEvent, AuditKind, Interface, Privilege, Roles};
 use epkv_cluster::Cluster;
 use epkv_engine_api::{Engine, EngineStatus};
 use epkv_executor::Clock;
@@ -170,9 +171,9 @@ impl Mgmt {
     /// When the listener cannot be registered with the runtime.
     pub(crate) fn spawn(self, listener: HttpListener) -> std::io::Result<()> {
         let state = Arc::new(self);
-        listener.spawn("mgmt", move |req, local| {
+        listener.spawn("mgmt", move |req, local, peer| {
             let state = Arc::clone(&state);
-            async move { handle(state, req, local).await }
+            async move { handle(state, req, local, peer).await }
         })
     }
 
@@ -191,9 +192,17 @@ impl Mgmt {
     }
 }
 
-async fn handle(state: Arc<Mgmt>, req: Request<Incoming>, local: SocketAddr) -> HttpResponse {
+async fn handle(
+    state: Arc<Mgmt>,
+    req: Request<Incoming>,
+    local: SocketAddr,
+    peer: SocketAddr,
+) -> HttpResponse {
     let authorization = req.headers().get(AUTHORIZATION).map(HeaderValue::as_bytes);
-    let verdict = state.access.check(authorization).await;
+    let verdict = state
+        .access
+        .check(authorization, peer, Interface::Rest)
+        .await;
     if verdict == Verdict::Denied {
         let mut r =
             Reply::error(StatusCode::UNAUTHORIZED, "authentication required").into_response();
@@ -237,7 +246,8 @@ async fn handle(state: Arc<Mgmt>, req: Request<Incoming>, local: SocketAddr) -> 
     let state2 = Arc::clone(&state);
     let answered = tokio::task::spawn_blocking(move || {
         let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
-        route(&state2, &verdict, &method, &segs, &segments, &form, local)
+        let caller = Caller { verdict, peer };
+        route(&state2, &caller, &method, &segs, &segments, &form, local)
     })
     .await;
     match answered {
@@ -256,54 +266,160 @@ fn method_not_allowed(allowed: &str) -> Reply {
     )
 }
 
-/// Answers one request. Runs on the blocking pool.
+/// Who asks: the verdict on their credentials and their address.
+pub(crate) struct Caller {
+    verdict: Verdict,
+    peer: SocketAddr,
+}
+
+impl Caller {
+    fn user(&self) -> Option<&str> {
+        match &self.verdict {
+            Verdict::User(u) => Some(u),
+            Verdict::Open | Verdict::Denied => None,
+        }
+    }
+}
+
+/// Couchbase's name of the permission a REST request needs for `privilege` on `bucket`,
+/// as a 403 body lists it.
+pub(crate) fn permission(privilege: Privilege, bucket: Option<&str>) -> String {
+    let b = bucket.unwrap_or("*");
+    match privilege {
+        Privilege::SettingsRead => format!("cluster.bucket[{b}].settings!read"),
+        Privilege::BucketManagement => format!("cluster.bucket[{b}].settings!write"),
+        Privilege::Flush => format!("cluster.bucket[{b}]!flush"),
+        Privilege::CollectionManagement => format!("cluster.bucket[{b}].collections!write"),
+        Privilege::SimpleStats => format!("cluster.bucket[{b}].stats!read"),
+        Privilege::BucketCreate if bucket.is_some() => format!("cluster.bucket[{b}]!delete"),
+        Privilege::BucketCreate => "cluster.buckets!create".to_owned(),
+        Privilege::ClusterManagement => "cluster.pools!write".to_owned(),
+        Privilege::SystemSettings => "cluster.pools!read".to_owned(),
+        Privilege::SecurityRead => "cluster.admin.security!read".to_owned(),
+        Privilege::SecurityManagement => "cluster.admin.security!write".to_owned(),
+        Privilege::Stats => "cluster.stats!read".to_owned(),
+        other => format!("cluster.admin!{}", other.name()),
+    }
+}
+
+/// Whether `caller` holds `privilege` on `bucket`; when not, the 403 to answer (and the
+/// refusal is audited).
+fn need(
+    m: &Mgmt,
+    caller: &Caller,
+    privilege: Privilege,
+    bucket: Option<&str>,
+) -> Result<(), Reply> {
+    if m.access.allowed(&caller.verdict, privilege, bucket) {
+        return Ok(());
+    }
+    Err(refuse(m, caller, bucket, &permission(privilege, bucket)))
+}
+
+/// A 403 naming `permission`, audited.
+fn refuse(m: &Mgmt, caller: &Caller, bucket: Option<&str>, permission: &str) -> Reply {
+    let mut event = AuditEvent::new(AuditKind::AccessDenied, Interface::Rest)
+        .source(caller.peer)
+        .detail(permission);
+    if let Some(u) = caller.user() {
+        event = event.user(u);
+    }
+    if let Some(b) = bucket {
+        event = event.bucket(b);
+    }
+    m.access.audit().record(&event);
+    Reply::forbidden(permission)
+}
+
+/// Records a change made by `caller`.
+fn audit_change(m: &Mgmt, caller: &Caller, kind: AuditKind, bucket: Option<&str>, detail: &str) {
+    let mut event = AuditEvent::new(kind, Interface::Rest)
+        .source(caller.peer)
+        .detail(detail);
+    if let Some(u) = caller.user() {
+        event = event.user(u);
+    }
+    if let Some(b) = bucket {
+        event = event.bucket(b);
+    }
+    m.access.audit().record(&event);
+}
+
+/// Answers `then()` if `caller` holds `privilege` on `bucket`, else 403.
+fn guarded(
+    m: &Mgmt,
+    caller: &Caller,
+    privilege: Privilege,
+    bucket: Option<&str>,
+    then: impl FnOnce() -> Reply,
+) -> Reply {
+    match need(m, caller, privilege, bucket) {
+        Ok(()) => then(),
+        Err(r) => r,
+    }
+}
+
+fn no_bucket(name: &str) -> Reply {
+    Reply::not_found(format!("Requested resource not found: no bucket {name:?}"))
+}
+
+/// Answers one request. Runs on the blocking pool. Every endpoint family checks one
+/// privilege through [`need`] (docs/rest.md lists them).
 fn route(
     m: &Mgmt,
-    verdict: &Verdict,
+    caller: &Caller,
     method: &Method,
     segs: &[&str],
     owned: &[String],
     form: &Form,
     local: SocketAddr,
 ) -> Reply {
-    let admin = m.access.is_admin(verdict);
     let get = method == Method::GET || method == Method::HEAD;
+    let c = caller;
     match segs {
-        ["pools"] if get => Reply::json(pools::pools(&m.facts(), admin)),
+        ["pools"] if get => guarded(m, c, Privilege::SystemSettings, None, || {
+            Reply::json(pools::pools(&m.facts(), m.access.is_admin(&c.verdict)))
+        }),
         ["controller", "reAddNode"] => match *method {
-            Method::POST if !admin => Reply::forbidden("cluster.admin!write"),
-            Method::POST => match form.get("otpNode") {
-                None => Reply::invalid(
-                    "otpNode",
-                    "name the node to add back (host:port or its index)",
-                ),
-                Some(node) => match m.cluster.re_add(node) {
-                    Ok(_) => Reply::empty(StatusCode::OK),
-                    Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
-                },
-            },
+            Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
+                match form.get("otpNode") {
+                    None => Reply::invalid(
+                        "otpNode",
+                        "name the node to add back (host:port or its index)",
+                    ),
+                    Some(node) => match m.cluster.re_add(node) {
+                        Ok(_) => Reply::empty(StatusCode::OK),
+                        Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
+                    },
+                }
+            }),
             _ => method_not_allowed("POST"),
         },
         ["controller", "failOver"] => match *method {
-            Method::POST if !admin => Reply::forbidden("cluster.admin!write"),
-            Method::POST => match form.get("otpNode") {
-                None => Reply::invalid(
-                    "otpNode",
-                    "name the node to fail over (host:port or its index)",
-                ),
-                Some(node) => match m.cluster.fail_over(node) {
-                    Ok(_) => Reply::empty(StatusCode::OK),
-                    Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
-                },
-            },
+            Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
+                match form.get("otpNode") {
+                    None => Reply::invalid(
+                        "otpNode",
+                        "name the node to fail over (host:port or its index)",
+                    ),
+                    Some(node) => match m.cluster.fail_over(node) {
+                        Ok(_) => Reply::empty(StatusCode::OK),
+                        Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
+                    },
+                }
+            }),
             _ => method_not_allowed("POST"),
         },
-        ["pools", "default"] if get => Reply::json(pools::pools_default(
-            &m.facts(),
-            local,
-            &m.buckets.snapshot(),
-        )),
-        ["pools", "nodes"] if get => Reply::json(pools::pools_nodes(&m.facts(), local)),
+        ["pools", "default"] if get => guarded(m, c, Privilege::SystemSettings, None, || {
+            Reply::json(pools::pools_default(
+                &m.facts(),
+                local,
+                &m.buckets.snapshot(),
+            ))
+        }),
+        ["pools", "nodes"] if get => guarded(m, c, Privilege::SystemSettings, None, || {
+            Reply::json(pools::pools_nodes(&m.facts(), local))
+        }),
         ["pools"] | ["pools", "default" | "nodes"] => method_not_allowed("GET"),
         ["pools", "default", "buckets"] => match *method {
             Method::GET | Method::HEAD => {
@@ -312,54 +428,58 @@ fn route(
                     .buckets
                     .snapshot()
                     .iter()
-                    .filter(|(p, _)| m.access.may_see(verdict, &p.name))
+                    .filter(|(p, _)| {
+                        m.access
+                            .allowed(&c.verdict, Privilege::SettingsRead, Some(&p.name))
+                    })
                     .map(|(p, b)| pools::bucket(&facts, local, p, b))
                     .collect();
                 Reply::json(Value::Array(list))
             }
-            Method::POST if !admin => Reply::forbidden("cluster.buckets!create"),
-            Method::POST => create_bucket(m, form),
+            Method::POST => guarded(m, c, Privilege::BucketCreate, None, || {
+                create_bucket(m, c, form)
+            }),
             _ => method_not_allowed("GET, POST"),
         },
         ["pools", "default", "buckets", name] => match *method {
             Method::GET | Method::HEAD => {
-                if !m.access.may_see(verdict, name) {
-                    return Reply::forbidden(&format!("cluster.bucket[{name}].settings!read"));
-                }
-                match m.buckets.get(name) {
-                    Some((p, b)) => Reply::json(pools::bucket(&m.facts(), local, &p, &b)),
-                    None => Reply::not_found(format!(
-                        "Requested resource not found: no bucket {name:?}"
-                    )),
-                }
+                guarded(m, c, Privilege::SettingsRead, Some(name), || {
+                    match m.buckets.get(name) {
+                        Some((p, b)) => Reply::json(pools::bucket(&m.facts(), local, &p, &b)),
+                        None => no_bucket(name),
+                    }
+                })
             }
-            Method::DELETE if !admin => Reply::forbidden(&format!("cluster.bucket[{name}]!delete")),
-            Method::DELETE => match m.buckets.drop_bucket(name) {
-                Ok(()) => {
-                    m.cluster.buckets_changed();
-                    Reply::empty(StatusCode::OK)
+            Method::DELETE => guarded(m, c, Privilege::BucketCreate, Some(name), || {
+                match m.buckets.drop_bucket(name) {
+                    Ok(()) => {
+                        m.cluster.buckets_changed();
+                        audit_change(m, c, AuditKind::BucketDropped, Some(name), "");
+                        Reply::empty(StatusCode::OK)
+                    }
+                    Err(e) => change_error(e),
                 }
-                Err(e) => change_error(e),
-            },
+            }),
             _ => method_not_allowed("GET, DELETE"),
         },
         ["pools", "default", "buckets", name, "controller", "doFlush"] => {
             if *method != Method::POST {
                 return method_not_allowed("POST");
             }
-            if !admin {
-                return Reply::forbidden(&format!("cluster.bucket[{name}]!flush"));
+            if let Err(r) = need(m, c, Privilege::Flush, Some(name)) {
+                return r;
             }
             let Some((params, bucket)) = m.buckets.get(name) else {
-                return Reply::not_found(format!(
-                    "Requested resource not found: no bucket {name:?}"
-                ));
+                return no_bucket(name);
             };
             if !params.flush_enabled {
                 return Reply::invalid("_", "Flush is disabled for the bucket");
             }
             match bucket.flush() {
-                Ok(()) => Reply::empty(StatusCode::OK),
+                Ok(()) => {
+                    audit_change(m, c, AuditKind::BucketFlushed, Some(name), "");
+                    Reply::empty(StatusCode::OK)
+                }
                 Err(EngineStatus::NotSupported) => {
                     Reply::invalid("_", "Flush is disabled for the bucket")
                 }
@@ -370,58 +490,64 @@ fn route(
             }
         }
         ["pools", "default", "buckets", name, "scopes", ..] => {
-            if !admin {
-                return Reply::forbidden(&format!("cluster.bucket[{name}].collections!write"));
+            let privilege = if get {
+                Privilege::SettingsRead
+            } else {
+                Privilege::CollectionManagement
+            };
+            if let Err(r) = need(m, c, privilege, Some(name)) {
+                return r;
             }
             if m.buckets.get(name).is_none() {
-                return Reply::not_found(format!(
-                    "Requested resource not found: no bucket {name:?}"
-                ));
+                return no_bucket(name);
             }
             m.collections.handle(name, method, &owned[5..], form)
         }
         ["pools", "default", "b", name] if get => {
-            if !m.access.may_see(verdict, name) {
-                return Reply::forbidden(&format!("cluster.bucket[{name}].settings!read"));
-            }
-            match m.frontend.bucket_config(name, local) {
-                Some(text) => match serde_json::from_str(&text) {
-                    Ok(v) => Reply::json(v),
-                    Err(e) => Reply::error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-                },
-                None => {
-                    Reply::not_found(format!("Requested resource not found: no bucket {name:?}"))
+            guarded(m, c, Privilege::SettingsRead, Some(name), || {
+                match m.frontend.bucket_config(name, local) {
+                    Some(text) => match serde_json::from_str(&text) {
+                        Ok(v) => Reply::json(v),
+                        Err(e) => Reply::error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                    },
+                    None => no_bucket(name),
                 }
-            }
+            })
         }
         ["settings", "rbac", "users"] | ["settings", "rbac", "users", "local"] if get => {
-            if !admin {
-                return Reply::forbidden("cluster.admin.security!read");
-            }
-            let users = m.users.current();
-            let list: Vec<Value> = users
-                .user_names()
-                .filter_map(|n| users.roles(n).map(|a| rbac::user_json(n, a)))
-                .collect();
-            Reply::json(Value::Array(list))
+            guarded(m, c, Privilege::SecurityRead, None, || {
+                let users = m.users.current();
+                let list: Vec<Value> = users
+                    .user_names()
+                    .filter_map(|n| users.roles(n).map(|a| rbac::user_json(n, a)))
+                    .collect();
+                Reply::json(Value::Array(list))
+            })
         }
         ["settings", "rbac", "users", "local", name] => {
-            if !admin {
-                return Reply::forbidden("cluster.admin.security!write");
-            }
             match *method {
-                Method::GET | Method::HEAD => match m.users.current().roles(name) {
-                    Some(a) => Reply::json(rbac::user_json(name, a)),
-                    None => Reply::unknown_user(),
-                },
-                Method::PUT => upsert_user(m, name, form),
-                Method::DELETE => match m.users.remove(name) {
-                    Ok(()) => {
-                        m.access.forget();
-                        Reply::empty(StatusCode::OK)
+                Method::GET | Method::HEAD => guarded(m, c, Privilege::SecurityRead, None, || {
+                    match m.users.current().roles(name) {
+                        Some(a) => Reply::json(rbac::user_json(name, a)),
+                        None => Reply::unknown_user(),
                     }
-                    Err(e) => user_error(e),
-                },
+                }),
+                Method::PUT => guarded(m, c, Privilege::SecurityManagement, None, || {
+                    upsert_user(m, c, name, form)
+                }),
+                Method::DELETE => guarded(m, c, Privilege::SecurityManagement, None, || {
+                    if let Err(r) = may_manage(m, c, name, None) {
+                        return r;
+                    }
+                    match m.users.remove(name) {
+                        Ok(()) => {
+                            m.access.forget();
+                            audit_change(m, c, AuditKind::UserDeleted, None, name);
+                            Reply::empty(StatusCode::OK)
+                        }
+                        Err(e) => user_error(e),
+                    }
+                }),
                 _ => method_not_allowed("GET, PUT, DELETE"),
             }
         }
@@ -430,6 +556,35 @@ fn route(
             segs.join("/")
         )),
     }
+}
+
+/// Couchbase's permission for managing administrators and security administrators,
+/// which only `admin` holds.
+const MANAGE_ADMINS: &str = "cluster.admin.security.admin!write";
+
+/// Whether the roles grant `admin` or `security_admin`.
+fn has_admin_roles(roles: &Roles) -> bool {
+    roles
+        .roles()
+        .iter()
+        .any(|r| matches!(r.name(), "admin" | "security_admin"))
+}
+
+/// The rules of Couchbase for a user manager who is not `admin` (a `security_admin`):
+/// they cannot grant `admin` or `security_admin`, change or delete a user who holds
+/// either, nor change or delete themselves. `new_roles` is what a PUT would grant.
+fn may_manage(m: &Mgmt, c: &Caller, target: &str, new_roles: Option<&Roles>) -> Result<(), Reply> {
+    if m.access.is_admin(&c.verdict) {
+        return Ok(());
+    }
+    let current = m.users.current().roles(target).cloned();
+    if c.user() == Some(target)
+        || new_roles.is_some_and(has_admin_roles)
+        || current.as_ref().is_some_and(has_admin_roles)
+    {
+        return Err(refuse(m, c, None, MANAGE_ADMINS));
+    }
+    Ok(())
 }
 
 fn change_error(e: ChangeError) -> Reply {
@@ -455,14 +610,25 @@ fn user_error(e: rbac::UserChangeError) -> Reply {
     }
 }
 
-fn upsert_user(m: &Mgmt, name: &str, form: &Form) -> Reply {
-    let access = match rbac::parse_roles(form.get("roles").unwrap_or("")) {
+fn upsert_user(m: &Mgmt, c: &Caller, name: &str, form: &Form) -> Reply {
+    let roles = match rbac::parse_roles(form.get("roles").unwrap_or("")) {
         Ok(a) => a,
         Err(e) => return Reply::invalid("roles", e),
     };
-    match m.users.upsert(name, form.get("password"), access) {
+    if let Err(r) = may_manage(m, c, name, Some(&roles)) {
+        return r;
+    }
+    let existed = m.users.current().contains(name);
+    let detail = format!("{name} roles={roles}");
+    match m.users.upsert(name, form.get("password"), roles) {
         Ok(()) => {
             m.access.forget();
+            let kind = if existed {
+                AuditKind::UserChanged
+            } else {
+                AuditKind::UserCreated
+            };
+            audit_change(m, c, kind, None, &detail);
             Reply::empty(StatusCode::OK)
         }
         Err(e) => user_error(e),
@@ -594,7 +760,7 @@ fn bucket_params(form: &Form, default_quota: u64) -> Result<BucketParams, Reply>
     }
 }
 
-fn create_bucket(m: &Mgmt, form: &Form) -> Reply {
+fn create_bucket(m: &Mgmt, c: &Caller, form: &Form) -> Reply {
     let default_quota = m
         .buckets
         .get(epkv_frontend::DEFAULT_BUCKET)
@@ -603,9 +769,11 @@ fn create_bucket(m: &Mgmt, form: &Form) -> Reply {
         Ok(p) => p,
         Err(r) => return r,
     };
+    let name = params.name.clone();
     match m.buckets.create(params) {
         Ok(()) => {
             m.cluster.buckets_changed();
+            audit_change(m, c, AuditKind::BucketCreated, Some(&name), "");
             Reply::empty(StatusCode::ACCEPTED)
         }
         Err(e) => change_error(e),
