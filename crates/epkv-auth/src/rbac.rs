@@ -872,6 +872,59 @@ impl BucketPrivileges {
     }
 }
 
+fn names(set: Privileges) -> String {
+    if set.is_empty() {
+        "-".to_owned()
+    } else {
+        set.iter().map(Privilege::name).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// The role table ([`ROLES`]) as docs/auth.md prints it: each role, how it is qualified
+/// and the privileges it grants at each level.
+#[must_use]
+pub fn role_table() -> String {
+    let mut s = String::from(
+        "| role | written | on its collections | on its bucket | global |\n\
+         |---|---|---|---|---|\n",
+    );
+    for d in ROLES {
+        let written = match d.qualifier {
+            Qualifier::None => format!("`{}`", d.name),
+            Qualifier::Bucket => format!("`{}[b]`", d.name),
+            Qualifier::Collection => format!("`{}[b:s:c]`", d.name),
+        };
+        s.push_str(&format!(
+            "| {} | {written} | {} | {} | {} |\n",
+            d.name,
+            names(d.collection),
+            names(d.bucket),
+            names(d.global)
+        ));
+    }
+    s
+}
+
+/// Every privilege with its level and the roles that grant it, as docs/auth.md prints it.
+#[must_use]
+pub fn privilege_table() -> String {
+    let mut s = String::from("| privilege | level | granted by |\n|---|---|---|\n");
+    for p in Privilege::ALL {
+        let level = match p.level() {
+            Level::Collection => "collection",
+            Level::Bucket => "bucket",
+            Level::Global => "global",
+        };
+        let by: Vec<&str> = ROLES
+            .iter()
+            .filter(|d| d.collection.union(d.bucket).union(d.global).contains(p))
+            .map(|d| d.name)
+            .collect();
+        s.push_str(&format!("| {} | {level} | {} |\n", p.name(), by.join(", ")));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
@@ -1003,6 +1056,41 @@ mod tests {
             "data_reader[a:s:c]",
         ] {
             assert!(roles(narrow).narrower_than_bucket_lists(), "{narrow}");
+        }
+    }
+
+    fn doc_bounds(doc: &str, name: &str) -> (usize, usize) {
+        let begin = format!("<!-- {name}:begin -->\n");
+        let end = format!("<!-- {name}:end -->");
+        let start = doc.find(&begin).map(|i| i + begin.len()).unwrap();
+        let stop = doc[start..].find(&end).map(|i| start + i).unwrap();
+        (start, stop)
+    }
+
+    /// Checks docs/auth.md's role and privilege tables against [`ROLES`]; with
+    /// `EPKV_BLESS=1` in the environment it rewrites them instead.
+    #[test]
+    fn docs_auth_md_prints_the_role_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/auth.md");
+        let mut doc = std::fs::read_to_string(path).unwrap();
+        let tables = [
+            ("role-table", role_table()),
+            ("privilege-table", privilege_table()),
+        ];
+        if std::env::var_os("EPKV_BLESS").is_some() {
+            for (name, table) in &tables {
+                let (start, stop) = doc_bounds(&doc, name);
+                doc.replace_range(start..stop, table);
+            }
+            std::fs::write(path, &doc).unwrap();
+        }
+        for (name, table) in &tables {
+            let (start, stop) = doc_bounds(&doc, name);
+            assert_eq!(
+                &doc[start..stop],
+                table,
+                "docs/auth.md {name} is stale; run EPKV_BLESS=1 cargo test -p epkv-auth docs_auth_md"
+            );
         }
     }
 
