@@ -18,7 +18,7 @@ use std::time::Duration;
 const PROMETHEUS_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The metrics address from the server's startup line (`..., metrics http://ADDR/metrics)`).
-fn metrics_addr(server: &Server) -> SocketAddr {
+pub(crate) fn metrics_addr(server: &Server) -> SocketAddr {
     let line = &server.listening_line;
     line.split("metrics http://")
         .nth(1)

@@ -1,8 +1,11 @@
 //! The management REST API (`--mgmt-port`) of a real server process: buckets created and
 //! dropped at run time (and across restarts), users created over REST used on the KV
-//! port, the `bucket` subcommands, the `mgmt` entry of the cluster map, access rules.
+//! port, the `bucket` subcommands, the `mgmt` entry of the cluster map, and each role's
+//! privileges on each endpoint family (a table generated from `epkv_auth::rbac::ROLES`).
 
 use crate::harness::{Server, TestDir, http_request, server_binary, skip_if_external};
+use epkv_auth::rbac::{Qualifier, ROLES};
+use epkv_auth::{Privilege, Roles};
 use epkv_client::{Client, StoreOptions};
 use epkv_protocol::Status;
 
@@ -377,4 +380,354 @@ async fn a_bucket_minimum_durability_level_makes_plain_writes_wait_for_persisten
     assert!(r.is_success());
     let (high, persisted) = seqnos(&mut c, b"k0").await;
     assert!(persisted < high, "persisted {persisted}, high {high}");
+}
+
+/// One endpoint family: a request that changes nothing lasting, the privilege it needs
+/// (on `default` when bucket-level) and what it answers when allowed.
+struct Family {
+    method: &'static str,
+    path: &'static str,
+    form: Option<&'static str>,
+    privilege: Privilege,
+    bucket: Option<&'static str>,
+    allowed: u16,
+}
+
+const FAMILIES: &[Family] = &[
+    Family {
+        method: "GET",
+        path: "/pools",
+        form: None,
+        privilege: Privilege::SystemSettings,
+        bucket: None,
+        allowed: 200,
+    },
+    Family {
+        method: "GET",
+        path: "/pools/default",
+        form: None,
+        privilege: Privilege::SystemSettings,
+        bucket: None,
+        allowed: 200,
+    },
+    Family {
+        method: "GET",
+        path: "/pools/nodes",
+        form: None,
+        privilege: Privilege::SystemSettings,
+        bucket: None,
+        allowed: 200,
+    },
+    Family {
+        method: "GET",
+        path: "/pools/default/buckets/default",
+        form: None,
+        privilege: Privilege::SettingsRead,
+        bucket: Some("default"),
+        allowed: 200,
+    },
+    Family {
+        method: "GET",
+        path: "/pools/default/b/default",
+        form: None,
+        privilege: Privilege::SettingsRead,
+        bucket: Some("default"),
+        allowed: 200,
+    },
+    Family {
+        method: "GET",
+        path: "/pools/default/buckets/default/scopes",
+        form: None,
+        privilege: Privilege::SettingsRead,
+        bucket: Some("default"),
+        allowed: 200,
+    },
+    // `_x` is not a valid scope name: allowed requests reach the engine and fail there.
+    Family {
+        method: "POST",
+        path: "/pools/default/buckets/default/scopes",
+        form: Some("name=_x"),
+        privilege: Privilege::CollectionManagement,
+        bucket: Some("default"),
+        allowed: 400,
+    },
+    Family {
+        method: "DELETE",
+        path: "/pools/default/buckets/default/scopes/nosuch",
+        form: None,
+        privilege: Privilege::CollectionManagement,
+        bucket: Some("default"),
+        allowed: 404,
+    },
+    Family {
+        method: "POST",
+        path: "/pools/default/buckets/default/controller/doFlush",
+        form: Some(""),
+        privilege: Privilege::Flush,
+        bucket: Some("default"),
+        allowed: 200,
+    },
+    // An empty name: allowed requests fail validation, so no bucket is created.
+    Family {
+        method: "POST",
+        path: "/pools/default/buckets",
+        form: Some("name="),
+        privilege: Privilege::BucketCreate,
+        bucket: None,
+        allowed: 400,
+    },
+    Family {
+        method: "DELETE",
+        path: "/pools/default/buckets/nosuch",
+        form: None,
+        privilege: Privilege::BucketCreate,
+        bucket: None,
+        allowed: 404,
+    },
+    Family {
+        method: "GET",
+        path: "/settings/rbac/users",
+        form: None,
+        privilege: Privilege::SecurityRead,
+        bucket: None,
+        allowed: 200,
+    },
+    Family {
+        method: "GET",
+        path: "/settings/rbac/users/local/Administrator",
+        form: None,
+        privilege: Privilege::SecurityRead,
+        bucket: None,
+        allowed: 200,
+    },
+    // No password for a new user: allowed requests are refused by validation.
+    Family {
+        method: "PUT",
+        path: "/settings/rbac/users/local/probe",
+        form: Some("roles=data_reader%5Bdefault%5D"),
+        privilege: Privilege::SecurityManagement,
+        bucket: None,
+        allowed: 400,
+    },
+    Family {
+        method: "DELETE",
+        path: "/settings/rbac/users/local/nosuch",
+        form: None,
+        privilege: Privilege::SecurityManagement,
+        bucket: None,
+        allowed: 404,
+    },
+    Family {
+        method: "POST",
+        path: "/controller/failOver",
+        form: Some(""),
+        privilege: Privilege::ClusterManagement,
+        bucket: None,
+        allowed: 400,
+    },
+    Family {
+        method: "POST",
+        path: "/controller/reAddNode",
+        form: Some(""),
+        privilege: Privilege::ClusterManagement,
+        bucket: None,
+        allowed: 400,
+    },
+];
+
+/// Every role of `epkv_auth::rbac::ROLES`, qualified with `default` where it takes a
+/// bucket, plus collection- and scope-qualified data roles and a role on another bucket.
+fn every_role() -> Vec<String> {
+    let mut roles: Vec<String> = ROLES
+        .iter()
+        .map(|d| match d.qualifier {
+            Qualifier::None => d.name.to_owned(),
+            Qualifier::Bucket | Qualifier::Collection => format!("{}[default]", d.name),
+        })
+        .collect();
+    roles.extend(
+        [
+            "data_reader[default:s1:c1]",
+            "data_monitoring[default:s1]",
+            "bucket_admin[other]",
+            "bucket_full_access[*]",
+        ]
+        .map(str::to_owned),
+    );
+    roles
+}
+
+fn percent(s: &str) -> String {
+    s.replace('[', "%5B")
+        .replace(']', "%5D")
+        .replace(':', "%3A")
+        .replace('*', "%2A")
+}
+
+#[tokio::test]
+async fn every_role_gets_what_the_role_table_grants_on_every_endpoint_family() {
+    if skip_if_external("mgmt_rbac_table") {
+        return;
+    }
+    let dir = TestDir::new();
+    let audit = dir.path().join("audit.log");
+    let audit_arg = audit.to_str().unwrap().to_owned();
+    let mut args = admin_args();
+    args.extend(["--metrics-port", "0", "--audit-log", &audit_arg]);
+    let server = Server::spawn_in(dir.path(), &args);
+    let m = server.mgmt_addr();
+    let metrics = crate::metrics::metrics_addr(&server);
+    let password = "role-secret";
+    let roles = every_role();
+    for (i, role) in roles.iter().enumerate() {
+        let r = http_request(
+            m,
+            "PUT",
+            &format!("/settings/rbac/users/local/u{i}"),
+            Some(ADMIN),
+            Some(&format!("password={password}&roles={}", percent(role))),
+        );
+        assert_eq!(r.status, 200, "{role}: {}", r.body);
+    }
+    let mut failures = Vec::new();
+    for (i, role) in roles.iter().enumerate() {
+        let granted = Roles::parse_list(role).unwrap();
+        let user = format!("u{i}");
+        let creds = Some((user.as_str(), password));
+        for f in FAMILIES {
+            let want = if granted.allows(f.privilege, f.bucket, None, None) {
+                f.allowed
+            } else {
+                403
+            };
+            let r = http_request(m, f.method, f.path, creds, f.form);
+            if r.status != want {
+                failures.push(format!(
+                    "{role}: {} {} answered {} (want {want}): {}",
+                    f.method, f.path, r.status, r.body
+                ));
+            } else if want == 403 {
+                assert!(
+                    json(&r.body)["permissions"][0].is_string(),
+                    "{role} {}: {}",
+                    f.path,
+                    r.body
+                );
+            }
+        }
+        // The bucket list shows the buckets the user holds SettingsRead on.
+        let list = json(&http_request(m, "GET", "/pools/default/buckets", creds, None).body);
+        let lists_default = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["name"] == "default");
+        if lists_default != granted.allows(Privilege::SettingsRead, Some("default"), None, None) {
+            failures.push(format!("{role}: bucket list {list}"));
+        }
+        // /metrics: Stats sees everything, SimpleStats on a bucket that bucket's series.
+        let r = http_request(metrics, "GET", "/metrics", creds, None);
+        let stats = granted.allows(Privilege::Stats, None, None, None);
+        let simple = granted.allows(Privilege::SimpleStats, Some("default"), None, None);
+        let want = if stats || simple { 200 } else { 403 };
+        if r.status != want
+            || (want == 200 && !r.body.contains(r#"kv_curr_items{bucket="default"}"#))
+            || (want == 200 && r.body.contains("kv_curr_connections") != stats)
+        {
+            failures.push(format!("{role}: /metrics {} {}", r.status, r.head));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // The refusals and the users created were audited, as JSON lines.
+    let text = std::fs::read_to_string(&audit).unwrap();
+    let events: Vec<serde_json::Value> = text.lines().map(json).collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["kind"] == "user_created" && e["user"] == "Administrator")
+    );
+    assert!(events.iter().any(|e| {
+        e["kind"] == "access_denied"
+            && e["interface"] == "rest"
+            && e["user"] == "u6"
+            && e["source"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("127.0.0.1:"))
+    }));
+    assert!(
+        events
+            .iter()
+            .all(|e| e["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')))
+    );
+    let r = http_request(m, "GET", "/pools", Some(("u0", "wrong-password")), None);
+    assert_eq!(r.status, 401);
+    let text = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        text.lines()
+            .map(json)
+            .any(|e| e["kind"] == "auth_failure" && e["user"] == "u0")
+    );
+}
+
+#[tokio::test]
+async fn a_security_admin_manages_users_but_not_admins_or_themselves() {
+    if skip_if_external("mgmt_security_admin") {
+        return;
+    }
+    let server = Server::spawn(&admin_args());
+    let m = server.mgmt_addr();
+    let put = |who, name: &str, form: &str| {
+        http_request(
+            m,
+            "PUT",
+            &format!("/settings/rbac/users/local/{name}"),
+            Some(who),
+            Some(form),
+        )
+        .status
+    };
+    assert_eq!(
+        put(ADMIN, "sec", "password=sec-secret&roles=security_admin"),
+        200
+    );
+    assert_eq!(put(ADMIN, "boss", "password=boss-secret&roles=admin"), 200);
+    let sec = ("sec", "sec-secret");
+    assert_eq!(
+        put(
+            sec,
+            "app",
+            "password=app-secret&roles=data_reader%5Bdefault%5D"
+        ),
+        200,
+        "a security admin creates ordinary users"
+    );
+    assert_eq!(put(sec, "app", "roles=data_writer%5Bdefault%5D"), 200);
+    for (name, form) in [
+        ("x", "password=x-secret&roles=admin"),
+        ("x", "password=x-secret&roles=security_admin"),
+        ("boss", "roles=ro_admin"),
+        ("sec", "roles=security_admin%2Cro_admin"),
+    ] {
+        assert_eq!(put(sec, name, form), 403, "{name} {form}");
+    }
+    let delete = |who, name: &str| {
+        http_request(
+            m,
+            "DELETE",
+            &format!("/settings/rbac/users/local/{name}"),
+            Some(who),
+            None,
+        )
+        .status
+    };
+    assert_eq!(delete(sec, "boss"), 403);
+    assert_eq!(delete(sec, "sec"), 403);
+    assert_eq!(delete(sec, "app"), 200);
+    // Only admin grants admin roles.
+    assert_eq!(
+        put(ADMIN, "x", "password=x-secret&roles=security_admin"),
+        200
+    );
+    assert_eq!(delete(ADMIN, "x"), 200);
 }

@@ -876,7 +876,10 @@ fn names(set: Privileges) -> String {
     if set.is_empty() {
         "-".to_owned()
     } else {
-        set.iter().map(Privilege::name).collect::<Vec<_>>().join(", ")
+        set.iter()
+            .map(Privilege::name)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 

@@ -132,9 +132,10 @@ async fn handle(state: &Arc<State>, req: Request<Incoming>, peer: SocketAddr) ->
     let text = tokio::task::spawn_blocking(move || {
         scrape.sources.exposition(
             &|bucket| {
-                scrape
-                    .access
-                    .allowed(&verdict, Privilege::SimpleStats, Some(bucket))
+                node_wide
+                    || scrape
+                        .access
+                        .allowed(&verdict, Privilege::SimpleStats, Some(bucket))
             },
             node_wide,
         )
