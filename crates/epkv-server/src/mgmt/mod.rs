@@ -2,14 +2,15 @@
 //! cluster, bucket and user managers and Couchbase's tools call. See `docs/rest.md`.
 //!
 //! - [`pools`]: the JSON of `/pools`, `/pools/default`, `/pools/nodes` and the buckets;
-//! - [`rbac`]: users (`/settings/rbac/users`), roles mapped onto bucket access;
+//! - [`rbac`]: users (`/settings/rbac/users`) and their Couchbase roles;
 //! - [`form`]: form-encoded bodies and percent-encoded paths;
 //! - [`scopes`]: the hook where scopes and collections will be served.
 //!
-//! Access is the KV port's, over HTTP Basic auth ([`crate::http_auth`]): reading the
-//! cluster needs any user; reading a bucket needs access to it; changing buckets or users
-//! needs an administrator (a user with access to every bucket). No credentials: 401 with
-//! `WWW-Authenticate`; not allowed: 403 with a JSON body. Every error has a JSON body;
+//! Access is the KV port's users over HTTP Basic auth ([`crate::http_auth`]); each
+//! endpoint family needs one Couchbase privilege of the user's roles, checked in
+//! [`route`] through `need`/`guarded` (docs/rest.md lists them). No credentials: 401 with
+//! `WWW-Authenticate`; not allowed: 403 with Couchbase's JSON body naming the permission,
+//! and an `access_denied` event in the audit log when there is one. Every error has a JSON body;
 //! anything unknown is 404. Building, dropping and flushing buckets and deriving password
 //! verifiers run on Tokio's blocking pool, never on the thread that serves HTTP and
 //! accepts KV connections.
