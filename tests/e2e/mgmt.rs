@@ -83,7 +83,7 @@ async fn a_runtime_bucket_survives_a_restart_and_dropping_it_closes_its_connecti
     let mut other = login(&server, ADMIN).await;
     assert_eq!(
         other.select_bucket("rt").await.unwrap().status(),
-        Some(Status::Eaccess)
+        Some(Status::KeyEnoent)
     );
     assert!(
         !dir.path().join("rt").exists(),
@@ -109,7 +109,7 @@ async fn a_runtime_bucket_survives_a_restart_and_dropping_it_closes_its_connecti
     let mut c = login(&server, ADMIN).await;
     assert_eq!(
         c.select_bucket("rt").await.unwrap().status(),
-        Some(Status::Eaccess)
+        Some(Status::KeyEnoent)
     );
 }
 

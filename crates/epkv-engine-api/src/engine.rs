@@ -162,6 +162,23 @@ pub trait Engine: Send + Sync + 'static {
         Err(EngineStatus::NotSupported)
     }
 
+    /// The names of collection `cid` and of its scope, `(scope, collection)`: what the
+    /// front end needs to check the privileges of a user whose roles name a scope or a
+    /// collection. Never asked on the common path (a user with a grant on the whole
+    /// bucket). A collection id names one collection for the bucket's whole life (ids
+    /// are never reused), so callers may keep the answer.
+    ///
+    /// # Errors
+    /// `UnknownCollection` for an id that names no live collection. The default (an
+    /// engine without collections) knows only the default collection, id 0.
+    fn collection_names(&self, cid: u32) -> EngineResult<(String, String)> {
+        if cid == 0 {
+            Ok(("_default".to_owned(), "_default".to_owned()))
+        } else {
+            Err(EngineStatus::UnknownCollection)
+        }
+    }
+
     /// Creates a scope; returns the new manifest uid.
     ///
     /// # Errors

@@ -94,6 +94,15 @@ impl Engine for Bucket {
         self.core.collections.scope_id(path)
     }
 
+    fn collection_names(&self, cid: u32) -> EngineResult<(String, String)> {
+        self.core
+            .collections
+            .manifest()
+            .collection(cid)
+            .map(|(s, c)| (s.name.clone(), c.name.clone()))
+            .ok_or(EngineStatus::UnknownCollection)
+    }
+
     fn create_scope(&self, name: &str) -> EngineResult<u64> {
         self.core.collections.create_scope(name)
     }

@@ -709,6 +709,9 @@ pub(crate) fn failover_log_body(engine: &dyn Engine, vbid: Vbid) -> Vec<u8> {
 pub(crate) struct StreamFilter {
     pub(crate) collections: Option<Vec<u32>>,
     pub(crate) scope: Option<u32>,
+    /// With `scope`: the scope's collections when the stream was asked for (what a user
+    /// whose roles name collections must hold DcpStream on).
+    pub(crate) scope_collections: Vec<u32>,
 }
 
 /// The filter a STREAM_REQ's JSON value asks for: `{"collections":["8","9"]}` (hex ids)
@@ -748,17 +751,18 @@ pub(crate) fn collection_filter(engine: &dyn Engine, value: &[u8]) -> Result<Str
         }
         return Ok(StreamFilter {
             collections: Some(wanted),
-            scope: None,
+            ..StreamFilter::default()
         });
     }
     if let Some(scope) = v.get("scope") {
         let sid = hex(scope)?;
-        if !scopes.iter().any(|s| hex(&s["uid"]).ok() == Some(sid)) {
+        let Some(found) = scopes.iter().find(|s| hex(&s["uid"]).ok() == Some(sid)) else {
             return Err(Status::UnknownScope);
-        }
+        };
         return Ok(StreamFilter {
             collections: None,
             scope: Some(sid),
+            scope_collections: ids_of(found),
         });
     }
     // Other keys ("uid", "sid" stream ids, ...) without a filter: every collection.

@@ -77,11 +77,6 @@ impl Shared {
         let c = self.cluster.as_ref()?;
         Some(c.global_config(local, self.ports))
     }
-
-    /// Whether `user` may use bucket `bucket`.
-    pub(crate) fn may_access(&self, user: &str, bucket: &str) -> bool {
-        self.users.current().may_access(user, bucket)
-    }
 }
 
 /// What the management REST API needs of a running front end: its buckets and users

@@ -89,6 +89,7 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod access;
 mod auth_guard;
 mod buckets;
 mod config;

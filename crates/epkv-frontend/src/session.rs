@@ -5,6 +5,7 @@
 //! Executing requests is [`crate::dispatch`]'s, through the opcode table, and each family
 //! of requests has its module under [`crate::handlers`].
 
+use crate::access::Access;
 use crate::buckets::DEFAULT_BUCKET;
 use crate::durable::PendingDurable;
 use crate::frontend::Shared;
@@ -95,6 +96,9 @@ pub(crate) struct Session {
     pub(crate) fail_next: Cell<Option<EngineStatus>>,
     /// Set by DCP_OPEN: the connection is a DCP producer ([`crate::dcp`]).
     pub(crate) dcp: Option<crate::dcp::Producer>,
+    /// What the user may do on the selected bucket: computed at authentication and
+    /// SELECT_BUCKET, and again at the first request after the users changed.
+    pub(crate) access: Access,
 }
 
 impl Session {
@@ -109,6 +113,7 @@ impl Session {
         } else {
             None
         };
+        let access = Access::compute(shared, None, bucket.as_ref().map(|b| &*b.name));
         Self {
             vbucket_aware: false,
             mutation_seqno: false,
@@ -134,6 +139,7 @@ impl Session {
             blocked_key: Cell::new(None),
             fail_next: Cell::new(None),
             dcp: None,
+            access,
         }
     }
 
@@ -170,24 +176,26 @@ impl Session {
         has
     }
 
-    /// Records a successful authentication. A selected bucket the new user may not use is
+    /// Records a successful authentication (SASL or a TLS client certificate) and
+    /// computes the user's privileges. A selected bucket the new user may not use is
     /// deselected.
     pub(crate) fn set_user(&mut self, shared: &Shared, user: String) {
         self.user = Some(user);
-        if let Some(b) = &self.bucket
-            && !self.may_use(shared, &b.name)
-        {
+        self.refresh_access(shared);
+        if self.bucket.is_some() && !self.access.usable() {
             self.bucket = None;
+            self.refresh_access(shared);
         }
     }
 
-    /// Whether this connection may use bucket `name`: an authenticated user with access
-    /// to it, or anyone for `default` in the open loopback mode.
-    pub(crate) fn may_use(&self, shared: &Shared, name: &str) -> bool {
-        match &self.user {
-            Some(user) => shared.may_access(user, name),
-            None => shared.open_default && name == DEFAULT_BUCKET,
-        }
+    /// Computes the connection's privileges again, for its user and selected bucket as
+    /// they are now (after authentication, SELECT_BUCKET, or a change of the users).
+    pub(crate) fn refresh_access(&mut self, shared: &Shared) {
+        self.access = Access::compute(
+            shared,
+            self.user.as_deref(),
+            self.bucket.as_ref().map(|b| &*b.name),
+        );
     }
 
     /// The datatype bits this connection may see.

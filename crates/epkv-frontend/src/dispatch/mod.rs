@@ -4,13 +4,18 @@
 //! [`Session::execute`] looks the opcode byte up in [`table::TABLE`] (one load), then
 //! makes the checks the row names, in the order the protocol needs them:
 //!
-//! 1. A DCP message ([`Handler::Dcp`]) is not decoded here: its bucket check and, for the
-//!    messages a producer takes, the producer check come first, then its handler decodes
-//!    it with `epkv_protocol::dcp`.
+//! 1. A DCP message ([`Handler::Dcp`]) is not decoded here: its bucket check, its
+//!    privileges and, for the messages a producer takes, the producer check come first,
+//!    then its handler decodes it with `epkv_protocol::dcp`.
 //! 2. Any other request is decoded and validated ([`Command::decode`]); a bucket's
 //!    minimum durability level raises a write's durability.
 //! 3. The row's bucket check ([`Bucket`]).
-//! 4. The handler. A data handler ([`Handler::Data`]) runs in [`Session::execute_data`],
+//! 4. The row's privileges ([`Needs`]), against the connection's privilege context
+//!    ([`crate::access::Access`], computed again first when the users changed): a data
+//!    request's on its key's collection, the others' on the selected bucket. A refusal
+//!    answers 0x24 Eaccess with KV-Engine's error context naming the missing privilege
+//!    (a client without XERROR is disconnected instead, as for every Eaccess).
+//! 5. The handler. A data handler ([`Handler::Data`]) runs in [`Session::execute_data`],
 //!    which encodes the document key for the engine, picks the vBucket and, when the
 //!    engine answers WouldBlock, leaves the request for its background fetch.
 //!
@@ -27,10 +32,10 @@ use crate::session::{BlockedOn, SelectedBucket, Session};
 use bytes::BytesMut;
 use epkv_engine_api::{Engine, EngineStatus};
 use epkv_protocol::{Command, Opcode, Request, Status};
-use epkv_types::doc_key::DocKeyBuf;
+use epkv_types::doc_key::{self, DocKeyBuf};
 use epkv_types::{NUM_VBUCKETS, Vbid, vbucket_for_key};
 use std::sync::Arc;
-use table::{Bucket, Dcp, Entry, Handler, Hint};
+use table::{Bucket, Dcp, Entry, Handler, Hint, Needs};
 
 /// What the connection does after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +131,9 @@ impl Session {
 
     /// Makes a row's checks and calls its handler.
     fn dispatch(&mut self, entry: &Entry, c: Call<'_>) -> Flow {
+        if self.access.is_stale(c.shared) {
+            self.refresh_access(c.shared);
+        }
         let handler = match entry.handler {
             Handler::Dcp(f) => {
                 self.dispatch_dcp(entry, f, c);
@@ -152,10 +160,16 @@ impl Session {
         };
         match (handler, bucket) {
             (Handler::Data(f), Some(bucket)) => {
-                self.execute_data(bucket, f, cmd, c);
+                self.execute_data(bucket, entry.needs, f, cmd, c);
                 Flow::Continue
             }
-            (Handler::Session(f), _) => f(self, c, cmd),
+            (Handler::Session(f), _) => {
+                if let Err(missing) = self.access.check(entry.needs) {
+                    self.deny(c.out, c.to, missing);
+                    return Flow::Continue;
+                }
+                f(self, c, cmd)
+            }
             // Not reached: DCP rows returned above, and a data row's check is for a live
             // bucket (the table's build makes sure).
             (Handler::Data(_) | Handler::Dcp(_), _) => {
@@ -171,6 +185,9 @@ impl Session {
             Ok(Some(b)) => b.clone(),
             Ok(None) | Err(_) => return,
         };
+        if let Err(missing) = self.access.check(entry.needs) {
+            return self.deny(c.out, c.to, missing);
+        }
         if entry.dcp == Dcp::Producer && self.dcp.is_none() {
             return dcp::not_a_producer(c.out, c.to);
         }
@@ -211,10 +228,18 @@ impl Session {
         }
     }
 
-    /// Executes a data request: encodes its document key for the engine, picks its
-    /// vBucket, runs its handler and, when the engine answered WouldBlock, leaves the
-    /// request waiting for its background fetch ([`BlockedOn`]).
-    fn execute_data(&self, bucket: &SelectedBucket, f: DataFn, cmd: Command<'_>, c: Call<'_>) {
+    /// Executes a data request: encodes its document key for the engine, checks the
+    /// row's privileges on the key's collection, picks its vBucket, runs its handler and,
+    /// when the engine answered WouldBlock, leaves the request waiting for its background
+    /// fetch ([`BlockedOn`]).
+    fn execute_data(
+        &self,
+        bucket: &SelectedBucket,
+        needs: Needs,
+        f: DataFn,
+        cmd: Command<'_>,
+        c: Call<'_>,
+    ) {
         let Call {
             shared,
             req,
@@ -231,6 +256,22 @@ impl Session {
             },
             None => (cmd, None, &[][..]),
         };
+        if let Err(missing) = self.access.check(needs) {
+            // Not on the whole bucket: perhaps on the key's collection.
+            let allowed = match doc_key {
+                Some(key) if self.access.has_narrow_grants() => {
+                    let (cid, _) = doc_key::decode(key);
+                    match self.access.check_in(needs, &*bucket.engine, cid) {
+                        Ok(checked) => checked,
+                        Err(e) => return self.fail(shared, out, to, e, &[]),
+                    }
+                }
+                _ => Err(missing),
+            };
+            if let Err(missing) = allowed {
+                return self.deny(out, to, missing);
+            }
+        }
         let vbid = match doc_key {
             Some(_) if !self.vbucket_aware => vbucket_for_key(raw_key, NUM_VBUCKETS),
             _ => req.header.vbucket,

@@ -13,6 +13,7 @@ use crate::dispatch::Call;
 use crate::response::{ReplyTo, put_error_text, put_success};
 use crate::session::{SelectedBucket, Session};
 use bytes::BytesMut;
+use epkv_auth::Privilege;
 use epkv_engine_api::DcpStreamRequest;
 use epkv_protocol::Status;
 use epkv_protocol::dcp as wire;
@@ -34,6 +35,15 @@ pub(crate) fn open(s: &mut Session, c: Call<'_>, bucket: &SelectedBucket) {
     let Ok(open) = wire::DcpOpen::decode(req.extras) else {
         return answer(out, to, Status::Einval);
     };
+    // As KV-Engine: a producer needs DcpProducer, anything else (a consumer) DcpConsumer.
+    let needed = if open.flags & wire::OPEN_PRODUCER != 0 {
+        Privilege::DcpProducer
+    } else {
+        Privilege::DcpConsumer
+    };
+    if !s.access.has(needed) {
+        return s.deny(out, to, needed);
+    }
     if open.flags & wire::OPEN_PRODUCER == 0 {
         // Consumers and notifiers: epkv has no DCP consumer yet.
         return answer(out, to, Status::NotSupported);
@@ -94,9 +104,9 @@ pub(crate) fn stream_req(s: &mut Session, c: Call<'_>, bucket: &SelectedBucket) 
     let Call { req, out, to, .. } = c;
     let vbid = req.header.vbucket;
     let collections = s.collections;
-    let Some(p) = s.dcp.as_mut() else {
+    if s.dcp.is_none() {
         return not_a_producer(out, to);
-    };
+    }
     let Ok(r) = wire::StreamReq::decode(req.extras) else {
         return answer(out, to, Status::Einval);
     };
@@ -114,6 +124,12 @@ pub(crate) fn stream_req(s: &mut Session, c: Call<'_>, bucket: &SelectedBucket) 
     } else {
         return answer(out, to, Status::Einval);
     };
+    if let Err(missing) = may_stream(s, bucket, &filter, collections) {
+        return s.deny(out, to, missing);
+    }
+    let Some(p) = s.dcp.as_mut() else {
+        return not_a_producer(out, to);
+    };
     let request = DcpStreamRequest {
         start_seqno: r.start_seqno,
         end_seqno: r.end_seqno,
@@ -128,6 +144,35 @@ pub(crate) fn stream_req(s: &mut Session, c: Call<'_>, bucket: &SelectedBucket) 
     if let Err(s) = p.stream_req(out, to, vbid, request) {
         answer(out, to, s);
     }
+}
+
+/// Whether the connection's user may stream what `filter` selects: DcpStream on the whole
+/// bucket or, for a user whose roles name scopes or collections, on every collection the
+/// stream carries (a connection without collections streams the default collection).
+fn may_stream(
+    s: &Session,
+    bucket: &SelectedBucket,
+    filter: &StreamFilter,
+    collections: bool,
+) -> Result<(), Privilege> {
+    let needed = Privilege::DcpStream;
+    if s.access.has(needed) {
+        return Ok(());
+    }
+    let default_only = [0u32];
+    let streamed: &[u32] = match (&filter.collections, filter.scope) {
+        (Some(list), _) => list,
+        (None, Some(_)) => &filter.scope_collections,
+        (None, None) if !collections => &default_only,
+        (None, None) => return Err(needed),
+    };
+    let held_on_each = s.access.has_narrow_grants()
+        && streamed.iter().all(|cid| {
+            s.access
+                .in_collection(&*bucket.engine, *cid)
+                .is_ok_and(|held| held.contains(needed))
+        });
+    if held_on_each { Ok(()) } else { Err(needed) }
 }
 
 /// DCP_CLOSE_STREAM: closes the header's vBucket's stream.

@@ -26,8 +26,9 @@ use crate::response::{ReplyTo, put, put_status};
 use crate::session::Session;
 use crate::status_map::{engine_status_to_wire, status_for_client};
 use bytes::BytesMut;
+use epkv_auth::Privilege;
 use epkv_engine_api::EngineStatus;
-use epkv_protocol::Status;
+use epkv_protocol::{Opcode, Status};
 use epkv_types::Datatype;
 
 impl Session {
@@ -78,6 +79,32 @@ impl Session {
             return;
         }
         self.fail_wire(out, to, wire, key);
+    }
+
+    /// Refuses a request its user lacks `missing` for: 0x24 Eaccess with KV-Engine's
+    /// error context, `{"error":{"context":"Authorization failure: can't execute GET
+    /// operation without the Read privilege"}}`. The connection stays open; a client
+    /// without XERROR, which cannot be told Eaccess, is disconnected instead.
+    pub(crate) fn deny(&self, out: &mut BytesMut, to: ReplyTo, missing: Privilege) {
+        let opcode = Opcode::from_u8(to.opcode).map_or("unknown", Opcode::name);
+        tracing::debug!(
+            user = %format_args!("<ud>{}</ud>", self.user.as_deref().unwrap_or("")),
+            opcode,
+            privilege = missing.name(),
+            "request refused: missing privilege"
+        );
+        if status_for_client(Status::Eaccess, to.opcode, self.xerror).is_none() {
+            return self.fail_wire(out, to, Status::Eaccess, &[]);
+        }
+        let context = format!(
+            "{{\"error\":{{\"context\":\"Authorization failure: can't execute {opcode} operation without the {missing} privilege\"}}}}"
+        );
+        put(
+            out,
+            &to.reply(Status::Eaccess)
+                .with_datatype(self.datatype_out(Datatype::JSON))
+                .with_value(context.as_bytes()),
+        );
     }
 
     /// Answers `wire`, remapped for clients without XERROR; when there is no classic

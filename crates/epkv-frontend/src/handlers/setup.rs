@@ -1,6 +1,8 @@
 //! The session-setup family: HELLO (feature negotiation), SASL authentication (the
 //! exchange itself is [`crate::sasl`]'s) and SELECT_BUCKET.
 
+use crate::access::Access;
+use crate::buckets::DEFAULT_BUCKET;
 use crate::dispatch::{Call, Flow, unexpected};
 use crate::frontend::Shared;
 use crate::response::{ReplyTo, put_error_text, put_status, put_success};
@@ -115,26 +117,40 @@ impl Session {
         put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &value);
     }
 
-    /// SELECT_BUCKET: 0x24 Eaccess for a bucket that does not exist or that the
-    /// connection may not use (kv_engine answers both alike, so names cannot be probed).
+    /// SELECT_BUCKET. As KV-Engine, so bucket names cannot be probed: an authenticated
+    /// user gets 0x01 KeyEnoent both for a bucket that does not exist and for one none of
+    /// its roles names; a connection that has not authenticated gets 0x24 Eaccess for
+    /// any bucket but `default` in the open loopback mode. On success the connection's
+    /// privileges become the user's on the new bucket.
     fn select_bucket(&mut self, shared: &Shared, name: &[u8], out: &mut BytesMut, to: ReplyTo) {
+        let absent = if self.user.is_some() {
+            Status::KeyEnoent
+        } else {
+            Status::Eaccess
+        };
         let found = std::str::from_utf8(name)
             .ok()
             .and_then(|n| shared.buckets.live(n).map(|e| (n, e)));
         let Some((name, live)) = found else {
             tracing::debug!(bucket = %String::from_utf8_lossy(name), user = self.user.as_deref().unwrap_or(""), "SELECT_BUCKET: no such bucket");
-            put_error_text(out, to, Status::Eaccess);
+            put_error_text(out, to, absent);
             return;
         };
-        if !self.may_use(shared, name) {
+        let access = Access::compute(shared, self.user.as_deref(), Some(name));
+        let usable = match &self.user {
+            Some(_) => access.usable(),
+            None => shared.open_default && name == DEFAULT_BUCKET,
+        };
+        if !usable {
             tracing::info!(
                 bucket = name,
                 user = self.user.as_deref().unwrap_or(""),
                 "SELECT_BUCKET refused: no access"
             );
-            put_error_text(out, to, Status::Eaccess);
+            put_error_text(out, to, absent);
             return;
         }
+        self.access = access;
         self.bucket = Some(SelectedBucket {
             name: Arc::from(name),
             engine: live.engine,

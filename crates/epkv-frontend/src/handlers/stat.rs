@@ -1,17 +1,26 @@
 //! The statistics family: STAT and its groups. `timings` is the front end's own (per-opcode
 //! latency histograms); the default group adds the front end's counters to the bucket's;
 //! `dcp` is the front end's DCP connections on the bucket; any other group is the
-//! bucket's.
+//! bucket's. Every group needs SimpleStats (the opcode table's check); `timings`, which
+//! covers the whole node, also needs Stats.
 
+use crate::dispatch::table::Needs;
 use crate::dispatch::{Call, Flow, unexpected};
 use crate::frontend::Shared;
 use crate::response::{ReplyTo, put_error_text, put_status, put_success};
 use crate::session::Session;
 use crate::timings;
 use bytes::BytesMut;
+use epkv_auth::Privilege;
 use epkv_engine_api::EngineStatus;
 use epkv_protocol::{Command, Status};
 use epkv_types::{Cas, Datatype};
+
+/// The groups that describe the node rather than the selected bucket, which need the
+/// Stats privilege besides the row's SimpleStats (KV-Engine's privileged groups): `timings`
+/// merges every bucket's request latencies. The other groups are the bucket's own
+/// (SimpleStats, which `data_monitoring[b]` grants).
+const NODE_GROUPS: &[&str] = &["timings"];
 
 /// STAT: the group the key names (the default group for an empty key).
 pub(crate) fn stat(s: &mut Session, c: Call<'_>, cmd: Command<'_>) -> Flow {
@@ -30,6 +39,11 @@ impl Session {
             put_error_text(out, to, Status::Einval);
             return;
         };
+        if NODE_GROUPS.contains(&group)
+            && let Err(missing) = self.access.check(Needs::One(Privilege::Stats))
+        {
+            return self.deny(out, to, missing);
+        }
         let engine = self.bucket.as_ref().map(|b| &*b.engine);
         if group != "timings" && engine.is_none() {
             self.fail_wire(out, to, Status::NoBucket, &[]);

@@ -17,6 +17,7 @@ use crate::frontend::Shared;
 use crate::response::{ReplyTo, put};
 use crate::session::Session;
 use bytes::BytesMut;
+use epkv_auth::Privilege;
 use epkv_engine_api::{
     Engine, EngineStatus, SubdocError, SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec,
 };
@@ -25,6 +26,7 @@ use epkv_protocol::{
     DOC_FLAG_REVIVE, DOC_FLAGS, DurabilityRequirement, Opcode, PATH_FLAG_EXPAND_MACROS,
     PATH_FLAG_MKDIR_P, PATH_FLAG_XATTR, Response, Status,
 };
+use epkv_types::doc_key;
 use epkv_types::{Cas, Datatype, Vbid};
 
 /// The engine's operation for a sub-document opcode.
@@ -305,6 +307,49 @@ impl Session {
     }
 }
 
+/// Checks the specs' extended attributes against the user's privileges, as KV-Engine: a
+/// system attribute (its name starts with `_`) needs `needed` (SystemXattrRead to be
+/// looked up, SystemXattrWrite to be changed) on the document's collection; user and
+/// virtual (`$`) attributes need only the row's privilege. Answers the request and
+/// returns false when refused.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the parts of one request, as the handlers hold them"
+)]
+fn system_xattrs_allowed(
+    s: &Session,
+    shared: &Shared,
+    engine: &dyn Engine,
+    out: &mut BytesMut,
+    to: ReplyTo,
+    key: &[u8],
+    specs: &[SubdocSpec<'_>],
+    needed: Privilege,
+) -> bool {
+    let system = specs
+        .iter()
+        .any(|sp| sp.xattr && sp.path.first() == Some(&b'_'));
+    if !system || s.access.has(needed) {
+        return true;
+    }
+    let held = if s.access.has_narrow_grants() {
+        let (cid, _) = doc_key::decode(key);
+        match s.access.in_collection(engine, cid) {
+            Ok(held) => held.contains(needed),
+            Err(e) => {
+                s.fail(shared, out, to, e, &[]);
+                return false;
+            }
+        }
+    } else {
+        false
+    };
+    if !held {
+        s.deny(out, to, needed);
+    }
+    held
+}
+
 /// A single-path lookup (SUBDOC_GET, _EXISTS, _GET_COUNT) or mutation.
 pub(crate) fn single(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
     let DataCall {
@@ -337,7 +382,16 @@ pub(crate) fn single(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
         path,
         value,
     }]);
-    if epkv_protocol::is_subdoc_lookup(op) {
+    let lookup = epkv_protocol::is_subdoc_lookup(op);
+    let needed = if lookup {
+        Privilege::SystemXattrRead
+    } else {
+        Privilege::SystemXattrWrite
+    };
+    if !system_xattrs_allowed(s, shared, engine, out, to, key, &spec, needed) {
+        return;
+    }
+    if lookup {
         s.subdoc_lookup(shared, engine, out, to, vbid, key, &spec, doc_flags, false);
     } else {
         let req = MutationRequest {
@@ -375,6 +429,10 @@ pub(crate) fn multi_lookup(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
     // The decoder checked the specs.
     let parsed = epkv_protocol::parse_specs(specs, false).unwrap_or_default();
     let specs = Session::subdoc_specs(&parsed);
+    let needed = Privilege::SystemXattrRead;
+    if !system_xattrs_allowed(s, shared, engine, out, to, key, &specs, needed) {
+        return;
+    }
     s.subdoc_lookup(shared, engine, out, to, vbid, key, &specs, doc_flags, true);
 }
 
@@ -411,5 +469,9 @@ pub(crate) fn multi_mutation(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
         preserve_ttl,
         multi: true,
     };
+    let needed = Privilege::SystemXattrWrite;
+    if !system_xattrs_allowed(s, shared, engine, out, to, key, &req.specs, needed) {
+        return;
+    }
     s.subdoc_mutate(shared, engine, out, to, vbid, &req);
 }
