@@ -286,6 +286,17 @@ impl Engine for FakeEngine {
         Ok(())
     }
 
+    /// Scope `s1` holds collections 8 (`c1`) and 9 (`c2`), besides the default one.
+    fn collection_names(&self, cid: u32) -> EngineResult<(String, String)> {
+        let (scope, collection) = match cid {
+            0 => ("_default", "_default"),
+            8 => ("s1", "c1"),
+            9 => ("s1", "c2"),
+            _ => return Err(EngineStatus::UnknownCollection),
+        };
+        Ok((scope.to_owned(), collection.to_owned()))
+    }
+
     fn stats(&self, group: &str, sink: StatSink<'_>) -> EngineResult<()> {
         match group {
             "" => {
