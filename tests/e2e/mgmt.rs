@@ -7,7 +7,7 @@ use crate::harness::{Server, TestDir, http_request, server_binary, skip_if_exter
 use epkv_auth::rbac::{Qualifier, ROLES};
 use epkv_auth::{Privilege, Roles};
 use epkv_client::{Client, StoreOptions};
-use epkv_protocol::Status;
+use epkv_protocol::{Feature, Status};
 
 const ADMIN: (&str, &str) = ("Administrator", "password");
 
@@ -167,6 +167,56 @@ async fn users_created_over_rest_log_in_on_the_kv_port_after_a_restart() {
         None,
     );
     assert_eq!(r.status, 401);
+}
+
+#[tokio::test]
+async fn a_role_revoked_over_rest_refuses_the_open_connections_next_write() {
+    if skip_if_external("mgmt_role_revoked") {
+        return;
+    }
+    let server = Server::spawn(&admin_args());
+    let m = server.mgmt_addr();
+    let put_roles = |roles: &str| {
+        let body = format!("password=app-secret&roles={roles}");
+        let r = http_request(
+            m,
+            "PUT",
+            "/settings/rbac/users/local/app",
+            Some(ADMIN),
+            Some(&body),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    };
+    put_roles("data_reader%5Bdefault%5D,data_writer%5Bdefault%5D");
+    let mut c = server.client().await;
+    c.hello("e2e-rbac", &[Feature::Xerror, Feature::Json])
+        .await
+        .unwrap();
+    c.auth_plain("app", "app-secret").await.unwrap();
+    assert!(c.select_bucket("default").await.unwrap().is_success());
+    let write = StoreOptions::default();
+    assert!(c.set(b"k", b"v1", write).await.unwrap().is_success());
+
+    put_roles("data_reader%5Bdefault%5D");
+    let refused = c.set(b"k", b"v2", write).await.unwrap();
+    assert_eq!(refused.status(), Some(Status::Eaccess));
+    let context = json(std::str::from_utf8(&refused.value).unwrap());
+    assert_eq!(
+        context["error"]["context"],
+        "Authorization failure: can't execute SET operation without the Upsert privilege"
+    );
+    // The connection stays, with what the user still holds.
+    assert_eq!(&c.get(b"k").await.unwrap().value[..], b"v1");
+
+    let r = http_request(
+        m,
+        "DELETE",
+        "/settings/rbac/users/local/app",
+        Some(ADMIN),
+        None,
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(c.get(b"k").await.unwrap().status(), Some(Status::Eaccess));
 }
 
 #[tokio::test]
