@@ -19,16 +19,26 @@
 //! [`status_for_client`], its remapping for clients without XERROR.
 //!
 //! Access: with no users and a loopback listener, every connection starts on the
-//! `default` bucket unauthenticated (the zero-configuration mode); otherwise a connection
-//! authenticates with SASL and selects a bucket its user may use (0x24 otherwise), and data
-//! requests before that answer 0x08 NoBucket. See `docs/protocol.md`.
+//! `default` bucket unauthenticated, with every privilege (the zero-configuration mode);
+//! otherwise a connection authenticates with SASL (or a TLS client certificate) and
+//! selects a bucket one of its user's roles names (0x01 KeyEnoent otherwise, as for a
+//! bucket that does not exist, so names do not leak; 0x24 before authentication), and
+//! data requests before that answer 0x08 NoBucket. Every request then needs the
+//! Couchbase privilege its opcode's row names (KV-Engine's RBAC), checked against the
+//! connection's privilege context (`access.rs`): the user's privileges on the selected
+//! bucket, computed at authentication and SELECT_BUCKET and again when the users changed
+//! (one atomic load per request compares the user directory's generation), so a revoked
+//! role counts at the connection's next request. The common check is one bit test; a user
+//! whose roles name scopes or collections is checked against the key's collection when
+//! the bucket-wide bit says no. A refusal is 0x24 with KV-Engine's JSON error context
+//! naming the missing privilege; the connection stays open. See `docs/protocol.md`.
 //!
 //! Dispatch (KV-Engine's executor table): a request's opcode byte indexes one table,
 //! `ENTRIES` in `dispatch/table.rs`, built into an array at compile time. Its row names
 //! the handler and, as columns, the checks the dispatcher (`dispatch/mod.rs`) makes
 //! before calling it: the bucket the connection must have selected (any, a selected one,
-//! or a live one: not dropped), whether the connection must be a DCP producer, and the
-//! look-ahead hint for pipelined requests. The codec's own per-opcode validation
+//! or a live one: not dropped), whether the connection must be a DCP producer, the
+//! look-ahead hint for pipelined requests, and the privileges the request needs. The codec's own per-opcode validation
 //! (`epkv_protocol::Command::decode`: lengths, frame infos, durability frames) runs
 //! first, except for DCP messages, which their handlers decode. Handlers live in
 //! `handlers/`, one module per family: `kv` (key-value data), `subdoc`, `collections`,
@@ -71,7 +81,9 @@
 //!   given ([`FrontendConfig::cluster`]); SET_VBUCKET tells it the map changed. The front
 //!   end holds no topology and starts no replication: `epkv-cluster` does.
 //! - Every implemented opcode has exactly one row in the opcode table, and the checks
-//!   made before its handler runs are that row's.
+//!   made before its handler runs are that row's, its privileges included.
+//! - A connection's privileges are never older than the users at its current request: a
+//!   change of users or roles is seen at the next request of every connection.
 //!
 //! Depends on `epkv-types`, `epkv-protocol`, `epkv-engine-api`, `epkv-executor` (for
 //! the clock) and `epkv-auth` (SASL and users). Must never depend on `epkv-engine` or any
