@@ -200,9 +200,12 @@ def _raw_request(sock, opcode, key=b"", extras=b"", value=b"", vbucket=0):
 
 
 def _adjust_timeofday(addr, offset_secs):
-    """Sets the server clock's offset (ADJUST_TIMEOFDAY 0xfc, --testing servers only)."""
+    """Sets the server clock's offset (ADJUST_TIMEOFDAY 0xfc, --testing servers only), as
+    the admin: it needs the NodeManagement privilege."""
     host, port = addr.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:
+        plain = b"\0" + ADMIN[0].encode() + b"\0" + ADMIN[1].encode()
+        assert _raw_request(s, 0x21, key=b"PLAIN", value=plain)[0] == 0
         status, _ = _raw_request(s, 0xFC, extras=struct.pack(">q", offset_secs))
     assert status == 0, f"ADJUST_TIMEOFDAY answered {status:#x}"
 
