@@ -174,7 +174,12 @@ async fn a_role_revoked_over_rest_refuses_the_open_connections_next_write() {
     if skip_if_external("mgmt_role_revoked") {
         return;
     }
-    let server = Server::spawn(&admin_args());
+    let dir = TestDir::new();
+    let audit = dir.path().join("audit.log");
+    let audit_arg = audit.to_str().unwrap().to_owned();
+    let mut args = admin_args();
+    args.extend(["--audit-log", &audit_arg]);
+    let server = Server::spawn_in(dir.path(), &args);
     let m = server.mgmt_addr();
     let put_roles = |roles: &str| {
         let body = format!("password=app-secret&roles={roles}");
@@ -217,6 +222,33 @@ async fn a_role_revoked_over_rest_refuses_the_open_connections_next_write() {
     );
     assert_eq!(r.status, 200);
     assert_eq!(c.get(b"k").await.unwrap().status(), Some(Status::Eaccess));
+    let mut stranger = server.client().await;
+    assert!(stranger.auth_plain("app", "app-secret").await.is_err());
+
+    // The KV port's logins, the failed one and the refusals were audited.
+    let text = std::fs::read_to_string(&audit).unwrap();
+    let events: Vec<serde_json::Value> = text.lines().map(json).collect();
+    let kv = |kind: &str| -> Vec<&serde_json::Value> {
+        events
+            .iter()
+            .filter(|e| e["kind"] == kind && e["interface"] == "kv")
+            .collect()
+    };
+    assert!(
+        kv("auth_success")
+            .iter()
+            .any(|e| e["user"] == "app" && e["detail"] == "PLAIN"),
+        "{text}"
+    );
+    assert!(!kv("auth_failure").is_empty(), "{text}");
+    let denied = kv("access_denied");
+    assert!(
+        denied.iter().any(|e| e["user"] == "app"
+            && e["bucket"] == "default"
+            && e["detail"] == "SET needs Upsert"),
+        "{text}"
+    );
+    assert!(denied.iter().all(|e| e["source"].is_string()), "{text}");
 }
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 
 use crate::error::{FrontendError, Result};
 use crate::tls::TlsConfig;
-use epkv_auth::UserDirectory;
+use epkv_auth::{AuditLog, UserDirectory};
 use epkv_engine_api::ClusterView;
 use epkv_executor::{Clock, SystemClock};
 use epkv_protocol::Limits;
@@ -65,6 +65,9 @@ pub struct FrontendConfig {
     /// before ns_server sets one: GET_CLUSTER_CONFIG answers KeyNotFound and
     /// NOT_MY_VBUCKET carries no body.
     pub cluster: Option<Arc<dyn ClusterView>>,
+    /// Where logins, failed logins and refused requests are recorded (`--audit-log`);
+    /// disabled by default.
+    pub audit: AuditLog,
 }
 
 /// The KV-Engine release whose protocol epkv speaks: the first part of the version it
@@ -98,6 +101,7 @@ impl Default for FrontendConfig {
             auth_threads: std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             tls: None,
             cluster: None,
+            audit: AuditLog::disabled(),
         }
     }
 }
@@ -119,6 +123,7 @@ impl fmt::Debug for FrontendConfig {
             .field("auth_threads", &self.auth_threads)
             .field("tls", &self.tls)
             .field("cluster", &self.cluster.is_some())
+            .field("audit", &self.audit.is_enabled())
             .finish_non_exhaustive()
     }
 }

@@ -161,8 +161,16 @@ impl<S: Transport> Connection<S> {
             slot,
             user,
         } = opened;
-        let mut session = Session::new(slot.shared(), local, peer.ip());
+        let mut session = Session::new(slot.shared(), local, peer);
         if let Some(user) = user {
+            session.audit(
+                epkv_auth::audit::AuditEvent::new(
+                    epkv_auth::audit::AuditKind::AuthSuccess,
+                    epkv_auth::audit::Interface::Kv,
+                )
+                .user(&user)
+                .detail("client certificate"),
+            );
             session.set_user(slot.shared(), user);
         }
         if let Err(e) = stream.set_nodelay(true) {

@@ -17,6 +17,7 @@ use crate::frontend::Shared;
 use crate::response::{ReplyTo, put_error_text, put_success};
 use crate::session::Session;
 use bytes::BytesMut;
+use epkv_auth::audit::{AuditEvent, AuditKind, Interface};
 use epkv_auth::{AuthError, MECHANISMS, SaslServer, SaslStep};
 use epkv_protocol::{Response, Status};
 use epkv_types::{Cas, Datatype};
@@ -222,6 +223,11 @@ impl Session {
             SaslStep::Done { user, server_final } => {
                 tracing::info!(user = %format_args!("<ud>{user}</ud>"), %mechanism, agent = self.agent.as_deref().unwrap_or(""), "authenticated");
                 self.auth_failures = 0;
+                self.audit(
+                    AuditEvent::new(AuditKind::AuthSuccess, Interface::Kv)
+                        .user(&user)
+                        .detail(mechanism),
+                );
                 self.set_user(shared, user);
                 put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &server_final);
             }
@@ -246,6 +252,8 @@ impl Session {
             return Flow::Continue;
         }
         put_error_text(out, to, Status::AuthError);
+        let detail = format!("{mechanism}: {e}");
+        self.audit(AuditEvent::new(AuditKind::AuthFailure, Interface::Kv).detail(&detail));
         shared.auth.failed(self.peer, shared.config.clock.now());
         self.auth_failures += 1;
         if self.auth_failures >= MAX_FAILURES_PER_CONNECTION {

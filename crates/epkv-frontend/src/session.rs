@@ -9,7 +9,9 @@ use crate::access::Access;
 use crate::buckets::DEFAULT_BUCKET;
 use crate::durable::PendingDurable;
 use crate::frontend::Shared;
+use epkv_auth::AuditLog;
 use epkv_auth::SaslServer;
+use epkv_auth::audit::AuditEvent;
 use epkv_engine_api::{Engine, EngineStatus, MutationInfo};
 use epkv_protocol::Status;
 use epkv_types::doc_key::{self, DocKeyBuf};
@@ -72,6 +74,10 @@ pub(crate) struct Session {
     pub(crate) sasl: Option<SaslServer>,
     /// The client's address (authentication failures are throttled by it).
     pub(crate) peer: IpAddr,
+    /// The client's address and port (for the audit log).
+    pub(crate) peer_addr: SocketAddr,
+    /// Where logins and refusals are recorded (a clone of the front end's).
+    pub(crate) audit: AuditLog,
     /// Failed authentication attempts in a row on this connection.
     pub(crate) auth_failures: u32,
     /// A SASL_AUTH waiting for its source's delay or the password-check pool; the
@@ -102,8 +108,17 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// Records `event` in the audit log with this connection's source address (and
+    /// nothing when the log is off).
+    pub(crate) fn audit(&self, event: AuditEvent<'_>) {
+        if self.audit.is_enabled() {
+            self.audit.record(&event.source(self.peer_addr));
+        }
+    }
+
     /// A new connection's session. In the open mode it starts on the `default` bucket.
-    pub(crate) fn new(shared: &Shared, local: SocketAddr, peer: IpAddr) -> Self {
+    pub(crate) fn new(shared: &Shared, local: SocketAddr, peer_addr: SocketAddr) -> Self {
+        let peer = peer_addr.ip();
         let bucket = if shared.open_default {
             shared.buckets.live(DEFAULT_BUCKET).map(|b| SelectedBucket {
                 name: Arc::from(DEFAULT_BUCKET),
@@ -129,6 +144,8 @@ impl Session {
             user: None,
             sasl: None,
             peer,
+            peer_addr,
+            audit: shared.config.audit.clone(),
             auth_failures: 0,
             pending_auth: None,
             disconnect: Cell::new(false),

@@ -195,6 +195,16 @@ fn run(cli: Cli) -> Result<()> {
         settings::cluster_topology(s).map_err(anyhow::Error::msg)?,
         Arc::new(move || served.iter().collect()),
     );
+    let audit = if s.audit_log.as_os_str().is_empty() {
+        epkv_auth::AuditLog::disabled()
+    } else {
+        let wall = SystemClock;
+        epkv_auth::AuditLog::open(
+            &s.audit_log,
+            Arc::new(move || epkv_executor::Clock::unix_time(&wall)),
+        )
+        .with_context(|| format!("cannot open the audit log {}", s.audit_log.display()))?
+    };
     let config = FrontendConfig {
         bind: SocketAddr::new(s.bind, s.port),
         threads,
@@ -215,25 +225,16 @@ fn run(cli: Cli) -> Result<()> {
         },
         tls,
         cluster: Some(Arc::clone(&cluster) as Arc<dyn epkv_engine_api::ClusterView>),
+        audit: audit.clone(),
     };
     let frontend =
         Frontend::bind_buckets(config, manager.buckets().clone()).map_err(explain_bind_error)?;
     let addr = frontend.local_addr();
-    let audit = if s.audit_log.as_os_str().is_empty() {
-        epkv_auth::AuditLog::disabled()
-    } else {
-        let wall = SystemClock;
-        epkv_auth::AuditLog::open(
-            &s.audit_log,
-            Arc::new(move || epkv_executor::Clock::unix_time(&wall)),
-        )
-        .with_context(|| format!("cannot open the audit log {}", s.audit_log.display()))?
-    };
     let access = Arc::new(http_auth::Access::new(
         users.clone(),
         frontend.handle().is_open(),
         Arc::new(SystemClock),
-        audit,
+        audit.clone(),
     ));
     let user_count = users.current().len();
     let metrics = match s.metrics_port.0 {

@@ -27,6 +27,7 @@ use crate::session::Session;
 use crate::status_map::{engine_status_to_wire, status_for_client};
 use bytes::BytesMut;
 use epkv_auth::Privilege;
+use epkv_auth::audit::{AuditEvent, AuditKind, Interface};
 use epkv_engine_api::EngineStatus;
 use epkv_protocol::{Opcode, Status};
 use epkv_types::Datatype;
@@ -93,6 +94,17 @@ impl Session {
             privilege = missing.name(),
             "request refused: missing privilege"
         );
+        if self.audit.is_enabled() {
+            let detail = format!("{opcode} needs {missing}");
+            let mut event = AuditEvent::new(AuditKind::AccessDenied, Interface::Kv).detail(&detail);
+            if let Some(user) = &self.user {
+                event = event.user(user);
+            }
+            if let Some(b) = &self.bucket {
+                event = event.bucket(&b.name);
+            }
+            self.audit(event);
+        }
         if status_for_client(Status::Eaccess, to.opcode, self.xerror).is_none() {
             return self.fail_wire(out, to, Status::Eaccess, &[]);
         }
