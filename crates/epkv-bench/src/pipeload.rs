@@ -112,6 +112,16 @@ pub struct PipeloadOptions {
     /// spread over the whole key space). Costs the client an encoding per request.
     #[arg(long)]
     pub fresh_keys: bool,
+    /// Authenticate every connection as this user (SASL PLAIN), then select --bucket:
+    /// the load then pays the server's per-request privilege check for that user.
+    #[arg(long, requires = "password")]
+    pub user: Option<String>,
+    /// The password of --user.
+    #[arg(long)]
+    pub password: Option<String>,
+    /// The bucket selected after authenticating.
+    #[arg(long, default_value = "default")]
+    pub bucket: String,
 }
 
 /// The outcome of a run.
@@ -251,8 +261,8 @@ async fn connect(
         .await
         .map_err(|e| format!("connect {}: {e}", opts.addr))?;
     tcp.set_nodelay(true).map_err(|e| e.to_string())?;
-    match tls {
-        None => Ok(Box::new(tcp)),
+    let mut s: Box<dyn Stream> = match tls {
+        None => Box::new(tcp),
         Some(c) => {
             let name = rustls::pki_types::ServerName::IpAddress(opts.addr.ip().into());
             // rustls reads at most 4 KiB of records per call; a read buffer under it
@@ -263,9 +273,31 @@ async fn connect(
                 .connect(name, tcp)
                 .await
                 .map_err(|e| format!("TLS handshake: {e}"))?;
-            Ok(Box::new(s))
+            Box::new(s)
+        }
+    };
+    if let Some(user) = &opts.user {
+        let password = opts.password.as_deref().unwrap_or_default();
+        let plain = format!("\0{user}\0{password}");
+        let mut buf = BytesMut::new();
+        for req in [
+            RequestBuilder::new(Opcode::SaslAuth)
+                .key(b"PLAIN")
+                .value(plain.as_bytes()),
+            RequestBuilder::new(Opcode::SelectBucket).key(opts.bucket.as_bytes()),
+        ] {
+            buf.extend_from_slice(&req.to_vec().map_err(|e| e.to_string())?);
+        }
+        s.write_all(&buf).await.map_err(|e| e.to_string())?;
+        let mut rbuf = BytesMut::new();
+        if read_replies(&mut s, &mut rbuf, 2).await? != 0 {
+            return Err(format!(
+                "cannot authenticate as {user:?} and select bucket {:?}",
+                opts.bucket
+            ));
         }
     }
+    Ok(s)
 }
 
 /// A connection's stream, plain or TLS.
