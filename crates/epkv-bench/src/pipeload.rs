@@ -424,6 +424,9 @@ mod tests {
             secs: 1,
             no_populate: false,
             fresh_keys: false,
+            user: None,
+            password: None,
+            bucket: "default".into(),
         }
     }
 
