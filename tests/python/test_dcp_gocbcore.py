@@ -255,13 +255,14 @@ class Run:
                 f"{server.log_tail()}")
 
 
-def run_dcp_check(binary, server, workdir, highs, name, extra=(), state="state.json"):
+def run_dcp_check(binary, server, workdir, highs, name, extra=(), state="state.json",
+                  creds=ADMIN):
     """Runs the program over every vBucket, each to its high seqno in ``highs``, resuming
-    from (and updating) workdir/``state``, with the ``extra`` arguments."""
+    from (and updating) workdir/``state``, with the ``extra`` arguments, as ``creds``."""
     end_file = workdir / f"end-{name}.json"
     end_file.write_text(json.dumps({str(vb): seqno for vb, seqno in highs.items()}))
     state_file = workdir / state
-    args = [str(binary), "--addr", server.addr, "--user", ADMIN[0], "--password", ADMIN[1],
+    args = [str(binary), "--addr", server.addr, "--user", creds[0], "--password", creds[1],
             "--bucket", "default", "--name", f"epkv-dcp-check-{name}-{uuid.uuid4().hex[:8]}",
             "--vbuckets", str(NUM_VBUCKETS), "--buffer-size", str(1 << 20),
             "--state", str(state_file), "--end", "high", "--end-file", str(end_file),
@@ -518,3 +519,28 @@ def test_gocbcore_dcp_gets_collection_events_and_expirations(dcp_check_bin, dcp_
     assert not [e for e in run.of("deletion") if e["key"] == "dcp-expiring"]
     # Its mutation may be left out: a backfill sends the newest version of each key.
     assert {e["key"] for e in run.of("mutation")} <= {"dcp-expiring"}
+
+
+def test_gocbcore_dcp_needs_a_role_that_grants_dcp(dcp_check_bin, dcp_server, tmp_path):
+    """Only a role with the DcpProducer and DcpStream privileges opens a DCP producer: a
+    ``data_reader`` is refused at DCP_OPEN (gocbcore fails to start its agent), a
+    ``data_dcp_reader`` of the same bucket streams every vBucket to its high seqno."""
+    client = Memcached(dcp_server.addr, *ADMIN)
+    try:
+        client.must_set("dcp-rbac-doc", b"x")
+        highs = {vb: h for vb, (h, _) in vbucket_seqnos(client).items()}
+    finally:
+        client.close()
+    reader = ("dcp-rbac-reader", "reader-secret")
+    streamer = ("dcp-rbac-streamer", "streamer-secret")
+    for (user, password), role in [(reader, "data_reader"), (streamer, "data_dcp_reader")]:
+        _rest(dcp_server, "PUT", f"/settings/rbac/users/local/{user}",
+              f"password={password}&roles={role}%5Bdefault%5D")
+    refused = run_dcp_check(dcp_check_bin, dcp_server, tmp_path, highs, "rbac-reader",
+                            state="reader.json", creds=reader)
+    assert refused.returncode != 0, refused.stderr
+    assert not refused.of("mutation"), "nothing streamed to a data_reader"
+    allowed = run_dcp_check(dcp_check_bin, dcp_server, tmp_path, highs, "rbac-streamer",
+                            state="streamer.json", creds=streamer)
+    assert allowed.returncode == 0, f"{allowed.stderr}\n{dcp_server.log_tail()}"
+    assert any(e.get("key") == "dcp-rbac-doc" for e in allowed.of("mutation"))
