@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import bmemcached
@@ -230,3 +231,34 @@ def client(server_addr):
 def key(request):
     """Returns a key prefix unique to this test, so tests never see each other's data."""
     return f"py-{request.node.name}-{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def alarm_after(secs):
+    """Bounds a test: SIGALRM raises TimeoutError after ``secs`` seconds."""
+    def expired(_signum, _frame):
+        raise TimeoutError(f"test exceeded {secs}s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(secs)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def admin_server(tmp_path_factory, admin, extra=("--memory-quota", "64MiB")):
+    """A server of its own with administrator ``admin`` (user, password), for a module
+    fixture to ``yield from``; fails the test if the server died meanwhile."""
+    server, log = _start_server_with(
+        tmp_path_factory,
+        ["--admin-user", admin[0], "--admin-password", admin[1], *extra],
+    )
+    try:
+        yield server
+    finally:
+        alive = server.proc.poll() is None
+        _stop_server(server, log)
+        if not alive:
+            pytest.fail(f"epkv-server died during the tests; log:\n{server.log_tail()}")

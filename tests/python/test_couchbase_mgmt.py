@@ -6,14 +6,13 @@ resources and requests without credentials.
 """
 
 import os
-import signal
 import time
 import uuid
 from datetime import timedelta
 
 import pytest
 
-from conftest import _start_server_with, _stop_server, mgmt_request
+from conftest import _start_server_with, _stop_server, alarm_after, mgmt_request
 
 couchbase = pytest.importorskip("couchbase")
 
@@ -45,16 +44,8 @@ TIMEOUT = timedelta(seconds=10)
 
 @pytest.fixture(autouse=True)
 def _bounded():
-    def expired(_signum, _frame):
-        raise TimeoutError(f"test exceeded {TEST_ALARM_SECS}s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(TEST_ALARM_SECS)
-    try:
+    with alarm_after(TEST_ALARM_SECS):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="module")

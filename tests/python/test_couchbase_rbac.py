@@ -7,7 +7,6 @@ Statistics, which the SDK does not read, go through a small raw-protocol client.
 """
 
 import os
-import signal
 import socket
 import struct
 import time
@@ -16,7 +15,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import _start_server_with, _stop_server, mgmt_request
+from conftest import admin_server, alarm_after, mgmt_request
 
 couchbase = pytest.importorskip("couchbase")
 
@@ -43,31 +42,13 @@ EACCESS = 0x24
 
 @pytest.fixture(autouse=True)
 def _bounded():
-    def expired(_signum, _frame):
-        raise TimeoutError(f"test exceeded {TEST_ALARM_SECS}s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(TEST_ALARM_SECS)
-    try:
+    with alarm_after(TEST_ALARM_SECS):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="module")
 def rbac_server(tmp_path_factory):
-    server, log = _start_server_with(
-        tmp_path_factory,
-        ["--admin-user", ADMIN[0], "--admin-password", ADMIN[1], "--memory-quota", "64MiB"],
-    )
-    try:
-        yield server
-    finally:
-        alive = server.proc.poll() is None
-        _stop_server(server, log)
-        if not alive:
-            pytest.fail(f"epkv-server died during the tests; log:\n{server.log_tail()}")
+    yield from admin_server(tmp_path_factory, ADMIN)
 
 
 def _connect(addr, user, password):
