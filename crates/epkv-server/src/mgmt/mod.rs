@@ -379,7 +379,11 @@ fn route(
     let c = caller;
     match segs {
         ["pools"] if get => guarded(m, c, Privilege::SystemSettings, None, || {
-            Reply::json(pools::pools(&m.facts(), m.access.is_admin(&c.verdict)))
+            Reply::json(pools::pools(
+                &m.facts(),
+                m.access.is_admin(&c.verdict),
+                m.access.allowed(&c.verdict, Privilege::SecurityRead, None),
+            ))
         }),
         ["controller", "reAddNode"] => match *method {
             Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {

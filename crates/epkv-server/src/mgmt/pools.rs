@@ -59,11 +59,13 @@ pub(crate) fn node(facts: &NodeFacts, local: SocketAddr) -> Value {
     })
 }
 
-/// `GET /pools`.
-pub(crate) fn pools(facts: &NodeFacts, is_admin: bool) -> Value {
+/// `GET /pools`: `isAdminCreds` for an administrator, `isROAdminCreds` for a user who
+/// may read the cluster's security settings without being one (`ro_admin`,
+/// `security_admin`), as the web console and tools read them.
+pub(crate) fn pools(facts: &NodeFacts, is_admin: bool, is_ro_admin: bool) -> Value {
     json!({
         "isAdminCreds": is_admin,
-        "isROAdminCreds": false,
+        "isROAdminCreds": is_ro_admin && !is_admin,
         "isEnterprise": false,
         "isDeveloperPreview": false,
         "allowedServices": ["kv"],
@@ -210,9 +212,18 @@ mod tests {
 
     #[test]
     fn pools_reports_the_version_and_admin_credentials() {
-        let p = pools(&facts(), true);
+        let p = pools(&facts(), true, true);
         assert_eq!(p["implementationVersion"], "7.6.0-epkv-0.1.0");
         assert_eq!(p["isAdminCreds"], true);
+        assert_eq!(
+            p["isROAdminCreds"], false,
+            "an administrator is not read-only"
+        );
+        let ro = pools(&facts(), false, true);
+        assert_eq!(
+            (ro["isAdminCreds"].clone(), ro["isROAdminCreds"].clone()),
+            (json!(false), json!(true))
+        );
         assert_eq!(p["pools"][0]["name"], "default");
     }
 
