@@ -1,11 +1,21 @@
 //! The HTTP/1.1 server shared by the Prometheus endpoint and the management REST API:
-//! hyper 1.x on the acceptor's Tokio runtime, at most [`MAX_CONNECTIONS`] connections at
-//! once (more are closed at once), [`HEADER_TIMEOUT`] to send the request headers.
+//! hyper 1.x on the acceptor's Tokio runtime, with the connection limits of
+//! [`crate::http_limits`]: a cap per source address, a cap per listener that evicts idle
+//! untrusted connections before it turns a newcomer away, a short timeout for request
+//! headers and a longer one for idle keep-alive connections, and a bounded read buffer.
+//!
+//! Each connection has a watchdog beside hyper: the connection is in one [`Phase`] at a
+//! time (sending headers since some instant, inside a request, or idle since some instant),
+//! and the watchdog closes it when the phase's deadline passes or when the table evicts
+//! it. The phase moves on three events: hyper calls the service (headers complete), the
+//! service answers, and the first bytes of a next request arrive on an idle connection
+//! (seen by [`TrackedStream`]).
 //!
 //! Handlers run on the runtime's thread; anything slow (a scrape, a password derivation,
 //! building or dropping a bucket) goes to the blocking pool, so the KV acceptor is never
 //! held up.
 
+use crate::http_limits::{Admission, ConnFlags, ConnTable, HttpCounters, HttpLimits};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -13,14 +23,30 @@ use hyper::{Request, Response, StatusCode};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
-/// Most HTTP connections served at once, per listener.
-pub(crate) const MAX_CONNECTIONS: usize = 64;
+/// Largest request head (request line and headers) accepted; a larger one is answered
+/// 431 and the connection closed. The management API's requests carry a few short headers.
+pub(crate) const MAX_HEADER_BYTES: usize = 16 * 1024;
 
-/// How long a client may take to send its request headers.
-pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most header fields in one request.
+const MAX_HEADERS: usize = 64;
+
+/// The most bytes hyper buffers per connection while reading (its minimum is 8 KiB; its
+/// default, about 400 KiB, would let each connection hold that much of a client's input).
+pub(crate) const MAX_READ_BUFFER_BYTES: usize = 32 * 1024;
+
+/// A marker a handler puts in a response's extensions when the request carried valid
+/// credentials: the connection becomes trusted and is never evicted for a newcomer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Authenticated;
 
 /// A response with a fully buffered body.
 pub(crate) type HttpResponse = Response<Full<Bytes>>;
@@ -30,19 +56,27 @@ pub(crate) type HttpResponse = Response<Full<Bytes>>;
 pub(crate) struct HttpListener {
     listener: std::net::TcpListener,
     local_addr: SocketAddr,
+    limits: HttpLimits,
+    counters: Arc<HttpCounters>,
 }
 
 impl HttpListener {
-    /// Binds `addr`.
+    /// Binds `addr`; connections will be held to `limits` and counted in `counters`.
     ///
     /// # Errors
     /// The bind error.
-    pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<Self> {
+    pub(crate) fn bind(
+        addr: SocketAddr,
+        limits: HttpLimits,
+        counters: Arc<HttpCounters>,
+    ) -> std::io::Result<Self> {
         let listener = std::net::TcpListener::bind(addr)?;
         let local_addr = listener.local_addr()?;
         Ok(Self {
             listener,
             local_addr,
+            limits,
+            counters,
         })
     }
 
@@ -64,17 +98,168 @@ impl HttpListener {
     {
         self.listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(self.listener)?;
-        tokio::spawn(accept_loop(listener, name, Arc::new(handler)));
+        let ctx = Arc::new(ListenerCtx {
+            name,
+            limits: self.limits,
+            counters: self.counters,
+            table: parking_lot::Mutex::new(ConnTable::new(self.limits)),
+        });
+        tokio::spawn(accept_loop(listener, ctx, Arc::new(handler)));
         Ok(())
     }
 }
 
-async fn accept_loop<H, F>(listener: tokio::net::TcpListener, name: &'static str, handler: Arc<H>)
-where
+/// What every connection task of one listener shares.
+struct ListenerCtx {
+    name: &'static str,
+    limits: HttpLimits,
+    counters: Arc<HttpCounters>,
+    /// The open connections; locked briefly at accept and at close, never across an await.
+    /// Lock order: the table before any connection's `phase`.
+    table: parking_lot::Mutex<ConnTable<Arc<Conn>>>,
+}
+
+/// Where a connection is between requests, and since when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for complete request headers since this instant.
+    AwaitingHead(Instant),
+    /// A request is being served.
+    InRequest,
+    /// Idle after a response since this instant.
+    Idle(Instant),
+}
+
+/// One connection's state shared by its serving task, its watchdog and the table.
+struct Conn {
+    flags: Arc<ConnFlags>,
+    /// Protected by its own lock, taken briefly (never across an await).
+    phase: parking_lot::Mutex<Phase>,
+    /// Wakes the watchdog when the phase changed or the connection was evicted.
+    wake: Notify,
+    /// Set by the table's owner when another connection took this one's slot.
+    evicted: AtomicBool,
+}
+
+impl Conn {
+    fn set_phase(&self, p: Phase) {
+        *self.phase.lock() = p;
+        self.wake.notify_one();
+    }
+}
+
+/// Why a watchdog closed its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closed {
+    Evicted,
+    HeaderTimeout,
+    IdleTimeout,
+}
+
+/// Resolves when `conn` must be closed.
+async fn watchdog(conn: &Conn, limits: HttpLimits) -> Closed {
+    loop {
+        if conn.evicted.load(Ordering::Acquire) {
+            return Closed::Evicted;
+        }
+        let deadline = match *conn.phase.lock() {
+            Phase::AwaitingHead(since) => {
+                Some((since + limits.header_timeout, Closed::HeaderTimeout))
+            }
+            Phase::Idle(since) => Some((since + limits.idle_timeout, Closed::IdleTimeout)),
+            Phase::InRequest => None,
+        };
+        match deadline {
+            Some((at, why)) if Instant::now() >= at => return why,
+            Some((at, _)) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = conn.wake.notified() => {}
+                }
+            }
+            None => conn.wake.notified().await,
+        }
+    }
+}
+
+/// The socket, noting when bytes of a next request arrive on an idle connection.
+struct TrackedStream {
+    inner: tokio::net::TcpStream,
+    conn: Arc<Conn>,
+}
+
+impl AsyncRead for TrackedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let mut phase = self.conn.phase.lock();
+            if let Phase::Idle(_) = *phase {
+                *phase = Phase::AwaitingHead(Instant::now());
+                drop(phase);
+                self.conn.wake.notify_one();
+            }
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for TrackedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Takes a connection out of the table and the gauge when its task ends, however it ends.
+struct Slot {
+    ctx: Arc<ListenerCtx>,
+    id: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.ctx.table.lock().remove(self.id);
+        self.ctx.counters.current.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn accept_loop<H, F>(
+    listener: tokio::net::TcpListener,
+    ctx: Arc<ListenerCtx>,
+    handler: Arc<H>,
+) where
     H: Fn(Request<Incoming>, SocketAddr, SocketAddr) -> F + Send + Sync + 'static,
     F: Future<Output = HttpResponse> + Send + 'static,
 {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let name = ctx.name;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(a) => a,
@@ -84,30 +269,112 @@ where
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            tracing::debug!(%peer, listener = name, "too many HTTP connections; closing the new one");
-            continue;
+        HttpCounters::bump(&ctx.counters.accepted);
+        let conn = Arc::new(Conn {
+            flags: Arc::new(ConnFlags::default()),
+            phase: parking_lot::Mutex::new(Phase::AwaitingHead(Instant::now())),
+            wake: Notify::new(),
+            evicted: AtomicBool::new(false),
+        });
+        let admission =
+            ctx.table
+                .lock()
+                .admit(peer.ip(), Arc::clone(&conn.flags), Arc::clone(&conn));
+        let id = match admission {
+            Admission::Admitted { id, victim } => {
+                if let Some(v) = victim {
+                    HttpCounters::bump(&ctx.counters.evicted);
+                    v.evicted.store(true, Ordering::Release);
+                    v.wake.notify_one();
+                }
+                id
+            }
+            Admission::RejectedPerAddress => {
+                HttpCounters::bump(&ctx.counters.rejected_per_address);
+                tracing::debug!(%peer, listener = name, "too many HTTP connections from this address; closing the new one");
+                continue;
+            }
+            Admission::RejectedFull => {
+                HttpCounters::bump(&ctx.counters.rejected_full);
+                tracing::debug!(%peer, listener = name, "HTTP connections all busy or trusted; closing the new one");
+                continue;
+            }
+        };
+        ctx.counters.current.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot {
+            ctx: Arc::clone(&ctx),
+            id,
         };
         let Ok(local) = stream.local_addr() else {
             continue;
         };
         let handler = Arc::clone(&handler);
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let reply = handler(req, local, peer);
-                async move { Ok::<_, Infallible>(reply.await) }
-            });
-            let served = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
+        tokio::spawn(serve(slot, stream, conn, local, peer, handler));
+    }
+}
+
+async fn serve<H, F>(
+    slot: Slot,
+    stream: tokio::net::TcpStream,
+    conn: Arc<Conn>,
+    local: SocketAddr,
+    peer: SocketAddr,
+    handler: Arc<H>,
+) where
+    H: Fn(Request<Incoming>, SocketAddr, SocketAddr) -> F + Send + Sync + 'static,
+    F: Future<Output = HttpResponse> + Send + 'static,
+{
+    let ctx = Arc::clone(&slot.ctx);
+    let name = ctx.name;
+    let served_conn = Arc::clone(&conn);
+    let service = hyper::service::service_fn(move |req| {
+        let conn = Arc::clone(&served_conn);
+        conn.flags.busy.store(true, Ordering::Relaxed);
+        conn.set_phase(Phase::InRequest);
+        let reply = handler(req, local, peer);
+        async move {
+            let mut r = reply.await;
+            if r.extensions_mut().remove::<Authenticated>().is_some() {
+                conn.flags.trusted.store(true, Ordering::Relaxed);
+            }
+            conn.set_phase(Phase::Idle(Instant::now()));
+            conn.flags.busy.store(false, Ordering::Relaxed);
+            Ok::<_, Infallible>(r)
+        }
+    });
+    let io = TrackedStream {
+        inner: stream,
+        conn: Arc::clone(&conn),
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        // The watchdog times headers and idleness; hyper's own timer would also cut idle
+        // keep-alive connections at the header timeout.
+        .header_read_timeout(None)
+        .max_header_size(MAX_HEADER_BYTES)
+        .max_headers(MAX_HEADERS)
+        .max_buf_size(MAX_READ_BUFFER_BYTES);
+    let served = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+    tokio::select! {
+        served = served => {
             if let Err(e) = served {
                 tracing::debug!(%peer, listener = name, error = %e, "HTTP connection ended with an error");
             }
-            drop(slot);
-        });
+        }
+        why = watchdog(&conn, ctx.limits) => {
+            let counter = match why {
+                Closed::Evicted => None,
+                Closed::HeaderTimeout => Some(&ctx.counters.header_timeouts),
+                Closed::IdleTimeout => Some(&ctx.counters.idle_timeouts),
+            };
+            if let Some(c) = counter {
+                HttpCounters::bump(c);
+            }
+            tracing::debug!(%peer, listener = name, reason = ?why, "HTTP connection closed");
+        }
     }
+    drop(slot);
 }
 
 /// A response with `status` and `body`.

@@ -46,6 +46,7 @@ mod bucket_list;
 mod bucket_manager;
 mod byte_size;
 mod http_auth;
+mod http_limits;
 mod http_server;
 mod metrics;
 mod mgmt;
@@ -186,7 +187,10 @@ fn run(cli: Cli) -> Result<()> {
     let start_users = users::configured_users(s)?;
     let users = UserDirectory::new(start_users.live.clone());
     let tls = settings::tls_config(s).map_err(anyhow::Error::msg)?;
-    let mgmt_listener = bind_mgmt(&resolved)?;
+    let http_limits = settings::http_limits(s).map_err(anyhow::Error::msg)?;
+    let mgmt_counters = Arc::new(http_limits::HttpCounters::default());
+    let metrics_counters = Arc::new(http_limits::HttpCounters::default());
+    let mgmt_listener = bind_mgmt(&resolved, http_limits, Arc::clone(&mgmt_counters))?;
 
     // The cluster map, replication and failover (a single node without --cluster): the
     // front end asks it for the map, the management API changes it.
@@ -251,11 +255,17 @@ fn run(cli: Cli) -> Result<()> {
             let sources = metrics::Sources {
                 buckets: Arc::clone(&manager),
                 frontend: frontend.stats(),
+                http: vec![
+                    ("mgmt", Arc::clone(&mgmt_counters)),
+                    ("metrics", Arc::clone(&metrics_counters)),
+                ],
             };
             let endpoint = metrics::MetricsEndpoint::bind(
                 metrics_addr,
                 sources,
                 Arc::clone(&access),
+                http_limits,
+                Arc::clone(&metrics_counters),
             )
             .with_context(|| {
                 format!(
@@ -398,13 +408,17 @@ fn run(cli: Cli) -> Result<()> {
 /// Binds the management port: `None` when it is off, or when it was left at its default
 /// and that port is taken (logged; the server runs without it). An explicit port that
 /// cannot be bound is an error.
-fn bind_mgmt(resolved: &Resolved) -> Result<Option<http_server::HttpListener>> {
+fn bind_mgmt(
+    resolved: &Resolved,
+    limits: http_limits::HttpLimits,
+    counters: Arc<http_limits::HttpCounters>,
+) -> Result<Option<http_server::HttpListener>> {
     let s = &resolved.settings;
     let Some(port) = s.mgmt_port.0 else {
         return Ok(None);
     };
     let addr = SocketAddr::new(s.bind, port);
-    match http_server::HttpListener::bind(addr) {
+    match http_server::HttpListener::bind(addr, limits, counters) {
         Ok(l) => Ok(Some(l)),
         Err(e) if !resolved.is_explicit("mgmt_port") => {
             tracing::warn!(%addr, error = %e, "cannot listen on the default management port; running without the management REST API (set --mgmt-port to another port, or off)");

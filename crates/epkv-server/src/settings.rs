@@ -227,6 +227,32 @@ pub(crate) fn tls_config(s: &Settings) -> Result<Option<epkv_frontend::TlsConfig
     Ok(Some(config))
 }
 
+/// The HTTP listeners' connection limits from the settings.
+///
+/// # Errors
+/// A zero limit or timeout.
+pub(crate) fn http_limits(s: &Settings) -> Result<crate::http_limits::HttpLimits, String> {
+    for (name, v) in [
+        ("http-max-connections", s.http_max_connections as u64),
+        (
+            "http-max-connections-per-address",
+            s.http_max_connections_per_address as u64,
+        ),
+        ("http-header-timeout", s.http_header_timeout),
+        ("http-idle-timeout", s.http_idle_timeout),
+    ] {
+        if v == 0 {
+            return Err(format!("{name} must be at least 1"));
+        }
+    }
+    Ok(crate::http_limits::HttpLimits {
+        max_connections: s.http_max_connections,
+        max_per_address: s.http_max_connections_per_address,
+        header_timeout: std::time::Duration::from_secs(s.http_header_timeout),
+        idle_timeout: std::time::Duration::from_secs(s.http_idle_timeout),
+    })
+}
+
 /// One row of the settings table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SettingInfo {
@@ -402,6 +428,14 @@ settings! {
         help = "Serve Prometheus metrics (text format) at http://BIND:PORT/metrics; off unless set, 0 picks a free port (the startup line names it). Same address and authentication as the KV port: with users configured, HTTP Basic auth with a user's password";
     mgmt_port: OptionalPort = "8091", unit = "port",
         help = "Serve the management REST subset the Couchbase SDKs and tools use (/pools, buckets, users; see docs/rest.md) at http://BIND:PORT, advertised to SDKs as `mgmt`; 0 picks a free port (the startup line names it), off turns it off. Same users and access as the KV port (HTTP Basic auth). When left at its default and 8091 is taken, the server starts without it and logs a warning";
+    http_max_connections: usize = "256", unit = "count",
+        help = "Most connections each HTTP listener (management, metrics) holds at once. When it is full, a new connection takes the slot of an idle or half-open one that has not yet been answered to valid credentials (the oldest of the address holding the most); only when every slot is trusted or inside a request is the new one closed at once";
+    http_max_connections_per_address: usize = "16", unit = "count",
+        help = "Most connections to each HTTP listener from one client address (an IPv6 client counts by its /64); more are closed at once";
+    http_header_timeout: u64 = "2", unit = "seconds",
+        help = "Close an HTTP connection that has not sent complete request headers within this time after it connected or began its next request";
+    http_idle_timeout: u64 = "30", unit = "seconds",
+        help = "Close a keep-alive HTTP connection idle this long between requests";
     cluster: PathBuf = "", unit = "path",
         help = "Cluster file (TOML: replicas, nodes in order as host and port; see docs/cluster.md). Every node of a static cluster is started with the same file and its own cluster-node; vBucket states, replication and the cluster map follow from it";
     cluster_node: usize = "0", unit = "index",
@@ -759,6 +793,37 @@ mod tests {
         assert_eq!(c.key_path, PathBuf::from("/etc/epkv/key.pem"));
         assert_eq!(c.client_auth, epkv_frontend::ClientAuth::Optional);
         assert!(parse_file("tls-client-auth = \"maybe\"").is_err());
+    }
+
+    #[test]
+    fn http_limits_default_and_come_from_flags_or_the_file() {
+        let d = Settings::defaults().unwrap();
+        assert_eq!(
+            http_limits(&d).unwrap(),
+            crate::http_limits::HttpLimits::default()
+        );
+        let file =
+            parse_file("http-max-connections-per-address = 4\nhttp_idle_timeout = 5\n").unwrap();
+        let (s, _) = Settings::merge(
+            &flags(&["--http-header-timeout", "1", "--http-max-connections", "10"]),
+            file,
+        )
+        .unwrap();
+        let l = http_limits(&s).unwrap();
+        assert_eq!(l.max_connections, 10);
+        assert_eq!(l.max_per_address, 4);
+        assert_eq!(l.header_timeout, std::time::Duration::from_secs(1));
+        assert_eq!(l.idle_timeout, std::time::Duration::from_secs(5));
+        let (zero, _) = Settings::merge(
+            &flags(&["--http-header-timeout", "0"]),
+            FileSettings::default(),
+        )
+        .unwrap();
+        assert!(
+            http_limits(&zero)
+                .unwrap_err()
+                .contains("http-header-timeout")
+        );
     }
 
     #[test]

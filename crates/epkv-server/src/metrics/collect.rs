@@ -15,6 +15,7 @@
 //! few walks over the 1024 vBuckets inside the STAT groups.
 
 use super::names::{EXPORTED, GROUPS, Kind};
+use crate::http_limits::HttpCounters;
 use epkv_engine_api::Engine;
 use epkv_executor::{HISTOGRAM_BUCKETS, Histogram as TaskHistogram, TaskInfo};
 use epkv_frontend::{CommandTiming, ConnectionCounts, FrontendStats};
@@ -43,6 +44,8 @@ pub(crate) struct Sources {
     pub(crate) buckets: Arc<crate::bucket_manager::BucketManager>,
     /// The front end's counters and timings.
     pub(crate) frontend: FrontendStats,
+    /// The HTTP listeners' connection counters, by listener name.
+    pub(crate) http: Vec<(&'static str, Arc<HttpCounters>)>,
 }
 
 impl Sources {
@@ -65,6 +68,9 @@ impl Sources {
         if node_wide {
             connections(&mut f, self.frontend.connections());
             auth(&mut f, self.frontend.auth());
+            for (listener, counters) in &self.http {
+                http_connections(&mut f, listener, counters);
+            }
             command_timings(
                 &mut f,
                 &self.frontend.command_timings(&command_bounds()),
@@ -276,6 +282,66 @@ pub(crate) fn connections(f: &mut Families, c: ConnectionCounts) {
         ),
     ] {
         f.sample(name, help, kind, &[], v);
+    }
+}
+
+/// One HTTP listener's connection counters, labelled `listener`.
+pub(crate) fn http_connections(f: &mut Families, listener: &str, c: &HttpCounters) {
+    let read = HttpCounters::read;
+    let l = [("listener", listener)];
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^53")]
+    for (name, help, kind, labels, v) in [
+        (
+            "kv_http_curr_connections",
+            "HTTP connections open now",
+            Kind::Gauge,
+            &l[..],
+            read(&c.current),
+        ),
+        (
+            "kv_http_total_connections_total",
+            "HTTP connections accepted since start, rejected ones included",
+            Kind::Counter,
+            &l[..],
+            read(&c.accepted),
+        ),
+        (
+            "kv_http_rejected_connections_total",
+            "HTTP connections closed at once: reason per_address (http-max-connections-per-address from its address were open) or full (every slot held by a trusted or busy connection)",
+            Kind::Counter,
+            &[("listener", listener), ("reason", "per_address")][..],
+            read(&c.rejected_per_address),
+        ),
+        (
+            "kv_http_rejected_connections_total",
+            "",
+            Kind::Counter,
+            &[("listener", listener), ("reason", "full")][..],
+            read(&c.rejected_full),
+        ),
+        (
+            "kv_http_evicted_connections_total",
+            "Idle or half-open HTTP connections closed to make room for a new one (http-max-connections were open)",
+            Kind::Counter,
+            &l[..],
+            read(&c.evicted),
+        ),
+        (
+            "kv_http_timed_out_connections_total",
+            "HTTP connections closed by a timeout: reason header (http-header-timeout) or idle (http-idle-timeout)",
+            Kind::Counter,
+            &[("listener", listener), ("reason", "header")][..],
+            read(&c.header_timeouts),
+        ),
+        (
+            "kv_http_timed_out_connections_total",
+            "",
+            Kind::Counter,
+            &[("listener", listener), ("reason", "idle")][..],
+            read(&c.idle_timeouts),
+        ),
+    ] {
+        f.sample(name, help, kind, labels, v as f64);
     }
 }
 

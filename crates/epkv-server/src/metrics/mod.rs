@@ -26,7 +26,8 @@ pub(crate) use collect::Sources;
 use crate::http_auth::{self, Access};
 use epkv_auth::{AuditEvent, AuditKind, Interface, Privilege};
 
-use crate::http_server::{HttpListener, HttpResponse, reply};
+use crate::http_limits::{HttpCounters, HttpLimits};
+use crate::http_server::{Authenticated, HttpListener, HttpResponse, reply};
 use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
@@ -56,9 +57,11 @@ impl MetricsEndpoint {
         addr: SocketAddr,
         sources: Sources,
         access: Arc<Access>,
+        limits: HttpLimits,
+        counters: Arc<HttpCounters>,
     ) -> std::io::Result<Self> {
         Ok(Self {
-            listener: HttpListener::bind(addr)?,
+            listener: HttpListener::bind(addr, limits, counters)?,
             state: Arc::new(State { access, sources }),
         })
     }
@@ -107,6 +110,17 @@ async fn handle(state: &Arc<State>, req: Request<Incoming>, peer: SocketAddr) ->
         );
         return r;
     }
+    let authenticated = matches!(verdict, http_auth::Verdict::User(_));
+    let mut r = scrape(state, verdict, peer).await;
+    if authenticated {
+        r.extensions_mut().insert(Authenticated);
+    }
+    r
+}
+
+/// Answers a scrape by a caller whose credentials were checked: the series they may see,
+/// or 403.
+async fn scrape(state: &Arc<State>, verdict: http_auth::Verdict, peer: SocketAddr) -> HttpResponse {
     let node_wide = state.access.allowed(&verdict, Privilege::Stats, None);
     let some_bucket = node_wide
         || state.sources.buckets.snapshot().iter().any(|(p, _)| {

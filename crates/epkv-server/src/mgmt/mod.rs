@@ -26,7 +26,7 @@ use crate::bucket_manager::{
     BucketManager, BucketParams, BucketType, ChangeError, DurabilityMin, EvictionMode,
 };
 use crate::http_auth::{Access, Verdict};
-use crate::http_server::{HttpListener, HttpResponse, reply};
+use crate::http_server::{Authenticated, HttpListener, HttpResponse, reply};
 use epkv_auth::{AuditEvent, AuditKind, Interface, Privilege, Roles};
 use epkv_cluster::Cluster;
 use epkv_engine_api::{Engine, EngineStatus};
@@ -213,6 +213,22 @@ async fn handle(
         );
         return r;
     }
+    let authenticated = matches!(verdict, Verdict::User(_));
+    let mut r = answer(state, req, verdict, local, peer).await;
+    if authenticated {
+        r.extensions_mut().insert(Authenticated);
+    }
+    r
+}
+
+/// Answers a request whose credentials were checked.
+async fn answer(
+    state: Arc<Mgmt>,
+    req: Request<Incoming>,
+    verdict: Verdict,
+    local: SocketAddr,
+    peer: SocketAddr,
+) -> HttpResponse {
     let method = req.method().clone();
     let segments: Option<Vec<String>> = req
         .uri()
