@@ -20,6 +20,7 @@ mod dcp;
 mod durability;
 mod eviction;
 mod expiry;
+mod http_flood;
 mod malformed;
 mod meta;
 mod metrics;

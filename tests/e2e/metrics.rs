@@ -33,7 +33,7 @@ fn http_get(addr: SocketAddr, path: &str, basic: Option<(&str, &str)>) -> HttpRe
 }
 
 /// The value of the series `series` (name and labels exactly as written) in `text`.
-fn series_value(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn series_value(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
