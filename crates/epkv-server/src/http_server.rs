@@ -383,3 +383,66 @@ pub(crate) fn reply(status: StatusCode, body: impl Into<Bytes>) -> HttpResponse 
     *r.status_mut() = status;
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(phase: Phase) -> Arc<Conn> {
+        Arc::new(Conn {
+            flags: Arc::default(),
+            phase: parking_lot::Mutex::new(phase),
+            wake: Notify::new(),
+            evicted: AtomicBool::new(false),
+        })
+    }
+
+    fn limits() -> HttpLimits {
+        HttpLimits {
+            header_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(30),
+            ..HttpLimits::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn headers_that_never_complete_time_out_at_the_header_timeout() {
+        let start = Instant::now();
+        let c = conn(Phase::AwaitingHead(start));
+        assert_eq!(watchdog(&c, limits()).await, Closed::HeaderTimeout);
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_lasts_the_idle_timeout_then_a_started_request_the_header_timeout() {
+        let start = Instant::now();
+        let c = conn(Phase::Idle(start));
+        assert_eq!(watchdog(&c, limits()).await, Closed::IdleTimeout);
+        assert_eq!(start.elapsed(), Duration::from_secs(30));
+
+        // Half a request 5 s into an idle period: closed 2 s later, not at 30 s.
+        let start = Instant::now();
+        let c = conn(Phase::Idle(start));
+        let poke = Arc::clone(&c);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            poke.set_phase(Phase::AwaitingHead(Instant::now()));
+        });
+        assert_eq!(watchdog(&c, limits()).await, Closed::HeaderTimeout);
+        assert_eq!(start.elapsed(), Duration::from_secs(7));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_being_served_has_no_deadline_and_eviction_closes_at_once() {
+        let start = Instant::now();
+        let c = conn(Phase::InRequest);
+        let poke = Arc::clone(&c);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(100)).await;
+            poke.evicted.store(true, Ordering::Release);
+            poke.wake.notify_one();
+        });
+        assert_eq!(watchdog(&c, limits()).await, Closed::Evicted);
+        assert_eq!(start.elapsed(), Duration::from_secs(100));
+    }
+}
