@@ -246,7 +246,7 @@ async fn session_commands() {
     let agreed = c
         .hello(
             "epkv-test",
-            &[Feature::Json, Feature::Duplex, Feature::TcpNoDelay],
+            &[Feature::Json, Feature::Tracing, Feature::TcpNoDelay],
         )
         .await;
     assert_eq!(

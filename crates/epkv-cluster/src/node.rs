@@ -9,7 +9,7 @@
 use crate::map_json::{self, REV_EPOCH};
 use crate::replication;
 use crate::topology::Topology;
-use epkv_engine_api::{ClusterView, Engine, EngineStatus, NodePorts};
+use epkv_engine_api::{ClusterView, Engine, EngineStatus, MapListener, NodePorts};
 use epkv_types::{NUM_VBUCKETS, VBucketState, Vbid};
 use std::collections::BTreeSet;
 use std::fmt;
@@ -46,6 +46,9 @@ pub struct Cluster {
     /// Serializes topology applications, so that the last one applied is the newest
     /// topology (a failover may arrive while the first one waits for warmup).
     apply_lock: tokio::sync::Mutex<()>,
+    /// Told the new version after every change of the map ([`ClusterView::subscribe`]);
+    /// the lock is held only to call them (they must not call back into the cluster).
+    listeners: parking_lot::Mutex<Vec<MapListener>>,
 }
 
 impl fmt::Debug for Cluster {
@@ -68,6 +71,7 @@ impl Cluster {
             replication_stop: parking_lot::Mutex::new(None),
             runtime: OnceLock::new(),
             apply_lock: tokio::sync::Mutex::new(()),
+            listeners: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
@@ -95,9 +99,13 @@ impl Cluster {
         self.rev.load(Ordering::Acquire)
     }
 
-    /// Records a change of the map.
+    /// Records a change of the map and tells the listeners (the front end, which
+    /// notifies the connections that asked for it).
     fn bump_rev(&self) {
-        self.rev.fetch_add(1, Ordering::AcqRel);
+        let rev = self.rev.fetch_add(1, Ordering::AcqRel) + 1;
+        for listener in self.listeners.lock().iter() {
+            listener((REV_EPOCH, rev));
+        }
     }
 
     /// Brings every bucket's vBucket states in line with the topology, and restarts
@@ -297,6 +305,10 @@ impl ClusterView for Cluster {
         self.bump_rev();
     }
 
+    fn subscribe(&self, listener: MapListener) {
+        self.listeners.lock().push(listener);
+    }
+
     fn bucket_config(
         &self,
         name: &str,
@@ -440,6 +452,29 @@ mod tests {
         assert_eq!(cluster.version(), (REV_EPOCH, 3));
         let global = cluster.global_config("127.0.0.1:12000".parse().unwrap(), PORTS);
         assert!(global.starts_with("{\"rev\":3,"), "{global}");
+    }
+
+    #[test]
+    fn listeners_hear_every_change_with_its_version() {
+        let engine = bucket();
+        let cluster = Cluster::new(Some(two_nodes()), serving(&engine));
+        let heard = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let sink = Arc::clone(&heard);
+        cluster.subscribe(Box::new(move |v| sink.lock().push(v)));
+        cluster.map_changed();
+        cluster.buckets_changed();
+        assert!(cluster.fail_over("1").unwrap());
+        assert!(cluster.re_add("1").unwrap());
+        assert_eq!(
+            *heard.lock(),
+            vec![
+                (REV_EPOCH, 2),
+                (REV_EPOCH, 3),
+                (REV_EPOCH, 4),
+                (REV_EPOCH, 5)
+            ]
+        );
+        assert_eq!(cluster.version(), (REV_EPOCH, 5));
     }
 
     #[test]

@@ -8,6 +8,10 @@
 //! trait, in the `epkv-cluster` crate that implements it; the front end never sees a
 //! topology. A vBucket's state on this node is the engine's
 //! ([`crate::Engine::vbucket_state`]).
+//!
+//! The view also tells the front end when the map changes ([`ClusterView::subscribe`]),
+//! so connections that asked for it (HELLO ClustermapChangeNotification) are sent the
+//! new map at once instead of polling for it.
 
 use crate::Engine;
 use std::net::SocketAddr;
@@ -23,6 +27,10 @@ pub struct NodePorts {
     pub mgmt: Option<u16>,
 }
 
+/// Called with the map's new version, `(epoch, revision)`, each time it moves on. Runs on
+/// whichever thread changed the map, so it must be quick and must not block.
+pub type MapListener = Box<dyn Fn((i64, i64)) + Send + Sync>;
+
 /// What the front end asks of the cluster: the current map and its version.
 ///
 /// Implementations are shared by every connection of every worker thread, so each call
@@ -35,6 +43,12 @@ pub trait ClusterView: Send + Sync {
     /// Records that the map changed outside the view's own knowledge (a client set a
     /// vBucket's state), so its revision moves on.
     fn map_changed(&self);
+
+    /// Registers `listener`, called with the new version after every change of the map
+    /// (a view that never changes by itself may ignore it: the default does).
+    fn subscribe(&self, listener: MapListener) {
+        let _ = listener;
+    }
 
     /// The bucket config (the GET_CLUSTER_CONFIG JSON) of bucket `name`, served here by
     /// `engine`, for a client that reached this node at `local` on one of `ports`.

@@ -34,7 +34,7 @@ mod request;
 mod status;
 pub mod xattr;
 
-pub use cluster::{ClusterView, NodePorts};
+pub use cluster::{ClusterView, MapListener, NodePorts};
 pub use dcp::{DcpEvent, DcpStream, DcpStreamError, DcpStreamRequest};
 pub use engine::{Engine, FetchedCallback, PersistedCallback, StatSink, SyncWriteCallback};
 pub use item::{

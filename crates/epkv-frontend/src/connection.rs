@@ -34,7 +34,7 @@
 use crate::dispatch::Flow;
 use crate::durable::PendingDurable;
 use crate::frontend::Shared;
-use crate::session::Session;
+use crate::session::{MapNotifications, Session};
 use crate::stop_signal::StopSignal;
 use crate::timings::WorkerTimings;
 use crate::transport::Transport;
@@ -43,6 +43,7 @@ use bytes::{Buf, BytesMut};
 use epkv_engine_api::EngineStatus;
 use epkv_protocol::{
     HEADER_LEN, Magic, Request, ResponseHeader, frame_hint, frame_len, response_frame_len,
+    server_response_frame_len,
 };
 use std::future::Future;
 use std::net::SocketAddr;
@@ -230,6 +231,12 @@ impl<S: Transport> Connection<S> {
             let dcp_room =
                 session.dcp.is_some() && st.closing.is_none() && st.out.len() < out_limit;
             st.arm_noop(&session, noop_sleep.as_mut());
+            // Only a connection that asked for map notifications waits for map changes,
+            // and only while its output has room: a change seen later is still pending
+            // then, and several coalesce into one notification of the newest map.
+            let map_room = session.map_notifications != MapNotifications::None
+                && st.closing.is_none()
+                && st.out.len() < out_limit;
             tokio::select! {
                 biased;
                 io = std::future::poll_fn(|cx| poll_io(
@@ -270,6 +277,12 @@ impl<S: Transport> Connection<S> {
                     if let Some(p) = session.dcp.as_mut() {
                         p.drain(&mut st.out, out_limit);
                     }
+                },
+                changed = session.map_changes.changed(), if map_room => match changed {
+                    // Between two whole replies: execution appends whole replies only.
+                    Ok(()) => session.notify_map_change(shared, &mut st.out),
+                    // The front end (which holds the sender) is gone: nothing more to wait for.
+                    Err(_) => session.map_notifications = MapNotifications::None,
                 },
                 () = &mut noop_sleep, if st.noop_interval.is_some() => {
                     if !st.noop_due(&mut session, noop_sleep.as_mut()) {
@@ -615,6 +628,14 @@ fn process(
     let clock = &*shared.config.clock;
     let mut started = None;
     while out.len() < out_limit {
+        if session.duplex && inbuf.first() == Some(&Magic::ServerResponse.as_u8()) {
+            // A duplex client's reply to a server request: nothing waits for it
+            // (kv_engine drops it unvalidated too).
+            match take_server_response(inbuf, limits, id, peer) {
+                Ok(()) => continue,
+                Err(stop) => return stop,
+            }
+        }
         if session.dcp.is_some()
             && inbuf
                 .first()
@@ -707,6 +728,28 @@ fn take_response(
         Ok(None) => Err(None),
         Err(e) => {
             tracing::info!(conn = id, %peer, error = %e, "closing DCP connection: response header cannot be trusted");
+            inbuf.clear();
+            Err(Some(Closing::BadHeader))
+        }
+    }
+}
+
+/// Takes a duplex client's reply to a server request (magic 0x83) off the front of
+/// `inbuf` and drops it. `Err` as for [`take_response`].
+fn take_server_response(
+    inbuf: &mut BytesMut,
+    limits: &epkv_protocol::Limits,
+    id: u64,
+    peer: SocketAddr,
+) -> Result<(), Option<Closing>> {
+    match server_response_frame_len(inbuf, limits) {
+        Ok(Some(n)) => {
+            inbuf.advance(n);
+            Ok(())
+        }
+        Ok(None) => Err(None),
+        Err(e) => {
+            tracing::info!(conn = id, %peer, error = %e, "closing connection: server response header cannot be trusted");
             inbuf.clear();
             Err(Some(Closing::BadHeader))
         }

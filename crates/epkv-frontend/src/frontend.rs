@@ -45,6 +45,11 @@ pub(crate) struct Shared {
     pub(crate) dcp: crate::dcp::Registry,
     /// Where the cluster map comes from, if anywhere ([`FrontendConfig::cluster`]).
     pub(crate) cluster: Option<Arc<dyn ClusterView>>,
+    /// The cluster map's version, `(epoch, revision)`, as last published: the view's
+    /// listener ([`ClusterView::subscribe`]) and SET_VBUCKET move it on, and every
+    /// connection that asked for map change notifications waits on a receiver of it.
+    /// Never moves without a view.
+    pub(crate) map_version: watch::Sender<(i64, i64)>,
 }
 
 impl Shared {
@@ -57,6 +62,8 @@ impl Shared {
     pub(crate) fn bump_cluster_rev(&self) {
         if let Some(c) = &self.cluster {
             c.map_changed();
+            // A view that does not call its listeners is caught up with here.
+            publish_version(&self.map_version, c.version());
         }
     }
 
@@ -227,6 +234,11 @@ impl Frontend {
         let auth = crate::auth_guard::AuthGuard::new(config.auth_threads)?;
         let tls_reloader = tls.as_ref().map(|t| t.reloader.clone());
         let cluster = config.cluster.clone();
+        let (map_version, _) = watch::channel(cluster.as_ref().map_or((0, 0), |c| c.version()));
+        if let Some(c) = &cluster {
+            let tx = map_version.clone();
+            c.subscribe(Box::new(move |version| publish_version(&tx, version)));
+        }
         Ok(Frontend {
             listener,
             local_addr,
@@ -245,6 +257,7 @@ impl Frontend {
                 tls: tls_reloader,
                 dcp: crate::dcp::Registry::default(),
                 cluster,
+                map_version,
             }),
         })
     }
@@ -391,6 +404,18 @@ impl Frontend {
         tracing::info!("front end stopped");
         Ok(())
     }
+}
+
+/// Moves the published map version on to `version`, waking the connections waiting for
+/// map changes; an older or equal version (a listener racing SET_VBUCKET) changes nothing.
+fn publish_version(tx: &watch::Sender<(i64, i64)>, version: (i64, i64)) {
+    tx.send_if_modified(|current| {
+        let newer = version > *current;
+        if newer {
+            *current = version;
+        }
+        newer
+    });
 }
 
 /// Accepts from the TLS listener, with the TLS configuration current at that moment;

@@ -28,6 +28,17 @@ pub(crate) struct BlockedOn {
     pub(crate) key: Vec<u8>,
 }
 
+/// Which cluster map change notifications a connection asked for in HELLO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MapNotifications {
+    /// None: the client polls (GET_CLUSTER_CONFIG, NOT_MY_VBUCKET replies).
+    None,
+    /// ClustermapChangeNotificationBrief (0x1f): the version and bucket, without the map.
+    Brief,
+    /// ClustermapChangeNotification (0x0d): the version, bucket and map.
+    Full,
+}
+
 /// The bucket a connection uses.
 #[derive(Clone)]
 pub(crate) struct SelectedBucket {
@@ -59,6 +70,21 @@ pub(crate) struct Session {
     /// The client negotiated collections (HELLO Collections): its keys start with their
     /// collection id in LEB128.
     pub(crate) collections: bool,
+    /// The client negotiated Duplex: the server may send it requests (magic 0x82), and
+    /// its replies to them (magic 0x83) are accepted and ignored.
+    pub(crate) duplex: bool,
+    /// The cluster map change notifications the client negotiated.
+    pub(crate) map_notifications: MapNotifications,
+    /// The client negotiated DedupeNotMyVbucketClustermap: a NOT_MY_VBUCKET reply
+    /// carries the map only if [`Self::map_sent`] is older than it.
+    pub(crate) dedupe_nmvb: bool,
+    /// The newest map version this connection was sent for its bucket (a notification, a
+    /// NOT_MY_VBUCKET reply or GET_CLUSTER_CONFIG), or told it has; `None` after
+    /// SELECT_BUCKET (kv_engine's pushed clustermap revno).
+    pub(crate) map_sent: Cell<Option<(i64, i64)>>,
+    /// Wakes the connection when the cluster map changes (the front end's
+    /// [`Shared::map_version`]); waited on only with [`Self::map_notifications`] on.
+    pub(crate) map_changes: tokio::sync::watch::Receiver<(i64, i64)>,
     /// The agent name the client gave in HELLO, for logs.
     pub(crate) agent: Option<String>,
     /// A TCP_NODELAY change HELLO asked for, applied by the connection after the batch.
@@ -137,6 +163,11 @@ impl Session {
             snappy: false,
             xattr: false,
             collections: false,
+            duplex: false,
+            map_notifications: MapNotifications::None,
+            dedupe_nmvb: false,
+            map_sent: Cell::new(None),
+            map_changes: shared.map_version.subscribe(),
             agent: None,
             nodelay_change: None,
             local,

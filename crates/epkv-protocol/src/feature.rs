@@ -70,10 +70,11 @@ features! {
     Snappy = 0x0a, "Snappy", true;
     /// JSON datatype.
     Json = 0x0b, "JSON", true;
-    /// Server-initiated requests.
-    Duplex = 0x0c, "Duplex", false;
-    /// Cluster map change notifications.
-    ClustermapChangeNotification = 0x0d, "Clustermap change notification", false;
+    /// Server-initiated requests (magic 0x82) may arrive between replies, and the client
+    /// may answer them (magic 0x83, ignored).
+    Duplex = 0x0c, "Duplex", true;
+    /// Cluster map change notifications carrying the new map (needs Duplex).
+    ClustermapChangeNotification = 0x0d, "Clustermap change notification", true;
     /// Out-of-order replies.
     UnorderedExecution = 0x0e, "Unordered execution", false;
     /// Server durations in replies.
@@ -107,10 +108,11 @@ features! {
     SubdocReplicaRead = 0x1c, "SubdocReplicaRead", false;
     /// GET_CLUSTER_CONFIG with known version.
     GetClusterConfigWithKnownVersion = 0x1d, "GetClusterConfigWithKnownVersion", false;
-    /// Dedupe NOT_MY_VBUCKET cluster maps.
-    DedupeNotMyVbucketClustermap = 0x1e, "DedupeNotMyVbucketClustermap", false;
-    /// Brief cluster map change notifications.
-    ClustermapChangeNotificationBrief = 0x1f, "ClustermapChangeNotificationBrief", false;
+    /// A NOT_MY_VBUCKET reply carries the map only if the connection was not yet sent
+    /// (or notified of) that version.
+    DedupeNotMyVbucketClustermap = 0x1e, "DedupeNotMyVbucketClustermap", true;
+    /// Cluster map change notifications without the map (needs Duplex; wins over 0x0d).
+    ClustermapChangeNotificationBrief = 0x1f, "ClustermapChangeNotificationBrief", true;
     /// Subdoc multiple xattr keys.
     SubdocAllowsAccessOnMultipleXattrKeys = 0x20, "SubdocAllowsAccessOnMultipleXattrKeys", true;
     /// Subdoc binary xattr.

@@ -40,6 +40,23 @@ pub fn response_frame_len(buf: &[u8], limits: &Limits) -> Result<Option<usize>, 
     Ok((buf.len() >= n).then_some(n))
 }
 
+/// Returns the length of the packet at the front of `buf` that a duplex client sent in
+/// reply to a server request (magic 0x83), with the same meaning as [`frame_len`].
+///
+/// # Errors
+/// [`HeaderError`] when the header cannot be trusted or its magic is not 0x83.
+pub fn server_response_frame_len(
+    buf: &[u8],
+    limits: &Limits,
+) -> Result<Option<usize>, HeaderError> {
+    let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
+        return Ok(None);
+    };
+    let header = ResponseHeader::decode_server_response(head, limits)?;
+    let n = header.packet_len();
+    Ok((buf.len() >= n).then_some(n))
+}
+
 /// Returns how many bytes the request at the front of `buf` needs in total, once its
 /// header is buffered and trusted: a safe amount to reserve in the read buffer (never more
 /// than `limits.max_packet_bytes`). Returns [`HEADER_LEN`] while the header is incomplete.

@@ -243,7 +243,7 @@ impl RequestHeader {
 /// A decoded response header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResponseHeader {
-    /// 0x81 or 0x18.
+    /// 0x81 or 0x18 (0x83 from [`ResponseHeader::decode_server_response`]).
     pub magic: Magic,
     /// The opcode of the request this answers.
     pub opcode: u8,
@@ -277,6 +277,35 @@ impl ResponseHeader {
     ) -> Result<ResponseHeader, HeaderError> {
         let raw = RawHeader::decode(bytes)?;
         if !raw.magic.is_client_response() {
+            return Err(HeaderError::UnexpectedMagic(raw.magic.as_u8()));
+        }
+        raw.check_lengths(limits)?;
+        Ok(ResponseHeader {
+            magic: raw.magic,
+            opcode: raw.opcode,
+            framing_extras_len: raw.framing_extras_len,
+            key_len: raw.key_len,
+            extras_len: raw.extras_len,
+            datatype: raw.datatype,
+            status: raw.specific,
+            body_len: raw.body_len,
+            opaque: raw.opaque,
+            cas: raw.cas,
+        })
+    }
+
+    /// Decodes and checks the header of a duplex client's reply to a server request
+    /// (magic 0x83, classic layout).
+    ///
+    /// # Errors
+    /// [`HeaderError`] when the magic is not 0x83, the packet would exceed
+    /// `limits.max_packet_bytes`, or the section lengths exceed the body length.
+    pub fn decode_server_response(
+        bytes: &[u8; HEADER_LEN],
+        limits: &Limits,
+    ) -> Result<ResponseHeader, HeaderError> {
+        let raw = RawHeader::decode(bytes)?;
+        if raw.magic != Magic::ServerResponse {
             return Err(HeaderError::UnexpectedMagic(raw.magic.as_u8()));
         }
         raw.check_lengths(limits)?;

@@ -65,6 +65,7 @@ mod opcode;
 mod request;
 mod request_builder;
 mod response;
+mod server_request;
 mod status;
 mod subdoc;
 
@@ -80,7 +81,7 @@ pub use feature::Feature;
 pub use frame_info::{
     FrameInfoId, FrameInfoIter, MAX_FRAME_INFO_FIELD, RequestFrameInfo, encode_frame_info,
 };
-pub use framing::{frame_hint, frame_len, response_frame_len};
+pub use framing::{frame_hint, frame_len, response_frame_len, server_response_frame_len};
 pub use header::{RequestHeader, ResponseHeader};
 pub use header_error::{EncodeError, HeaderError};
 pub use hello_features::HelloFeatures;
@@ -91,6 +92,10 @@ pub use opcode::Opcode;
 pub use request::Request;
 pub use request_builder::RequestBuilder;
 pub use response::Response;
+pub use server_request::{
+    CLUSTERMAP_NOTIFICATION_EXTRAS_LEN, ServerOpcode, clustermap_change_notification_len,
+    put_clustermap_change_notification,
+};
 pub use status::Status;
 pub use subdoc::{
     DOC_FLAG_ACCESS_DELETED, DOC_FLAG_ADD, DOC_FLAG_CREATE_AS_DELETED, DOC_FLAG_MKDOC,

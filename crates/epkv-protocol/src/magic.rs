@@ -15,9 +15,10 @@ pub enum Magic {
     /// Response to a client with framing extras: byte 2 is the framing-extras length and
     /// byte 3 the key length.
     AltClientResponse = 0x18,
-    /// Request from the server to a client (duplex mode). Recognised, never accepted.
+    /// Request from the server to a client (duplex mode): sent, never accepted.
     ServerRequest = 0x82,
-    /// Response from a client to a server request (duplex mode). Recognised, never accepted.
+    /// Response from a client to a server request (duplex mode): accepted (and ignored)
+    /// only from a client that negotiated Duplex.
     ServerResponse = 0x83,
 }
 

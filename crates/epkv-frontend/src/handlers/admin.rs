@@ -8,10 +8,14 @@
 use crate::dispatch::{Call, DataCall, Flow, unexpected};
 use crate::frontend::Shared;
 use crate::response::{put_error_text, put_status, put_success};
-use crate::session::{SelectedBucket, Session};
+use crate::session::{MapNotifications, SelectedBucket, Session};
 use crate::status_map::engine_status_to_wire;
+use bytes::BytesMut;
 use epkv_engine_api::EngineStatus;
-use epkv_protocol::{Command, Status, error_map_json};
+use epkv_protocol::{
+    Command, Status, clustermap_change_notification_len, error_map_json,
+    put_clustermap_change_notification,
+};
 use epkv_types::{Cas, Datatype};
 
 /// QUIT, QUITQ: closes the connection after the replies queued so far (QUITQ without
@@ -88,6 +92,9 @@ pub(crate) fn get_cluster_config(s: &mut Session, c: Call<'_>, cmd: Command<'_>)
         s.fail_wire(out, to, Status::KeyEnoent, &[]);
         return Flow::Continue;
     };
+    // As kv_engine: the client has this version now, or told us it has a newer one.
+    s.map_sent
+        .set(Some(known_version.map_or(version, |k| k.max(version))));
     if let Some(known) = known_version
         && known >= version
     {
@@ -115,6 +122,60 @@ pub(crate) fn get_cluster_config(s: &mut Session, c: Call<'_>, cmd: Command<'_>)
 /// the front end serves no map.
 pub(crate) fn bucket_map(s: &Session, shared: &Shared, b: &SelectedBucket) -> Option<String> {
     shared.bucket_config(&b.name, &*b.engine, s.local)
+}
+
+impl Session {
+    /// The cluster map moved on: appends the ClustermapChangeNotification server request
+    /// this connection asked for (HELLO 0x0d or 0x1f) to `out`, between two whole
+    /// replies. A connection with a bucket is sent that bucket's map (key: its name),
+    /// unless it was already sent this version; one without a bucket the global config
+    /// (empty key), as kv_engine pushes it to every subscribed connection. The brief
+    /// form carries no value.
+    pub(crate) fn notify_map_change(&self, shared: &Shared, out: &mut BytesMut) {
+        if self.map_notifications == MapNotifications::None {
+            return;
+        }
+        let Some(version) = shared.cluster_version() else {
+            return;
+        };
+        let full = self.map_notifications == MapNotifications::Full;
+        let (bucket, map): (&[u8], Option<String>) = match &self.bucket {
+            Some(b) => {
+                if b.dropped.load(std::sync::atomic::Ordering::Relaxed)
+                    || self.map_sent.get().is_some_and(|sent| sent >= version)
+                {
+                    return;
+                }
+                self.map_sent.set(Some(version));
+                let map = if full {
+                    bucket_map(self, shared, b)
+                } else {
+                    None
+                };
+                (b.name.as_bytes(), map)
+            }
+            None => {
+                let map = if full {
+                    shared.global_config(self.local)
+                } else {
+                    None
+                };
+                (&[], map)
+            }
+        };
+        let map = map.unwrap_or_default();
+        let datatype = if map.is_empty() {
+            Datatype::RAW
+        } else {
+            self.datatype_out(Datatype::JSON)
+        };
+        out.reserve(clustermap_change_notification_len(bucket.len(), map.len()));
+        if let Err(e) =
+            put_clustermap_change_notification(out, version, bucket, datatype, map.as_bytes())
+        {
+            tracing::warn!(error = %e, "cluster map notification does not encode");
+        }
+    }
 }
 
 /// ADJUST_TIMEOFDAY: shifts the clock of every bucket (testing mode only).

@@ -50,10 +50,14 @@ impl Session {
         let wire = engine_status_to_wire(e);
         if wire == Status::NotMyVbucket
             && let Some(b) = &self.bucket
+            && let Some(version) = shared.cluster_version()
+            && !(self.dedupe_nmvb && self.map_sent.get().is_some_and(|sent| sent >= version))
             && let Some(config) = admin::bucket_map(self, shared, b)
         {
             // The current map rides along, so the client need not ask for it (kv_engine
-            // sends it; cxx parses it only when the JSON bit is set).
+            // sends it; cxx parses it only when the JSON bit is set). A client that asked
+            // for DedupeNotMyVbucketClustermap gets it once per version (empty after).
+            self.map_sent.set(Some(version));
             put(
                 out,
                 &to.reply(Status::NotMyVbucket)

@@ -5,8 +5,8 @@ use crate::access::Access;
 use crate::buckets::DEFAULT_BUCKET;
 use crate::dispatch::{Call, Flow, unexpected};
 use crate::frontend::Shared;
-use crate::response::{ReplyTo, put_error_text, put_status, put_success};
-use crate::session::{SelectedBucket, Session};
+use crate::response::{ReplyTo, put, put_error_text, put_status, put_success};
+use crate::session::{MapNotifications, SelectedBucket, Session};
 use bytes::BytesMut;
 use epkv_protocol::{Command, Feature, HelloFeatures, Status};
 use epkv_types::{Cas, Datatype};
@@ -75,7 +75,37 @@ impl Session {
         out: &mut BytesMut,
         to: ReplyTo,
     ) {
+        // As kv_engine: the notifications need Duplex (asked for in the same HELLO), else
+        // the whole HELLO is refused and nothing changes.
+        if let Some(f) = features.known().find(|f| {
+            matches!(
+                f,
+                Feature::ClustermapChangeNotification | Feature::ClustermapChangeNotificationBrief
+            )
+        }) && !features.known().any(|f| f == Feature::Duplex)
+        {
+            let context = format!(
+                "{{\"error\":{{\"context\":\"{} needs {}\"}}}}",
+                f.name(),
+                Feature::Duplex.name()
+            );
+            put(
+                out,
+                &to.reply(Status::Einval)
+                    .with_datatype(self.datatype_out(Datatype::JSON))
+                    .with_value(context.as_bytes()),
+            );
+            return;
+        }
+        // The brief form wins when both are asked for (kv_engine drops the full one).
+        let brief = features
+            .known()
+            .any(|f| f == Feature::ClustermapChangeNotificationBrief);
+        let was_notified = self.map_notifications != MapNotifications::None;
         self.vbucket_aware = true;
+        self.duplex = false;
+        self.map_notifications = MapNotifications::None;
+        self.dedupe_nmvb = false;
         self.mutation_seqno = false;
         self.json = false;
         self.xerror = false;
@@ -96,12 +126,25 @@ impl Session {
                 Feature::Snappy => self.snappy = true,
                 Feature::Xattr => self.xattr = true,
                 Feature::Collections => self.collections = true,
+                Feature::Duplex => self.duplex = true,
+                Feature::DedupeNotMyVbucketClustermap => self.dedupe_nmvb = true,
+                Feature::ClustermapChangeNotification if brief => continue,
+                Feature::ClustermapChangeNotification => {
+                    self.map_notifications = MapNotifications::Full;
+                }
+                Feature::ClustermapChangeNotificationBrief => {
+                    self.map_notifications = MapNotifications::Brief;
+                }
                 // AltRequestSupport, SyncReplication, SelectBucket and PreserveTtl are
                 // informational (as in kv_engine): magic 0x08, durability and PreserveTtl
                 // frames and SELECT_BUCKET are accepted either way.
                 _ => {}
             }
             agreed.push(f);
+        }
+        if !was_notified && self.map_notifications != MapNotifications::None {
+            // Only changes from now on are notified.
+            self.map_changes.mark_unchanged();
         }
         let value: Vec<u8> = agreed
             .iter()
@@ -156,6 +199,9 @@ impl Session {
             engine: live.engine,
             dropped: live.dropped,
         });
+        // Nothing of the new bucket's map was sent yet (kv_engine resets the pushed
+        // revision too).
+        self.map_sent.set(None);
         put_status(out, to, Status::Success, &[]);
     }
 }

@@ -407,6 +407,20 @@ pub struct Resp {
     pub value: Vec<u8>,
 }
 
+/// One packet of any magic, classic header (no framing extras), sections owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Packet {
+    pub magic: u8,
+    pub opcode: u8,
+    pub datatype: u8,
+    /// The vbucket of a request, the status of a response.
+    pub specific: u16,
+    pub opaque: u32,
+    pub extras: Vec<u8>,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
 /// How long any single read in a test may wait before the test fails.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -472,6 +486,41 @@ impl Client {
                 Ok(0) => return None,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
+    }
+
+    /// Reads one packet of any magic (a response, or a server request in duplex mode)
+    /// with its header fields raw; panics if the connection closes or nothing comes in
+    /// time.
+    pub fn recv_packet(&mut self) -> Packet {
+        loop {
+            if self.buf.len() >= 24 {
+                let h = &self.buf[..24];
+                let key_len = usize::from(u16::from_be_bytes([h[2], h[3]]));
+                let extras_len = usize::from(h[4]);
+                let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
+                if self.buf.len() >= 24 + body {
+                    let b = &self.buf[24..24 + body];
+                    let p = Packet {
+                        magic: h[0],
+                        opcode: h[1],
+                        datatype: h[5],
+                        specific: u16::from_be_bytes([h[6], h[7]]),
+                        opaque: u32::from_be_bytes([h[12], h[13], h[14], h[15]]),
+                        extras: b[..extras_len].to_vec(),
+                        key: b[extras_len..extras_len + key_len].to_vec(),
+                        value: b[extras_len + key_len..].to_vec(),
+                    };
+                    self.buf.drain(..24 + body);
+                    return p;
+                }
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => panic!("connection closed while a packet was expected"),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e) => panic!("read failed: {e}"),
             }
         }
