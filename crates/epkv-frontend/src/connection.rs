@@ -26,6 +26,12 @@
 //! executing anything else, then executes it again, so replies stay in request order and
 //! the worker thread serves its other connections meanwhile.
 //!
+//! A connection that asked for cluster map notifications (HELLO 0x0d or 0x1f) also waits
+//! for the front end's map version to move on, while its output buffer has room, and then
+//! appends the notification (a server request) to the output, between whole replies. A
+//! duplex client's replies to server requests (magic 0x83) are taken off the input and
+//! dropped.
+//!
 //! Closing rules: a header that cannot be trusted (unknown magic, a packet over the size
 //! limit, section lengths over the body length) closes the connection after the replies
 //! already queued are written; a request that is well framed but invalid is answered

@@ -64,6 +64,16 @@
 //! block. Per-opcode latency histograms are kept per worker (no cross-thread contention)
 //! and merged when the `timings` STAT group is read.
 //!
+//! Cluster map notifications (KV-Engine's duplex mode): a client that agreed in HELLO to
+//! Duplex and ClustermapChangeNotification (or its brief form) is sent a server request
+//! (magic 0x82) whenever the map's version moves on. The [`epkv_engine_api::ClusterView`]
+//! calls the listener the front end registered ([`epkv_engine_api::ClusterView::subscribe`]),
+//! which publishes the version in a `tokio::sync::watch` shared by all workers (SET_VBUCKET
+//! publishes too); each subscribed connection waits on its receiver in its loop's
+//! `select!`, only while its output buffer has room, and appends the notification of the
+//! newest map between two whole replies. Connections that did not subscribe never poll
+//! the receiver, so a change costs nothing for them and no request pays for it.
+//!
 //! Invariants:
 //! - Replies on a connection are in request order; quiet commands follow memcached
 //!   (GETQ/GETKQ/GATQ send nothing on a miss; the other quiet variants nothing on
@@ -78,7 +88,10 @@
 //!   vocabulary: it is remapped or, where kv_engine disconnects, the connection closes.
 //! - Passwords never reach a log: SASL failures log the mechanism and the claimed user.
 //! - The cluster map comes from the [`epkv_engine_api::ClusterView`] the front end is
-//!   given ([`FrontendConfig::cluster`]); SET_VBUCKET tells it the map changed. The front
+//!   given ([`FrontendConfig::cluster`]); SET_VBUCKET tells it the map changed.
+//! - A server request is written only between whole replies, and only to a connection
+//!   that agreed to Duplex and a cluster map notification; a connection is not notified
+//!   of a bucket map version it was already sent. The front
 //!   end holds no topology and starts no replication: `epkv-cluster` does.
 //! - Every implemented opcode has exactly one row in the opcode table, and the checks
 //!   made before its handler runs are that row's, its privileges included.

@@ -2,6 +2,7 @@
 //! against `docs/protocol.md` by a test so the document cannot drift from the code.
 
 use crate::command::{is_durability_supported, is_preserve_ttl_supported};
+use crate::feature::Feature;
 use crate::opcode::Opcode;
 use crate::status::Status;
 use std::fmt::Write as _;
@@ -43,6 +44,23 @@ pub fn status_table() -> String {
     s
 }
 
+/// Returns the HELLO feature table exactly as `docs/protocol.md` lists it: every feature
+/// kv_engine knows, and whether epkv agrees to it.
+#[must_use]
+pub fn feature_table() -> String {
+    let mut s = String::from("| Feature | Name | Agreed |\n|---------|------|--------|\n");
+    for f in Feature::ALL {
+        let _ = writeln!(
+            s,
+            "| 0x{:02x} | {} | {} |",
+            f.as_u16(),
+            f.name(),
+            yes(f.is_implemented())
+        );
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +88,7 @@ mod tests {
         let tables = [
             ("opcode-table", opcode_table()),
             ("status-table", status_table()),
+            ("feature-table", feature_table()),
         ];
         if std::env::var_os("EPKV_BLESS").is_some() {
             for (name, table) in &tables {

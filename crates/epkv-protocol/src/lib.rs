@@ -72,7 +72,7 @@ mod subdoc;
 pub use command::{
     ArithmeticOp, Command, StoreOp, is_durability_supported, is_preserve_ttl_supported,
 };
-pub use doc_tables::{opcode_table, status_table};
+pub use doc_tables::{feature_table, opcode_table, status_table};
 pub use durability::DurabilityRequirement;
 pub use error_map::{
     ERROR_MAP_MAX_VERSION, ErrorAttribute, entry as error_map_entry, error_map_json,
