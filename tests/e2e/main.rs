@@ -25,6 +25,7 @@ mod malformed;
 mod meta;
 mod metrics;
 mod mgmt;
+mod notifications;
 mod persistence;
 mod pipelining;
 mod process;
