@@ -418,7 +418,7 @@ async fn hello_negotiates_implemented_features() {
         Feature::Json,
         Feature::Snappy,
         // Not implemented: left out of the answer.
-        Feature::Duplex,
+        Feature::Tracing,
         Feature::AltRequestSupport,
         Feature::PreserveTtl,
         Feature::TcpNoDelay,
