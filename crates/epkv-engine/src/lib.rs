@@ -12,7 +12,7 @@
 //! thread, a persisted seqno per vBucket with non-blocking waiters
 //! ([`Bucket::when_persisted`], [`Bucket::wait_persisted`]), warmup on Reader tasks
 //! after creation ([`Bucket::wait_warmup`]; a vBucket still loading answers TempFail), a
-//! compactor on AuxIO, and a final flush at shutdown (see `persistence.rs`). An item
+//! compactor on AuxIO, and a final flush at shutdown (see `persistence/`). An item
 //! pager on the NonIO group keeps item memory between the watermarks: it ejects the
 //! values of persisted documents (value eviction) or whole documents with a per-vBucket
 //! key filter ([`EvictionPolicy::Full`], `full_eviction.rs`), or, in a memory-only bucket, deletes
