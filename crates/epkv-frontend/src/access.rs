@@ -113,12 +113,28 @@ impl Access {
     ) -> Result<Result<(), Privilege>, EngineStatus> {
         match self.check(needs) {
             Ok(()) => Ok(Ok(())),
-            Err(missing) if !self.bucket.has_narrow_grants() => Ok(Err(missing)),
-            Err(_) => {
-                let held = self.in_collection(engine, cid)?;
-                Ok(needs.check(|p| held.contains(p)))
-            }
+            Err(missing) => self.check_narrow(needs, missing, engine, cid),
         }
+    }
+
+    /// The second half of [`Self::check_in`], for a caller whose whole-bucket check
+    /// already failed with `missing`: the grants that name scopes or collections, on
+    /// collection `cid` (the request's collection is resolved only here).
+    ///
+    /// # Errors
+    /// As [`Self::check_in`].
+    pub(crate) fn check_narrow(
+        &self,
+        needs: Needs,
+        missing: Privilege,
+        engine: &dyn Engine,
+        cid: u32,
+    ) -> Result<Result<(), Privilege>, EngineStatus> {
+        if !self.has_narrow_grants() {
+            return Ok(Err(missing));
+        }
+        let held = self.in_collection(engine, cid)?;
+        Ok(needs.check(|p| held.contains(p)))
     }
 
     /// Whether some grant names a scope or a collection of the bucket.

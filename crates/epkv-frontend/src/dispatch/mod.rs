@@ -259,14 +259,17 @@ impl Session {
         if let Err(missing) = self.access.check(needs) {
             // Not on the whole bucket: perhaps on the key's collection.
             let allowed = match doc_key {
-                Some(key) if self.access.has_narrow_grants() => {
+                Some(key) => {
                     let (cid, _) = doc_key::decode(key);
-                    match self.access.check_in(needs, &*bucket.engine, cid) {
+                    match self
+                        .access
+                        .check_narrow(needs, missing, &*bucket.engine, cid)
+                    {
                         Ok(checked) => checked,
                         Err(e) => return self.fail(shared, out, to, e, &[]),
                     }
                 }
-                _ => Err(missing),
+                None => Err(missing),
             };
             if let Err(missing) = allowed {
                 return self.deny(out, to, missing);

@@ -10,6 +10,7 @@
 
 use crate::dcp::{Producer, StreamFilter, answer, apply_stream_flags, collection_filter};
 use crate::dispatch::Call;
+use crate::dispatch::table::Needs;
 use crate::response::{ReplyTo, put_error_text, put_success};
 use crate::session::{SelectedBucket, Session};
 use bytes::BytesMut;
@@ -155,24 +156,26 @@ fn may_stream(
     filter: &StreamFilter,
     collections: bool,
 ) -> Result<(), Privilege> {
-    let needed = Privilege::DcpStream;
-    if s.access.has(needed) {
+    let needs = Needs::One(Privilege::DcpStream);
+    let Err(missing) = s.access.check(needs) else {
         return Ok(());
-    }
+    };
     let default_only = [0u32];
     let streamed: &[u32] = match (&filter.collections, filter.scope) {
         (Some(list), _) => list,
         (None, Some(_)) => &filter.scope_collections,
         (None, None) if !collections => &default_only,
-        (None, None) => return Err(needed),
+        (None, None) => return Err(missing),
     };
+    // An empty scope streams nothing; it still needs a grant naming a scope or collection.
     let held_on_each = s.access.has_narrow_grants()
         && streamed.iter().all(|cid| {
-            s.access
-                .in_collection(&*bucket.engine, *cid)
-                .is_ok_and(|held| held.contains(needed))
+            matches!(
+                s.access.check_narrow(needs, missing, &*bucket.engine, *cid),
+                Ok(Ok(()))
+            )
         });
-    if held_on_each { Ok(()) } else { Err(needed) }
+    if held_on_each { Ok(()) } else { Err(missing) }
 }
 
 /// DCP_CLOSE_STREAM: closes the header's vBucket's stream.

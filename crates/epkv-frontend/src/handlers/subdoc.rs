@@ -11,6 +11,7 @@
 //!   (u16) | length (u32) | value`; on failure 0xcc with `index (u8) | status (u16)` of
 //!   the first failed spec. Nothing is changed then.
 
+use crate::dispatch::table::Needs;
 use crate::dispatch::{DataCall, unexpected};
 use crate::durable::{DurableReply, durability as to_requirements};
 use crate::frontend::Shared;
@@ -329,25 +330,21 @@ fn system_xattrs_allowed(
     let system = specs
         .iter()
         .any(|sp| sp.xattr && sp.path.first() == Some(&b'_'));
-    if !system || s.access.has(needed) {
+    if !system {
         return true;
     }
-    let held = if s.access.has_narrow_grants() {
-        let (cid, _) = doc_key::decode(key);
-        match s.access.in_collection(engine, cid) {
-            Ok(held) => held.contains(needed),
-            Err(e) => {
-                s.fail(shared, out, to, e, &[]);
-                return false;
-            }
+    let (cid, _) = doc_key::decode(key);
+    match s.access.check_in(Needs::One(needed), engine, cid) {
+        Ok(Ok(())) => true,
+        Ok(Err(missing)) => {
+            s.deny(out, to, missing);
+            false
         }
-    } else {
-        false
-    };
-    if !held {
-        s.deny(out, to, needed);
+        Err(e) => {
+            s.fail(shared, out, to, e, &[]);
+            false
+        }
     }
-    held
 }
 
 /// A single-path lookup (SUBDOC_GET, _EXISTS, _GET_COUNT) or mutation.
