@@ -637,7 +637,7 @@ fn process(
         if session.duplex && inbuf.first() == Some(&Magic::ServerResponse.as_u8()) {
             // A duplex client's reply to a server request: nothing waits for it
             // (kv_engine drops it unvalidated too).
-            match take_server_response(inbuf, limits, id, peer) {
+            match take_response(session, inbuf, limits, id, peer, Reply::ToServerRequest) {
                 Ok(()) => continue,
                 Err(stop) => return stop,
             }
@@ -648,7 +648,7 @@ fn process(
                 .is_some_and(|&b| Magic::from_u8(b).is_some_and(Magic::is_client_response))
         {
             // A DCP consumer answering the producer (a NOOP's response).
-            match take_response(session, inbuf, limits, id, peer) {
+            match take_response(session, inbuf, limits, id, peer, Reply::ToDcpProducer) {
                 Ok(()) => continue,
                 Err(stop) => return stop,
             }
@@ -710,20 +710,36 @@ fn process(
     None
 }
 
-/// Takes a DCP consumer's response (to a NOOP) off the front of `inbuf` and hands it to
-/// the producer. `Err` when processing stops: with `None` when the response is not
-/// wholly buffered yet, with why the connection closes when its header cannot be
-/// trusted.
+/// What a response a client sent answers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reply {
+    /// A DCP consumer answering the producer (a NOOP's response): handed to it.
+    ToDcpProducer,
+    /// A duplex client answering a server request (magic 0x83): nothing waits for it
+    /// (kv_engine drops it unvalidated too), so it is dropped.
+    ToServerRequest,
+}
+
+/// Takes a response the client sent off the front of `inbuf` (see [`Reply`]). `Err` when
+/// processing stops: with `None` when the response is not wholly buffered yet, with why
+/// the connection closes when its header cannot be trusted.
 fn take_response(
     session: &mut Session,
     inbuf: &mut BytesMut,
     limits: &epkv_protocol::Limits,
     id: u64,
     peer: SocketAddr,
+    reply: Reply,
 ) -> Result<(), Option<Closing>> {
-    match response_frame_len(inbuf, limits) {
+    let framed = match reply {
+        Reply::ToDcpProducer => response_frame_len(inbuf, limits),
+        Reply::ToServerRequest => server_response_frame_len(inbuf, limits),
+    };
+    match framed {
         Ok(Some(n)) => {
-            if let (Some(head), Some(p)) = (inbuf.first_chunk::<HEADER_LEN>(), session.dcp.as_mut())
+            if reply == Reply::ToDcpProducer
+                && let (Some(head), Some(p)) =
+                    (inbuf.first_chunk::<HEADER_LEN>(), session.dcp.as_mut())
                 && let Ok(h) = ResponseHeader::decode(head, limits)
             {
                 p.response(h.opcode, h.status);
@@ -733,29 +749,7 @@ fn take_response(
         }
         Ok(None) => Err(None),
         Err(e) => {
-            tracing::info!(conn = id, %peer, error = %e, "closing DCP connection: response header cannot be trusted");
-            inbuf.clear();
-            Err(Some(Closing::BadHeader))
-        }
-    }
-}
-
-/// Takes a duplex client's reply to a server request (magic 0x83) off the front of
-/// `inbuf` and drops it. `Err` as for [`take_response`].
-fn take_server_response(
-    inbuf: &mut BytesMut,
-    limits: &epkv_protocol::Limits,
-    id: u64,
-    peer: SocketAddr,
-) -> Result<(), Option<Closing>> {
-    match server_response_frame_len(inbuf, limits) {
-        Ok(Some(n)) => {
-            inbuf.advance(n);
-            Ok(())
-        }
-        Ok(None) => Err(None),
-        Err(e) => {
-            tracing::info!(conn = id, %peer, error = %e, "closing connection: server response header cannot be trusted");
+            tracing::info!(conn = id, %peer, error = %e, "closing connection: response header cannot be trusted");
             inbuf.clear();
             Err(Some(Closing::BadHeader))
         }

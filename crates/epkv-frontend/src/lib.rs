@@ -72,7 +72,8 @@
 //! publishes too); each subscribed connection waits on its receiver in its loop's
 //! `select!`, only while its output buffer has room, and appends the notification of the
 //! newest map between two whole replies. Connections that did not subscribe never poll
-//! the receiver, so a change costs nothing for them and no request pays for it.
+//! the receiver: a change wakes none of them, and no request pays for it (a connection
+//! holds a receiver from its start, one reference count).
 //!
 //! Invariants:
 //! - Replies on a connection are in request order; quiet commands follow memcached

@@ -108,7 +108,7 @@ impl Session {
         self.sasl = None;
         shared.auth.stats.attempts.fetch_add(1, Relaxed);
         let now = shared.config.clock.now();
-        let delayed = shared.auth.admit(self.peer, now);
+        let delayed = shared.auth.admit(self.peer.ip(), now);
         if delayed.is_some() {
             shared.auth.stats.throttled.fetch_add(1, Relaxed);
         }
@@ -116,7 +116,7 @@ impl Session {
             self.pending_auth = Some(PendingAuth {
                 to,
                 mechanism: String::from_utf8_lossy(mechanism).into_owned(),
-                source: self.peer,
+                source: self.peer.ip(),
                 waiting: Some((delayed.unwrap_or(now), mechanism.to_vec(), data.to_vec())),
                 running: None,
             });
@@ -246,7 +246,7 @@ impl Session {
     ) -> Flow {
         // `AuthError`'s text never holds a password, proof or key; it names the user
         // the client claimed inside <ud> tags.
-        tracing::warn!(source = %self.peer, %mechanism, error = %e, agent = self.agent.as_deref().unwrap_or(""), "authentication failed");
+        tracing::warn!(source = %self.peer.ip(), %mechanism, error = %e, agent = self.agent.as_deref().unwrap_or(""), "authentication failed");
         if !e.is_auth_failure() {
             put_error_text(out, to, Status::Einval);
             return Flow::Continue;
@@ -254,11 +254,13 @@ impl Session {
         put_error_text(out, to, Status::AuthError);
         let detail = format!("{mechanism}: {e}");
         self.audit(AuditEvent::new(AuditKind::AuthFailure, Interface::Kv).detail(&detail));
-        shared.auth.failed(self.peer, shared.config.clock.now());
+        shared
+            .auth
+            .failed(self.peer.ip(), shared.config.clock.now());
         self.auth_failures += 1;
         if self.auth_failures >= MAX_FAILURES_PER_CONNECTION {
             shared.auth.stats.closes.fetch_add(1, Relaxed);
-            tracing::warn!(source = %self.peer, failures = self.auth_failures, "closing connection: too many failed authentication attempts");
+            tracing::warn!(source = %self.peer.ip(), failures = self.auth_failures, "closing connection: too many failed authentication attempts");
             return Flow::Close;
         }
         Flow::Continue

@@ -17,7 +17,7 @@ use epkv_protocol::Status;
 use epkv_types::doc_key::{self, DocKeyBuf};
 use epkv_types::{Datatype, Vbid};
 use std::cell::Cell;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// A request that needs a background fetch: the connection waits for the engine to fetch
@@ -98,10 +98,9 @@ pub(crate) struct Session {
     pub(crate) user: Option<String>,
     /// A SASL exchange in progress (between SASL_AUTH answered 0x21 and SASL_STEP).
     pub(crate) sasl: Option<SaslServer>,
-    /// The client's address (authentication failures are throttled by it).
-    pub(crate) peer: IpAddr,
-    /// The client's address and port (for the audit log).
-    pub(crate) peer_addr: SocketAddr,
+    /// The client's address and port: authentication failures are throttled by its
+    /// address, the audit log records both.
+    pub(crate) peer: SocketAddr,
     /// Where logins and refusals are recorded (a clone of the front end's).
     pub(crate) audit: AuditLog,
     /// Failed authentication attempts in a row on this connection.
@@ -138,13 +137,12 @@ impl Session {
     /// nothing when the log is off).
     pub(crate) fn audit(&self, event: AuditEvent<'_>) {
         if self.audit.is_enabled() {
-            self.audit.record(&event.source(self.peer_addr));
+            self.audit.record(&event.source(self.peer));
         }
     }
 
     /// A new connection's session. In the open mode it starts on the `default` bucket.
-    pub(crate) fn new(shared: &Shared, local: SocketAddr, peer_addr: SocketAddr) -> Self {
-        let peer = peer_addr.ip();
+    pub(crate) fn new(shared: &Shared, local: SocketAddr, peer: SocketAddr) -> Self {
         let bucket = if shared.open_default {
             shared.buckets.live(DEFAULT_BUCKET).map(|b| SelectedBucket {
                 name: Arc::from(DEFAULT_BUCKET),
@@ -175,7 +173,6 @@ impl Session {
             user: None,
             sasl: None,
             peer,
-            peer_addr,
             audit: shared.config.audit.clone(),
             auth_failures: 0,
             pending_auth: None,

@@ -32,12 +32,7 @@ pub fn frame_len(buf: &[u8], limits: &Limits) -> Result<Option<usize>, HeaderErr
 /// # Errors
 /// [`HeaderError`] when the header cannot be trusted.
 pub fn response_frame_len(buf: &[u8], limits: &Limits) -> Result<Option<usize>, HeaderError> {
-    let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
-        return Ok(None);
-    };
-    let header = ResponseHeader::decode(head, limits)?;
-    let n = header.packet_len();
-    Ok((buf.len() >= n).then_some(n))
+    decoded_frame_len(buf, limits, ResponseHeader::decode)
 }
 
 /// Returns the length of the packet at the front of `buf` that a duplex client sent in
@@ -49,11 +44,20 @@ pub fn server_response_frame_len(
     buf: &[u8],
     limits: &Limits,
 ) -> Result<Option<usize>, HeaderError> {
+    decoded_frame_len(buf, limits, ResponseHeader::decode_server_response)
+}
+
+/// The response framers: the packet length `decode` trusts, once the whole packet is in
+/// `buf`.
+fn decoded_frame_len(
+    buf: &[u8],
+    limits: &Limits,
+    decode: fn(&[u8; HEADER_LEN], &Limits) -> Result<ResponseHeader, HeaderError>,
+) -> Result<Option<usize>, HeaderError> {
     let Some(head) = buf.first_chunk::<HEADER_LEN>() else {
         return Ok(None);
     };
-    let header = ResponseHeader::decode_server_response(head, limits)?;
-    let n = header.packet_len();
+    let n = decode(head, limits)?.packet_len();
     Ok((buf.len() >= n).then_some(n))
 }
 

@@ -275,23 +275,7 @@ impl ResponseHeader {
         bytes: &[u8; HEADER_LEN],
         limits: &Limits,
     ) -> Result<ResponseHeader, HeaderError> {
-        let raw = RawHeader::decode(bytes)?;
-        if !raw.magic.is_client_response() {
-            return Err(HeaderError::UnexpectedMagic(raw.magic.as_u8()));
-        }
-        raw.check_lengths(limits)?;
-        Ok(ResponseHeader {
-            magic: raw.magic,
-            opcode: raw.opcode,
-            framing_extras_len: raw.framing_extras_len,
-            key_len: raw.key_len,
-            extras_len: raw.extras_len,
-            datatype: raw.datatype,
-            status: raw.specific,
-            body_len: raw.body_len,
-            opaque: raw.opaque,
-            cas: raw.cas,
-        })
+        Self::decode_with(bytes, limits, Magic::is_client_response)
     }
 
     /// Decodes and checks the header of a duplex client's reply to a server request
@@ -304,8 +288,17 @@ impl ResponseHeader {
         bytes: &[u8; HEADER_LEN],
         limits: &Limits,
     ) -> Result<ResponseHeader, HeaderError> {
+        Self::decode_with(bytes, limits, |m| m == Magic::ServerResponse)
+    }
+
+    /// Both decoders: the header, if `accept` takes its magic and its lengths hold.
+    fn decode_with(
+        bytes: &[u8; HEADER_LEN],
+        limits: &Limits,
+        accept: impl Fn(Magic) -> bool,
+    ) -> Result<ResponseHeader, HeaderError> {
         let raw = RawHeader::decode(bytes)?;
-        if raw.magic != Magic::ServerResponse {
+        if !accept(raw.magic) {
             return Err(HeaderError::UnexpectedMagic(raw.magic.as_u8()));
         }
         raw.check_lengths(limits)?;

@@ -81,7 +81,9 @@ pub(crate) enum Hint {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Needs {
     /// No privilege: the request is open to any connection, or its handler makes the
-    /// check itself (SELECT_BUCKET, DCP_OPEN, the collection-id lookups).
+    /// check itself (SELECT_BUCKET, DCP_OPEN). The collections manifest and the
+    /// collection-id lookups are open to any connection on the bucket: unlike KV-Engine,
+    /// epkv does not hide the collections a user has no privilege on.
     Nothing,
     /// One privilege.
     One(Privilege),

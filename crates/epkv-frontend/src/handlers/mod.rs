@@ -112,14 +112,31 @@ impl Session {
         if status_for_client(Status::Eaccess, to.opcode, self.xerror).is_none() {
             return self.fail_wire(out, to, Status::Eaccess, &[]);
         }
-        let context = format!(
-            "{{\"error\":{{\"context\":\"Authorization failure: can't execute {opcode} operation without the {missing} privilege\"}}}}"
+        self.put_error_context(
+            out,
+            to,
+            Status::Eaccess,
+            &format!(
+                "Authorization failure: can't execute {opcode} operation without the {missing} privilege"
+            ),
         );
+    }
+
+    /// Answers `status` with KV-Engine's JSON error context, `{"error":{"context":...}}`
+    /// (`context` holds no character that needs JSON escaping).
+    pub(crate) fn put_error_context(
+        &self,
+        out: &mut BytesMut,
+        to: ReplyTo,
+        status: Status,
+        context: &str,
+    ) {
+        let body = format!("{{\"error\":{{\"context\":\"{context}\"}}}}");
         put(
             out,
-            &to.reply(Status::Eaccess)
+            &to.reply(status)
                 .with_datatype(self.datatype_out(Datatype::JSON))
-                .with_value(context.as_bytes()),
+                .with_value(body.as_bytes()),
         );
     }
 

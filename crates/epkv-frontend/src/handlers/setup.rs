@@ -5,7 +5,7 @@ use crate::access::Access;
 use crate::buckets::DEFAULT_BUCKET;
 use crate::dispatch::{Call, Flow, unexpected};
 use crate::frontend::Shared;
-use crate::response::{ReplyTo, put, put_error_text, put_status, put_success};
+use crate::response::{ReplyTo, put_error_text, put_status, put_success};
 use crate::session::{MapNotifications, SelectedBucket, Session};
 use bytes::BytesMut;
 use epkv_protocol::{Command, Feature, HelloFeatures, Status};
@@ -84,17 +84,8 @@ impl Session {
             )
         }) && !features.known().any(|f| f == Feature::Duplex)
         {
-            let context = format!(
-                "{{\"error\":{{\"context\":\"{} needs {}\"}}}}",
-                f.name(),
-                Feature::Duplex.name()
-            );
-            put(
-                out,
-                &to.reply(Status::Einval)
-                    .with_datatype(self.datatype_out(Datatype::JSON))
-                    .with_value(context.as_bytes()),
-            );
+            let context = format!("{} needs {}", f.name(), Feature::Duplex.name());
+            self.put_error_context(out, to, Status::Einval, &context);
             return;
         }
         // The brief form wins when both are asked for (kv_engine drops the full one).
