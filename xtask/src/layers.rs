@@ -55,18 +55,12 @@ pub(crate) const RULES: &[(&str, Allowed)] = &[
             "epkv-auth",
         ]),
     ),
-    // Replication and topology: above the engine and the client, below the server that
-    // starts it; the front end reaches it only through epkv-engine-api's ClusterView.
+    // Replication and topology: it drives the engines through the Engine trait only and
+    // speaks the protocol itself; below the server that starts it. The front end reaches
+    // it only through epkv-engine-api's ClusterView.
     (
         "epkv-cluster",
-        Allowed::Only(&[
-            "epkv-types",
-            "epkv-protocol",
-            "epkv-engine-api",
-            "epkv-executor",
-            "epkv-engine",
-            "epkv-client",
-        ]),
+        Allowed::Only(&["epkv-types", "epkv-protocol", "epkv-engine-api"]),
     ),
     (
         "epkv-client",
