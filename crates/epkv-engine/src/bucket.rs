@@ -192,7 +192,9 @@ impl Bucket {
             }));
         Self::start_tasks(&bucket, executor)?;
         if !interval.is_zero() {
-            ExpiryPager::start(&bucket, interval)?;
+            bucket
+                .pager
+                .start(Arc::downgrade(&bucket), interval, Bucket::run_expiry_pass)?;
         }
         tracing::info!(
             bucket = %bucket.core.config.name,

@@ -1,13 +1,17 @@
-//! The background expiry pager: a thread named `epkv-expiry-pager` that calls
-//! [`crate::Bucket::run_expiry_pass`] every `expiry_pager_interval`.
+//! The background expiry pager: a thread named `epkv-expiry-pager` that runs its owner's
+//! expiry pass (the bucket's `run_expiry_pass`) every `expiry_pager_interval`.
 //!
 //! It stands in for KV-Engine's `ExpiredItemPager` task until epkv-executor exists. The
-//! thread holds only a weak reference to the bucket between passes, so dropping the bucket
+//! thread holds only a weak reference to its owner between passes, so dropping the bucket
 //! ends it; it sleeps on a condition variable so that stopping it is immediate. The
 //! interval is measured on the real clock (it only paces the work); which items have
 //! expired is decided with the bucket's [`epkv_executor::Clock`].
+//!
+//! Level: a leaf. It is generic over its owner (as `bucket_core::schedule_weak` is) and
+//! names nothing above it: the bucket starts it with a weak reference to itself and its
+//! pass as a function.
 
-use crate::{Bucket, Error, Result};
+use crate::{Error, Result};
 use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
@@ -37,15 +41,20 @@ impl ExpiryPager {
         Self::default()
     }
 
-    /// Starts the thread for `bucket`.
-    pub(crate) fn start(bucket: &Arc<Bucket>, interval: Duration) -> Result<()> {
-        let weak: Weak<Bucket> = Arc::downgrade(bucket);
-        let signal = Arc::clone(&bucket.pager.signal);
+    /// Starts the thread: every `interval` it upgrades `owner` and calls `pass` on it
+    /// (which returns how many documents it removed), and it ends once `owner` is gone.
+    pub(crate) fn start<T: ?Sized + Send + Sync + 'static>(
+        &self,
+        owner: Weak<T>,
+        interval: Duration,
+        pass: fn(&T) -> usize,
+    ) -> Result<()> {
+        let signal = Arc::clone(&self.signal);
         let handle = std::thread::Builder::new()
             .name(THREAD_NAME.to_owned())
-            .spawn(move || run(&weak, &signal, interval))
+            .spawn(move || run(&owner, &signal, interval, pass))
             .map_err(Error::SpawnPager)?;
-        *bucket.pager.handle.lock() = Some(handle);
+        *self.handle.lock() = Some(handle);
         Ok(())
     }
 
@@ -76,7 +85,7 @@ impl ExpiryPager {
     }
 }
 
-fn run(bucket: &Weak<Bucket>, signal: &Signal, interval: Duration) {
+fn run<T: ?Sized>(owner: &Weak<T>, signal: &Signal, interval: Duration, pass: fn(&T) -> usize) {
     loop {
         {
             let mut stopped = signal.stopped.lock();
@@ -89,12 +98,11 @@ fn run(bucket: &Weak<Bucket>, signal: &Signal, interval: Duration) {
                 return;
             }
         }
-        let Some(bucket) = bucket.upgrade() else {
+        let Some(owner) = owner.upgrade() else {
             return;
         };
-        let pass =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| bucket.run_expiry_pass()));
-        match pass {
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass(&owner)));
+        match outcome {
             Ok(removed) => tracing::debug!(removed, "expiry pager pass"),
             Err(_) => tracing::error!("expiry pager pass panicked; the pager keeps running"),
         }

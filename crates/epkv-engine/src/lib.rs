@@ -56,7 +56,9 @@
 //!    `system_events`, `dcp`. Background work that must not keep the bucket alive holds
 //!    it as a `Weak<dyn CoreOwner>`.
 //! 6. **The bucket** (`bucket`): the core plus the item and expiry pagers, the write path
-//!    every operation shares (expiry on access, commit, delete) and the task wiring.
+//!    every operation shares (expiry on access, commit, delete) and the task wiring. The
+//!    expiry pager (a leaf) is generic over its owner: the bucket starts it with a weak
+//!    reference to itself and `Bucket::run_expiry_pass`.
 //! 7. **The operations** on it: `ops`, `subdoc_ops`, `replica`, `stat_groups`,
 //!    `bucket_collections`, and `engine_impl` (the `Engine` trait). Only this level
 //!    names [`Bucket`].

@@ -140,18 +140,30 @@ fn crate_paths(code: &str) -> Vec<String> {
 /// the module defining them.
 fn reexports(lib: &str, modules: &BTreeMap<String, PathBuf>) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    for stmt in code_of(lib).split(';') {
-        let Some(path) = stmt.trim().strip_prefix("pub use ") else {
-            continue;
-        };
-        let path: String = path.split_whitespace().collect();
+    let code = code_of(lib);
+    // Each `pub use` statement wherever it starts (after a `mod x { ... }` block, which
+    // ends without a `;`, too): from `pub use ` at the start of a line to the next `;`.
+    let mut line_start = 0;
+    let mut starts = Vec::new();
+    for line in code.split_inclusive('\n') {
+        let indent = line.len() - line.trim_start().len();
+        if line.trim_start().starts_with("pub use ") {
+            starts.push(line_start + indent + "pub use ".len());
+        }
+        line_start += line.len();
+    }
+    for start in starts {
+        let rest = &code[start..];
+        let stmt = rest.split(';').next().unwrap_or(rest);
+        let path = stmt.split_whitespace().collect::<Vec<_>>().join(" ");
         let Some((module, names)) = path.split_once("::") else {
             continue;
         };
+        let module = module.trim();
         if !modules.contains_key(module) {
             continue;
         }
-        let names = names.trim_start_matches('{').trim_end_matches('}');
+        let names = names.trim().trim_start_matches('{').trim_end_matches('}');
         for name in names.split(',') {
             let name = name.rsplit(" as ").next().unwrap_or(name).trim();
             if !name.is_empty() {
@@ -321,6 +333,16 @@ fn the_check_sees_imports_through_reexports_and_skips_tests_and_comments() {
     let names = reexports("pub use bucket::Bucket;\npub use other::Thing;\n", &modules);
     assert_eq!(names.get("Bucket").map(String::as_str), Some("bucket"));
     assert!(!names.contains_key("Thing"));
+    // A `pub use` after a `mod x { ... }` block (no `;` after its `}`) counts too.
+    modules.insert("clock".to_owned(), PathBuf::new());
+    let names = reexports(
+        "pub mod x {\n    pub fn f() {}\n}\n\npub use bucket::Bucket;\n\
+         pub use clock::{EngineClock, Other as Renamed};\n",
+        &modules,
+    );
+    assert_eq!(names.get("Bucket").map(String::as_str), Some("bucket"));
+    assert_eq!(names.get("EngineClock").map(String::as_str), Some("clock"));
+    assert_eq!(names.get("Renamed").map(String::as_str), Some("clock"));
     let mut g = BTreeMap::new();
     for (m, deps) in [
         ("a", vec!["b"]),
