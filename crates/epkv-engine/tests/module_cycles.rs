@@ -5,8 +5,11 @@
 //!
 //! The check reads `src/`: for each module, every `crate::` path outside comments and
 //! outside `#[cfg(test)]` items names the module it comes from (a name `lib.rs`
-//! re-exports counts as its defining module). A strongly connected component of more than
-//! one module is a cycle, and the test fails naming it and each member's imports.
+//! re-exports counts as its defining module). Submodules count as their top-level module
+//! (`persistence::flush` is `persistence`), for the importer and the imported alike, as
+//! `lib.rs` defines its levels by top-level module. A strongly connected component of
+//! more than one module is a cycle, and the test fails naming it and each member's
+//! imports.
 
 #![expect(
     clippy::expect_used,
@@ -163,9 +166,11 @@ fn reexports(lib: &str, modules: &BTreeMap<String, PathBuf>) -> BTreeMap<String,
         if !modules.contains_key(module) {
             continue;
         }
-        let names = names.trim().trim_start_matches('{').trim_end_matches('}');
+        // Nested paths and groups (`a::{b::{X, Y}, Z}`) all come from `module`.
+        let names: String = names.chars().filter(|c| !matches!(c, '{' | '}')).collect();
         for name in names.split(',') {
-            let name = name.rsplit(" as ").next().unwrap_or(name).trim();
+            let name = name.rsplit(" as ").next().unwrap_or(name);
+            let name = name.rsplit("::").next().unwrap_or(name).trim();
             if !name.is_empty() {
                 out.insert(name.to_owned(), module.to_owned());
             }
@@ -174,15 +179,22 @@ fn reexports(lib: &str, modules: &BTreeMap<String, PathBuf>) -> BTreeMap<String,
     out
 }
 
-/// Each module's imports of other modules.
+/// A module path's top-level module: `persistence::flush` → `persistence`.
+fn top(module: &str) -> &str {
+    module.split("::").next().unwrap_or(module)
+}
+
+/// Each top-level module's imports of other top-level modules (a submodule's imports are
+/// its top-level module's, and an import of a submodule is one of its top-level module).
 fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let modules = modules(src);
     let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
     let names = reexports(&lib, &modules);
-    let mut g = BTreeMap::new();
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (module, file) in &modules {
         let text = std::fs::read_to_string(file).expect("a module's source");
-        let mut deps = BTreeSet::new();
+        let node = top(module);
+        let deps = g.entry(node.to_owned()).or_default();
         for path in crate_paths(&code_of(&text)) {
             let segments: Vec<&str> = path.split("::").collect();
             // The longest prefix that is a module, else a re-exported name.
@@ -192,12 +204,11 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
                 .find(|p| modules.contains_key(p))
                 .or_else(|| names.get(segments[0]).cloned());
             if let Some(dep) = found
-                && dep != *module
+                && top(&dep) != node
             {
-                deps.insert(dep);
+                deps.insert(top(&dep).to_owned());
             }
         }
-        g.insert(module.clone(), deps);
     }
     g
 }
@@ -356,4 +367,39 @@ fn the_check_sees_imports_through_reexports_and_skips_tests_and_comments() {
         );
     }
     assert_eq!(cycles(&g), [vec!["a", "b", "c"]]);
+}
+
+#[test]
+fn the_check_counts_submodules_as_their_top_level_module() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let src = dir.path();
+    std::fs::create_dir(src.join("a")).expect("src/a");
+    for (file, text) in [
+        // A re-export after an inline module's block.
+        (
+            "lib.rs",
+            "mod a;\nmod b;\nmod c;\npub mod inline {\n    pub fn f() {}\n}\n\
+             pub use b::Bee;\n",
+        ),
+        // A `mod.rs` with children.
+        ("a/mod.rs", "mod child;\nmod other;\npub(crate) struct A;\n"),
+        // The cycle runs through a child: a::child -> b (by the re-export) -> a.
+        ("a/child.rs", "use crate::Bee;\npub(crate) struct X;\n"),
+        // An import of a sibling stays inside `a`; one of `c` is `a`'s.
+        ("a/other.rs", "use crate::a::child::X;\nuse crate::c::C;\n"),
+        ("b.rs", "use crate::a::A;\npub struct Bee;\n"),
+        ("c.rs", "pub struct C;\n"),
+    ] {
+        std::fs::write(src.join(file), text).expect("a fixture file");
+    }
+    let g = graph(src);
+    let edges: Vec<(&str, Vec<&str>)> = g
+        .iter()
+        .map(|(m, deps)| (m.as_str(), deps.iter().map(String::as_str).collect()))
+        .collect();
+    assert_eq!(
+        edges,
+        [("a", vec!["b", "c"]), ("b", vec!["a"]), ("c", vec![])]
+    );
+    assert_eq!(cycles(&g), [vec!["a", "b"]]);
 }
