@@ -53,8 +53,8 @@ pub struct Bucket {
     /// Operation counts per collection.
     pub(crate) collection_ops: crate::collections::CollectionOps,
     /// The bucket itself, for background work started by a request (the purge of a
-    /// dropped collection).
-    pub(crate) self_ref: std::sync::OnceLock<std::sync::Weak<Bucket>>,
+    /// dropped collection). Set at creation ([`Arc::new_cyclic`]).
+    pub(crate) self_ref: std::sync::Weak<Bucket>,
     /// Threads purging dropped collections ([`Bucket::start_purge`]), joined at shutdown.
     pub(crate) purges: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
@@ -157,7 +157,7 @@ impl Bucket {
         )
         .map_err(crate::Error::Collections)?;
         let interval = config.expiry_pager_interval;
-        let bucket = Arc::new(Bucket {
+        let bucket = Arc::new_cyclic(|weak: &std::sync::Weak<Bucket>| Bucket {
             core: BucketCore {
                 config,
                 clock: clock.clock(),
@@ -169,18 +169,15 @@ impl Bucket {
                 pager_waker: Arc::clone(&item_pager.waker),
                 bg_times: crate::bg_fetch_queue::BgFetchTimes::default(),
                 task_executor: std::sync::OnceLock::new(),
-                owner: std::sync::OnceLock::new(),
+                owner: weak.clone(),
             },
             testing_clock: clock.testing().cloned(),
             pager: ExpiryPager::new(),
             item_pager,
             collection_ops: crate::collections::CollectionOps::default(),
-            self_ref: std::sync::OnceLock::new(),
+            self_ref: weak.clone(),
             purges: parking_lot::Mutex::new(Vec::new()),
         });
-        let _ = bucket.self_ref.set(Arc::downgrade(&bucket));
-        let owner: std::sync::Weak<dyn CoreOwner> = Arc::downgrade(&bucket) as _;
-        let _ = bucket.core.owner.set(owner);
         let weak = Arc::downgrade(&bucket);
         bucket
             .core

@@ -95,10 +95,7 @@ impl Bucket {
 
     /// Starts [`Self::purge_dropped`] on a thread of its own (a drop answers at once).
     pub(crate) fn start_purge(&self) {
-        let Some(weak) = self.self_ref.get().cloned() else {
-            self.purge_dropped();
-            return;
-        };
+        let weak = self.self_ref.clone();
         let spawned = std::thread::Builder::new()
             .name("epkv-collection-purge".into())
             .spawn(move || {

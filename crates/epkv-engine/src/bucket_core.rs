@@ -58,8 +58,9 @@ pub(crate) struct BucketCore {
     /// once the tasks are scheduled.
     pub(crate) task_executor: OnceLock<epkv_executor::ExecutorHandle>,
     /// The bucket owning this core, for background work that holds it weakly (persisted
-    /// callbacks, the durability timeout tasks, DCP streams). Set once at creation.
-    pub(crate) owner: OnceLock<Weak<dyn CoreOwner>>,
+    /// callbacks, the durability timeout tasks, DCP streams). Set at creation (the bucket
+    /// is built with [`Arc::new_cyclic`]).
+    pub(crate) owner: Weak<dyn CoreOwner>,
 }
 
 /// What owns a [`BucketCore`] (the bucket). Background work holds its owner as a

@@ -240,11 +240,7 @@ impl BucketCore {
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
         vb.check_warm()?;
-        let bucket = self
-            .owner
-            .get()
-            .cloned()
-            .ok_or(EngineStatus::NotSupported)?;
+        let bucket = self.owner.clone();
         let state = vb.state();
         if *state != VBucketState::Active {
             return Err(EngineStatus::NotMyVbucket.into());

@@ -194,10 +194,10 @@ impl BucketCore {
         let Some(p) = &self.persistence else {
             return;
         };
-        let owner = self.owner.get().cloned();
+        let owner = self.owner.clone();
         let index = usize::from(vb.id.0);
         let resolve = Box::new(move |_persisted: u64| {
-            if let Some(b) = owner.as_ref().and_then(std::sync::Weak::upgrade)
+            if let Some(b) = owner.upgrade()
                 && let Some(vb) = b.core().vbuckets.get(index)
             {
                 b.core().complete_sync_writes(vb);
@@ -370,9 +370,8 @@ impl BucketCore {
 
     fn start_sync_timeout(&self, vbid: Vbid) -> Option<epkv_executor::TaskHandle> {
         let exec = self.task_executor.get()?;
-        let owner = self.owner.get()?;
         // Nothing to schedule for once the bucket is gone.
-        owner.upgrade()?;
+        self.owner.upgrade()?;
         let spec = epkv_executor::TaskSpec::new(
             format!("durability-timeout-{}", vbid.0),
             epkv_executor::Group::NonIo,
@@ -381,7 +380,7 @@ impl BucketCore {
         let index = usize::from(vbid.0);
         match schedule_weak(
             exec,
-            owner.clone(),
+            self.owner.clone(),
             spec,
             move |b: &(dyn CoreOwner + 'static)| b.core().sync_timeout_run(index),
         ) {
