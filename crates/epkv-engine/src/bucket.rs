@@ -282,13 +282,11 @@ impl Bucket {
             .unwrap_or_default()
     }
 
-    /// True once warmup has loaded (or failed) every stored vBucket.
+    /// True once warmup has loaded (or failed) every stored vBucket (see
+    /// [`Bucket::wait_warmup`]); always true for a memory-only bucket.
     #[must_use]
     pub fn is_warmed_up(&self) -> bool {
-        self.core
-            .persistence
-            .as_ref()
-            .is_none_or(|p| p.warmup.is_done())
+        self.core.is_warmed_up()
     }
 
     /// One run of a shard's warmup task: loads one vBucket.

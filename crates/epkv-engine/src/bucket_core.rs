@@ -188,4 +188,10 @@ impl BucketCore {
             .as_ref()
             .is_none_or(|p| p.warmup.wait(timeout))
     }
+
+    /// True once warmup has loaded (or failed) every stored vBucket; always true for a
+    /// memory-only bucket.
+    pub(crate) fn is_warmed_up(&self) -> bool {
+        self.persistence.as_ref().is_none_or(|p| p.warmup.is_done())
+    }
 }

@@ -98,7 +98,8 @@ impl BucketCore {
         let Some(shard) = p.shards.get(p.shard_of(vb.id)) else {
             return Ok(());
         };
-        let keys = vb.item_count().saturating_add(vb.item_count() / 4);
+        let items = vb.item_count();
+        let keys = items.saturating_add(items / 4);
         full.filter.begin_rebuild(keys);
         vb.table.for_each(|sv| {
             if !sv.is_deleted() {

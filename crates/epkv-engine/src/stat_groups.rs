@@ -31,9 +31,10 @@ impl Bucket {
         for vb in self.core.vbuckets.iter() {
             let i = state_index(*vb.state());
             t.vbs[i] += 1;
-            t.items[i] += vb.item_count();
+            let items = vb.item_count();
+            t.items[i] += items;
             // Under full eviction a document out of memory is non-resident too.
-            t.non_resident[i] += vb.item_count() - vb.table.len() + vb.table.num_non_resident();
+            t.non_resident[i] += items - vb.table.len() + vb.table.num_non_resident();
         }
         t
     }
