@@ -15,8 +15,8 @@
 //! compactor on AuxIO, and a final flush at shutdown (see `persistence/`). An item
 //! pager on the NonIO group keeps item memory between the watermarks: it ejects the
 //! values of persisted documents (value eviction) or whole documents with a per-vBucket
-//! key filter ([`EvictionPolicy::Full`], `full_eviction.rs`), or, in a memory-only bucket, deletes
-//! the least used documents or leaves writes to fail with ENOMEM
+//! key filter ([`EvictionPolicy::Full`], `full_eviction.rs`, `key_filter.rs`), or, in a
+//! memory-only bucket, deletes the least used documents or leaves writes to fail with ENOMEM
 //! ([`EphemeralFullPolicy`]); an operation needing an ejected value answers
 //! `WouldBlock` after queueing a background fetch on the Reader group, and runs again
 //! once [`epkv_engine_api::Engine::when_fetched`] says the fetch is over (see
