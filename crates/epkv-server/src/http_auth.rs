@@ -7,7 +7,8 @@
 //!   and password. Anything else is answered 401 with `WWW-Authenticate: Basic
 //!   realm="epkv"` (and, when credentials were presented, an `auth_failure` audit event).
 //! - What an authenticated request may do is a privilege of the user's roles
-//!   ([`Access::allowed`], built on `Roles::allows`); the open mode allows everything.
+//!   ([`Access::grants`] resolves them once per request; [`Grants::allows`] is built on
+//!   `Roles::allows`); the open mode allows everything.
 //!
 //! Checking a password derives its PBKDF2 hash (15,000 rounds, a few milliseconds), so:
 //! - the derivation runs on Tokio's blocking pool, never on the thread serving
@@ -22,7 +23,9 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use epkv_auth::{AuditEvent, AuditKind, AuditLog, Interface, Privilege, SaslServer, UserDirectory};
+use epkv_auth::{
+    AuditEvent, AuditKind, AuditLog, Interface, Privilege, Roles, SaslServer, UserDirectory,
+};
 use epkv_executor::Clock;
 use hmac::{Hmac, Mac};
 use parking_lot::Mutex;
@@ -48,6 +51,37 @@ pub(crate) enum Verdict {
     User(String),
     /// No valid credentials: answer 401.
     Denied,
+}
+
+/// What one request's caller may do ([`Access::grants`]): resolved once per request, so a
+/// check per bucket reads no shared state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Grants {
+    /// The open mode: every privilege.
+    All,
+    /// An authenticated user's roles.
+    Roles(Roles),
+}
+
+impl Grants {
+    /// Whether these grants hold `privilege` on `bucket` (`None` for a global privilege;
+    /// a collection-level one asked on a bucket must hold on all of its collections): the
+    /// one check of every REST endpoint and of `/metrics`.
+    pub(crate) fn allows(&self, privilege: Privilege, bucket: Option<&str>) -> bool {
+        match self {
+            Self::All => true,
+            Self::Roles(r) => r.allows(privilege, bucket, None, None),
+        }
+    }
+
+    /// Whether these are a full administrator's: the open mode, or a user with the
+    /// `admin` role (as `--admin-user`). Only they may grant `admin` or `security_admin`.
+    pub(crate) fn is_admin(&self) -> bool {
+        match self {
+            Self::All => true,
+            Self::Roles(r) => r.roles().iter().any(|r| r.name() == "admin"),
+        }
+    }
 }
 
 /// The access rules and the cache of verified credentials.
@@ -92,38 +126,15 @@ impl Access {
         self.open
     }
 
-    /// Whether `verdict` holds `privilege` on `bucket` (`None` for a global privilege;
-    /// a collection-level one asked on a bucket must hold on all of its collections):
-    /// the one check of every REST endpoint and of `/metrics`. The open mode holds every
-    /// privilege.
-    pub(crate) fn allowed(
-        &self,
-        verdict: &Verdict,
-        privilege: Privilege,
-        bucket: Option<&str>,
-    ) -> bool {
+    /// What `verdict` may do, resolved once for a request: the open mode holds every
+    /// privilege, a user their roles (none once removed), a denied request nothing.
+    pub(crate) fn grants(&self, verdict: &Verdict) -> Grants {
         match verdict {
-            Verdict::Open => true,
-            Verdict::User(u) => self
-                .users
-                .current()
-                .roles(u)
-                .is_some_and(|r| r.allows(privilege, bucket, None, None)),
-            Verdict::Denied => false,
-        }
-    }
-
-    /// Whether `verdict` is a full administrator: the open mode, or a user with the
-    /// `admin` role (as `--admin-user`). Only they may grant `admin` or `security_admin`.
-    pub(crate) fn is_admin(&self, verdict: &Verdict) -> bool {
-        match verdict {
-            Verdict::Open => true,
-            Verdict::User(u) => self
-                .users
-                .current()
-                .roles(u)
-                .is_some_and(|r| r.roles().iter().any(|r| r.name() == "admin")),
-            Verdict::Denied => false,
+            Verdict::Open => Grants::All,
+            Verdict::User(u) => {
+                Grants::Roles(self.users.current().roles(u).cloned().unwrap_or_default())
+            }
+            Verdict::Denied => Grants::Roles(Roles::none()),
         }
     }
 
@@ -312,8 +323,9 @@ mod tests {
             runtime().block_on(a.check(None, PEER, Interface::Rest)),
             Verdict::Open
         );
-        assert!(a.allowed(&Verdict::Open, Privilege::BucketCreate, None));
-        assert!(a.allowed(&Verdict::Open, Privilege::Flush, Some("anything")));
+        let open = a.grants(&Verdict::Open);
+        assert!(open.allows(Privilege::BucketCreate, None));
+        assert!(open.allows(Privilege::Flush, Some("anything")));
     }
 
     #[test]
@@ -333,14 +345,18 @@ mod tests {
         assert_eq!(a.cached_entries(), 0, "failures are not remembered");
         let ok = rt.block_on(a.check_test(Some(&basic("ops", "pw"))));
         assert_eq!(ok, Verdict::User("ops".into()));
-        let read = |b| a.allowed(&ok, Privilege::SettingsRead, Some(b));
+        let grants = a.grants(&ok);
+        let read = |b| grants.allows(Privilege::SettingsRead, Some(b));
         assert!(read("default") && !read("travel"));
-        assert!(a.allowed(&ok, Privilege::Flush, Some("default")));
-        assert!(!a.allowed(&ok, Privilege::BucketCreate, None));
-        assert!(!a.is_admin(&ok) && !a.is_admin(&Verdict::Denied));
+        assert!(grants.allows(Privilege::Flush, Some("default")));
+        assert!(!grants.allows(Privilege::BucketCreate, None));
+        assert!(!grants.is_admin() && !a.grants(&Verdict::Denied).is_admin());
         a.forget();
         assert_eq!(a.cached_entries(), 0);
-        assert!(!a.allowed(&Verdict::Denied, Privilege::SettingsRead, Some("default")));
+        assert!(
+            !a.grants(&Verdict::Denied)
+                .allows(Privilege::SettingsRead, Some("default"))
+        );
     }
 
     #[test]

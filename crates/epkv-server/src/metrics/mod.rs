@@ -31,6 +31,7 @@ use crate::http_server::{Authenticated, HttpListener, HttpResponse, reply};
 use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Method, Request, StatusCode};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -121,14 +122,23 @@ async fn handle(state: &Arc<State>, req: Request<Incoming>, peer: SocketAddr) ->
 /// Answers a scrape by a caller whose credentials were checked: the series they may see,
 /// or 403.
 async fn scrape(state: &Arc<State>, verdict: http_auth::Verdict, peer: SocketAddr) -> HttpResponse {
-    let node_wide = state.access.allowed(&verdict, Privilege::Stats, None);
-    let some_bucket = node_wide
-        || state.sources.buckets.snapshot().iter().any(|(p, _)| {
-            state
-                .access
-                .allowed(&verdict, Privilege::SimpleStats, Some(&p.name))
-        });
-    if !some_bucket {
+    let grants = state.access.grants(&verdict);
+    let node_wide = grants.allows(Privilege::Stats, None);
+    // The buckets a caller without `Stats` may see, decided once: both the 403 and the
+    // exposition use this set.
+    let visible: HashSet<String> = if node_wide {
+        HashSet::new()
+    } else {
+        state
+            .sources
+            .buckets
+            .snapshot()
+            .iter()
+            .filter(|(p, _)| grants.allows(Privilege::SimpleStats, Some(&p.name)))
+            .map(|(p, _)| p.name.clone())
+            .collect()
+    };
+    if !node_wide && visible.is_empty() {
         if let http_auth::Verdict::User(user) = &verdict {
             state.access.audit().record(
                 &AuditEvent::new(AuditKind::AccessDenied, Interface::Metrics)
@@ -144,15 +154,9 @@ async fn scrape(state: &Arc<State>, verdict: http_auth::Verdict, peer: SocketAdd
     }
     let scrape = Arc::clone(state);
     let text = tokio::task::spawn_blocking(move || {
-        scrape.sources.exposition(
-            &|bucket| {
-                node_wide
-                    || scrape
-                        .access
-                        .allowed(&verdict, Privilege::SimpleStats, Some(bucket))
-            },
-            node_wide,
-        )
+        scrape
+            .sources
+            .exposition(&|bucket| node_wide || visible.contains(bucket), node_wide)
     })
     .await;
     match text {

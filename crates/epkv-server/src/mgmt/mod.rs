@@ -25,7 +25,7 @@ pub(crate) use rbac::UserAdmin;
 use crate::bucket_manager::{
     BucketManager, BucketParams, BucketType, ChangeError, DurabilityMin, EvictionMode,
 };
-use crate::http_auth::{Access, Verdict};
+use crate::http_auth::{Access, Grants, Verdict};
 use crate::http_server::{Authenticated, HttpListener, HttpResponse, reply};
 use epkv_auth::{AuditEvent, AuditKind, Interface, Privilege, Roles};
 use epkv_cluster::Cluster;
@@ -263,7 +263,12 @@ async fn answer(
     let state2 = Arc::clone(&state);
     let answered = tokio::task::spawn_blocking(move || {
         let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
-        let caller = Caller { verdict, peer };
+        let grants = state2.access.grants(&verdict);
+        let caller = Caller {
+            verdict,
+            grants,
+            peer,
+        };
         route(&state2, &caller, &method, &segs, &segments, &form, local)
     })
     .await;
@@ -283,9 +288,11 @@ fn method_not_allowed(allowed: &str) -> Reply {
     )
 }
 
-/// Who asks: the verdict on their credentials and their address.
+/// Who asks: the verdict on their credentials, what it grants (resolved once per
+/// request) and their address.
 pub(crate) struct Caller {
     verdict: Verdict,
+    grants: Grants,
     peer: SocketAddr,
 }
 
@@ -327,7 +334,7 @@ fn need(
     privilege: Privilege,
     bucket: Option<&str>,
 ) -> Result<(), Reply> {
-    if m.access.allowed(&caller.verdict, privilege, bucket) {
+    if caller.grants.allows(privilege, bucket) {
         return Ok(());
     }
     Err(refuse(m, caller, bucket, &permission(privilege, bucket)))
@@ -397,8 +404,8 @@ fn route(
         ["pools"] if get => guarded(m, c, Privilege::SystemSettings, None, || {
             Reply::json(pools::pools(
                 &m.facts(),
-                m.access.is_admin(&c.verdict),
-                m.access.allowed(&c.verdict, Privilege::SecurityRead, None),
+                c.grants.is_admin(),
+                c.grants.allows(Privilege::SecurityRead, None),
             ))
         }),
         ["controller", "reAddNode"] => match *method {
@@ -449,10 +456,7 @@ fn route(
                     .buckets
                     .snapshot()
                     .iter()
-                    .filter(|(p, _)| {
-                        m.access
-                            .allowed(&c.verdict, Privilege::SettingsRead, Some(&p.name))
-                    })
+                    .filter(|(p, _)| c.grants.allows(Privilege::SettingsRead, Some(&p.name)))
                     .map(|(p, b)| pools::bucket(&facts, local, p, b))
                     .collect();
                 Reply::json(Value::Array(list))
@@ -595,7 +599,7 @@ fn has_admin_roles(roles: &Roles) -> bool {
 /// they cannot grant `admin` or `security_admin`, change or delete a user who holds
 /// either, nor change or delete themselves. `new_roles` is what a PUT would grant.
 fn may_manage(m: &Mgmt, c: &Caller, target: &str, new_roles: Option<&Roles>) -> Result<(), Reply> {
-    if m.access.is_admin(&c.verdict) {
+    if c.grants.is_admin() {
         return Ok(());
     }
     let current = m.users.current().roles(target).cloned();
