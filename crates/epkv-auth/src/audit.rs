@@ -98,7 +98,7 @@ impl Interface {
     }
 }
 
-/// One event. Build it with [`AuditEvent::new`] and the `with_*` setters.
+/// One event. Build it with [`AuditEvent::new`] and the setters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditEvent<'a> {
     /// What happened.
@@ -136,6 +136,13 @@ impl<'a> AuditEvent<'a> {
         self
     }
 
+    /// Sets the user when one is known (`None` leaves it unset).
+    #[must_use]
+    pub fn user_opt(mut self, user: Option<&'a str>) -> Self {
+        self.user = user.or(self.user);
+        self
+    }
+
     /// Sets the client's address.
     #[must_use]
     pub fn source(mut self, source: SocketAddr) -> Self {
@@ -147,6 +154,13 @@ impl<'a> AuditEvent<'a> {
     #[must_use]
     pub fn bucket(mut self, bucket: &'a str) -> Self {
         self.bucket = Some(bucket);
+        self
+    }
+
+    /// Sets the bucket when there is one (`None` leaves it unset).
+    #[must_use]
+    pub fn bucket_opt(mut self, bucket: Option<&'a str>) -> Self {
+        self.bucket = bucket.or(self.bucket);
         self
     }
 
@@ -349,6 +363,16 @@ mod tests {
             let mode = std::fs::metadata(&fresh).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn the_optional_setters_set_only_what_is_known() {
+        let e = AuditEvent::new(AuditKind::AccessDenied, Interface::Rest)
+            .user_opt(Some("reader"))
+            .bucket_opt(None);
+        assert_eq!((e.user, e.bucket), (Some("reader"), None));
+        let e = e.user_opt(None).bucket_opt(Some("travel"));
+        assert_eq!((e.user, e.bucket), (Some("reader"), Some("travel")));
     }
 
     #[test]

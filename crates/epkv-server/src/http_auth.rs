@@ -53,6 +53,29 @@ pub(crate) enum Verdict {
     Denied,
 }
 
+impl Verdict {
+    /// The authenticated user, if any.
+    pub(crate) fn user(&self) -> Option<&str> {
+        match self {
+            Self::User(u) => Some(u),
+            Self::Open | Self::Denied => None,
+        }
+    }
+
+    /// An audit event of `kind` about a request through `interface` from `peer` with
+    /// this verdict (naming the user when there is one).
+    pub(crate) fn audit_event(
+        &self,
+        kind: AuditKind,
+        interface: Interface,
+        peer: SocketAddr,
+    ) -> AuditEvent<'_> {
+        AuditEvent::new(kind, interface)
+            .user_opt(self.user())
+            .source(peer)
+    }
+}
+
 /// What one request's caller may do ([`Access::grants`]): resolved once per request, so a
 /// check per bucket reads no shared state.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,7 +24,7 @@ mod names;
 pub(crate) use collect::Sources;
 
 use crate::http_auth::{self, Access};
-use epkv_auth::{AuditEvent, AuditKind, Interface, Privilege};
+use epkv_auth::{AuditKind, Interface, Privilege};
 
 use crate::http_limits::{HttpCounters, HttpLimits};
 use crate::http_server::{Authenticated, HttpListener, HttpResponse, reply};
@@ -139,14 +139,11 @@ async fn scrape(state: &Arc<State>, verdict: http_auth::Verdict, peer: SocketAdd
             .collect()
     };
     if !node_wide && visible.is_empty() {
-        if let http_auth::Verdict::User(user) = &verdict {
-            state.access.audit().record(
-                &AuditEvent::new(AuditKind::AccessDenied, Interface::Metrics)
-                    .user(user)
-                    .source(peer)
-                    .detail("cluster.stats!read"),
-            );
-        }
+        state.access.audit().record(
+            &verdict
+                .audit_event(AuditKind::AccessDenied, Interface::Metrics, peer)
+                .detail("cluster.stats!read"),
+        );
         return reply(
             StatusCode::FORBIDDEN,
             "forbidden: needs the Stats privilege, or SimpleStats on a bucket\n",

@@ -27,7 +27,7 @@ use crate::bucket_manager::{
 };
 use crate::http_auth::{Access, Grants, Verdict};
 use crate::http_server::{Authenticated, HttpListener, HttpResponse, reply};
-use epkv_auth::{AuditEvent, AuditKind, Interface, Privilege, Roles};
+use epkv_auth::{AuditKind, Interface, Privilege, Roles};
 use epkv_cluster::Cluster;
 use epkv_engine_api::{Engine, EngineStatus};
 use epkv_executor::Clock;
@@ -298,10 +298,7 @@ pub(crate) struct Caller {
 
 impl Caller {
     fn user(&self) -> Option<&str> {
-        match &self.verdict {
-            Verdict::User(u) => Some(u),
-            Verdict::Open | Verdict::Denied => None,
-        }
+        self.verdict.user()
     }
 }
 
@@ -342,31 +339,19 @@ fn need(
 
 /// A 403 naming `permission`, audited.
 fn refuse(m: &Mgmt, caller: &Caller, bucket: Option<&str>, permission: &str) -> Reply {
-    let mut event = AuditEvent::new(AuditKind::AccessDenied, Interface::Rest)
-        .source(caller.peer)
-        .detail(permission);
-    if let Some(u) = caller.user() {
-        event = event.user(u);
-    }
-    if let Some(b) = bucket {
-        event = event.bucket(b);
-    }
-    m.access.audit().record(&event);
+    audit_change(m, caller, AuditKind::AccessDenied, bucket, permission);
     Reply::forbidden(permission)
 }
 
-/// Records a change made by `caller`.
+/// Records what `caller` did (or was refused).
 fn audit_change(m: &Mgmt, caller: &Caller, kind: AuditKind, bucket: Option<&str>, detail: &str) {
-    let mut event = AuditEvent::new(kind, Interface::Rest)
-        .source(caller.peer)
-        .detail(detail);
-    if let Some(u) = caller.user() {
-        event = event.user(u);
-    }
-    if let Some(b) = bucket {
-        event = event.bucket(b);
-    }
-    m.access.audit().record(&event);
+    m.access.audit().record(
+        &caller
+            .verdict
+            .audit_event(kind, Interface::Rest, caller.peer)
+            .bucket_opt(bucket)
+            .detail(detail),
+    );
 }
 
 /// Answers `then()` if `caller` holds `privilege` on `bucket`, else 403.
