@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The limits one HTTP listener enforces.
@@ -100,13 +100,12 @@ impl From<IpAddr> for AddrGroup {
     }
 }
 
-/// What a connection's table entry shares with its serving task.
-#[derive(Debug, Default)]
-pub(crate) struct ConnFlags {
-    /// A request on it is being served (set and cleared by the serving task).
-    pub(crate) busy: AtomicBool,
-    /// A request on it was answered to valid credentials.
-    pub(crate) trusted: AtomicBool,
+/// What the table asks of a connection's payload when the listener is full.
+pub(crate) trait Evictable {
+    /// Whether the connection may give its slot to a newcomer now: it is untrusted (no
+    /// request on it was answered to valid credentials) and not inside a request. Called
+    /// with the table locked.
+    fn evictable(&self) -> bool;
 }
 
 /// The answer to a new connection.
@@ -128,7 +127,6 @@ pub(crate) enum Admission<T> {
 
 struct Entry<T> {
     group: AddrGroup,
-    flags: std::sync::Arc<ConnFlags>,
     payload: T,
 }
 
@@ -141,7 +139,7 @@ pub(crate) struct ConnTable<T> {
     per_group: HashMap<AddrGroup, usize>,
 }
 
-impl<T> ConnTable<T> {
+impl<T: Evictable> ConnTable<T> {
     /// An empty table enforcing `limits`.
     pub(crate) fn new(limits: HttpLimits) -> Self {
         Self {
@@ -160,12 +158,7 @@ impl<T> ConnTable<T> {
 
     /// Decides on a new connection from `ip`, evicting an untrusted idle one when the
     /// listener is full. The evicted one leaves the table at once.
-    pub(crate) fn admit(
-        &mut self,
-        ip: IpAddr,
-        flags: std::sync::Arc<ConnFlags>,
-        payload: T,
-    ) -> Admission<T> {
+    pub(crate) fn admit(&mut self, ip: IpAddr, payload: T) -> Admission<T> {
         let group = AddrGroup::from(ip);
         if self.per_group.get(&group).copied().unwrap_or(0) >= self.limits.max_per_address {
             return Admission::RejectedPerAddress;
@@ -180,14 +173,7 @@ impl<T> ConnTable<T> {
         let id = self.next_id;
         self.next_id += 1;
         *self.per_group.entry(group).or_insert(0) += 1;
-        self.conns.insert(
-            id,
-            Entry {
-                group,
-                flags,
-                payload,
-            },
-        );
+        self.conns.insert(id, Entry { group, payload });
         Admission::Admitted { id, victim }
     }
 
@@ -207,9 +193,7 @@ impl<T> ConnTable<T> {
     fn pick_victim(&self) -> Option<u64> {
         self.conns
             .iter()
-            .filter(|(_, e)| {
-                !e.flags.trusted.load(Ordering::Relaxed) && !e.flags.busy.load(Ordering::Relaxed)
-            })
+            .filter(|(_, e)| e.payload.evictable())
             .max_by_key(|(id, e)| {
                 let crowd = self.per_group.get(&e.group).copied().unwrap_or(0);
                 (crowd, std::cmp::Reverse(**id))
@@ -222,6 +206,28 @@ impl<T> ConnTable<T> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    /// A connection's state as its serving task would set it.
+    #[derive(Debug, Default)]
+    struct Flags {
+        trusted: AtomicBool,
+        busy: AtomicBool,
+    }
+
+    /// A tagged test connection.
+    #[derive(Debug)]
+    struct Conn(u64, Arc<Flags>);
+
+    impl Evictable for Conn {
+        fn evictable(&self) -> bool {
+            !self.1.trusted.load(Ordering::Relaxed) && !self.1.busy.load(Ordering::Relaxed)
+        }
+    }
+
+    fn conn(tag: u64) -> Conn {
+        Conn(tag, Arc::default())
+    }
 
     fn limits(max_connections: usize, max_per_address: usize) -> HttpLimits {
         HttpLimits {
@@ -235,9 +241,9 @@ mod tests {
         IpAddr::from([127, 0, 0, last])
     }
 
-    fn must_admit(t: &mut ConnTable<u64>, from: IpAddr, tag: u64) -> (u64, Arc<ConnFlags>) {
-        let flags = Arc::new(ConnFlags::default());
-        match t.admit(from, Arc::clone(&flags), tag) {
+    fn must_admit(t: &mut ConnTable<Conn>, from: IpAddr, tag: u64) -> (u64, Arc<Flags>) {
+        let flags = Arc::new(Flags::default());
+        match t.admit(from, Conn(tag, Arc::clone(&flags))) {
             Admission::Admitted { id, victim: None } => (id, flags),
             other => panic!("expected a plain admission, got {other:?}"),
         }
@@ -249,7 +255,7 @@ mod tests {
         must_admit(&mut t, ip(2), 0);
         let (second, _) = must_admit(&mut t, ip(2), 1);
         assert!(matches!(
-            t.admit(ip(2), Arc::default(), 2),
+            t.admit(ip(2), conn(2)),
             Admission::RejectedPerAddress
         ));
         must_admit(&mut t, ip(3), 3);
@@ -265,15 +271,12 @@ mod tests {
         let b: IpAddr = "2001:db8::2".parse().unwrap();
         let other: IpAddr = "2001:db8:0:1::1".parse().unwrap();
         must_admit(&mut t, a, 0);
-        assert!(matches!(
-            t.admit(b, Arc::default(), 1),
-            Admission::RejectedPerAddress
-        ));
+        assert!(matches!(t.admit(b, conn(1)), Admission::RejectedPerAddress));
         must_admit(&mut t, other, 2);
         let mapped: IpAddr = "::ffff:127.0.0.9".parse().unwrap();
         must_admit(&mut t, mapped, 3);
         assert!(matches!(
-            t.admit(ip(9), Arc::default(), 4),
+            t.admit(ip(9), conn(4)),
             Admission::RejectedPerAddress
         ));
     }
@@ -285,18 +288,18 @@ mod tests {
         must_admit(&mut t, ip(2), 20);
         must_admit(&mut t, ip(2), 21);
         must_admit(&mut t, ip(3), 30);
-        match t.admit(ip(9), Arc::default(), 90) {
+        match t.admit(ip(9), conn(90)) {
             Admission::Admitted {
                 victim: Some(v), ..
-            } => assert_eq!(v, 20, "the oldest of 127.0.0.2, which holds two"),
+            } => assert_eq!(v.0, 20, "the oldest of 127.0.0.2, which holds two"),
             other => panic!("{other:?}"),
         }
         assert_eq!(t.len(), 4);
         // Every group holds one now: the oldest of all goes next.
-        match t.admit(ip(10), Arc::default(), 100) {
+        match t.admit(ip(10), conn(100)) {
             Admission::Admitted {
                 victim: Some(v), ..
-            } => assert_eq!(v, 50),
+            } => assert_eq!(v.0, 50),
             other => panic!("{other:?}"),
         }
     }
@@ -308,19 +311,16 @@ mod tests {
         let (busy_id, busy) = must_admit(&mut t, ip(2), 1);
         trusted.trusted.store(true, Ordering::Relaxed);
         busy.busy.store(true, Ordering::Relaxed);
-        assert!(matches!(
-            t.admit(ip(3), Arc::default(), 2),
-            Admission::RejectedFull
-        ));
+        assert!(matches!(t.admit(ip(3), conn(2)), Admission::RejectedFull));
         busy.busy.store(false, Ordering::Relaxed);
-        match t.admit(ip(3), Arc::default(), 3) {
+        match t.admit(ip(3), conn(3)) {
             Admission::Admitted {
                 victim: Some(v), ..
-            } => assert_eq!(v, 1),
+            } => assert_eq!(v.0, 1),
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            t.remove(busy_id),
+            t.remove(busy_id).map(|v| v.0),
             None,
             "an evicted connection left already"
         );
@@ -333,7 +333,7 @@ mod tests {
         let mut evicted = 0;
         for n in 0..2000_u64 {
             let from = ip(2 + u8::try_from(n % 200).unwrap());
-            match t.admit(from, Arc::default(), n) {
+            match t.admit(from, conn(n)) {
                 Admission::Admitted { victim, .. } => evicted += u64::from(victim.is_some()),
                 Admission::RejectedPerAddress => {}
                 Admission::RejectedFull => panic!("untrusted idle connections are evictable"),
@@ -342,7 +342,7 @@ mod tests {
         assert_eq!(t.len(), 64);
         assert_eq!(evicted, 2000 - 64);
         assert!(matches!(
-            t.admit(ip(250), Arc::default(), 9999),
+            t.admit(ip(250), conn(9999)),
             Admission::Admitted {
                 victim: Some(_),
                 ..

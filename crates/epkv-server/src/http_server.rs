@@ -15,7 +15,7 @@
 //! building or dropping a bucket) goes to the blocking pool, so the KV acceptor is never
 //! held up.
 
-use crate::http_limits::{Admission, ConnFlags, ConnTable, HttpCounters, HttpLimits};
+use crate::http_limits::{Admission, ConnTable, Evictable, HttpCounters, HttpLimits};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -132,13 +132,22 @@ enum Phase {
 
 /// One connection's state shared by its serving task, its watchdog and the table.
 struct Conn {
-    flags: Arc<ConnFlags>,
+    /// A request on it was answered to valid credentials: never evicted.
+    trusted: AtomicBool,
     /// Protected by its own lock, taken briefly (never across an await).
     phase: parking_lot::Mutex<Phase>,
     /// Wakes the watchdog when the phase changed or the connection was evicted.
     wake: Notify,
     /// Set by the table's owner when another connection took this one's slot.
     evicted: AtomicBool,
+}
+
+impl Evictable for Arc<Conn> {
+    /// Untrusted and not inside a request. The table is locked when this reads the phase,
+    /// as the lock order allows.
+    fn evictable(&self) -> bool {
+        !self.trusted.load(Ordering::Relaxed) && *self.phase.lock() != Phase::InRequest
+    }
 }
 
 impl Conn {
@@ -271,15 +280,12 @@ async fn accept_loop<H, F>(
         };
         HttpCounters::bump(&ctx.counters.accepted);
         let conn = Arc::new(Conn {
-            flags: Arc::new(ConnFlags::default()),
+            trusted: AtomicBool::new(false),
             phase: parking_lot::Mutex::new(Phase::AwaitingHead(Instant::now())),
             wake: Notify::new(),
             evicted: AtomicBool::new(false),
         });
-        let admission =
-            ctx.table
-                .lock()
-                .admit(peer.ip(), Arc::clone(&conn.flags), Arc::clone(&conn));
+        let admission = ctx.table.lock().admit(peer.ip(), Arc::clone(&conn));
         let id = match admission {
             Admission::Admitted { id, victim } => {
                 if let Some(v) = victim {
@@ -329,16 +335,14 @@ async fn serve<H, F>(
     let served_conn = Arc::clone(&conn);
     let service = hyper::service::service_fn(move |req| {
         let conn = Arc::clone(&served_conn);
-        conn.flags.busy.store(true, Ordering::Relaxed);
         conn.set_phase(Phase::InRequest);
         let reply = handler(req, local, peer);
         async move {
             let mut r = reply.await;
             if r.extensions_mut().remove::<Authenticated>().is_some() {
-                conn.flags.trusted.store(true, Ordering::Relaxed);
+                conn.trusted.store(true, Ordering::Relaxed);
             }
             conn.set_phase(Phase::Idle(Instant::now()));
-            conn.flags.busy.store(false, Ordering::Relaxed);
             Ok::<_, Infallible>(r)
         }
     });
@@ -390,7 +394,7 @@ mod tests {
 
     fn conn(phase: Phase) -> Arc<Conn> {
         Arc::new(Conn {
-            flags: Arc::default(),
+            trusted: AtomicBool::new(false),
             phase: parking_lot::Mutex::new(phase),
             wake: Notify::new(),
             evicted: AtomicBool::new(false),
@@ -444,5 +448,16 @@ mod tests {
         });
         assert_eq!(watchdog(&c, limits()).await, Closed::Evicted);
         assert_eq!(start.elapsed(), Duration::from_secs(100));
+    }
+
+    #[test]
+    fn only_untrusted_connections_outside_a_request_are_evictable() {
+        let now = Instant::now();
+        assert!(conn(Phase::AwaitingHead(now)).evictable());
+        assert!(conn(Phase::Idle(now)).evictable());
+        assert!(!conn(Phase::InRequest).evictable());
+        let trusted = conn(Phase::Idle(now));
+        trusted.trusted.store(true, Ordering::Relaxed);
+        assert!(!trusted.evictable());
     }
 }
