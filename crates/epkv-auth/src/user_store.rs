@@ -56,15 +56,6 @@ impl BucketAccess {
     {
         Self::Only(buckets.into_iter().map(Into::into).collect())
     }
-
-    /// Returns true when this access includes `bucket`.
-    #[must_use]
-    pub fn allows(&self, bucket: &str) -> bool {
-        match self {
-            Self::All => true,
-            Self::Only(set) => set.contains(bucket),
-        }
-    }
 }
 
 impl From<BucketAccess> for Roles {

@@ -276,8 +276,8 @@ async fn connect(
             Box::new(s)
         }
     };
-    if let Some(user) = &opts.user {
-        let password = opts.password.as_deref().unwrap_or_default();
+    // clap takes --user only with --password.
+    if let (Some(user), Some(password)) = (&opts.user, &opts.password) {
         let plain = format!("\0{user}\0{password}");
         let mut buf = BytesMut::new();
         for req in [

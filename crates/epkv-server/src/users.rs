@@ -69,10 +69,11 @@ pub(crate) fn run(cmd: UserCommand) -> Result<()> {
             roles,
             buckets,
         } => {
+            // clap takes exactly one of the two.
             let roles = match (roles, buckets) {
-                (Some(r), _) => Roles::parse_list(&r).context("invalid --roles")?,
+                (Some(r), None) => Roles::parse_list(&r).context("invalid --roles")?,
                 (None, Some(b)) => Roles::from(parse_access(&b)),
-                (None, None) => bail!("give --roles (or the older --buckets)"),
+                _ => bail!("give either --roles or the older --buckets"),
             };
             let mut store = if users_file.exists() {
                 UserStore::load(&users_file)?
@@ -195,7 +196,7 @@ mod tests {
             parse_access("a, b,"),
             BucketAccess::only(["a".to_owned(), "b".to_owned()])
         );
-        assert!(!parse_access("a").allows("default"));
+        assert!(!Roles::from(parse_access("a")).may_use_bucket("default"));
     }
 
     #[test]
