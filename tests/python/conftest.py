@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 import uuid
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import bmemcached
@@ -262,3 +263,31 @@ def admin_server(tmp_path_factory, admin, extra=("--memory-quota", "64MiB")):
         _stop_server(server, log)
         if not alive:
             pytest.fail(f"epkv-server died during the tests; log:\n{server.log_tail()}")
+
+
+def sdk_connect(addr, user, password, *, kv_timeout=timedelta(seconds=10),
+                connect_timeout=timedelta(seconds=10), management_timeout=timedelta(seconds=10),
+                resolve_timeout=None, mechanisms=None, ready=timedelta(seconds=10)):
+    """A Couchbase SDK ``Cluster`` bootstrapped from ``couchbase://addr`` as ``user``.
+
+    ``connect_timeout`` also bounds the bootstrap; a ``None`` timeout keeps the SDK's
+    default. ``mechanisms`` limits the SASL mechanisms offered. With ``ready``, waits up to
+    that long until the cluster is ready (``None``: returns at once, as when a node of the
+    map is down)."""
+    from couchbase.auth import PasswordAuthenticator
+    from couchbase.cluster import Cluster
+    from couchbase.options import ClusterOptions, ClusterTimeoutOptions
+
+    timeouts = {"kv_timeout": kv_timeout, "connect_timeout": connect_timeout,
+                "bootstrap_timeout": connect_timeout, "management_timeout": management_timeout,
+                "resolve_timeout": resolve_timeout}
+    timeouts = ClusterTimeoutOptions(**{k: v for k, v in timeouts.items() if v is not None})
+    if mechanisms is None:
+        auth = PasswordAuthenticator(user, password)
+    else:
+        auth = PasswordAuthenticator(user, password, allowed_sasl_mechanisms=mechanisms)
+    opts = ClusterOptions(auth, timeout_options=timeouts, enable_app_telemetry=False)
+    c = Cluster(f"couchbase://{addr}", opts)
+    if ready is not None:
+        c.wait_until_ready(ready)
+    return c

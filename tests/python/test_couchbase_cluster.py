@@ -7,7 +7,6 @@ Both nodes run with the same cluster file (``--cluster``) and users, and replica
 administrator's credentials."""
 
 import os
-import signal
 import socket
 import time
 import uuid
@@ -15,7 +14,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import _start_server_with, _stop_server, mgmt_request
+from conftest import _start_server_with, _stop_server, alarm_after, mgmt_request, sdk_connect
 
 couchbase = pytest.importorskip("couchbase")
 
@@ -24,10 +23,7 @@ pytestmark = pytest.mark.skipif(
     reason="starts a cluster of its own",
 )
 
-from couchbase.auth import PasswordAuthenticator  # noqa: E402
-from couchbase.cluster import Cluster  # noqa: E402
 from couchbase.exceptions import DocumentUnretrievableException  # noqa: E402
-from couchbase.options import ClusterOptions, ClusterTimeoutOptions  # noqa: E402
 
 ADMIN = ("Administrator", "password")
 TEST_ALARM_SECS = 90
@@ -46,16 +42,8 @@ def _free_ports(n):
 
 @pytest.fixture(autouse=True)
 def _bounded():
-    def expired(_signum, _frame):
-        raise TimeoutError(f"test exceeded {TEST_ALARM_SECS}s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(TEST_ALARM_SECS)
-    try:
+    with alarm_after(TEST_ALARM_SECS):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture
@@ -83,16 +71,8 @@ def two_nodes(tmp_path_factory):
 
 
 def _connect(addr):
-    timeouts = ClusterTimeoutOptions(
-        kv_timeout=timedelta(seconds=5),
-        connect_timeout=timedelta(seconds=10),
-        bootstrap_timeout=timedelta(seconds=10),
-    )
-    opts = ClusterOptions(PasswordAuthenticator(*ADMIN), timeout_options=timeouts,
-                          enable_app_telemetry=False)
-    c = Cluster(f"couchbase://{addr}", opts)
-    c.wait_until_ready(timedelta(seconds=20))
-    return c
+    return sdk_connect(addr, *ADMIN, kv_timeout=timedelta(seconds=5), management_timeout=None,
+                       ready=timedelta(seconds=20))
 
 
 def _replica_value(coll, key):
@@ -224,14 +204,8 @@ def _vbucket(key):
 def _connect_surviving(addr):
     """Connects through ``addr`` while another node of the map is down (no readiness wait
     on every node)."""
-    timeouts = ClusterTimeoutOptions(
-        kv_timeout=timedelta(seconds=5),
-        connect_timeout=timedelta(seconds=10),
-        bootstrap_timeout=timedelta(seconds=10),
-    )
-    opts = ClusterOptions(PasswordAuthenticator(*ADMIN), timeout_options=timeouts,
-                          enable_app_telemetry=False)
-    return Cluster(f"couchbase://{addr}", opts)
+    return sdk_connect(addr, *ADMIN, kv_timeout=timedelta(seconds=5), management_timeout=None,
+                       ready=None)
 
 
 def _fail_over(survivor, dead):

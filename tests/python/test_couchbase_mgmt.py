@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import _start_server_with, _stop_server, alarm_after, mgmt_request
+from conftest import admin_server, alarm_after, mgmt_request, sdk_connect
 
 couchbase = pytest.importorskip("couchbase")
 
@@ -21,8 +21,6 @@ pytestmark = pytest.mark.skipif(
     reason="needs a server of its own, with an administrator",
 )
 
-from couchbase.auth import PasswordAuthenticator  # noqa: E402
-from couchbase.cluster import Cluster  # noqa: E402
 from couchbase.exceptions import (  # noqa: E402
     BucketAlreadyExistsException,
     BucketNotFoundException,
@@ -35,11 +33,9 @@ from couchbase.exceptions import (  # noqa: E402
 )
 from couchbase.management.buckets import CreateBucketSettings  # noqa: E402
 from couchbase.management.users import Role, User  # noqa: E402
-from couchbase.options import ClusterOptions, ClusterTimeoutOptions  # noqa: E402
 
 ADMIN = ("Administrator", "password")
 TEST_ALARM_SECS = 60
-TIMEOUT = timedelta(seconds=10)
 
 
 @pytest.fixture(autouse=True)
@@ -50,37 +46,14 @@ def _bounded():
 
 @pytest.fixture(scope="module")
 def mgmt_server(tmp_path_factory):
-    server, log = _start_server_with(
-        tmp_path_factory,
-        ["--admin-user", ADMIN[0], "--admin-password", ADMIN[1], "--memory-quota", "64MiB"],
-    )
-    try:
+    for server in admin_server(tmp_path_factory, ADMIN):
         assert server.mgmt_addr, "the startup line names the management address"
         yield server
-    finally:
-        alive = server.proc.poll() is None
-        _stop_server(server, log)
-        if not alive:
-            pytest.fail(f"epkv-server died during the tests; log:\n{server.log_tail()}")
-
-
-def _connect(addr, user=ADMIN[0], password=ADMIN[1]):
-    opts = ClusterOptions(
-        PasswordAuthenticator(user, password),
-        timeout_options=ClusterTimeoutOptions(
-            kv_timeout=TIMEOUT, connect_timeout=TIMEOUT, bootstrap_timeout=TIMEOUT,
-            management_timeout=TIMEOUT,
-        ),
-        enable_app_telemetry=False,
-    )
-    c = Cluster(f"couchbase://{addr}", opts)
-    c.wait_until_ready(TIMEOUT)
-    return c
 
 
 @pytest.fixture(scope="module")
 def cluster(mgmt_server):
-    c = _connect(mgmt_server.addr)
+    c = sdk_connect(mgmt_server.addr, *ADMIN)
     yield c
     c.close()
 
@@ -170,7 +143,7 @@ def test_users_upsert_get_and_drop(mgmt_server, cluster):
     assert [(r.name, r.bucket) for r in got.user.roles] == [("data_reader", "default")]
     assert name in [u.user.username for u in users.get_all_users()]
     # The new user works on the KV port at once, as a reader.
-    c = _connect(mgmt_server.addr, name, "s3cret-pw")
+    c = sdk_connect(mgmt_server.addr, name, "s3cret-pw")
     try:
         with pytest.raises(DocumentNotFoundException):
             c.bucket("default").default_collection().get(f"by-{name}")

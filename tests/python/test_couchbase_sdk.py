@@ -11,7 +11,6 @@ broken server fails the test instead of hanging it.
 
 import os
 import re
-import signal
 import socket
 import struct
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _server_bin, _start_server_with, _stop_server
+from conftest import _server_bin, _start_server_with, _stop_server, alarm_after, sdk_connect
 
 couchbase = pytest.importorskip("couchbase")
 
@@ -31,8 +30,6 @@ pytestmark = pytest.mark.skipif(
     reason="needs a server of its own, configured with users and buckets",
 )
 
-from couchbase.auth import PasswordAuthenticator  # noqa: E402
-from couchbase.cluster import Cluster  # noqa: E402
 from couchbase.durability import (  # noqa: E402
     ClientDurability,
     DurabilityLevel,
@@ -55,8 +52,6 @@ from couchbase.exceptions import (  # noqa: E402
     ValueTooDeepException,
 )
 from couchbase.options import (  # noqa: E402
-    ClusterOptions,
-    ClusterTimeoutOptions,
     DecrementOptions,
     DeltaValue,
     GetOptions,
@@ -82,38 +77,17 @@ PERSIST_WAIT_SECS = 20
 PERSIST_POLL_SECS = 0.005
 
 
-def _timeouts():
-    return ClusterTimeoutOptions(
-        kv_timeout=KV_TIMEOUT,
-        connect_timeout=CONNECT_TIMEOUT,
-        bootstrap_timeout=CONNECT_TIMEOUT,
-        resolve_timeout=CONNECT_TIMEOUT,
-    )
-
-
 def _connect(addr, user, password, mechanisms=None):
-    if mechanisms is None:
-        auth = PasswordAuthenticator(user, password)
-    else:
-        auth = PasswordAuthenticator(user, password, allowed_sasl_mechanisms=mechanisms)
-    opts = ClusterOptions(auth, timeout_options=_timeouts(), enable_app_telemetry=False)
-    return Cluster(f"couchbase://{addr}", opts)
+    return sdk_connect(addr, user, password, kv_timeout=KV_TIMEOUT,
+                       connect_timeout=CONNECT_TIMEOUT, resolve_timeout=CONNECT_TIMEOUT,
+                       management_timeout=None, mechanisms=mechanisms, ready=None)
 
 
 @pytest.fixture(autouse=True)
 def _bounded():
     """Fails a test that runs longer than TEST_ALARM_SECS instead of letting it hang."""
-
-    def expired(_signum, _frame):
-        raise TimeoutError(f"test exceeded {TEST_ALARM_SECS}s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(TEST_ALARM_SECS)
-    try:
+    with alarm_after(TEST_ALARM_SECS):
         yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _server_args(users_file):
