@@ -24,6 +24,22 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long any client read may wait before the test fails.
 pub(crate) const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The administrator of [`admin_args`].
+pub(crate) const ADMIN: (&str, &str) = ("Administrator", "password");
+
+/// The arguments of a server with the administrator [`ADMIN`] and a small memory quota
+/// (the REST and metrics tests add their own).
+pub(crate) fn admin_args() -> Vec<&'static str> {
+    vec![
+        "--admin-user",
+        ADMIN.0,
+        "--admin-password",
+        ADMIN.1,
+        "--memory-quota",
+        "32MiB",
+    ]
+}
+
 /// Locates the server binary.
 pub(crate) fn server_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("EPKV_SERVER_BIN") {

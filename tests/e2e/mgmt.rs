@@ -3,24 +3,13 @@
 //! port, the `bucket` subcommands, the `mgmt` entry of the cluster map, and each role's
 //! privileges on each endpoint family (a table generated from `epkv_auth::rbac::ROLES`).
 
-use crate::harness::{Server, TestDir, http_request, server_binary, skip_if_external};
+use crate::harness::{
+    ADMIN, Server, TestDir, admin_args, http_request, server_binary, skip_if_external,
+};
 use epkv_auth::rbac::{Qualifier, ROLES};
 use epkv_auth::{Privilege, Roles};
 use epkv_client::{Client, StoreOptions};
 use epkv_protocol::{Feature, Status};
-
-const ADMIN: (&str, &str) = ("Administrator", "password");
-
-fn admin_args() -> Vec<&'static str> {
-    vec![
-        "--admin-user",
-        ADMIN.0,
-        "--admin-password",
-        ADMIN.1,
-        "--memory-quota",
-        "32MiB",
-    ]
-}
 
 async fn login(server: &Server, (user, password): (&str, &str)) -> Client {
     let mut c = server.client().await;
