@@ -100,14 +100,12 @@ impl Session {
         );
         if self.audit.is_enabled() {
             let detail = format!("{opcode} needs {missing}");
-            let mut event = AuditEvent::new(AuditKind::AccessDenied, Interface::Kv).detail(&detail);
-            if let Some(user) = &self.user {
-                event = event.user(user);
-            }
-            if let Some(b) = &self.bucket {
-                event = event.bucket(&b.name);
-            }
-            self.audit(event);
+            self.audit(
+                AuditEvent::new(AuditKind::AccessDenied, Interface::Kv)
+                    .user_opt(self.user.as_deref())
+                    .bucket_opt(self.bucket.as_ref().map(|b| &*b.name))
+                    .detail(&detail),
+            );
         }
         if status_for_client(Status::Eaccess, to.opcode, self.xerror).is_none() {
             return self.fail_wire(out, to, Status::Eaccess, &[]);
