@@ -31,6 +31,7 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+pub mod etcd;
 mod map_json;
 mod node;
 mod replication;
