@@ -27,7 +27,8 @@ use etcd_client::{
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The lease's time to live. etcd rounds shorter ones up to about this much (1.5 times
 /// its election timeout), and failover cannot start before a dead node's lease expired.
