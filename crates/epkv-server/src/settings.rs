@@ -440,6 +440,12 @@ settings! {
         help = "Cluster file (TOML: replicas, nodes in order as host and port; see docs/cluster.md). Every node of a static cluster is started with the same file and its own cluster-node; vBucket states, replication and the cluster map follow from it";
     cluster_node: usize = "0", unit = "index",
         help = "This node's index in the cluster file's node list (with cluster)";
+    etcd: String = "", unit = "urls",
+        help = "Comma-separated client URLs of the etcd cluster that holds this cluster's state (membership, vBucket maps, buckets, collections, users, auto-failover; see docs/cluster.md), e.g. http://127.0.0.1:2379. Off unless set: a single node, or the static cluster file";
+    cluster_name: String = "default", unit = "name",
+        help = "With etcd: the cluster's name (its keys live under /epkv/NAME/ in etcd, so several clusters can share one etcd)";
+    advertise_host: String = "", unit = "host",
+        help = "With etcd: the host name or IP address other nodes and clients reach this node at; defaults to bind (which must then not be a wildcard address). With a cluster file the file says it";
     tls_cert: PathBuf = "", unit = "path",
         help = "PEM file with the server's TLS certificate chain, leaf first. With tls-key it turns on a second listener serving the same protocol over TLS 1.2/1.3 on tls-port (same address as bind), advertised to Couchbase SDKs as kvSSL so that couchbases:// clients work. SIGHUP reloads the certificate and key from the same paths (new connections get them; a bad file keeps the old ones)";
     tls_key: PathBuf = "", unit = "path",
