@@ -368,9 +368,7 @@ impl Etcd {
     /// # Errors
     /// etcd could not be asked.
     pub async fn watch_prefix(&self, rel: &str, from: i64) -> Result<Watch, EtcdError> {
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(from);
+        let options = WatchOptions::new().with_prefix().with_start_revision(from);
         let stream = self
             .client
             .clone()
@@ -402,7 +400,10 @@ impl Watch {
                 return Err(EtcdError("the watch ended".into()));
             };
             if r.canceled() {
-                return Err(EtcdError(format!("the watch was cancelled: {}", r.cancel_reason())));
+                return Err(EtcdError(format!(
+                    "the watch was cancelled: {}",
+                    r.cancel_reason()
+                )));
             }
             let revision = r.header().map_or(0, |h| h.revision());
             let changes: Vec<Change> = r

@@ -31,11 +31,16 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod coord;
+mod doc;
 pub mod etcd;
 mod map_json;
 mod node;
 mod replication;
 mod topology;
 
-pub use node::{BucketList, Cluster};
+pub use coord::{ClusterError, CoordStats, Coordinator, EtcdJoin, FailoverKind, node_id};
+pub use doc::{AUTO_FAILOVER_TIMEOUT, AutoFailover, Chains, ClusterDoc, Member, Membership};
+pub use etcd::EtcdSettings;
+pub use node::{BucketList, Cluster, NodeStatus};
 pub use topology::{ClusterFile, MAX_NODES, MAX_REPLICAS, NodeSpec, Topology};

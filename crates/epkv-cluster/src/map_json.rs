@@ -118,10 +118,11 @@ fn clustered_bucket_config(
 ) -> String {
     let mut nodes = String::new();
     let mut nodes_ext = String::new();
-    for (i, n) in t.nodes().iter().enumerate() {
-        let this = i == t.this();
+    for (pos, &i) in t.listed().iter().enumerate() {
+        let n = &t.members()[i].node;
+        let this = Some(i) == t.this();
         let mgmt = if this { ports.mgmt } else { n.mgmt_port };
-        if i > 0 {
+        if pos > 0 {
             nodes.push(',');
             nodes_ext.push(',');
         }
@@ -146,7 +147,7 @@ fn clustered_bucket_config(
             if this { ",\"thisNode\":true" } else { "" }
         );
     }
-    let (servers, map) = t.map_json();
+    let (servers, map) = t.map_json(name);
     let failed: Vec<String> = t.failed_nodes().iter().map(ToString::to_string).collect();
     let uid = engine.manifest_uid();
     format!(

@@ -6,15 +6,17 @@
 //! manual failovers and re-adds, and answers the front end's questions through
 //! [`ClusterView`] (the cluster-map JSON, [`crate::map_json`]).
 
+use crate::coord::{ClusterError, Coordinator, EtcdJoin, FailoverKind};
+use crate::doc::{AUTO_FAILOVER_TIMEOUT, AutoFailover, ClusterDoc, Membership};
 use crate::map_json::{self, REV_EPOCH};
 use crate::replication;
-use crate::topology::Topology;
+use crate::topology::{NodeSpec, Topology};
 use epkv_engine_api::{ClusterView, Engine, EngineStatus, MapListener, NodePorts};
 use epkv_types::{NUM_VBUCKETS, VBucketState, Vbid};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -49,6 +51,27 @@ pub struct Cluster {
     /// Told the new version after every change of the map ([`ClusterView::subscribe`]);
     /// the lock is held only to call them (they must not call back into the cluster).
     listeners: parking_lot::Mutex<Vec<MapListener>>,
+    /// How to join an etcd cluster, when this node is in one.
+    join: Option<EtcdJoin>,
+    /// This node in the etcd cluster, once started.
+    coord: OnceLock<Arc<Coordinator>>,
+    /// Testing: replication stays stopped ([`Cluster::pause_replication`]).
+    replication_paused: AtomicBool,
+}
+
+/// One node as `GET /pools/default` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// Where it is.
+    pub node: NodeSpec,
+    /// Its standing.
+    pub membership: Membership,
+    /// Whether it is up: its etcd lease is alive (in a static cluster: not failed over).
+    pub healthy: bool,
+    /// Whether it is this node.
+    pub this: bool,
+    /// Whether it is the orchestrator.
+    pub orchestrator: bool,
 }
 
 impl fmt::Debug for Cluster {
@@ -72,25 +95,267 @@ impl Cluster {
             runtime: OnceLock::new(),
             apply_lock: tokio::sync::Mutex::new(()),
             listeners: parking_lot::Mutex::new(Vec::new()),
+            join: None,
+            coord: OnceLock::new(),
+            replication_paused: AtomicBool::new(false),
         })
     }
 
-    /// Whether this node is in a cluster (a cluster file was given).
+    /// A node of the etcd cluster `join` describes, serving `buckets`; it joins in
+    /// [`Cluster::start`].
+    #[must_use]
+    pub fn with_etcd(join: EtcdJoin, buckets: BucketList) -> Arc<Cluster> {
+        Arc::new(Cluster {
+            buckets,
+            rev: AtomicI64::new(1),
+            topology: parking_lot::RwLock::new(None),
+            replication_stop: parking_lot::Mutex::new(None),
+            runtime: OnceLock::new(),
+            apply_lock: tokio::sync::Mutex::new(()),
+            listeners: parking_lot::Mutex::new(Vec::new()),
+            join: Some(join),
+            coord: OnceLock::new(),
+            replication_paused: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether this node is in a cluster (a cluster file or etcd).
     #[must_use]
     pub fn is_clustered(&self) -> bool {
-        self.topology.read().is_some()
+        self.join.is_some() || self.topology.read().is_some()
+    }
+
+    /// This node in the etcd cluster, once started.
+    #[must_use]
+    pub fn coordinator(&self) -> Option<&Arc<Coordinator>> {
+        self.coord.get()
+    }
+
+    /// The etcd connection of an etcd cluster node, once started.
+    #[must_use]
+    pub fn etcd(&self) -> Option<crate::etcd::Etcd> {
+        self.coord.get().map(|c| c.etcd().clone())
+    }
+
+    /// This node's id in the etcd cluster (`host:port`), once started.
+    #[must_use]
+    pub fn node_id(&self) -> Option<String> {
+        self.coord.get().map(|c| c.id().to_owned())
+    }
+
+    /// The cluster's state as this node last applied it.
+    #[must_use]
+    pub fn doc(&self) -> Option<ClusterDoc> {
+        self.topology.read().as_ref().map(|t| t.doc().clone())
+    }
+
+    /// The names of the buckets this node serves.
+    #[must_use]
+    pub fn bucket_names(&self) -> Vec<String> {
+        (self.buckets)().into_iter().map(|(n, _)| n).collect()
     }
 
     /// Before the node serves: remembers the runtime replication runs on, and, in a
     /// cluster, learns the failovers the other nodes know of, sets the vBuckets' states
     /// from the map and starts replication (clients wait in the listen backlog
     /// meanwhile). Must be awaited inside the Tokio runtime that serves the node.
-    pub async fn start(self: &Arc<Self>) {
+    ///
+    /// An etcd cluster node joins first (`me` says where it is): it connects (waiting up
+    /// to 30 s for etcd), creates the cluster's document if it is the first, installs it
+    /// and starts its registration, watches, orchestrator and fence.
+    ///
+    /// # Errors
+    /// An etcd cluster node could not reach etcd, or `me` is missing.
+    pub async fn start(self: &Arc<Self>, me: Option<NodeSpec>) -> Result<(), String> {
         let _ = self.runtime.set(tokio::runtime::Handle::current());
-        if self.is_clustered() {
+        if let Some(join) = &self.join {
+            let me = me.ok_or("an etcd cluster node needs its address")?;
+            let (coord, doc, rev) = Coordinator::connect(
+                join.clone(),
+                me,
+                Arc::downgrade(self),
+                Duration::from_secs(30),
+            )
+            .await?;
+            let _ = self.coord.set(Arc::clone(&coord));
+            coord.spawn_tasks(doc, rev);
+            Arc::clone(self).apply_topology_now().await;
+        } else if self.is_clustered() {
             self.learn_failovers().await;
             Arc::clone(self).apply_topology_now().await;
         }
+        Ok(())
+    }
+
+    /// Installs a new version of the cluster's document (etcd clusters): states and
+    /// chains at once, the map's revision (at least `rev`, etcd's revision of it), and
+    /// replication afterwards.
+    pub(crate) fn install_doc(self: &Arc<Self>, doc: ClusterDoc, rev: i64) {
+        let Some((join, coord)) = self.join.as_ref().zip(self.coord.get()) else {
+            return;
+        };
+        let me = coord.me();
+        let t = Topology::from_doc(doc, &me.host, me.port, join.credentials.clone());
+        let member = t.this().is_some();
+        *self.topology.write() = Some(t);
+        tracing::info!(revision = rev, member, "cluster document installed");
+        self.apply_states_now();
+        self.bump_rev_to(rev);
+        self.apply_topology();
+    }
+
+    /// Called when this node fences itself off or stops being fenced: its actives
+    /// become replicas or active again.
+    pub(crate) fn fence_changed(self: &Arc<Self>) {
+        self.apply_states_now();
+        self.bump_rev();
+        self.apply_topology();
+    }
+
+    /// Testing: stops replication into this node (or lets it start again), to make a
+    /// replica fall behind.
+    pub fn pause_replication(self: &Arc<Self>, paused: bool) {
+        self.replication_paused.store(paused, Ordering::Release);
+        if paused {
+            if let Some(stop) = self.replication_stop.lock().take() {
+                let _ = stop.send(true);
+            }
+        } else {
+            self.apply_topology();
+        }
+    }
+
+    /// Runs `f` to completion from a thread outside the runtime (the REST handlers run
+    /// on blocking threads).
+    fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> Result<T, ClusterError> {
+        let rt = self
+            .runtime
+            .get()
+            .ok_or_else(|| ClusterError::Unavailable("the node is starting".into()))?;
+        Ok(rt.block_on(f))
+    }
+
+    /// The coordinator, for changes that need one.
+    fn coord_for_change(&self) -> Result<&Arc<Coordinator>, ClusterError> {
+        self.coord.get().ok_or_else(|| {
+            ClusterError::Invalid(
+                "this node is not in an etcd cluster (start it with --etcd)".into(),
+            )
+        })
+    }
+
+    /// Adds the node registered at `hostname` (`HOST:PORT`, its management or KV port;
+    /// `HOST` alone means port 8091) as `inactiveAdded`. Returns its id.
+    ///
+    /// # Errors
+    /// Not an etcd cluster, no such node registered, already a member, etcd unreachable.
+    pub fn add_node(&self, hostname: &str) -> Result<String, ClusterError> {
+        let coord = self.coord_for_change()?;
+        let (host, port) = match hostname.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(':') => (
+                h.trim_start_matches('[').trim_end_matches(']'),
+                p.parse::<u16>()
+                    .map_err(|_| ClusterError::Invalid(format!("bad port in {hostname:?}")))?,
+            ),
+            _ => (hostname, 8091),
+        };
+        let host = host
+            .trim_start_matches("http://")
+            .trim_start_matches("https://");
+        let found = coord
+            .live_nodes()
+            .into_values()
+            .find(|n| n.host == host && (n.port == port || n.mgmt_port == Some(port)))
+            .ok_or_else(|| {
+                ClusterError::Invalid(format!(
+                    "no epkv node is registered at {host}:{port} in this cluster's etcd (start it with the same --etcd and --cluster-name)"
+                ))
+            })?;
+        let id = crate::coord::node_id(&found);
+        self.block_on(
+            coord.update_doc(|doc| doc.add_node(found.clone()).map_err(ClusterError::Invalid)),
+        )??;
+        tracing::warn!(node = %id, "node added to the cluster (it holds no vBuckets until a rebalance)");
+        Ok(id)
+    }
+
+    /// The auto-failover settings and count.
+    #[must_use]
+    pub fn auto_failover(&self) -> AutoFailover {
+        self.topology
+            .read()
+            .as_ref()
+            .map(|t| t.doc().auto_failover)
+            .unwrap_or_default()
+    }
+
+    /// Changes the auto-failover settings (`None` keeps one as it is); `reset` sets the
+    /// count back to 0.
+    ///
+    /// # Errors
+    /// Not an etcd cluster, a value out of range, etcd unreachable.
+    pub fn set_auto_failover(
+        &self,
+        enabled: Option<bool>,
+        timeout: Option<u64>,
+        max_count: Option<u32>,
+        reset: bool,
+    ) -> Result<AutoFailover, ClusterError> {
+        let coord = self.coord_for_change()?;
+        if let Some(t) = timeout
+            && !AUTO_FAILOVER_TIMEOUT.contains(&t)
+        {
+            return Err(ClusterError::Invalid(format!(
+                "timeout must be an integer between {} and {} seconds",
+                AUTO_FAILOVER_TIMEOUT.start(),
+                AUTO_FAILOVER_TIMEOUT.end()
+            )));
+        }
+        if max_count.is_some_and(|m| !(1..=100).contains(&m)) {
+            return Err(ClusterError::Invalid(
+                "maxCount must be an integer between 1 and 100".into(),
+            ));
+        }
+        self.block_on(coord.update_doc(|doc| {
+            let before = doc.auto_failover;
+            let a = &mut doc.auto_failover;
+            a.enabled = enabled.unwrap_or(a.enabled);
+            a.timeout = timeout.unwrap_or(a.timeout);
+            a.max_count = max_count.unwrap_or(a.max_count);
+            if reset {
+                a.count = 0;
+            }
+            Ok(*a != before)
+        }))??;
+        Ok(self.auto_failover())
+    }
+
+    /// Every node with its standing and health, for `GET /pools/default`.
+    #[must_use]
+    pub fn node_statuses(&self) -> Vec<NodeStatus> {
+        let t = self.topology.read();
+        let Some(t) = t.as_ref() else {
+            return Vec::new();
+        };
+        let coord = self.coord.get();
+        let leader_id = coord.filter(|c| c.is_leader()).map(|c| c.id().to_owned());
+        t.members()
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let id = crate::coord::node_id(&m.node);
+                NodeStatus {
+                    node: m.node.clone(),
+                    membership: m.membership,
+                    healthy: match coord {
+                        Some(c) => c.is_live(&id),
+                        None => m.membership != Membership::InactiveFailed,
+                    },
+                    this: t.this() == Some(i),
+                    orchestrator: leader_id.as_deref() == Some(id.as_str()),
+                }
+            })
+            .collect()
     }
 
     /// The current map's revision.
@@ -102,7 +367,19 @@ impl Cluster {
     /// Records a change of the map and tells the listeners (the front end, which
     /// notifies the connections that asked for it).
     fn bump_rev(&self) {
-        let rev = self.rev.fetch_add(1, Ordering::AcqRel) + 1;
+        self.bump_rev_to(0);
+    }
+
+    /// Moves the map's revision on to at least `at_least` (and by one at least), and
+    /// tells the listeners.
+    fn bump_rev_to(&self, at_least: i64) {
+        let mut rev = 0;
+        let _ = self
+            .rev
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                rev = (cur + 1).max(at_least);
+                Some(rev)
+            });
         for listener in self.listeners.lock().iter() {
             listener((REV_EPOCH, rev));
         }
@@ -129,15 +406,20 @@ impl Cluster {
         for (name, engine) in (self.buckets)() {
             for v in 0..NUM_VBUCKETS {
                 let vb = Vbid(v);
-                let want = t.state_of(vb);
+                let want = wanted(&t, &name, vb, self.fenced());
                 if engine.vbucket_state(vb) != Some(want)
                     && let Err(e) = engine.set_vbucket_state(vb, want)
                 {
                     tracing::debug!(bucket = %name, %vb, error = %e, "state change left to the asynchronous pass");
                 }
             }
-            set_chains(&name, &*engine, &t);
+            set_chains(&name, &*engine, &t, self.fenced());
         }
+    }
+
+    /// Whether this node fenced itself off.
+    fn fenced(&self) -> bool {
+        self.coord.get().is_some_and(|c| c.is_fenced())
     }
 
     /// [`Self::apply_topology`], awaited (the first time, before the node serves).
@@ -150,9 +432,15 @@ impl Cluster {
         if let Some(old) = self.replication_stop.lock().replace(stop_tx) {
             let _ = old.send(true);
         }
+        let paused = self.replication_paused.load(Ordering::Acquire);
+        let this = t.this().map_or_else(|| "-".to_owned(), |i| i.to_string());
         for (name, engine) in (self.buckets)() {
-            set_states(&name, &*engine, &t).await;
-            for (node, vbuckets) in t.sources() {
+            set_states(&name, &*engine, &t, self.fenced()).await;
+            if paused {
+                tracing::warn!(bucket = %name, "replication paused (testing)");
+                continue;
+            }
+            for (node, vbuckets) in t.sources(&name) {
                 let addr = match t.kv_addr(node) {
                     Ok(a) => a,
                     Err(e) => {
@@ -166,7 +454,7 @@ impl Cluster {
                     addr,
                     vbuckets,
                     credentials: t.credentials(),
-                    name: format!("replication:{}->{}:{name}", node, t.this()),
+                    name: format!("replication:{node}->{this}:{name}"),
                 };
                 tokio::spawn(replication::run(source, stop_rx.clone()));
             }
@@ -185,8 +473,8 @@ impl Cluster {
             return;
         };
         let mut failed = BTreeSet::new();
-        for i in 0..t.nodes().len() {
-            if i == t.this() {
+        for i in 0..t.members().len() {
+            if Some(i) == t.this() {
                 continue;
             }
             let Ok(addr) = t.kv_addr(i) else { continue };
@@ -217,7 +505,7 @@ impl Cluster {
         if let Some(t) = t.as_mut() {
             for f in failed {
                 if t.mark_failed(f) {
-                    if f == t.this() {
+                    if Some(f) == t.this() {
                         tracing::warn!(
                             "this node was failed over while it was down: it holds no vBuckets until it is added back (POST /controller/reAddNode)"
                         );
@@ -231,30 +519,62 @@ impl Cluster {
         self.bump_rev();
     }
 
-    /// Adds failed-over node `node` back ([`Topology::re_add`]): it becomes a replica
-    /// again of the vBuckets the cluster file gave it. Sent to every node, the re-added
-    /// one included. Returns whether anything changed.
+    /// Adds failed-over node `node` back: it becomes a replica again of the vBuckets the
+    /// file's formula gives it ([`ClusterDoc::re_add`]). In a static cluster, sent to
+    /// every node, the re-added one included; in an etcd cluster, to any node once.
+    /// Returns whether anything changed.
     ///
     /// # Errors
-    /// No cluster is configured, or no such node.
-    pub fn re_add(self: &Arc<Self>, node: &str) -> Result<bool, String> {
+    /// No cluster, no such node, or etcd unreachable.
+    pub fn re_add(self: &Arc<Self>, node: &str) -> Result<bool, ClusterError> {
+        if let Some(coord) = self.coord.get() {
+            let i = self.node_index(node)?;
+            let changed = self.block_on(coord.update_doc(|doc| Ok(doc.re_add(i))))??;
+            if changed {
+                tracing::warn!(node, "node added back as a replica");
+            }
+            return Ok(changed);
+        }
         self.change_topology(node, "node added back as a replica", |t, i| Ok(t.re_add(i)))
     }
 
-    /// Fails node `node` (`host:port` as the cluster file names it, or its index) over
-    /// ([`Topology::fail_over`]): this node promotes the replicas it holds of that node's
-    /// active vBuckets, replicates from the new actives, and the map's revision moves
-    /// on. Returns whether anything changed.
+    /// Fails node `node` (`host:port`, `ns_1@host` or its index) over. In an etcd
+    /// cluster the replica holding the most of each vBucket is promoted, and a failover
+    /// that would lose the last copy of a vBucket is refused unless `allow_unsafe`; in a
+    /// static cluster (sent to every surviving node) the first live replica is. The
+    /// promotions take effect on this node before this returns. Returns whether
+    /// anything changed.
     ///
     /// # Errors
-    /// No cluster is configured, no such node, or `node` is this node.
-    pub fn fail_over(self: &Arc<Self>, node: &str) -> Result<bool, String> {
+    /// No cluster, no such node, `node` is this node (static cluster), refused, or etcd
+    /// unreachable.
+    pub fn fail_over(
+        self: &Arc<Self>,
+        node: &str,
+        allow_unsafe: bool,
+    ) -> Result<bool, ClusterError> {
+        if let Some(coord) = self.coord.get() {
+            let i = self.node_index(node)?;
+            return self.block_on(coord.fail_over(i, FailoverKind::Manual, allow_unsafe))?;
+        }
         self.change_topology(node, "node failed over", |t, i| {
-            if i == t.this() {
-                return Err("a node cannot fail itself over".into());
+            if Some(i) == t.this() {
+                return Err(ClusterError::Invalid(
+                    "a node cannot fail itself over".into(),
+                ));
             }
             Ok(t.fail_over(i))
         })
+    }
+
+    /// The index of node `node` in the current topology.
+    fn node_index(&self, node: &str) -> Result<usize, ClusterError> {
+        let t = self.topology.read();
+        let t = t
+            .as_ref()
+            .ok_or_else(|| ClusterError::Invalid("this node is not in a cluster".into()))?;
+        t.node_named(node)
+            .ok_or_else(|| ClusterError::Invalid(format!("no node {node} in the cluster")))
     }
 
     /// Applies `change` to the topology for node `node`; when it changed anything, the
@@ -264,14 +584,16 @@ impl Cluster {
         self: &Arc<Self>,
         node: &str,
         what: &str,
-        change: impl FnOnce(&mut Topology, usize) -> Result<bool, String>,
-    ) -> Result<bool, String> {
+        change: impl FnOnce(&mut Topology, usize) -> Result<bool, ClusterError>,
+    ) -> Result<bool, ClusterError> {
         let changed = {
             let mut t = self.topology.write();
-            let t = t.as_mut().ok_or("this node is not in a cluster")?;
+            let t = t
+                .as_mut()
+                .ok_or_else(|| ClusterError::Invalid("this node is not in a cluster".into()))?;
             let i = t
                 .node_named(node)
-                .ok_or_else(|| format!("no node {node} in the cluster"))?;
+                .ok_or_else(|| ClusterError::Invalid(format!("no node {node} in the cluster")))?;
             change(t, i)?
         };
         if changed {
@@ -331,12 +653,24 @@ impl ClusterView for Cluster {
     }
 }
 
+/// The state this node's copy of `vb` of `bucket` should be in: the topology's, except
+/// that a fenced node holds its actives as replicas.
+fn wanted(t: &Topology, bucket: &str, vb: Vbid, fenced: bool) -> VBucketState {
+    match t.state_of(bucket, vb) {
+        VBucketState::Active if fenced => VBucketState::Replica,
+        want => want,
+    }
+}
+
 /// Tells each active vBucket of `engine` its replication chain.
-fn set_chains(bucket: &str, engine: &dyn Engine, t: &Topology) {
+fn set_chains(bucket: &str, engine: &dyn Engine, t: &Topology, fenced: bool) {
+    if fenced {
+        return;
+    }
     for v in 0..NUM_VBUCKETS {
         let vb = Vbid(v);
-        if t.state_of(vb) == VBucketState::Active {
-            let chain = t.chain(vb);
+        if t.state_of(bucket, vb) == VBucketState::Active {
+            let chain = t.chain(bucket, vb);
             let replicas = chain.len().saturating_sub(1);
             let live = chain.iter().skip(1).filter(|n| n.is_some()).count();
             if let Err(e) = engine.set_replication_chain(vb, replicas, live) {
@@ -347,11 +681,11 @@ fn set_chains(bucket: &str, engine: &dyn Engine, t: &Topology) {
 }
 
 /// Sets each vBucket of `engine` to the state the topology gives it.
-async fn set_states(bucket: &str, engine: &dyn Engine, t: &Topology) {
+async fn set_states(bucket: &str, engine: &dyn Engine, t: &Topology, fenced: bool) {
     let mut changed = 0;
     for v in 0..NUM_VBUCKETS {
         let vb = Vbid(v);
-        let want = t.state_of(vb);
+        let want = wanted(t, bucket, vb, fenced);
         for attempt in 0..STATE_RETRIES {
             if engine.vbucket_state(vb) == Some(want) {
                 break;
@@ -371,11 +705,11 @@ async fn set_states(bucket: &str, engine: &dyn Engine, t: &Topology) {
             }
         }
     }
-    set_chains(bucket, engine, t);
+    set_chains(bucket, engine, t, fenced);
     tracing::info!(
         bucket,
         changed,
-        node = t.this(),
+        node = ?t.this(),
         "vBucket states follow the cluster map"
     );
 }
@@ -463,7 +797,7 @@ mod tests {
         cluster.subscribe(Box::new(move |v| sink.lock().push(v)));
         cluster.map_changed();
         cluster.buckets_changed();
-        assert!(cluster.fail_over("1").unwrap());
+        assert!(cluster.fail_over("1", false).unwrap());
         assert!(cluster.re_add("1").unwrap());
         assert_eq!(
             *heard.lock(),
@@ -481,8 +815,8 @@ mod tests {
     fn a_single_node_refuses_failover() {
         let cluster = Cluster::new(None, serving(&bucket()));
         assert_eq!(
-            cluster.fail_over("1").unwrap_err(),
-            "this node is not in a cluster"
+            cluster.fail_over("1", false).unwrap_err(),
+            ClusterError::Invalid("this node is not in a cluster".into())
         );
         assert!(cluster.re_add("1").is_err());
     }
@@ -498,10 +832,10 @@ mod tests {
         let before = cluster.version();
 
         assert!(
-            cluster.fail_over("0").is_err(),
+            cluster.fail_over("0", false).is_err(),
             "a node cannot fail itself over"
         );
-        assert!(cluster.fail_over("127.0.0.1:12100").unwrap());
+        assert!(cluster.fail_over("127.0.0.1:12100", false).unwrap());
         assert_eq!(engine.vbucket_state(Vbid(1)), Some(VBucketState::Active));
         assert!(cluster.version() > before);
         let map = map_of(&cluster, &engine);
@@ -512,7 +846,7 @@ mod tests {
         );
         // Failing it over again changes nothing. Adding it back returns it as a replica;
         // the promoted active stays here.
-        assert!(!cluster.fail_over("1").unwrap());
+        assert!(!cluster.fail_over("1", false).unwrap());
         assert!(cluster.re_add("1").unwrap());
         let map = map_of(&cluster, &engine);
         assert_eq!(map["epkvFailedNodes"], serde_json::json!([]));

@@ -100,6 +100,7 @@ enum Packet {
         opcode: u8,
         status: u16,
         opaque: u32,
+        key: Vec<u8>,
         value: Vec<u8>,
     },
     Message(BytesMut),
@@ -126,14 +127,14 @@ impl Conn {
                     if head[0] == 0x81 || head[0] == 0x18 {
                         let h = ResponseHeader::decode(&head, &self.limits)
                             .map_err(|e| format!("bad response header: {e}"))?;
-                        let at = 24
-                            + usize::from(h.framing_extras_len)
-                            + usize::from(h.extras_len)
-                            + usize::from(h.key_len);
+                        let key_at =
+                            24 + usize::from(h.framing_extras_len) + usize::from(h.extras_len);
+                        let at = key_at + usize::from(h.key_len);
                         return Ok(Packet::Response {
                             opcode: h.opcode,
                             status: h.status,
                             opaque: h.opaque,
+                            key: packet.get(key_at..at).unwrap_or_default().to_vec(),
                             value: packet.get(at..).unwrap_or_default().to_vec(),
                         });
                     }
@@ -270,6 +271,51 @@ async fn connect(
     Ok(c)
 }
 
+/// The statistics group `group` of `bucket` on node `addr` (STAT, every key and value
+/// until the closing empty key).
+///
+/// # Errors
+/// The node cannot be reached, refuses, or does not finish within the setup timeout.
+pub(crate) async fn fetch_stats(
+    addr: SocketAddr,
+    credentials: Option<&(String, String)>,
+    bucket: &str,
+    group: &str,
+) -> Result<Vec<(String, String)>, String> {
+    let mut c = connect(addr, credentials, bucket).await?;
+    let req = RequestBuilder::new(Opcode::Stat)
+        .key(group.as_bytes())
+        .to_vec()
+        .map_err(|e| format!("encode: {e}"))?;
+    c.send(&req).await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(SETUP_TIMEOUT, async {
+        loop {
+            if let Packet::Response {
+                status, key, value, ..
+            } = c.next().await?
+            {
+                if status != 0 {
+                    return Err(format!(
+                        "STAT {group} answered {status:#x}: {}",
+                        String::from_utf8_lossy(&value)
+                    ));
+                }
+                if key.is_empty() {
+                    return Ok(());
+                }
+                out.push((
+                    String::from_utf8_lossy(&key).into_owned(),
+                    String::from_utf8_lossy(&value).into_owned(),
+                ));
+            }
+        }
+    })
+    .await
+    .map_err(|_| format!("STAT {group} timed out"))??;
+    Ok(out)
+}
+
 /// The cluster map node `addr` serves for `bucket` (to learn the failovers it knows of).
 ///
 /// # Errors
@@ -340,6 +386,7 @@ async fn session(source: &Source) -> Result<(), String> {
                 status,
                 opaque,
                 value,
+                ..
             } => {
                 if opcode == Opcode::DcpStreamReq.as_u8() {
                     let vbid = Vbid(u16::try_from(opaque.saturating_sub(1)).unwrap_or(u16::MAX));

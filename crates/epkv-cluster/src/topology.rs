@@ -38,7 +38,8 @@
 //! apply the same failovers to the same file; there is no consensus protocol here
 //! (automatic failover and rebalance need one and come later).
 
-use epkv_types::{NUM_VBUCKETS, VBucketState, Vbid};
+use crate::doc::{ClusterDoc, Member, Membership};
+use epkv_types::{VBucketState, Vbid};
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -63,7 +64,7 @@ pub const MAX_NODES: usize = 16;
 pub const MAX_REPLICAS: usize = 3;
 
 /// One node of the cluster file.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeSpec {
     /// Host name or IP address clients and other nodes reach the node at.
@@ -128,17 +129,16 @@ impl ClusterFile {
     }
 }
 
-/// The cluster as this node sees it: the file, which node it is, and the current map.
+/// The cluster as this node sees it: the cluster's state ([`ClusterDoc`]), which node it
+/// is, and the credentials nodes replicate with.
 #[derive(Debug, Clone)]
 pub struct Topology {
-    file: ClusterFile,
-    this: usize,
-    /// Per vBucket, the nodes holding it: active first, then replicas; `None` for a copy
-    /// with no node (after a failover).
-    chains: Vec<Vec<Option<usize>>>,
-    /// Nodes failed over.
-    failed: Vec<bool>,
-    /// The changes applied after the file's map, in order.
+    doc: ClusterDoc,
+    /// This node's index; `None` when it is not a member (a node registered in etcd
+    /// that no one has added yet).
+    this: Option<usize>,
+    credentials: Option<(String, String)>,
+    /// The changes applied after the file's map, in order (static clusters only).
     changes: Vec<Change>,
     /// Where they are kept, if anywhere.
     state_path: Option<PathBuf>,
@@ -148,34 +148,44 @@ impl Topology {
     /// The topology of node `this` of `file`, before any failover.
     ///
     /// # Errors
-    /// `this` is not a node of the file.
+    /// `this` names no node of the file.
     pub fn new(file: ClusterFile, this: usize) -> Result<Topology, String> {
         let n = file.nodes.len();
         if this >= n {
             return Err(format!(
                 "--cluster-node {this}: the cluster file names nodes 0 to {}",
-                n - 1
+                n.saturating_sub(1)
             ));
         }
-        let chains = (0..usize::from(NUM_VBUCKETS))
-            .map(|v| {
-                (0..=file.replicas)
-                    .map(|i| Some((v + i) % n))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
         Ok(Topology {
-            failed: vec![false; n],
-            file,
-            this,
-            chains,
+            doc: ClusterDoc::from_file(&file),
+            this: Some(this),
+            credentials: file.user.clone().zip(file.password.clone()),
             changes: Vec::new(),
             state_path: None,
         })
     }
 
-    /// Keeps the changes in the state file `path` from now on, after replaying the ones it
-    /// holds (a node that restarts keeps the map it had).
+    /// The topology `doc` gives the node at `host:port`, replicating with
+    /// `credentials`.
+    #[must_use]
+    pub fn from_doc(
+        doc: ClusterDoc,
+        host: &str,
+        port: u16,
+        credentials: Option<(String, String)>,
+    ) -> Topology {
+        Topology {
+            this: doc.index_of(host, port),
+            doc,
+            credentials,
+            changes: Vec::new(),
+            state_path: None,
+        }
+    }
+
+    /// Replays the changes kept in the state file at `path` (if it exists) and keeps
+    /// recording there.
     ///
     /// # Errors
     /// The file exists but cannot be read or parsed.
@@ -199,7 +209,7 @@ impl Topology {
         Ok(self)
     }
 
-    /// Records `change` (and writes the state file).
+    /// Records a change in the state file (atomically: the old file or the new one).
     fn record(&mut self, change: Change) {
         self.changes.push(change);
         let Some(path) = &self.state_path else {
@@ -216,62 +226,72 @@ impl Topology {
         }
     }
 
-    /// This node's index.
+    /// This node's index, if it is a member.
     #[must_use]
-    pub fn this(&self) -> usize {
+    pub fn this(&self) -> Option<usize> {
         self.this
     }
 
-    /// The nodes.
+    /// The cluster's state.
     #[must_use]
-    pub fn nodes(&self) -> &[NodeSpec] {
-        &self.file.nodes
+    pub fn doc(&self) -> &ClusterDoc {
+        &self.doc
     }
 
-    /// Replicas per vBucket.
+    /// The nodes, in order.
+    #[must_use]
+    pub fn members(&self) -> &[Member] {
+        &self.doc.nodes
+    }
+
+    /// Replicas of each vBucket.
     #[must_use]
     pub fn replicas(&self) -> usize {
-        self.file.replicas
+        self.doc.replicas
     }
 
-    /// Whether node `i` was failed over.
+    /// Whether node `i` was failed over (or does not exist).
     #[must_use]
     pub fn is_failed(&self, i: usize) -> bool {
-        self.failed.get(i).copied().unwrap_or(true)
+        self.doc.is_failed(i)
     }
 
-    /// The replication credentials.
+    /// The credentials nodes replicate with, if any.
     #[must_use]
     pub fn credentials(&self) -> Option<(String, String)> {
-        self.file.user.clone().zip(self.file.password.clone())
+        self.credentials.clone()
     }
 
-    /// vBucket `vb`'s chain: active first.
+    /// The nodes holding `vb` of `bucket`: active first, then replicas.
     #[must_use]
-    pub fn chain(&self, vb: Vbid) -> &[Option<usize>] {
-        self.chains
+    pub fn chain(&self, bucket: &str, vb: Vbid) -> &[Option<usize>] {
+        self.doc
+            .chains_of(bucket)
             .get(usize::from(vb.0))
             .map_or(&[][..], Vec::as_slice)
     }
 
-    /// The state this node's copy of `vb` should be in.
+    /// The state this node's copy of `vb` of `bucket` should be in.
     #[must_use]
-    pub fn state_of(&self, vb: Vbid) -> VBucketState {
-        match self.chain(vb).iter().position(|n| *n == Some(self.this)) {
+    pub fn state_of(&self, bucket: &str, vb: Vbid) -> VBucketState {
+        let Some(this) = self.this else {
+            return VBucketState::Dead;
+        };
+        match self.chain(bucket, vb).iter().position(|n| *n == Some(this)) {
             Some(0) => VBucketState::Active,
             Some(_) => VBucketState::Replica,
             None => VBucketState::Dead,
         }
     }
 
-    /// For this node's replica vBuckets: the node holding each one's active copy, with
-    /// the vBuckets it serves this node.
+    /// For each node holding active copies of this node's replica vBuckets of `bucket`,
+    /// those vBuckets: where replication streams from.
     #[must_use]
-    pub fn sources(&self) -> BTreeMap<usize, Vec<Vbid>> {
+    pub fn sources(&self, bucket: &str) -> BTreeMap<usize, Vec<Vbid>> {
         let mut out: BTreeMap<usize, Vec<Vbid>> = BTreeMap::new();
-        for (v, chain) in self.chains.iter().enumerate() {
+        for (v, chain) in self.doc.chains_of(bucket).iter().enumerate() {
             let vb = Vbid(u16::try_from(v).unwrap_or(u16::MAX));
-            if self.state_of(vb) == VBucketState::Replica
+            if self.state_of(bucket, vb) == VBucketState::Replica
                 && let Some(Some(active)) = chain.first()
             {
                 out.entry(*active).or_default().push(vb);
@@ -280,12 +300,12 @@ impl Topology {
         out
     }
 
-    /// The KV address of node `i`.
+    /// Node `i`'s KV address, resolved.
     ///
     /// # Errors
-    /// The host does not resolve.
+    /// No such node, or its host does not resolve.
     pub fn kv_addr(&self, i: usize) -> Result<SocketAddr, String> {
-        let n = self.file.nodes.get(i).ok_or("no such node")?;
+        let n = &self.doc.nodes.get(i).ok_or("no such node")?.node;
         (n.host.as_str(), n.port)
             .to_socket_addrs()
             .map_err(|e| format!("{}:{}: {e}", n.host, n.port))?
@@ -293,89 +313,91 @@ impl Topology {
             .ok_or_else(|| format!("{}:{} does not resolve", n.host, n.port))
     }
 
-    /// The index of the node named `name` (`host:port`, or its index).
+    /// The node named `name`: its index, `host:port` (KV or management port), or
+    /// ns_server's `ns_1@host` form when one node has that host.
     #[must_use]
     pub fn node_named(&self, name: &str) -> Option<usize> {
+        let nodes = &self.doc.nodes;
         if let Ok(i) = name.parse::<usize>() {
-            return (i < self.file.nodes.len()).then_some(i);
+            return (i < nodes.len()).then_some(i);
         }
-        self.file
-            .nodes
-            .iter()
-            .position(|n| format!("{}:{}", n.host, n.port) == name)
+        if let Some(host) = name.strip_prefix("ns_1@") {
+            let mut on_host = (0..nodes.len()).filter(|&i| nodes[i].node.host == host);
+            return match (on_host.next(), on_host.next()) {
+                (Some(i), None) => Some(i),
+                _ => None,
+            };
+        }
+        nodes.iter().position(|m| {
+            let n = &m.node;
+            name == host_port(&n.host, n.port)
+                || n.mgmt_port.is_some_and(|p| name == host_port(&n.host, p))
+        })
     }
 
-    /// Fails node `node` over: promotes the first live replica of every vBucket it held
-    /// active, and takes it out of every chain. Returns false when it already was (or is
-    /// this node, which cannot fail itself over).
+    /// A manual failover in a static cluster: node `node` leaves every chain and each
+    /// vBucket whose active copy was there gets its first live replica promoted (even
+    /// when that loses the last copy: the operator said the node is gone). Returns
+    /// whether anything changed; never fails this node over.
     pub fn fail_over(&mut self, node: usize) -> bool {
-        if node == self.this {
+        if Some(node) == self.this {
             return false;
         }
         self.mark_failed(node)
     }
 
-    /// Applies a failover of `node` that other nodes made (this node included: a node
-    /// that restarts after being failed over learns it from its peers, and holds nothing
-    /// until it is added back).
+    /// [`Self::fail_over`], this node included (learned from the other nodes).
     pub fn mark_failed(&mut self, node: usize) -> bool {
-        if node >= self.failed.len() || self.failed[node] {
+        if self.doc.nodes.get(node).map(|m| m.membership) != Some(Membership::Active) {
             return false;
         }
-        self.failed[node] = true;
-        self.record(Change::Failed { node });
-        for chain in &mut self.chains {
-            let live: Vec<Option<usize>> = chain
-                .iter()
-                .copied()
-                .filter(|n| n.is_some_and(|n| n != node))
-                .collect();
-            let len = chain.len();
-            *chain = live;
-            chain.resize(len, None);
-        }
-        true
-    }
-
-    /// The nodes failed over.
-    #[must_use]
-    pub fn failed_nodes(&self) -> Vec<usize> {
-        (0..self.failed.len()).filter(|&i| self.failed[i]).collect()
-    }
-
-    /// Adds failed-over node `node` back (`POST /controller/reAddNode`): it becomes a
-    /// replica again of the vBuckets the file gave it, in their empty replica slots; the
-    /// actives stay where the failover put them. Returns whether it was failed.
-    pub fn re_add(&mut self, node: usize) -> bool {
-        if node >= self.failed.len() || !self.failed[node] {
-            return false;
-        }
-        self.failed[node] = false;
-        self.record(Change::ReAdded { node });
-        let n = self.file.nodes.len();
-        for (v, chain) in self.chains.iter_mut().enumerate() {
-            let held = (0..=self.file.replicas).any(|i| (v + i) % n == node);
-            if held
-                && !chain.contains(&Some(node))
-                && let Some(slot) = chain.iter_mut().skip(1).find(|s| s.is_none())
-            {
-                *slot = Some(node);
+        if self.doc.fail_over(node, &[], |_, _, _| 0).is_err() {
+            // The last copy goes too: keep the node out of every chain anyway.
+            self.doc.nodes[node].membership = Membership::InactiveFailed;
+            for chain in &mut self.doc.chains {
+                let len = chain.len();
+                chain.retain(|n| n.is_some_and(|n| n != node));
+                chain.resize(len, None);
             }
         }
+        self.record(Change::Failed { node });
         true
     }
 
-    /// `serverList` (KV `host:port` of every node) and `vBucketMap` rows as JSON text.
+    /// The failed-over nodes.
     #[must_use]
-    pub fn map_json(&self) -> (String, String) {
-        let servers: Vec<String> = self
-            .file
-            .nodes
+    pub fn failed_nodes(&self) -> Vec<usize> {
+        (0..self.doc.nodes.len())
+            .filter(|&i| self.doc.is_failed(i))
+            .collect()
+    }
+
+    /// Adds failed-over node `node` back ([`ClusterDoc::re_add`]). Returns whether
+    /// anything changed.
+    pub fn re_add(&mut self, node: usize) -> bool {
+        if !self.doc.re_add(node) {
+            return false;
+        }
+        self.record(Change::ReAdded { node });
+        true
+    }
+
+    /// The nodes clients are told of (the active members) and `bucket`'s map rows
+    /// indexing them, as JSON fragments: (`"host:port",...`, `[0,1],[1,0],...`).
+    #[must_use]
+    pub fn map_json(&self, bucket: &str) -> (String, String) {
+        let listed = self.listed();
+        let servers: Vec<String> = listed
             .iter()
-            .map(|n| format!("\"{}\"", host_port(&n.host, n.port)))
+            .map(|&i| {
+                let n = &self.doc.nodes[i].node;
+                format!("\"{}\"", host_port(&n.host, n.port))
+            })
             .collect();
-        let mut rows = String::with_capacity(self.chains.len() * 8);
-        for (i, chain) in self.chains.iter().enumerate() {
+        let position = |n: usize| listed.iter().position(|&l| l == n);
+        let chains = self.doc.chains_of(bucket);
+        let mut rows = String::with_capacity(chains.len() * 8);
+        for (i, chain) in chains.iter().enumerate() {
             if i > 0 {
                 rows.push(',');
             }
@@ -384,8 +406,8 @@ impl Topology {
                 if j > 0 {
                     rows.push(',');
                 }
-                match n {
-                    Some(n) => rows.push_str(&n.to_string()),
+                match n.and_then(position) {
+                    Some(p) => rows.push_str(&p.to_string()),
                     None => rows.push_str("-1"),
                 }
             }
@@ -393,9 +415,16 @@ impl Topology {
         }
         (servers.join(","), rows)
     }
+
+    /// The indexes of the nodes the cluster map lists: the active members.
+    #[must_use]
+    pub fn listed(&self) -> Vec<usize> {
+        (0..self.doc.nodes.len())
+            .filter(|&i| self.doc.nodes[i].membership == Membership::Active)
+            .collect()
+    }
 }
 
-/// `host:port`, bracketing an IPv6 address.
 pub(crate) fn host_port(host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
@@ -407,6 +436,7 @@ pub(crate) fn host_port(host: &str, port: u16) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use epkv_types::NUM_VBUCKETS;
 
     fn file(nodes: usize, replicas: usize) -> ClusterFile {
         ClusterFile {
@@ -435,7 +465,7 @@ mod tests {
         assert!(t.fail_over(2));
         assert!(t.re_add(0));
         let chains: Vec<Vec<Option<usize>>> = (0..NUM_VBUCKETS)
-            .map(|v| t.chain(Vbid(v)).to_vec())
+            .map(|v| t.chain("b", Vbid(v)).to_vec())
             .collect();
         let again = Topology::new(file(3, 1), 1)
             .unwrap()
@@ -443,7 +473,7 @@ mod tests {
             .unwrap();
         assert_eq!(again.failed_nodes(), vec![2]);
         for v in 0..NUM_VBUCKETS {
-            assert_eq!(again.chain(Vbid(v)), &chains[usize::from(v)][..]);
+            assert_eq!(again.chain("b", Vbid(v)), &chains[usize::from(v)][..]);
         }
         std::fs::write(&path, b"not json").unwrap();
         assert!(
@@ -478,7 +508,7 @@ mod tests {
                 .collect();
             for v in 0..NUM_VBUCKETS {
                 let vb = Vbid(v);
-                let states: Vec<VBucketState> = t.iter().map(|t| t.state_of(vb)).collect();
+                let states: Vec<VBucketState> = t.iter().map(|t| t.state_of("b", vb)).collect();
                 assert_eq!(
                     states
                         .iter()
@@ -496,7 +526,7 @@ mod tests {
             }
             // Actives are spread evenly.
             let actives = (0..NUM_VBUCKETS)
-                .filter(|v| t[0].state_of(Vbid(*v)) == VBucketState::Active)
+                .filter(|v| t[0].state_of("b", Vbid(*v)) == VBucketState::Active)
                 .count();
             assert!(actives.abs_diff(usize::from(NUM_VBUCKETS) / n) <= 1);
         }
@@ -505,11 +535,11 @@ mod tests {
     #[test]
     fn sources_name_the_active_of_each_replica() {
         let t = Topology::new(file(3, 1), 1).unwrap();
-        let sources = t.sources();
+        let sources = t.sources("b");
         for (node, vbs) in &sources {
             for vb in vbs {
-                assert_eq!(t.chain(*vb)[0], Some(*node));
-                assert_eq!(t.state_of(*vb), VBucketState::Replica);
+                assert_eq!(t.chain("b", *vb)[0], Some(*node));
+                assert_eq!(t.state_of("b", *vb), VBucketState::Replica);
             }
         }
         let total: usize = sources.values().map(Vec::len).sum();
@@ -520,33 +550,36 @@ mod tests {
     fn failover_promotes_the_replicas_and_drops_the_failed_node() {
         let mut t = Topology::new(file(2, 1), 1).unwrap();
         let was_active_on_0 = Vbid(0);
-        assert_eq!(t.state_of(was_active_on_0), VBucketState::Replica);
+        assert_eq!(t.state_of("b", was_active_on_0), VBucketState::Replica);
         assert!(t.fail_over(0));
         assert!(!t.fail_over(0), "only once");
         assert!(!t.fail_over(1), "not itself");
         for v in 0..NUM_VBUCKETS {
-            assert_eq!(t.state_of(Vbid(v)), VBucketState::Active);
-            assert_eq!(t.chain(Vbid(v)), &[Some(1), None]);
+            assert_eq!(t.state_of("b", Vbid(v)), VBucketState::Active);
+            assert_eq!(t.chain("b", Vbid(v)), &[Some(1), None]);
         }
-        assert!(t.sources().is_empty());
-        let (servers, rows) = t.map_json();
-        assert_eq!(servers, "\"127.0.0.1:12000\",\"127.0.0.1:12001\"");
-        assert!(rows.starts_with("[1,-1],[1,-1]"));
+        assert!(t.sources("b").is_empty());
+        let (servers, rows) = t.map_json("b");
+        assert_eq!(
+            servers, "\"127.0.0.1:12001\"",
+            "a failed node is not listed"
+        );
+        assert!(rows.starts_with("[0,-1],[0,-1]"));
         assert_eq!(t.node_named("127.0.0.1:12000"), Some(0));
         assert_eq!(t.node_named("1"), Some(1));
         assert_eq!(t.node_named("9"), None);
         // Back as the replica of what it held; the actives stay.
         assert!(t.re_add(0));
         assert!(!t.re_add(0));
-        assert_eq!(t.chain(Vbid(0)), &[Some(1), Some(0)]);
-        assert_eq!(t.chain(Vbid(1)), &[Some(1), Some(0)]);
+        assert_eq!(t.chain("b", Vbid(0)), &[Some(1), Some(0)]);
+        assert_eq!(t.chain("b", Vbid(1)), &[Some(1), Some(0)]);
         let mut zero = Topology::new(file(2, 1), 0).unwrap();
         assert!(zero.mark_failed(0));
         for v in 0..NUM_VBUCKETS {
-            assert_eq!(zero.state_of(Vbid(v)), VBucketState::Dead);
+            assert_eq!(zero.state_of("b", Vbid(v)), VBucketState::Dead);
         }
         assert!(zero.re_add(0));
-        assert_eq!(zero.state_of(Vbid(0)), VBucketState::Replica);
-        assert_eq!(zero.sources().get(&1).map(Vec::len), Some(1024));
+        assert_eq!(zero.state_of("b", Vbid(0)), VBucketState::Replica);
+        assert_eq!(zero.sources("b").get(&1).map(Vec::len), Some(1024));
     }
 }

@@ -1,0 +1,909 @@
+//! The etcd-backed cluster: this node's registration, the shared [`ClusterDoc`], the
+//! orchestrator (one leader) and automatic, durability-aware failover, and fencing.
+//!
+//! **Registration.** A node keeps `live/<host:port>` (its [`NodeSpec`]) attached to its
+//! lease. The first node of an empty cluster writes the document (from the cluster file
+//! when one was given, else itself holding every vBucket); a later one is a bystander
+//! holding nothing until an operator adds it (`/controller/addNode`) and a rebalance
+//! gives it vBuckets.
+//!
+//! **The document** is read at start and watched; each newer version is installed
+//! ([`Cluster::install_doc`]): vBucket states, chains and replication follow it and the
+//! map's revision moves on. Every change is a compare-and-swap on the document's
+//! `mod_revision` ([`Coordinator::update_doc`]), so concurrent changes never interleave;
+//! a node that cannot reach etcd refuses changes ([`ClusterError::Unavailable`]) and keeps
+//! serving the last document it had.
+//!
+//! **The orchestrator** is whichever node holds the `leader` key (attached to its
+//! lease; taken when free, checked every [`LEADER_POLL`]). It probes every active member's
+//! KV port every [`PROBE_EVERY`]; a member whose `live` key is gone (its lease expired)
+//! *and* that has been unreachable for the auto-failover timeout is failed over
+//! ([`Coordinator::fail_over`]). A new leader starts its timers afresh, and a failover is
+//! one compare-and-swap, so one interrupted by the leader's death is simply done again.
+//!
+//! **Durability-aware promotion.** Before failing a node over, the orchestrator asks each
+//! live replica of the vBuckets it held active for its `vbucket-details` (STAT) and
+//! promotes, per bucket and vBucket, the one with the highest prepared seqno (then the
+//! highest seqno; the first in the chain on a tie): a write acknowledged at Majority is
+//! on a majority of the chain, so on at least one live replica, and that replica wins.
+//!
+//! **Fencing.** A node that can no longer renew its lease *and* reaches none of its peers
+//! holds its active vBuckets as replicas (refusing writes) until it has a lease again:
+//! the orchestrator may have failed it over and promoted another copy, and two actives
+//! must never both accept writes. A node that loses only etcd, or only its peers, keeps
+//! serving.
+
+use crate::doc::{AUTO_FAILOVER_TIMEOUT, ClusterDoc, Membership};
+use crate::etcd::{Change, Etcd, EtcdError};
+use crate::node::Cluster;
+use crate::replication;
+use crate::topology::{ClusterFile, NodeSpec, host_port};
+use epkv_types::Vbid;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How often the orchestrator probes the members.
+pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
+/// How long a probe (a TCP connect to the KV port) may take.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
+/// How often a node that is not the leader tries to become it.
+pub(crate) const LEADER_POLL: Duration = Duration::from_millis(500);
+/// How long a replica is asked for its seqnos before it is left out of the choice.
+const SEQNO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Attempts at a compare-and-swap that others keep winning.
+const CAS_ATTEMPTS: u32 = 8;
+/// The pause between two reads of etcd after an error.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Why a cluster change was not made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterError {
+    /// The request is wrong or not allowed now (HTTP 400).
+    Invalid(String),
+    /// The cluster's state cannot be changed now: etcd is unreachable, or others kept
+    /// changing it (HTTP 503).
+    Unavailable(String),
+}
+
+impl std::fmt::Display for ClusterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClusterError::Invalid(m) | ClusterError::Unavailable(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<EtcdError> for ClusterError {
+    fn from(e: EtcdError) -> Self {
+        ClusterError::Unavailable(format!(
+            "the cluster's state store (etcd) is unreachable: {}",
+            e.0
+        ))
+    }
+}
+
+/// Who asked for a failover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailoverKind {
+    /// The orchestrator, after the auto-failover timeout.
+    Auto,
+    /// An operator (`/controller/failOver`).
+    Manual,
+}
+
+/// How an etcd cluster node joins.
+#[derive(Debug, Clone)]
+pub struct EtcdJoin {
+    /// Where etcd is and the cluster's name.
+    pub settings: crate::etcd::EtcdSettings,
+    /// A cluster file whose topology an empty cluster starts with (its nodes all active).
+    pub seed: Option<ClusterFile>,
+    /// Replicas of a cluster this node starts alone.
+    pub replicas: usize,
+    /// The credentials nodes replicate and ask each other with.
+    pub credentials: Option<(String, String)>,
+}
+
+/// Counters for Prometheus and the logs.
+#[derive(Debug, Default)]
+pub struct CoordStats {
+    /// Failovers made by the orchestrator.
+    pub auto_failovers: AtomicU64,
+    /// Failovers asked by an operator.
+    pub manual_failovers: AtomicU64,
+    /// Automatic failovers not made (disabled, maxCount, last copy).
+    pub failovers_refused: AtomicU64,
+    /// vBuckets whose promoted replica was not the first in its chain (it held more).
+    pub promotions_reordered: AtomicU64,
+    /// Times this node became the orchestrator.
+    pub leader_terms: AtomicU64,
+    /// Times this node's lease was found expired.
+    pub lease_losses: AtomicU64,
+    /// Documents installed.
+    pub docs_installed: AtomicU64,
+    /// Times this node fenced itself off.
+    pub fences: AtomicU64,
+}
+
+/// One node's part in the etcd cluster.
+pub struct Coordinator {
+    etcd: Etcd,
+    me: NodeSpec,
+    id: String,
+    join: EtcdJoin,
+    cluster: Weak<Cluster>,
+    /// The nodes whose `live` key exists, by id.
+    live: parking_lot::Mutex<BTreeMap<String, NodeSpec>>,
+    /// Whether `live` reflects etcd (false until the first read, and after errors).
+    live_known: AtomicBool,
+    /// The `mod_revision` of the document installed.
+    doc_rev: AtomicI64,
+    /// The lease this node holds the `leader` key with; 0 when it is not the leader.
+    leader_lease: AtomicI64,
+    /// Whether this node holds its active vBuckets as replicas (see the module docs).
+    fenced: AtomicBool,
+    /// The counters.
+    pub stats: CoordStats,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("id", &self.id)
+            .field("doc_rev", &self.doc_rev.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A node's id: `host:port` of its KV port.
+#[must_use]
+pub fn node_id(n: &NodeSpec) -> String {
+    host_port(&n.host, n.port)
+}
+
+impl Coordinator {
+    /// Connects to etcd (retrying for up to `patience`), makes sure the cluster's
+    /// document exists, and returns the coordinator with that document.
+    ///
+    /// # Errors
+    /// etcd could not be reached in time, or holds a document that cannot be read.
+    pub(crate) async fn connect(
+        join: EtcdJoin,
+        me: NodeSpec,
+        cluster: Weak<Cluster>,
+        patience: Duration,
+    ) -> Result<(Arc<Coordinator>, ClusterDoc, i64), String> {
+        let deadline = Instant::now() + patience;
+        let etcd = loop {
+            match Etcd::connect(&join.settings).await {
+                Ok(e) => break e,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::warn!(error = %e, endpoints = ?join.settings.endpoints, "cannot reach etcd yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "cannot reach etcd at {:?}: {e}",
+                        join.settings.endpoints
+                    ));
+                }
+            }
+        };
+        let coord = Arc::new(Coordinator {
+            etcd,
+            id: node_id(&me),
+            me,
+            join,
+            cluster,
+            live: parking_lot::Mutex::new(BTreeMap::new()),
+            live_known: AtomicBool::new(false),
+            doc_rev: AtomicI64::new(0),
+            leader_lease: AtomicI64::new(0),
+            fenced: AtomicBool::new(false),
+            stats: CoordStats::default(),
+        });
+        let (doc, rev) = loop {
+            match coord.init_doc().await {
+                Ok(d) => break d,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::warn!(error = %e, "cannot read the cluster's state from etcd yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        };
+        Ok((coord, doc, rev))
+    }
+
+    /// The etcd connection.
+    #[must_use]
+    pub fn etcd(&self) -> &Etcd {
+        &self.etcd
+    }
+
+    /// Where this node is.
+    #[must_use]
+    pub fn me(&self) -> &NodeSpec {
+        &self.me
+    }
+
+    /// This node's id (`host:port`).
+    #[must_use]
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Whether this node is the orchestrator now.
+    #[must_use]
+    pub fn is_leader(&self) -> bool {
+        let lease = self.leader_lease.load(Ordering::Acquire);
+        lease != 0 && lease == self.etcd.lease_id() && self.etcd.lease_held()
+    }
+
+    /// Whether this node has fenced itself off.
+    #[must_use]
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Whether node `id` holds a live lease (as last seen).
+    #[must_use]
+    pub fn is_live(&self, id: &str) -> bool {
+        self.live.lock().contains_key(id)
+    }
+
+    /// The registered nodes (live leases), by id.
+    #[must_use]
+    pub fn live_nodes(&self) -> BTreeMap<String, NodeSpec> {
+        self.live.lock().clone()
+    }
+
+    /// Whether etcd answered this node recently (its lease renewal).
+    #[must_use]
+    pub fn etcd_reachable(&self) -> bool {
+        self.etcd.lease_held()
+    }
+
+    /// Reads the document, writing the first one if the cluster is new.
+    async fn init_doc(&self) -> Result<(ClusterDoc, i64), ClusterError> {
+        if let Some(found) = self.read_doc().await? {
+            return Ok(found);
+        }
+        let first = match &self.join.seed {
+            Some(file) => ClusterDoc::from_file(file),
+            None => ClusterDoc::single(self.me.clone(), self.join.replicas),
+        };
+        let text = serde_json::to_vec(&first).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+        if self
+            .etcd
+            .compare_and_put("topology", text, 0)
+            .await?
+            .is_some()
+        {
+            tracing::warn!(
+                nodes = first.nodes.len(),
+                replicas = first.replicas,
+                "initialized a new cluster in etcd"
+            );
+        }
+        self.read_doc()
+            .await?
+            .ok_or_else(|| ClusterError::Unavailable("the cluster's document vanished".into()))
+    }
+
+    /// The document in etcd and its `mod_revision`.
+    async fn read_doc(&self) -> Result<Option<(ClusterDoc, i64)>, ClusterError> {
+        let Some(v) = self.etcd.get("topology").await? else {
+            return Ok(None);
+        };
+        let doc: ClusterDoc = serde_json::from_slice(&v.value).map_err(|e| {
+            ClusterError::Invalid(format!("the cluster's document in etcd is invalid: {e}"))
+        })?;
+        Ok(Some((doc, v.mod_revision)))
+    }
+
+    /// Installs `doc` (at `rev`) if it is newer than the one installed.
+    fn offer(&self, doc: ClusterDoc, rev: i64) {
+        if self.doc_rev.fetch_max(rev, Ordering::AcqRel) >= rev {
+            return;
+        }
+        if let Some(c) = self.cluster.upgrade() {
+            self.stats.docs_installed.fetch_add(1, Ordering::Relaxed);
+            c.install_doc(doc, rev);
+        }
+    }
+
+    /// Starts the node's background tasks: the lease, the watches, the orchestrator and
+    /// the fence.
+    pub(crate) fn spawn_tasks(self: &Arc<Self>, first: ClusterDoc, rev: i64) {
+        self.offer(first, rev);
+        let me = Arc::clone(self);
+        tokio::spawn(self.etcd.clone().run_lease(move |etcd| {
+            let me = Arc::clone(&me);
+            async move {
+                me.stats.lease_losses.fetch_add(1, Ordering::Relaxed);
+                let spec = serde_json::to_vec(&me.me).unwrap_or_default();
+                etcd.put_leased(&format!("live/{}", me.id), spec).await?;
+                tracing::info!(node = %me.id, lease = etcd.lease_id(), "registered in etcd");
+                Ok(())
+            }
+        }));
+        // The first registration is not a loss.
+        self.stats.lease_losses.fetch_sub(1, Ordering::Relaxed);
+        tokio::spawn(Arc::clone(self).watch_doc());
+        tokio::spawn(Arc::clone(self).watch_live());
+        tokio::spawn(Arc::clone(self).orchestrate());
+        tokio::spawn(Arc::clone(self).fence());
+    }
+
+    /// Follows the document: a fresh read, then a watch from the next revision, again
+    /// after any error.
+    async fn watch_doc(self: Arc<Self>) {
+        loop {
+            let from = match self.read_doc().await {
+                Ok(Some((doc, rev))) => {
+                    self.offer(doc, rev);
+                    rev + 1
+                }
+                Ok(None) => 1,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read the cluster document");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+            };
+            let mut watch = match self.etcd.watch_prefix("topology", from).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot watch the cluster document");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+            };
+            loop {
+                match watch.next().await {
+                    Ok((changes, _)) => {
+                        for c in changes {
+                            if let Change::Put(v) = c
+                                && v.key == "topology"
+                            {
+                                match serde_json::from_slice::<ClusterDoc>(&v.value) {
+                                    Ok(doc) => self.offer(doc, v.mod_revision),
+                                    Err(e) => {
+                                        tracing::error!(error = %e, "ignoring an invalid cluster document in etcd")
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the cluster document's watch ended");
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Follows the `live/` keys.
+    async fn watch_live(self: Arc<Self>) {
+        loop {
+            let from = match self.etcd.get_prefix("live/").await {
+                Ok((kvs, rev)) => {
+                    let mut live = BTreeMap::new();
+                    for v in kvs {
+                        if let Ok(spec) = serde_json::from_slice::<NodeSpec>(&v.value) {
+                            live.insert(v.key.trim_start_matches("live/").to_owned(), spec);
+                        }
+                    }
+                    *self.live.lock() = live;
+                    self.live_known.store(true, Ordering::Release);
+                    rev + 1
+                }
+                Err(e) => {
+                    self.live_known.store(false, Ordering::Release);
+                    tracing::debug!(error = %e, "cannot read the live nodes");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+            };
+            let Ok(mut watch) = self.etcd.watch_prefix("live/", from).await else {
+                self.live_known.store(false, Ordering::Release);
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            };
+            while let Ok((changes, _)) = watch.next().await {
+                let mut live = self.live.lock();
+                for c in changes {
+                    match c {
+                        Change::Put(v) => {
+                            if let Ok(spec) = serde_json::from_slice::<NodeSpec>(&v.value) {
+                                let id = v.key.trim_start_matches("live/").to_owned();
+                                if !live.contains_key(&id) {
+                                    tracing::info!(node = %id, "a node registered");
+                                }
+                                live.insert(id, spec);
+                            }
+                        }
+                        Change::Delete { key, .. } => {
+                            let id = key.trim_start_matches("live/");
+                            tracing::warn!(node = %id, "a node's lease ended");
+                            live.remove(id);
+                        }
+                    }
+                }
+            }
+            self.live_known.store(false, Ordering::Release);
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// The orchestrator's loop: take the leadership when free; as the leader, probe the
+    /// members and fail over the ones that are gone.
+    async fn orchestrate(self: Arc<Self>) {
+        let mut down_since: HashMap<String, Instant> = HashMap::new();
+        let mut was_leader = false;
+        let mut last_try = Instant::now() - LEADER_POLL;
+        loop {
+            tokio::time::sleep(PROBE_EVERY).await;
+            if !self.is_leader() && last_try.elapsed() >= LEADER_POLL && self.etcd.lease_held() {
+                last_try = Instant::now();
+                let lease = self.etcd.lease_id();
+                match self.etcd.hold("leader", self.id.clone()).await {
+                    Ok(true) => self.leader_lease.store(lease, Ordering::Release),
+                    Ok(false) => self.leader_lease.store(0, Ordering::Release),
+                    Err(e) => tracing::debug!(error = %e, "cannot campaign for the leadership"),
+                }
+            }
+            let leader = self.is_leader();
+            if leader != was_leader {
+                was_leader = leader;
+                down_since.clear();
+                if leader {
+                    self.stats.leader_terms.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(node = %self.id, "this node is the cluster's orchestrator");
+                } else {
+                    tracing::warn!(node = %self.id, "this node is no longer the orchestrator");
+                }
+            }
+            if leader && self.live_known.load(Ordering::Acquire) {
+                self.check_members(&mut down_since).await;
+            }
+        }
+    }
+
+    /// One round of the orchestrator's probes.
+    async fn check_members(&self, down_since: &mut HashMap<String, Instant>) {
+        let Some(cluster) = self.cluster.upgrade() else {
+            return;
+        };
+        let Some(doc) = cluster.doc() else { return };
+        let settings = doc.auto_failover;
+        let mut probes = Vec::new();
+        for (i, m) in doc.nodes.iter().enumerate() {
+            let id = node_id(&m.node);
+            if m.membership != Membership::Active || id == self.id {
+                down_since.remove(&id);
+                continue;
+            }
+            probes.push((i, id, m.node.clone()));
+        }
+        let reach = join_all(probes.iter().map(|(_, _, n)| probe(n.clone()))).await;
+        for ((i, id, _), reachable) in probes.into_iter().zip(reach) {
+            if reachable {
+                if down_since.remove(&id).is_some() {
+                    tracing::info!(node = %id, "a node is reachable again");
+                }
+                continue;
+            }
+            let since = *down_since.entry(id.clone()).or_insert_with(|| {
+                tracing::warn!(node = %id, "a node is unreachable");
+                Instant::now()
+            });
+            let timeout = Duration::from_secs(settings.timeout.max(*AUTO_FAILOVER_TIMEOUT.start()));
+            if !settings.enabled || since.elapsed() < timeout || self.is_live(&id) {
+                continue;
+            }
+            match self.fail_over(i, FailoverKind::Auto, false).await {
+                Ok(true) => {
+                    down_since.remove(&id);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    // Logged once per timeout period, not every probe.
+                    down_since.insert(id.clone(), Instant::now());
+                    self.stats.failovers_refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(node = %id, error = %e, "automatic failover not made");
+                }
+            }
+        }
+    }
+
+    /// Changes the document with `edit` (given the current one; it returns whether it
+    /// changed anything), by compare-and-swap, and installs the result before
+    /// returning. Returns whether anything changed.
+    ///
+    /// # Errors
+    /// `edit`'s error, or etcd unreachable / too busy.
+    pub async fn update_doc<F>(&self, mut edit: F) -> Result<bool, ClusterError>
+    where
+        F: FnMut(&mut ClusterDoc) -> Result<bool, ClusterError>,
+    {
+        for _ in 0..CAS_ATTEMPTS {
+            let (mut doc, rev) = self
+                .read_doc()
+                .await?
+                .ok_or_else(|| ClusterError::Unavailable("the cluster has no document".into()))?;
+            if !edit(&mut doc)? {
+                self.offer(doc, rev);
+                return Ok(false);
+            }
+            let text =
+                serde_json::to_vec(&doc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+            if let Some(new_rev) = self.etcd.compare_and_put("topology", text, rev).await? {
+                self.offer(doc, new_rev);
+                return Ok(true);
+            }
+        }
+        Err(ClusterError::Unavailable(
+            "the cluster's state kept changing under this request; try again".into(),
+        ))
+    }
+
+    /// Fails node `i` over, promoting for each vBucket it held active the live replica
+    /// holding the most (see the module docs). `allow_loss` lets a manual failover lose
+    /// the last copy of vBuckets. Returns whether it was failed over now (false: it
+    /// already was).
+    ///
+    /// # Errors
+    /// Refused (auto-failover off or at its maximum count, the last copy of a vBucket,
+    /// not an active member) or etcd unreachable.
+    pub async fn fail_over(
+        &self,
+        i: usize,
+        kind: FailoverKind,
+        allow_loss: bool,
+    ) -> Result<bool, ClusterError> {
+        let cluster = self
+            .cluster
+            .upgrade()
+            .ok_or_else(|| ClusterError::Unavailable("shutting down".into()))?;
+        let buckets = cluster.bucket_names();
+        let credentials = self.join.credentials.clone();
+        for _ in 0..CAS_ATTEMPTS {
+            let (mut doc, rev) = self
+                .read_doc()
+                .await?
+                .ok_or_else(|| ClusterError::Unavailable("the cluster has no document".into()))?;
+            let Some(member) = doc.nodes.get(i).cloned() else {
+                return Err(ClusterError::Invalid(format!("no node {i} in the cluster")));
+            };
+            match member.membership {
+                Membership::InactiveFailed => return Ok(false),
+                Membership::InactiveAdded => {
+                    return Err(ClusterError::Invalid(
+                        "the node holds no vBuckets (it was added and not rebalanced in)".into(),
+                    ));
+                }
+                Membership::Active => {}
+            }
+            if kind == FailoverKind::Auto {
+                let a = doc.auto_failover;
+                if !a.enabled {
+                    return Err(ClusterError::Invalid("auto-failover is disabled".into()));
+                }
+                if a.count >= a.max_count {
+                    return Err(ClusterError::Invalid(format!(
+                        "auto-failover already failed over {} of at most {} nodes; reset the count (POST /settings/autoFailover/resetCount)",
+                        a.count, a.max_count
+                    )));
+                }
+            }
+            let seqnos = gather_seqnos(&doc, i, &buckets, credentials.as_ref()).await;
+            let mut reordered = 0u64;
+            let mut promoted: BTreeMap<usize, u64> = BTreeMap::new();
+            let pick = |bucket: &str, vb: Vbid, candidates: &[usize]| {
+                let best = choose(bucket, vb, candidates, &seqnos);
+                if best != 0 {
+                    reordered += 1;
+                }
+                *promoted.entry(candidates[best]).or_default() += 1;
+                best
+            };
+            let outcome = if allow_loss {
+                let lost = doc.last_copies(i, &buckets);
+                if !lost.is_empty() {
+                    tracing::error!(node = %member.node.host, lost = lost.len(), "failing a node over loses the last copy of vBuckets (allowUnsafe)");
+                }
+                force_fail_over(&mut doc, i, &buckets, pick)
+            } else {
+                doc.fail_over(i, &buckets, pick)
+                    .map_err(|e| ClusterError::Invalid(e.to_string()))
+            };
+            outcome?;
+            if kind == FailoverKind::Auto {
+                doc.auto_failover.count += 1;
+            }
+            let text =
+                serde_json::to_vec(&doc).map_err(|e| ClusterError::Invalid(e.to_string()))?;
+            if let Some(new_rev) = self.etcd.compare_and_put("topology", text, rev).await? {
+                let counter = match kind {
+                    FailoverKind::Auto => &self.stats.auto_failovers,
+                    FailoverKind::Manual => &self.stats.manual_failovers,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .promotions_reordered
+                    .fetch_add(reordered, Ordering::Relaxed);
+                tracing::warn!(
+                    node = %node_id(&member.node),
+                    ?kind,
+                    promoted = ?promoted,
+                    not_first_in_chain = reordered,
+                    seqnos_from = seqnos.len(),
+                    revision = new_rev,
+                    "node failed over"
+                );
+                self.offer(doc, new_rev);
+                return Ok(true);
+            }
+        }
+        Err(ClusterError::Unavailable(
+            "the cluster's state kept changing under this failover; try again".into(),
+        ))
+    }
+
+    /// Watches over this node's own lease (see "Fencing" in the module docs).
+    async fn fence(self: Arc<Self>) {
+        let mut peers_seen = Instant::now();
+        loop {
+            tokio::time::sleep(PROBE_EVERY).await;
+            let held = self.etcd.lease_held();
+            let mut fenced = false;
+            if held {
+                peers_seen = Instant::now();
+            } else if let Some(cluster) = self.cluster.upgrade()
+                && let Some(doc) = cluster.doc()
+            {
+                let peers: Vec<NodeSpec> = doc
+                    .nodes
+                    .iter()
+                    .filter(|m| m.membership == Membership::Active && node_id(&m.node) != self.id)
+                    .map(|m| m.node.clone())
+                    .collect();
+                let reached = join_all(peers.into_iter().map(probe)).await;
+                if reached.is_empty() || reached.iter().any(|r| *r) {
+                    peers_seen = Instant::now();
+                }
+                fenced = peers_seen.elapsed() >= crate::etcd::LEASE_TTL;
+            }
+            if self.fenced.swap(fenced, Ordering::AcqRel) != fenced {
+                if fenced {
+                    self.stats.fences.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(
+                        "fenced: this node can renew its etcd lease no more and reaches none of its peers; its active vBuckets refuse writes until it can"
+                    );
+                } else {
+                    tracing::warn!("no longer fenced: this node reaches etcd again");
+                }
+                if let Some(c) = self.cluster.upgrade() {
+                    c.fence_changed();
+                }
+            }
+        }
+    }
+}
+
+/// A failover that may lose the last copy of vBuckets (an operator's `allowUnsafe`).
+fn force_fail_over(
+    doc: &mut ClusterDoc,
+    i: usize,
+    buckets: &[String],
+    pick: impl FnMut(&str, Vbid, &[usize]) -> usize,
+) -> Result<(), ClusterError> {
+    match doc.fail_over(i, buckets, pick) {
+        Ok(()) => Ok(()),
+        Err(crate::doc::FailoverRefusal::LastCopy(_)) => {
+            doc.nodes[i].membership = Membership::InactiveFailed;
+            let maps = std::iter::once(&mut doc.chains).chain(doc.bucket_chains.values_mut());
+            for chains in maps {
+                for chain in chains.iter_mut() {
+                    let len = chain.len();
+                    chain.retain(|n| n.is_some_and(|n| n != i));
+                    chain.resize(len, None);
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(ClusterError::Invalid(e.to_string())),
+    }
+}
+
+/// Per (bucket, node): per vBucket, (high prepared seqno, high seqno).
+type Seqnos = HashMap<(String, usize), HashMap<u16, (u64, u64)>>;
+
+/// Asks every live node holding a replica of a vBucket node `failed` holds active, per
+/// bucket, for its seqnos. Nodes that do not answer are left out (and so not preferred).
+async fn gather_seqnos(
+    doc: &ClusterDoc,
+    failed: usize,
+    buckets: &[String],
+    credentials: Option<&(String, String)>,
+) -> Seqnos {
+    let mut asks = Vec::new();
+    for bucket in buckets {
+        let mut nodes: Vec<usize> = doc
+            .chains_of(bucket)
+            .iter()
+            .filter(|c| c.first() == Some(&Some(failed)))
+            .flat_map(|c| c.iter().skip(1).flatten().copied())
+            .filter(|&n| !doc.is_failed(n))
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        for n in nodes {
+            let spec = doc.nodes[n].node.clone();
+            let bucket = bucket.clone();
+            let credentials = credentials.cloned();
+            asks.push(async move {
+                let addr = resolve(&spec)?;
+                let stats = tokio::time::timeout(
+                    SEQNO_TIMEOUT,
+                    replication::fetch_stats(
+                        addr,
+                        credentials.as_ref(),
+                        &bucket,
+                        "vbucket-details",
+                    ),
+                )
+                .await
+                .map_err(|_| "timed out".to_owned())??;
+                Ok::<_, String>(((bucket, n), parse_seqnos(&stats)))
+            });
+        }
+    }
+    let mut out = Seqnos::new();
+    for r in join_all(asks).await {
+        match r {
+            Ok((k, v)) => {
+                out.insert(k, v);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a replica did not say its seqnos; it is not preferred in the failover")
+            }
+        }
+    }
+    out
+}
+
+/// `vb_N:high_prepared_seqno` and `vb_N:high_seqno` out of `vbucket-details`.
+fn parse_seqnos(stats: &[(String, String)]) -> HashMap<u16, (u64, u64)> {
+    let mut out: HashMap<u16, (u64, u64)> = HashMap::new();
+    for (k, v) in stats {
+        let Some(rest) = k.strip_prefix("vb_") else {
+            continue;
+        };
+        let Some((vb, field)) = rest.split_once(':') else {
+            continue;
+        };
+        let (Ok(vb), Ok(v)) = (vb.parse::<u16>(), v.parse::<u64>()) else {
+            continue;
+        };
+        let e = out.entry(vb).or_default();
+        match field {
+            "high_prepared_seqno" => e.0 = v,
+            "high_seqno" => e.1 = v,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The candidate to promote: the highest (prepared seqno, seqno) among those that
+/// answered; the first in the chain on a tie or when none answered.
+fn choose(bucket: &str, vb: Vbid, candidates: &[usize], seqnos: &Seqnos) -> usize {
+    let mut best = 0;
+    let mut best_key: Option<(u64, u64)> = None;
+    for (i, &n) in candidates.iter().enumerate() {
+        let key = seqnos
+            .get(&(bucket.to_owned(), n))
+            .and_then(|m| m.get(&vb.0))
+            .copied();
+        if let Some(k) = key
+            && best_key.is_none_or(|b| k > b)
+        {
+            best = i;
+            best_key = Some(k);
+        }
+    }
+    best
+}
+
+fn resolve(n: &NodeSpec) -> Result<SocketAddr, String> {
+    (n.host.as_str(), n.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{}:{}: {e}", n.host, n.port))?
+        .next()
+        .ok_or_else(|| format!("{}:{} does not resolve", n.host, n.port))
+}
+
+/// Whether `n`'s KV port accepts a connection within [`PROBE_TIMEOUT`].
+async fn probe(n: NodeSpec) -> bool {
+    let Ok(addr) = resolve(&n) else { return false };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Runs futures concurrently (as tasks) and returns their outputs in order.
+async fn join_all<T, F>(futs: impl IntoIterator<Item = F>) -> Vec<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = T> + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    let mut n = 0;
+    for (i, f) in futs.into_iter().enumerate() {
+        set.spawn(async move { (i, f.await) });
+        n += 1;
+    }
+    let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    while let Some(r) = set.join_next().await {
+        if let Ok((i, v)) = r {
+            out[i] = Some(v);
+        }
+    }
+    out.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_replica_holding_the_most_is_chosen() {
+        let mut seqnos = Seqnos::new();
+        seqnos.insert(("b".into(), 1), HashMap::from([(7, (10, 10))]));
+        seqnos.insert(("b".into(), 2), HashMap::from([(7, (12, 11))]));
+        assert_eq!(choose("b", Vbid(7), &[1, 2], &seqnos), 1);
+        // A tie keeps the chain's order; an unknown vBucket or bucket too.
+        seqnos.insert(("b".into(), 2), HashMap::from([(7, (10, 10))]));
+        assert_eq!(choose("b", Vbid(7), &[1, 2], &seqnos), 0);
+        assert_eq!(choose("b", Vbid(8), &[1, 2], &seqnos), 0);
+        assert_eq!(choose("c", Vbid(7), &[1, 2], &seqnos), 0);
+        // Only the second answered: it is preferred.
+        let only = Seqnos::from([(("b".into(), 2), HashMap::from([(7, (0, 0))]))]);
+        assert_eq!(choose("b", Vbid(7), &[1, 2], &only), 1);
+    }
+
+    #[test]
+    fn seqnos_are_read_from_vbucket_details() {
+        let stats: Vec<(String, String)> = [
+            ("vb_3", "active"),
+            ("vb_3:high_seqno", "40"),
+            ("vb_3:high_prepared_seqno", "41"),
+            ("vb_3:uuid", "99"),
+            ("ep_junk", "1"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        assert_eq!(parse_seqnos(&stats), HashMap::from([(3, (41, 40))]));
+    }
+
+    #[tokio::test]
+    async fn joined_futures_keep_their_order() {
+        let out = join_all([1u64, 3, 2].map(|d| async move {
+            tokio::time::sleep(Duration::from_millis(d)).await;
+            d
+        }))
+        .await;
+        assert_eq!(out, vec![1, 3, 2]);
+    }
+}
