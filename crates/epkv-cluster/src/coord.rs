@@ -50,8 +50,9 @@ use tokio::time::Instant;
 pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(250);
 /// How long a probe (a TCP connect to the KV port) may take.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
-/// How often a node that is not the leader tries to become it.
-pub(crate) const LEADER_POLL: Duration = Duration::from_millis(500);
+/// How often a node that is not the leader tries to become it (besides at once when a
+/// lease ends, which is when the leader's may have).
+pub(crate) const LEADER_POLL: Duration = Duration::from_secs(2);
 /// How long a replica is asked for its seqnos before it is left out of the choice.
 const SEQNO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Attempts at a compare-and-swap that others keep winning.
@@ -144,6 +145,12 @@ pub struct Coordinator {
     doc_rev: AtomicI64,
     /// The lease this node holds the `leader` key with; 0 when it is not the leader.
     leader_lease: AtomicI64,
+    /// The orchestrator's id, as last seen.
+    leader_id: parking_lot::Mutex<String>,
+    /// Raised when a node's lease ends (the leader's may have): campaign at once.
+    lease_ended: tokio::sync::Notify,
+    /// When each node's lease was last seen ending, by id.
+    lease_gone_at: parking_lot::Mutex<HashMap<String, Instant>>,
     /// Whether this node holds its active vBuckets as replicas (see the module docs).
     fenced: AtomicBool,
     /// The counters.
@@ -203,6 +210,9 @@ impl Coordinator {
             live_known: AtomicBool::new(false),
             doc_rev: AtomicI64::new(0),
             leader_lease: AtomicI64::new(0),
+            leader_id: parking_lot::Mutex::new(String::new()),
+            lease_ended: tokio::sync::Notify::new(),
+            lease_gone_at: parking_lot::Mutex::new(HashMap::new()),
             fenced: AtomicBool::new(false),
             stats: CoordStats::default(),
         });
@@ -242,6 +252,15 @@ impl Coordinator {
     pub fn is_leader(&self) -> bool {
         let lease = self.leader_lease.load(Ordering::Acquire);
         lease != 0 && lease == self.etcd.lease_id() && self.etcd.lease_held()
+    }
+
+    /// The orchestrator's id, as this node last saw it (empty: unknown).
+    #[must_use]
+    pub fn leader_id(&self) -> String {
+        if self.is_leader() {
+            return self.id.clone();
+        }
+        self.leader_id.lock().clone()
     }
 
     /// Whether this node has fenced itself off.
@@ -434,6 +453,10 @@ impl Coordinator {
                             let id = key.trim_start_matches("live/");
                             tracing::warn!(node = %id, "a node's lease ended");
                             live.remove(id);
+                            self.lease_gone_at
+                                .lock()
+                                .insert(id.to_owned(), Instant::now());
+                            self.lease_ended.notify_one();
                         }
                     }
                 }
@@ -443,20 +466,29 @@ impl Coordinator {
         }
     }
 
-    /// The orchestrator's loop: take the leadership when free; as the leader, probe the
-    /// members and fail over the ones that are gone.
+    /// The orchestrator's loop: take the leadership when free (every [`LEADER_POLL`],
+    /// and at once when a lease ends); as the leader, probe the members and fail over
+    /// the ones that are gone.
     async fn orchestrate(self: Arc<Self>) {
         let mut down_since: HashMap<String, Instant> = HashMap::new();
+        let mut refused_until: HashMap<String, Instant> = HashMap::new();
         let mut was_leader = false;
-        let mut last_try = Instant::now() - LEADER_POLL;
+        let mut last_try: Option<Instant> = None;
         loop {
-            tokio::time::sleep(PROBE_EVERY).await;
-            if !self.is_leader() && last_try.elapsed() >= LEADER_POLL && self.etcd.lease_held() {
-                last_try = Instant::now();
+            let woken = tokio::select! {
+                () = tokio::time::sleep(PROBE_EVERY) => false,
+                () = self.lease_ended.notified() => true,
+            };
+            let due = woken || last_try.is_none_or(|t| t.elapsed() >= LEADER_POLL);
+            if !self.is_leader() && due && self.etcd.lease_held() {
+                last_try = Some(Instant::now());
                 let lease = self.etcd.lease_id();
                 match self.etcd.hold("leader", self.id.clone()).await {
-                    Ok(true) => self.leader_lease.store(lease, Ordering::Release),
-                    Ok(false) => self.leader_lease.store(0, Ordering::Release),
+                    Ok((mine, holder)) => {
+                        self.leader_lease
+                            .store(if mine { lease } else { 0 }, Ordering::Release);
+                        *self.leader_id.lock() = String::from_utf8_lossy(&holder).into_owned();
+                    }
                     Err(e) => tracing::debug!(error = %e, "cannot campaign for the leadership"),
                 }
             }
@@ -464,6 +496,7 @@ impl Coordinator {
             if leader != was_leader {
                 was_leader = leader;
                 down_since.clear();
+                refused_until.clear();
                 if leader {
                     self.stats.leader_terms.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(node = %self.id, "this node is the cluster's orchestrator");
@@ -472,13 +505,18 @@ impl Coordinator {
                 }
             }
             if leader && self.live_known.load(Ordering::Acquire) {
-                self.check_members(&mut down_since).await;
+                self.check_members(&mut down_since, &mut refused_until)
+                    .await;
             }
         }
     }
 
     /// One round of the orchestrator's probes.
-    async fn check_members(&self, down_since: &mut HashMap<String, Instant>) {
+    async fn check_members(
+        &self,
+        down_since: &mut HashMap<String, Instant>,
+        refused_until: &mut HashMap<String, Instant>,
+    ) {
         let Some(cluster) = self.cluster.upgrade() else {
             return;
         };
@@ -501,12 +539,27 @@ impl Coordinator {
                 }
                 continue;
             }
+            // A node whose lease ended has not renewed it for the lease's time: it has
+            // been gone at least that long, whoever was the orchestrator then.
+            let gone = self
+                .lease_gone_at
+                .lock()
+                .get(&id)
+                .and_then(|t| t.checked_sub(crate::etcd::LEASE_TTL));
             let since = *down_since.entry(id.clone()).or_insert_with(|| {
                 tracing::warn!(node = %id, "a node is unreachable");
                 Instant::now()
             });
+            let since = match gone {
+                Some(g) if !self.is_live(&id) => since.min(g),
+                _ => since,
+            };
             let timeout = Duration::from_secs(settings.timeout.max(*AUTO_FAILOVER_TIMEOUT.start()));
-            if !settings.enabled || since.elapsed() < timeout || self.is_live(&id) {
+            if !settings.enabled
+                || since.elapsed() < timeout
+                || self.is_live(&id)
+                || refused_until.get(&id).is_some_and(|t| Instant::now() < *t)
+            {
                 continue;
             }
             match self.fail_over(i, FailoverKind::Auto, false).await {
@@ -515,8 +568,11 @@ impl Coordinator {
                 }
                 Ok(false) => {}
                 Err(e) => {
-                    // Logged once per timeout period, not every probe.
-                    down_since.insert(id.clone(), Instant::now());
+                    // Tried again (and logged) once per timeout period, not every probe.
+                    refused_until.insert(
+                        id.clone(),
+                        Instant::now() + timeout.max(Duration::from_secs(5)),
+                    );
                     self.stats.failovers_refused.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(node = %id, error = %e, "automatic failover not made");
                 }

@@ -329,32 +329,40 @@ impl Etcd {
         self.commit(txn).await
     }
 
-    /// Creates `rel` attached to this node's lease if no one holds it; returns whether
-    /// this node holds it afterwards (it created it now, or did before with this lease).
+    /// Creates `rel` (with `value`) attached to this node's lease if no one holds it.
+    /// Returns whether this node holds it afterwards (it created it now, or did before
+    /// with this lease), and the holder's value.
     ///
     /// # Errors
     /// etcd could not be asked.
-    pub async fn hold(&self, rel: &str, value: impl Into<Vec<u8>>) -> Result<bool, EtcdError> {
+    pub async fn hold(
+        &self,
+        rel: &str,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<(bool, Vec<u8>), EtcdError> {
         let key = self.key(rel);
         let lease = self.lease_id();
+        let value = value.into();
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
                 key.clone(),
-                value.into(),
+                value.clone(),
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key, None)]);
         let r = self.client.clone().txn(txn).await?;
         if r.succeeded() {
-            return Ok(true);
+            return Ok((true, value));
         }
         for op in r.op_responses() {
-            if let etcd_client::TxnOpResponse::Get(g) = op {
-                return Ok(g.kvs().first().is_some_and(|kv| kv.lease() == lease));
+            if let etcd_client::TxnOpResponse::Get(g) = op
+                && let Some(kv) = g.kvs().first()
+            {
+                return Ok((kv.lease() == lease, kv.value().to_vec()));
             }
         }
-        Ok(false)
+        Ok((false, Vec::new()))
     }
 
     async fn commit(&self, txn: Txn) -> Result<Option<i64>, EtcdError> {

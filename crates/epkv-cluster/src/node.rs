@@ -338,7 +338,7 @@ impl Cluster {
             return Vec::new();
         };
         let coord = self.coord.get();
-        let leader_id = coord.filter(|c| c.is_leader()).map(|c| c.id().to_owned());
+        let leader_id = coord.map(|c| c.leader_id());
         t.members()
             .iter()
             .enumerate()

@@ -314,14 +314,16 @@ impl Topology {
     }
 
     /// The node named `name`: its index, `host:port` (KV or management port), or
-    /// ns_server's `ns_1@host` form when one node has that host.
+    /// `host` alone when one node has that host; ns_server's `ns_1@` prefix is allowed.
     #[must_use]
     pub fn node_named(&self, name: &str) -> Option<usize> {
         let nodes = &self.doc.nodes;
         if let Ok(i) = name.parse::<usize>() {
             return (i < nodes.len()).then_some(i);
         }
-        if let Some(host) = name.strip_prefix("ns_1@") {
+        let name = name.strip_prefix("ns_1@").unwrap_or(name);
+        if !name.contains(':') || name.starts_with('[') && name.ends_with(']') {
+            let host = name.trim_start_matches('[').trim_end_matches(']');
             let mut on_host = (0..nodes.len()).filter(|&i| nodes[i].node.host == host);
             return match (on_host.next(), on_host.next()) {
                 (Some(i), None) => Some(i),

@@ -195,10 +195,14 @@ fn run(cli: Cli) -> Result<()> {
     // The cluster map, replication and failover (a single node without --cluster): the
     // front end asks it for the map, the management API changes it.
     let served = manager.buckets().clone();
-    let cluster = epkv_cluster::Cluster::new(
-        settings::cluster_topology(s).map_err(anyhow::Error::msg)?,
-        Arc::new(move || served.iter().collect()),
-    );
+    let served: epkv_cluster::BucketList = Arc::new(move || served.iter().collect());
+    let cluster = match settings::etcd_join(s).map_err(anyhow::Error::msg)? {
+        Some(join) => epkv_cluster::Cluster::with_etcd(join, served),
+        None => epkv_cluster::Cluster::new(
+            settings::cluster_topology(s).map_err(anyhow::Error::msg)?,
+            served,
+        ),
+    };
     let audit = if s.audit_log.as_os_str().is_empty() {
         epkv_auth::AuditLog::disabled()
     } else {
@@ -299,7 +303,8 @@ fn run(cli: Cli) -> Result<()> {
             Arc::clone(&cluster),
             epkv_frontend::wire_version(env!("CARGO_PKG_VERSION")),
             Arc::new(SystemClock),
-        );
+        )
+        .with_testing(cli.testing);
         (state, listener)
     });
     if let Some(a) = mgmt_addr {
@@ -395,7 +400,10 @@ fn run(cli: Cli) -> Result<()> {
         }
         // A cluster node takes its vBuckets' states from the map before it serves
         // (clients wait in the listen backlog meanwhile).
-        cluster.start().await;
+        cluster
+            .start(settings::this_node(s, addr, mgmt_addr))
+            .await
+            .map_err(anyhow::Error::msg)?;
         frontend
             .run_until(shutdown)
             .await

@@ -15,7 +15,7 @@
 use crate::bucket_list::{BucketList, CollectionList, Secret};
 use crate::byte_size::ByteSize;
 use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -190,6 +190,90 @@ pub(crate) fn cluster_topology(s: &Settings) -> Result<Option<epkv_cluster::Topo
     epkv_cluster::Topology::new(file, s.cluster_node)?
         .with_state_file(s.data_dir.join("cluster-state.json"))
         .map(Some)
+}
+
+/// How this node joins an etcd cluster (`--etcd`): `None` without it. A cluster file
+/// given too seeds a new cluster's topology; the replication credentials are the file's,
+/// else the admin user's.
+///
+/// # Errors
+/// The cluster file cannot be read or is invalid, or a wildcard bind address without
+/// `advertise-host`.
+pub(crate) fn etcd_join(s: &Settings) -> Result<Option<epkv_cluster::EtcdJoin>, String> {
+    if s.etcd.trim().is_empty() {
+        return Ok(None);
+    }
+    let endpoints: Vec<String> = s
+        .etcd
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            if e.contains("://") {
+                e.to_owned()
+            } else {
+                format!("http://{e}")
+            }
+        })
+        .collect();
+    if s.cluster_name.is_empty() || s.cluster_name.contains('/') {
+        return Err("--cluster-name must be non-empty and without '/'".into());
+    }
+    if s.advertise_host.is_empty() && s.bind.is_unspecified() && s.cluster.as_os_str().is_empty() {
+        return Err(format!(
+            "--etcd with bind {}: give --advertise-host, the address other nodes and clients reach this node at",
+            s.bind
+        ));
+    }
+    let seed = if s.cluster.as_os_str().is_empty() {
+        None
+    } else {
+        let text = std::fs::read_to_string(&s.cluster)
+            .map_err(|e| format!("cannot read the cluster file {}: {e}", s.cluster.display()))?;
+        Some(epkv_cluster::ClusterFile::parse(&text)?)
+    };
+    let admin = (!s.admin_user.is_empty() && !s.admin_password.expose().is_empty())
+        .then(|| (s.admin_user.clone(), s.admin_password.expose().to_owned()));
+    let credentials = seed
+        .as_ref()
+        .and_then(|f| f.user.clone().zip(f.password.clone()))
+        .or(admin);
+    Ok(Some(epkv_cluster::EtcdJoin {
+        settings: epkv_cluster::EtcdSettings {
+            endpoints,
+            cluster_name: s.cluster_name.clone(),
+        },
+        replicas: seed.as_ref().map_or(1, |f| f.replicas),
+        seed,
+        credentials,
+    }))
+}
+
+/// Where this node is, as an etcd cluster names it: the cluster file's entry for
+/// `cluster-node` when a file is given, else `advertise-host` (or the bind address) with
+/// the ports it listens on.
+pub(crate) fn this_node(
+    s: &Settings,
+    kv: SocketAddr,
+    mgmt: Option<SocketAddr>,
+) -> Option<epkv_cluster::NodeSpec> {
+    if !s.cluster.as_os_str().is_empty()
+        && let Ok(text) = std::fs::read_to_string(&s.cluster)
+        && let Ok(file) = epkv_cluster::ClusterFile::parse(&text)
+        && let Some(n) = file.nodes.get(s.cluster_node)
+    {
+        return Some(n.clone());
+    }
+    let host = if s.advertise_host.is_empty() {
+        s.bind.to_string()
+    } else {
+        s.advertise_host.clone()
+    };
+    Some(epkv_cluster::NodeSpec {
+        host,
+        port: kv.port(),
+        mgmt_port: mgmt.map(|a| a.port()),
+    })
 }
 
 /// The TLS listener's configuration from the settings: `None` without `tls-cert` and

@@ -28,7 +28,7 @@ use crate::bucket_manager::{
 use crate::http_auth::{Access, Grants, Verdict};
 use crate::http_server::{Authenticated, HttpListener, HttpResponse, reply};
 use epkv_auth::{AuditKind, Interface, Privilege, Roles};
-use epkv_cluster::Cluster;
+use epkv_cluster::{Cluster, ClusterError};
 use epkv_engine_api::{Engine, EngineStatus};
 use epkv_executor::Clock;
 use epkv_frontend::FrontendHandle;
@@ -133,6 +133,8 @@ pub(crate) struct Mgmt {
     uuid: String,
     clock: Arc<dyn Clock>,
     started: Instant,
+    /// Testing mode (`--testing`): `POST /diag/replication` pauses replication.
+    testing: bool,
 }
 
 impl Mgmt {
@@ -163,7 +165,14 @@ impl Mgmt {
             uuid: uuid.iter().map(|b| format!("{b:02x}")).collect(),
             clock,
             started,
+            testing: false,
         }
+    }
+
+    /// Turns testing-only endpoints on.
+    pub(crate) fn with_testing(mut self, testing: bool) -> Self {
+        self.testing = testing;
+        self
     }
 
     /// Serves on `listener` (on the current Tokio runtime).
@@ -393,33 +402,53 @@ fn route(
                 c.grants.allows(Privilege::SecurityRead, None),
             ))
         }),
-        ["controller", "reAddNode"] => match *method {
+        ["controller", "reAddNode" | "setRecoveryType"] => match *method {
             Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
-                match form.get("otpNode") {
-                    None => Reply::invalid(
-                        "otpNode",
-                        "name the node to add back (host:port or its index)",
-                    ),
-                    Some(node) => match m.cluster.re_add(node) {
-                        Ok(_) => Reply::empty(StatusCode::OK),
-                        Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
-                    },
-                }
+                re_add_node(m, segs[1], form)
             }),
             _ => method_not_allowed("POST"),
         },
         ["controller", "failOver"] => match *method {
             Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
-                match form.get("otpNode") {
-                    None => Reply::invalid(
-                        "otpNode",
-                        "name the node to fail over (host:port or its index)",
-                    ),
-                    Some(node) => match m.cluster.fail_over(node) {
-                        Ok(_) => Reply::empty(StatusCode::OK),
-                        Err(e) => Reply::error(StatusCode::BAD_REQUEST, e),
+                fail_over_node(m, form)
+            }),
+            _ => method_not_allowed("POST"),
+        },
+        ["controller", "addNode"] => match *method {
+            Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
+                match form.get("hostname") {
+                    None => Reply::invalid("hostname", "name the node to add (HOST:PORT)"),
+                    Some(h) => match m.cluster.add_node(h) {
+                        Ok(id) => Reply::json(json!({ "otpNode": format!("ns_1@{id}") })),
+                        Err(e) => cluster_error(e),
                     },
                 }
+            }),
+            _ => method_not_allowed("POST"),
+        },
+        ["settings", "autoFailover"] => match *method {
+            Method::GET | Method::HEAD => guarded(m, c, Privilege::SystemSettings, None, || {
+                auto_failover_json(m.cluster.auto_failover())
+            }),
+            Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
+                set_auto_failover(m, form)
+            }),
+            _ => method_not_allowed("GET, POST"),
+        },
+        ["settings", "autoFailover", "resetCount"] => match *method {
+            Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
+                match m.cluster.set_auto_failover(None, None, None, true) {
+                    Ok(_) => Reply::empty(StatusCode::OK),
+                    Err(e) => cluster_error(e),
+                }
+            }),
+            _ => method_not_allowed("POST"),
+        },
+        ["diag", "replication"] if m.testing => match *method {
+            Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
+                m.cluster
+                    .pause_replication(form.get("paused") == Some("true"));
+                Reply::empty(StatusCode::OK)
             }),
             _ => method_not_allowed("POST"),
         },
@@ -428,6 +457,7 @@ fn route(
                 &m.facts(),
                 local,
                 &m.buckets.snapshot(),
+                &m.cluster.node_statuses(),
             ))
         }),
         ["pools", "nodes"] if get => guarded(m, c, Privilege::SystemSettings, None, || {
@@ -646,6 +676,109 @@ fn upsert_user(m: &Mgmt, c: &Caller, name: &str, form: &Form) -> Reply {
 }
 
 /// Parses a non-negative integer field.
+/// A cluster change's error as the REST API answers it: 400 for a refused request, 503
+/// when the cluster's state store cannot be reached.
+fn cluster_error(e: ClusterError) -> Reply {
+    match e {
+        ClusterError::Invalid(msg) => Reply::error(StatusCode::BAD_REQUEST, msg),
+        ClusterError::Unavailable(msg) => Reply::error(StatusCode::SERVICE_UNAVAILABLE, msg),
+    }
+}
+
+/// `POST /controller/failOver` (`otpNode`, `allowUnsafe=true` to fail over a node
+/// holding the last copy of some vBuckets).
+fn fail_over_node(m: &Mgmt, form: &Form) -> Reply {
+    let Some(node) = form.get("otpNode") else {
+        return Reply::invalid(
+            "otpNode",
+            "name the node to fail over (host:port or its index)",
+        );
+    };
+    match m
+        .cluster
+        .fail_over(node, form.get("allowUnsafe") == Some("true"))
+    {
+        Ok(_) => Reply::empty(StatusCode::OK),
+        Err(e) => cluster_error(e),
+    }
+}
+
+/// `POST /controller/reAddNode` (`otpNode`) and `/controller/setRecoveryType`
+/// (`otpNode`, `recoveryType=delta`): the node becomes a replica again and streams the
+/// difference from the actives (delta recovery; a vBucket whose history diverged starts
+/// over). Full recovery (dropping its data first) is not built yet and is refused.
+fn re_add_node(m: &Mgmt, which: &str, form: &Form) -> Reply {
+    let Some(node) = form.get("otpNode") else {
+        return Reply::invalid(
+            "otpNode",
+            "name the node to add back (host:port or its index)",
+        );
+    };
+    match (which, form.get("recoveryType")) {
+        ("reAddNode", _) | (_, Some("delta")) => {}
+        (_, Some("full")) => {
+            return Reply::invalid(
+                "recoveryType",
+                "full recovery is not supported yet; use delta (the node streams what it lacks)",
+            );
+        }
+        _ => return Reply::invalid("recoveryType", "recoveryType must be delta or full"),
+    }
+    match m.cluster.re_add(node) {
+        Ok(_) => Reply::empty(StatusCode::OK),
+        Err(e) => cluster_error(e),
+    }
+}
+
+/// `GET /settings/autoFailover`'s document.
+fn auto_failover_json(a: epkv_cluster::AutoFailover) -> Reply {
+    Reply::json(json!({
+        "enabled": a.enabled,
+        "timeout": a.timeout,
+        "count": a.count,
+        "maxCount": a.max_count,
+        "failoverOnDataDiskIssues": { "enabled": false, "timePeriod": 120 },
+        "failoverServerGroup": false,
+    }))
+}
+
+/// `POST /settings/autoFailover` (`enabled`, `timeout`, `maxCount`).
+fn set_auto_failover(m: &Mgmt, form: &Form) -> Reply {
+    let enabled = match form.get("enabled") {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(_) => {
+            return Reply::invalid(
+                "enabled",
+                "The value must be one of the following: [true,false]",
+            );
+        }
+    };
+    let Ok(timeout) = int_field(form, &["timeout"]) else {
+        return Reply::invalid("timeout", "The value must be an integer between 1 and 3600");
+    };
+    let max_count = match int_field(form, &["maxCount"]) {
+        Ok(v) => v.map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
+        Err(()) => {
+            return Reply::invalid("maxCount", "The value must be an integer between 1 and 100");
+        }
+    };
+    match m
+        .cluster
+        .set_auto_failover(enabled, timeout, max_count, false)
+    {
+        Ok(a) => auto_failover_json(a),
+        Err(ClusterError::Invalid(msg)) if msg.starts_with("timeout") => {
+            Reply::invalid("timeout", msg)
+        }
+        Err(ClusterError::Invalid(msg)) if msg.starts_with("maxCount") => {
+            Reply::invalid("maxCount", msg)
+        }
+        Err(e) => cluster_error(e),
+    }
+}
+
 fn int_field(form: &Form, names: &[&str]) -> Result<Option<u64>, ()> {
     match form.first_of(names) {
         None => Ok(None),

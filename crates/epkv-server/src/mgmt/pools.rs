@@ -4,6 +4,7 @@
 //! `kv`.
 
 use crate::bucket_manager::{BucketParams, BucketType};
+use epkv_cluster::NodeStatus;
 use epkv_engine::Bucket;
 use epkv_engine_api::Engine;
 use serde_json::{Value, json};
@@ -85,23 +86,62 @@ pub(crate) fn pools(facts: &NodeFacts, is_admin: bool, is_ro_admin: bool) -> Val
     })
 }
 
+/// The cluster's nodes as `/pools/default` lists them: this node as [`node`] says, the
+/// others from the cluster's view (`hostname` is the management address when the node
+/// has one, `otpNode` names the KV address, which `/controller/failOver` accepts).
+fn cluster_nodes(facts: &NodeFacts, local: SocketAddr, cluster: &[NodeStatus]) -> Vec<Value> {
+    if cluster.is_empty() {
+        return vec![node(facts, local)];
+    }
+    cluster
+        .iter()
+        .map(|n| {
+            let spec = &n.node;
+            let mut v = if n.this {
+                node(facts, local)
+            } else {
+                let hostname = epkv_cluster::node_id(&epkv_cluster::NodeSpec {
+                    port: spec.mgmt_port.unwrap_or(spec.port),
+                    ..spec.clone()
+                });
+                json!({
+                    "hostname": hostname,
+                    "configuredHostname": hostname,
+                    "version": facts.version,
+                    "services": ["kv"],
+                    "ports": { "direct": spec.port },
+                })
+            };
+            v["clusterMembership"] = json!(n.membership.as_str());
+            v["status"] = json!(if n.healthy { "healthy" } else { "unhealthy" });
+            v["otpNode"] = json!(format!("ns_1@{}", epkv_cluster::node_id(spec)));
+            v["epkvOrchestrator"] = json!(n.orchestrator);
+            v
+        })
+        .collect()
+}
+
 /// `GET /pools/default`.
 pub(crate) fn pools_default(
     facts: &NodeFacts,
     local: SocketAddr,
     buckets: &[(BucketParams, std::sync::Arc<Bucket>)],
+    cluster: &[NodeStatus],
 ) -> Value {
     let quota: u64 = buckets.iter().map(|(p, _)| p.quota_bytes).sum();
+    let balanced = cluster
+        .iter()
+        .all(|n| n.membership == epkv_cluster::Membership::Active);
     json!({
         "name": "default",
         "clusterName": "epkv",
-        "nodes": [node(facts, local)],
+        "nodes": cluster_nodes(facts, local, cluster),
         "buckets": {
             "uri": format!("/pools/default/buckets?uuid={}", facts.uuid),
             "terseBucketsBase": "/pools/default/b/",
             "terseStreamingBucketsBase": "/pools/default/bs/",
         },
-        "balanced": true,
+        "balanced": balanced,
         "rebalanceStatus": "none",
         "nodeStatusesUri": "/nodeStatuses",
         "memoryQuota": quota >> 20,
