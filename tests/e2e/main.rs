@@ -18,6 +18,7 @@ mod commands;
 mod couchbase;
 mod dcp;
 mod durability;
+mod etcd_cluster;
 mod eviction;
 mod expiry;
 mod http_flood;

@@ -237,11 +237,15 @@ impl Cluster {
 
     /// The coordinator, for changes that need one.
     fn coord_for_change(&self) -> Result<&Arc<Coordinator>, ClusterError> {
-        self.coord.get().ok_or_else(|| {
-            ClusterError::Invalid(
+        match (self.coord.get(), &self.join) {
+            (Some(c), _) => Ok(c),
+            (None, Some(_)) => Err(ClusterError::Unavailable(
+                "this node is still joining the cluster (reaching etcd)".into(),
+            )),
+            (None, None) => Err(ClusterError::Invalid(
                 "this node is not in an etcd cluster (start it with --etcd)".into(),
-            )
-        })
+            )),
+        }
     }
 
     /// Adds the node registered at `hostname` (`HOST:PORT`, its management or KV port;

@@ -1,0 +1,640 @@
+//! An elastic cluster on etcd: real `etcd` processes (Debian's `etcd-server`) and
+//! epkv-server nodes on loopback, each with its own data directory. The nodes share a
+//! cluster file that seeds the topology the first node writes to etcd; from then on etcd
+//! holds the state, the orchestrator fails dead nodes over, and every node follows.
+//!
+//! Skipped (with a message) when `etcd` is not installed; `.ci/run` installs it.
+
+use crate::harness::{Server, TestDir, http_request, key};
+use epkv_client::{Client, StoreOptions};
+use epkv_protocol::{DurabilityRequirement, Status};
+use epkv_types::DurabilityLevel;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ADMIN: (&str, &str) = ("Administrator", "password");
+
+/// Free loopback ports (bound, then released).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+/// The `etcd` binary, if installed.
+fn etcd_binary() -> Option<&'static str> {
+    ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+}
+
+/// Whether to skip: no etcd here.
+fn no_etcd(test: &str) -> bool {
+    if etcd_binary().is_some() {
+        return false;
+    }
+    assert!(
+        std::env::var_os("EPKV_CI").is_none(),
+        "{test}: etcd is not installed (apt-get install etcd-server)"
+    );
+    eprintln!("{test}: skipped, etcd is not installed (apt-get install etcd-server)");
+    true
+}
+
+/// An etcd cluster of a few members on loopback.
+pub(crate) struct Etcd {
+    members: Vec<Option<Child>>,
+    client_ports: Vec<u16>,
+    peer_ports: Vec<u16>,
+    dir: TestDir,
+}
+
+impl Etcd {
+    pub(crate) fn start(n: usize) -> Etcd {
+        let ports = free_ports(2 * n);
+        let mut e = Etcd {
+            members: Vec::new(),
+            client_ports: ports[..n].to_vec(),
+            peer_ports: ports[n..].to_vec(),
+            dir: TestDir::new(),
+        };
+        std::fs::create_dir_all(e.dir.path()).unwrap();
+        for i in 0..n {
+            let child = e.spawn(i, "new");
+            e.members.push(Some(child));
+        }
+        e.wait_healthy();
+        e
+    }
+
+    fn spawn(&self, i: usize, state: &str) -> Child {
+        let initial: Vec<String> = self
+            .peer_ports
+            .iter()
+            .enumerate()
+            .map(|(j, p)| format!("e{j}=http://127.0.0.1:{p}"))
+            .collect();
+        let client = format!("http://127.0.0.1:{}", self.client_ports[i]);
+        let peer = format!("http://127.0.0.1:{}", self.peer_ports[i]);
+        let log = std::fs::File::create(self.dir.path().join(format!("etcd{i}.log"))).unwrap();
+        Command::new(etcd_binary().expect("etcd"))
+            .args(["--name", &format!("e{i}")])
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("e{i}")))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &initial.join(",")])
+            .args(["--initial-cluster-state", state])
+            .args(["--initial-cluster-token", "epkv-test"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn etcd")
+    }
+
+    /// The client URLs, comma separated, as `--etcd` takes them.
+    pub(crate) fn endpoints(&self) -> String {
+        self.client_ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for p in &self.client_ports {
+            let addr: SocketAddr = format!("127.0.0.1:{p}").parse().unwrap();
+            loop {
+                if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "etcd did not start");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Stops member `i` (SIGKILL: its data directory stays for a restart).
+    pub(crate) fn stop(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data directory.
+    pub(crate) fn restart(&mut self, i: usize) {
+        assert!(self.members[i].is_none());
+        self.members[i] = Some(self.spawn(i, "existing"));
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.stop(i);
+        }
+    }
+}
+
+/// epkv nodes on one etcd, seeded by one cluster file.
+pub(crate) struct EtcdCluster {
+    pub(crate) etcd: Etcd,
+    pub(crate) nodes: Vec<Option<Server>>,
+    kv: Vec<u16>,
+    mgmt: Vec<u16>,
+    dir: TestDir,
+}
+
+impl EtcdCluster {
+    pub(crate) fn start(n: usize, replicas: usize, etcd_members: usize) -> EtcdCluster {
+        let etcd = Etcd::start(etcd_members);
+        let ports = free_ports(2 * n);
+        let dir = TestDir::new();
+        std::fs::create_dir_all(dir.path()).unwrap();
+        let mut file = format!(
+            "replicas = {replicas}\nuser = \"{}\"\npassword = \"{}\"\n",
+            ADMIN.0, ADMIN.1
+        );
+        for i in 0..n {
+            file.push_str(&format!(
+                "[[nodes]]\nhost = \"127.0.0.1\"\nport = {}\nmgmt_port = {}\n",
+                ports[i],
+                ports[n + i]
+            ));
+        }
+        std::fs::write(dir.path().join("cluster.toml"), file).unwrap();
+        let mut c = EtcdCluster {
+            etcd,
+            nodes: Vec::new(),
+            kv: ports[..n].to_vec(),
+            mgmt: ports[n..].to_vec(),
+            dir,
+        };
+        for i in 0..n {
+            let s = c.spawn(i);
+            c.nodes.push(Some(s));
+        }
+        // Every node has joined (its cluster calls answer) and one leads.
+        for i in 0..n {
+            wait_until("the node to join", Duration::from_secs(20), || {
+                (c.rest(i, "GET", "/settings/autoFailover", None).0 == 200
+                    && c.membership(i, i) == "active")
+                    .then_some(())
+            });
+        }
+        c.orchestrator(0);
+        c
+    }
+
+    fn spawn(&self, i: usize) -> Server {
+        let data = self.dir.path().join(format!("node{i}"));
+        let file = self.dir.path().join("cluster.toml");
+        let (kv, mgmt, index) = (
+            self.kv[i].to_string(),
+            self.mgmt[i].to_string(),
+            i.to_string(),
+        );
+        let endpoints = self.etcd.endpoints();
+        Server::spawn_in_exact(
+            &data,
+            &[
+                "--port",
+                &kv,
+                "--mgmt-port",
+                &mgmt,
+                "--testing",
+                "--admin-user",
+                ADMIN.0,
+                "--admin-password",
+                ADMIN.1,
+                "--cluster",
+                file.to_str().unwrap(),
+                "--cluster-node",
+                &index,
+                "--etcd",
+                &endpoints,
+                "--cluster-name",
+                "test",
+            ],
+        )
+    }
+
+    pub(crate) fn node(&self, i: usize) -> &Server {
+        self.nodes[i].as_ref().expect("a live node")
+    }
+
+    /// `METHOD path` on node `i`'s management port as the administrator.
+    pub(crate) fn rest(
+        &self,
+        i: usize,
+        method: &str,
+        path: &str,
+        form: Option<&str>,
+    ) -> (u16, String) {
+        let r = http_request(self.node(i).mgmt_addr(), method, path, Some(ADMIN), form);
+        (r.status, r.body)
+    }
+
+    fn json(&self, i: usize, path: &str) -> serde_json::Value {
+        let (status, body) = self.rest(i, "GET", path, None);
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// `clusterMembership` of node `of` as node `via` sees it.
+    pub(crate) fn membership(&self, via: usize, of: usize) -> String {
+        let doc = self.json(via, "/pools/default");
+        let otp = format!("ns_1@127.0.0.1:{}", self.kv[of]);
+        doc["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["otpNode"] == otp.as_str())
+            .map(|n| n["clusterMembership"].as_str().unwrap().to_owned())
+            .unwrap_or_default()
+    }
+
+    /// The orchestrator's index, as node `via` sees it (waits for one to be elected).
+    pub(crate) fn orchestrator(&self, via: usize) -> usize {
+        wait_until("an orchestrator", Duration::from_secs(15), || {
+            let doc = self.json(via, "/pools/default");
+            doc["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["epkvOrchestrator"] == true)
+                .and_then(|n| n["otpNode"].as_str())
+                .and_then(|o| o.rsplit(':').next())
+                .and_then(|p| p.parse::<u16>().ok())
+                .and_then(|p| self.kv.iter().position(|k| *k == p))
+        })
+    }
+
+    /// Kills node `i` (SIGKILL).
+    pub(crate) fn kill(&mut self, i: usize) {
+        let _ = self.nodes[i].take().expect("a live node").kill();
+    }
+
+    /// An authenticated client of node `i` with the `default` bucket selected.
+    pub(crate) async fn client(&self, i: usize) -> Client {
+        let mut c = self.node(i).client().await;
+        c.hello("etcd-cluster-test", &[epkv_protocol::Feature::Xerror])
+            .await
+            .unwrap();
+        c.auth_plain(ADMIN.0, ADMIN.1).await.unwrap();
+        assert!(c.select_bucket("default").await.unwrap().is_success());
+        c
+    }
+
+    /// The node holding `key`'s active copy, by node `via`'s map of `default`.
+    pub(crate) fn active_of(&self, via: usize, vb: epkv_types::Vbid) -> usize {
+        let map = self.json(via, "/pools/default/b/default");
+        let row = &map["vBucketServerMap"]["vBucketMap"][usize::from(vb.0)];
+        let server = row[0].as_i64().expect("an active copy");
+        let name = map["vBucketServerMap"]["serverList"][usize::try_from(server).unwrap()]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let port: u16 = name.rsplit(':').next().unwrap().parse().unwrap();
+        self.kv.iter().position(|k| *k == port).unwrap()
+    }
+}
+
+fn vbucket_of(k: &[u8]) -> epkv_types::Vbid {
+    epkv_types::vbucket_for_key(k, epkv_types::NUM_VBUCKETS)
+}
+
+/// Polls `check` (every 50 ms) until it gives a value; fails the test after `limit`.
+fn wait_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn majority() -> StoreOptions {
+    StoreOptions::new().durability(DurabilityRequirement {
+        level: DurabilityLevel::Majority,
+        timeout: Some(Duration::from_secs(5)),
+    })
+}
+
+/// Writes `keys` at Majority through the node holding each key's active copy (by node
+/// `via`'s map); every write must be acknowledged.
+async fn write_majority(c: &EtcdCluster, via: usize, keys: &[Vec<u8>], value: &[u8]) {
+    let mut clients: Vec<Option<Client>> = (0..c.nodes.len()).map(|_| None).collect();
+    for k in keys {
+        let vb = vbucket_of(k);
+        let n = c.active_of(via, vb);
+        if clients[n].is_none() {
+            clients[n] = Some(c.client(n).await);
+        }
+        let client = clients[n].as_mut().unwrap();
+        let r = client.set(k, value, majority()).await.unwrap();
+        assert!(
+            r.is_success(),
+            "a Majority write answered {:#x}",
+            r.status_raw
+        );
+    }
+}
+
+/// Reads every key back from the node holding its active copy now (by node `via`'s
+/// map); each must have `value`.
+async fn read_back(c: &EtcdCluster, via: usize, keys: &[Vec<u8>], value: &[u8]) {
+    let mut clients: Vec<Option<Client>> = (0..c.nodes.len()).map(|_| None).collect();
+    for k in keys {
+        let vb = vbucket_of(k);
+        let n = c.active_of(via, vb);
+        if clients[n].is_none() {
+            clients[n] = Some(c.client(n).await);
+        }
+        let r = clients[n].as_mut().unwrap().get(k).await.unwrap();
+        assert_eq!(
+            r.status_raw,
+            Status::Success as u16,
+            "an acknowledged write of {vb} is missing on node {n}"
+        );
+        assert_eq!(r.value.as_ref(), value);
+    }
+}
+
+/// Kill -9 of the orchestrator: another node takes over, fails it over after its lease
+/// expired and the timeout passed, promotes the replicas, and every Majority write the
+/// clients saw acknowledged is read back from the new actives.
+#[tokio::test]
+async fn a_killed_orchestrator_is_failed_over_by_the_next_and_no_majority_write_is_lost() {
+    if no_etcd("orchestrator failover") {
+        return;
+    }
+    let mut c = EtcdCluster::start(3, 1, 1);
+    let (status, body) = c.rest(
+        1,
+        "POST",
+        "/settings/autoFailover",
+        Some("enabled=true&timeout=1&maxCount=1"),
+    );
+    assert_eq!(status, 200, "{body}");
+    // Every node sees the setting at once (one document in etcd).
+    for i in 0..3 {
+        let a = c.json(i, "/settings/autoFailover");
+        assert_eq!(
+            (a["timeout"].as_u64(), a["count"].as_u64()),
+            (Some(1), Some(0))
+        );
+    }
+    let keys: Vec<Vec<u8>> = (0..300).map(|i| key(&format!("etcd-fo-{i}"))).collect();
+    write_majority(&c, 0, &keys, b"kept").await;
+    let leader = c.orchestrator(0);
+    let survivor = (leader + 1) % 3;
+    let killed_at = Instant::now();
+    c.kill(leader);
+    wait_until(
+        "the orchestrator's failover",
+        Duration::from_secs(20),
+        || (c.membership(survivor, leader) == "inactiveFailed").then_some(()),
+    );
+    eprintln!(
+        "kill -9 of the orchestrator to its failover: {:?}",
+        killed_at.elapsed()
+    );
+    for i in (0..3).filter(|i| *i != leader) {
+        assert_eq!(c.membership(i, leader), "inactiveFailed");
+        assert_eq!(c.json(i, "/settings/autoFailover")["count"], 1);
+        let map = c.json(i, "/pools/default/b/default");
+        assert_eq!(
+            map["vBucketServerMap"]["serverList"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2,
+            "the failed node leaves the map"
+        );
+    }
+    assert_ne!(c.orchestrator(survivor), leader);
+    read_back(&c, survivor, &keys, b"kept").await;
+    // Writes go on to the promoted copies; with its one replica gone, a vBucket answers
+    // Majority writes DurabilityImpossible at once (as Couchbase until a rebalance).
+    for k in &keys[..50] {
+        let n = c.active_of(survivor, vbucket_of(k));
+        let mut client = c.client(n).await;
+        assert!(
+            client
+                .set(k, b"after", StoreOptions::new())
+                .await
+                .unwrap()
+                .is_success()
+        );
+        let r = client.set(k, b"after", majority()).await.unwrap();
+        assert!(
+            r.is_success() || r.status_raw == Status::DurabilityImpossible as u16,
+            "{:#x}",
+            r.status_raw
+        );
+    }
+    read_back(&c, survivor, &keys[..50], b"after").await;
+}
+
+/// `maxCount` stops automatic failover after that many nodes until the count is reset,
+/// and no failover (automatic, or manual without `allowUnsafe`) loses the last copy of a
+/// vBucket.
+#[tokio::test]
+async fn max_count_and_the_last_copy_hold_failovers_back() {
+    if no_etcd("maxCount") {
+        return;
+    }
+    let mut c = EtcdCluster::start(3, 1, 1);
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/settings/autoFailover",
+        Some("timeout=1&maxCount=1"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let leader = c.orchestrator(0);
+    let first = (leader + 1) % 3;
+    let second = (leader + 2) % 3;
+    c.kill(first);
+    wait_until("the first failover", Duration::from_secs(20), || {
+        (c.membership(leader, first) == "inactiveFailed").then_some(())
+    });
+    c.kill(second);
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        c.membership(leader, second),
+        "active",
+        "maxCount=1 was reached"
+    );
+    assert_eq!(c.json(leader, "/settings/autoFailover")["count"], 1);
+    let (status, _) = c.rest(leader, "POST", "/settings/autoFailover/resetCount", None);
+    assert_eq!(status, 200);
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        c.membership(leader, second),
+        "active",
+        "the survivor holds only one copy of some vBuckets: failing the second over would lose them"
+    );
+    let otp = format!("otpNode=ns_1@127.0.0.1:{}", c.kv[second]);
+    let (status, body) = c.rest(leader, "POST", "/controller/failOver", Some(&otp));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("last copy"), "{body}");
+    let (status, body) = c.rest(
+        leader,
+        "POST",
+        "/controller/failOver",
+        Some(&format!("{otp}&allowUnsafe=true")),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(c.membership(leader, second), "inactiveFailed");
+}
+
+/// etcd loses its quorum (2 of 3 members stopped): data is still served, cluster changes
+/// answer 503, a dead node is not failed over; once etcd is back, changes work again and
+/// the dead node is failed over.
+#[tokio::test]
+async fn without_an_etcd_quorum_data_is_served_changes_are_refused_and_nothing_fails_over() {
+    if no_etcd("etcd quorum") {
+        return;
+    }
+    let mut c = EtcdCluster::start(3, 1, 3);
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/settings/autoFailover",
+        Some("timeout=1&maxCount=1"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let keys: Vec<Vec<u8>> = (0..60).map(|i| key(&format!("etcd-q-{i}"))).collect();
+    write_majority(&c, 0, &keys, b"before").await;
+    c.etcd.stop(1);
+    c.etcd.stop(2);
+    let leader = c.orchestrator(0);
+    let dead = (leader + 1) % 3;
+    let alive = (leader + 2) % 3;
+    c.kill(dead);
+    let refused = wait_until("a change to be refused", Duration::from_secs(15), || {
+        let (status, body) = c.rest(alive, "POST", "/settings/autoFailover", Some("timeout=2"));
+        (status == 503).then_some(body)
+    });
+    assert!(refused.contains("etcd"), "{refused}");
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        c.membership(alive, dead),
+        "active",
+        "no failover without etcd"
+    );
+    // The survivors still serve their active vBuckets.
+    let mut served = 0;
+    for k in &keys {
+        let vb = vbucket_of(k);
+        let n = c.active_of(alive, vb);
+        if n == dead {
+            continue;
+        }
+        let r = c.client(n).await.get(k).await.unwrap();
+        assert_eq!(r.value.as_ref(), b"before");
+        served += 1;
+    }
+    assert!(served > 0);
+    c.etcd.restart(1);
+    c.etcd.restart(2);
+    wait_until(
+        "etcd to accept changes again",
+        Duration::from_secs(30),
+        || {
+            (c.rest(alive, "POST", "/settings/autoFailover", Some("timeout=1"))
+                .0
+                == 200)
+                .then_some(())
+        },
+    );
+    wait_until("the dead node's failover", Duration::from_secs(30), || {
+        (c.membership(alive, dead) == "inactiveFailed").then_some(())
+    });
+    read_back(&c, alive, &keys, b"before").await;
+}
+
+/// A node started with only `--etcd` registers and, added by an operator on another
+/// node, is listed as `inactiveAdded` everywhere, holding no vBuckets.
+#[tokio::test]
+async fn a_registered_node_is_added_and_holds_nothing_until_a_rebalance() {
+    if no_etcd("addNode") {
+        return;
+    }
+    let c = EtcdCluster::start(2, 1, 1);
+    let dir = TestDir::new();
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let endpoints = c.etcd.endpoints();
+    let extra = Server::spawn_in_exact(
+        &dir.path().join("extra"),
+        &[
+            "--port",
+            "0",
+            "--testing",
+            "--admin-user",
+            ADMIN.0,
+            "--admin-password",
+            ADMIN.1,
+            "--etcd",
+            &endpoints,
+            "--cluster-name",
+            "test",
+        ],
+    );
+    let mgmt = extra.mgmt_addr();
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/controller/addNode",
+        Some("hostname=127.0.0.1:1&user=Administrator&password=password"),
+    );
+    assert_eq!(status, 400, "{body}");
+    let hostname = format!("hostname={mgmt}&user=Administrator&password=password");
+    let (status, body) = wait_until(
+        "the new node's registration",
+        Duration::from_secs(10),
+        || {
+            let r = c.rest(0, "POST", "/controller/addNode", Some(&hostname));
+            (r.0 == 200).then_some(r)
+        },
+    );
+    assert_eq!(status, 200, "{body}");
+    let otp = format!("ns_1@127.0.0.1:{}", extra.addr.port());
+    assert!(body.contains(&otp), "{body}");
+    let listed = |i: usize| -> serde_json::Value {
+        let doc = c.json(i, "/pools/default");
+        doc["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["otpNode"] == otp.as_str())
+            .cloned()
+            .unwrap_or_default()
+    };
+    for i in 0..2 {
+        let n = listed(i);
+        assert_eq!(n["clusterMembership"], "inactiveAdded", "{n}");
+        assert_eq!(n["status"], "healthy", "{n}");
+    }
+    assert_eq!(c.json(0, "/pools/default")["balanced"], false);
+    // It holds nothing: its keys are NotMyVbucket there.
+    let mut x = extra.client().await;
+    x.auth_plain(ADMIN.0, ADMIN.1).await.unwrap();
+    assert!(x.select_bucket("default").await.unwrap().is_success());
+    let r = x.get(&key("anything")).await.unwrap();
+    assert_eq!(r.status_raw, Status::NotMyVbucket as u16);
+}
