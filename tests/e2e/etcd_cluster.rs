@@ -11,7 +11,8 @@ use epkv_protocol::{DurabilityRequirement, Status};
 use epkv_types::DurabilityLevel;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 const ADMIN: (&str, &str) = ("Administrator", "password");
 
