@@ -6,8 +6,8 @@
 //!   the metrics tests scrape with), `openssl` (certificates for the SDK TLS test),
 //!   `golang-go` when no `go` is on PATH (tests/dcp-go, the gocbcore DCP client: gocbcore
 //!   v10.8.1 needs Go >= 1.21, as in trixie; bookworm's golang-go is 1.19, too old, and the
-//!   pytest fixture says so); `apt-get update && apt-get install` runs only when one is
-//!   missing.
+//!   pytest fixture says so), `etcd-server` (the etcd members the cluster tests start);
+//!   `apt-get update && apt-get install` runs only when one is missing.
 //! - A Python virtualenv at `.venv` with the pinned packages of
 //!   `tests/python/requirements.txt` (python-binary-memcached, pytest and the Couchbase
 //!   Python SDK `couchbase==4.6.3`, a manylinux wheel bundling its C++ core); pip runs only when that file changed since the last
@@ -56,6 +56,12 @@ const APT_PACKAGES: &[AptPackage] = &[
     AptPackage {
         name: "golang-go",
         provides: Some("go"),
+    },
+    // The etcd-backed cluster's tests (tests/e2e/etcd_cluster.rs, the Python SDK's
+    // failover tests) start their own etcd members from it.
+    AptPackage {
+        name: "etcd-server",
+        provides: Some("etcd"),
     },
 ];
 
