@@ -263,6 +263,7 @@ fn run(cli: Cli) -> Result<()> {
                     ("mgmt", Arc::clone(&mgmt_counters)),
                     ("metrics", Arc::clone(&metrics_counters)),
                 ],
+                cluster: Arc::clone(&cluster),
             };
             let endpoint = metrics::MetricsEndpoint::bind(
                 metrics_addr,

@@ -46,6 +46,8 @@ pub(crate) struct Sources {
     pub(crate) frontend: FrontendStats,
     /// The HTTP listeners' connection counters, by listener name.
     pub(crate) http: Vec<(&'static str, Arc<HttpCounters>)>,
+    /// The cluster (its `kv_cluster_*` series exist on etcd cluster nodes only).
+    pub(crate) cluster: Arc<epkv_cluster::Cluster>,
 }
 
 impl Sources {
@@ -70,6 +72,9 @@ impl Sources {
             auth(&mut f, self.frontend.auth());
             for (listener, counters) in &self.http {
                 http_connections(&mut f, listener, counters);
+            }
+            if let Some(coord) = self.cluster.coordinator() {
+                cluster(&mut f, coord);
             }
             command_timings(
                 &mut f,
@@ -279,6 +284,84 @@ pub(crate) fn connections(f: &mut Families, c: ConnectionCounts) {
             "Connections closed at once because max-connections were open (STAT rejected_conns)",
             Kind::Counter,
             c.rejected as f64,
+        ),
+    ] {
+        f.sample(name, help, kind, &[], v);
+    }
+}
+
+/// An etcd cluster node's decisions and standing: failovers, leadership, its lease.
+pub(crate) fn cluster(f: &mut Families, c: &epkv_cluster::Coordinator) {
+    let s = &c.stats;
+    let read = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let flag = |b: bool| if b { 1.0 } else { 0.0 };
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^53")]
+    for (name, help, kind, v) in [
+        (
+            "kv_cluster_auto_failovers_total",
+            "Nodes this node failed over automatically as the orchestrator",
+            Kind::Counter,
+            read(&s.auto_failovers) as f64,
+        ),
+        (
+            "kv_cluster_manual_failovers_total",
+            "Failovers asked of this node by an operator (/controller/failOver)",
+            Kind::Counter,
+            read(&s.manual_failovers) as f64,
+        ),
+        (
+            "kv_cluster_failovers_refused_total",
+            "Automatic failovers this orchestrator did not make (disabled, maxCount reached, or the last copy of a vBucket)",
+            Kind::Counter,
+            read(&s.failovers_refused) as f64,
+        ),
+        (
+            "kv_cluster_promotions_reordered_total",
+            "vBuckets a failover by this node promoted a replica other than the first in the chain for, because it held more (durability-aware failover)",
+            Kind::Counter,
+            read(&s.promotions_reordered) as f64,
+        ),
+        (
+            "kv_cluster_leader_terms_total",
+            "Times this node became the cluster's orchestrator",
+            Kind::Counter,
+            read(&s.leader_terms) as f64,
+        ),
+        (
+            "kv_cluster_lease_losses_total",
+            "Times this node's etcd lease expired and it registered again",
+            Kind::Counter,
+            read(&s.lease_losses) as f64,
+        ),
+        (
+            "kv_cluster_documents_installed_total",
+            "Versions of the cluster's document (members, maps) this node applied",
+            Kind::Counter,
+            read(&s.docs_installed) as f64,
+        ),
+        (
+            "kv_cluster_fences_total",
+            "Times this node fenced itself off (lease not renewable, no peer reachable)",
+            Kind::Counter,
+            read(&s.fences) as f64,
+        ),
+        (
+            "kv_cluster_is_orchestrator",
+            "1 while this node is the cluster's orchestrator",
+            Kind::Gauge,
+            flag(c.is_leader()),
+        ),
+        (
+            "kv_cluster_etcd_reachable",
+            "1 while this node's etcd lease renewals are answered",
+            Kind::Gauge,
+            flag(c.etcd_reachable()),
+        ),
+        (
+            "kv_cluster_fenced",
+            "1 while this node holds its active vBuckets as replicas because it is cut off",
+            Kind::Gauge,
+            flag(c.is_fenced()),
         ),
     ] {
         f.sample(name, help, kind, &[], v);
