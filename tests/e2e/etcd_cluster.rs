@@ -639,3 +639,79 @@ async fn a_registered_node_is_added_and_holds_nothing_until_a_rebalance() {
     let r = x.get(&key("anything")).await.unwrap();
     assert_eq!(r.status_raw, Status::NotMyVbucket as u16);
 }
+
+/// `vb_N:high_seqno` and `vb_N:high_prepared_seqno` of node `i`'s copy of `vb`.
+async fn seqnos(c: &EtcdCluster, i: usize, vb: epkv_types::Vbid) -> (u64, u64) {
+    let stats = c
+        .client(i)
+        .await
+        .stat(&format!("vbucket-details {}", vb.0))
+        .await
+        .unwrap();
+    let get = |field: &str| -> u64 {
+        let name = format!("vb_{}:{field}", vb.0);
+        stats
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map_or(0, |(_, v)| v.parse().unwrap())
+    };
+    (get("high_seqno"), get("high_prepared_seqno"))
+}
+
+/// Durability-aware failover: with the first replica of node 0's vBuckets held back (its
+/// replication paused), Majority writes are acknowledged with the second replica's
+/// copy; when node 0 dies, the second replica is promoted, not the first, and no
+/// acknowledged write is lost.
+#[tokio::test]
+async fn failover_promotes_the_replica_holding_the_most_not_the_first_in_the_chain() {
+    if no_etcd("durability-aware failover") {
+        return;
+    }
+    let mut c = EtcdCluster::start(3, 2, 1);
+    let (status, body) = c.rest(1, "POST", "/settings/autoFailover", Some("timeout=1"));
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = c.rest(1, "POST", "/diag/replication", Some("paused=true"));
+    assert_eq!(status, 200, "{body}");
+    // Keys whose vBucket's chain is [0, 1, 2] (v mod 3 == 0 in the file's map).
+    let keys: Vec<Vec<u8>> = (0..2000)
+        .map(|i| key(&format!("etcd-da-{i}")))
+        .filter(|k| vbucket_of(k).0 % 3 == 0)
+        .take(120)
+        .collect();
+    write_majority(&c, 0, &keys, b"durable").await;
+    let vb = vbucket_of(&keys[0]);
+    let before = [seqnos(&c, 1, vb).await, seqnos(&c, 2, vb).await];
+    eprintln!(
+        "{vb} before the failover: node 1 (high, prepared) {:?}, node 2 {:?}",
+        before[0], before[1]
+    );
+    assert!(
+        before[1].0.max(before[1].1) > before[0].0.max(before[0].1),
+        "the second replica holds more: {before:?}"
+    );
+    c.kill(0);
+    wait_until("the failover", Duration::from_secs(20), || {
+        (c.membership(1, 0) == "inactiveFailed").then_some(())
+    });
+    for k in &keys {
+        assert_eq!(
+            c.active_of(1, vbucket_of(k)),
+            2,
+            "the replica holding the most is promoted"
+        );
+    }
+    read_back(&c, 1, &keys, b"durable").await;
+    // The held-back replica catches up from the new active once it streams again.
+    let (status, _) = c.rest(1, "POST", "/diag/replication", Some("paused=false"));
+    assert_eq!(status, 200);
+    let want = seqnos(&c, 2, vb).await.0;
+    let mut caught_up = false;
+    for _ in 0..200 {
+        if seqnos(&c, 1, vb).await.0 >= want {
+            caught_up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(caught_up, "node 1 did not catch up to seqno {want} of {vb}");
+}

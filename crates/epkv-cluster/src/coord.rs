@@ -23,8 +23,8 @@
 //!
 //! **Durability-aware promotion.** Before failing a node over, the orchestrator asks each
 //! live replica of the vBuckets it held active for its `vbucket-details` (STAT) and
-//! promotes, per bucket and vBucket, the one with the highest prepared seqno (then the
-//! highest seqno; the first in the chain on a tie): a write acknowledged at Majority is
+//! promotes, per bucket and vBucket, the one whose history goes furthest (the higher of
+//! its high seqno and high prepared seqno; the first in the chain on a tie): a write acknowledged at Majority is
 //! on a majority of the chain, so on at least one live replica, and that replica wins.
 //!
 //! **Fencing.** A node that can no longer renew its lease *and* reaches none of its peers
@@ -860,16 +860,19 @@ fn parse_seqnos(stats: &[(String, String)]) -> HashMap<u16, (u64, u64)> {
     out
 }
 
-/// The candidate to promote: the highest (prepared seqno, seqno) among those that
-/// answered; the first in the chain on a tie or when none answered.
+/// The candidate to promote: the one whose history goes furthest (the higher of its high
+/// seqno and high prepared seqno, then the prepared seqno) among those that answered; the
+/// first in the chain on a tie or when none answered.
 fn choose(bucket: &str, vb: Vbid, candidates: &[usize], seqnos: &Seqnos) -> usize {
     let mut best = 0;
     let mut best_key: Option<(u64, u64)> = None;
     for (i, &n) in candidates.iter().enumerate() {
+        // A prepare moves the high seqno too, so the higher of the two is how far the
+        // copy's history goes; the prepared seqno breaks ties.
         let key = seqnos
             .get(&(bucket.to_owned(), n))
             .and_then(|m| m.get(&vb.0))
-            .copied();
+            .map(|&(prepared, high)| (prepared.max(high), prepared));
         if let Some(k) = key
             && best_key.is_none_or(|b| k > b)
         {
@@ -928,6 +931,9 @@ mod tests {
         seqnos.insert(("b".into(), 1), HashMap::from([(7, (10, 10))]));
         seqnos.insert(("b".into(), 2), HashMap::from([(7, (12, 11))]));
         assert_eq!(choose("b", Vbid(7), &[1, 2], &seqnos), 1);
+        // A copy that reports no prepared seqno but a higher seqno holds more.
+        seqnos.insert(("b".into(), 1), HashMap::from([(7, (0, 13))]));
+        assert_eq!(choose("b", Vbid(7), &[1, 2], &seqnos), 0);
         // A tie keeps the chain's order; an unknown vBucket or bucket too.
         seqnos.insert(("b".into(), 2), HashMap::from([(7, (10, 10))]));
         assert_eq!(choose("b", Vbid(7), &[1, 2], &seqnos), 0);
