@@ -675,7 +675,7 @@ async fn failover_promotes_the_replica_holding_the_most_not_the_first_in_the_cha
     // Keys whose vBucket's chain is [0, 1, 2] (v mod 3 == 0 in the file's map).
     let keys: Vec<Vec<u8>> = (0..2000)
         .map(|i| key(&format!("etcd-da-{i}")))
-        .filter(|k| vbucket_of(k).0 % 3 == 0)
+        .filter(|k| vbucket_of(k).0.is_multiple_of(3))
         .take(120)
         .collect();
     write_majority(&c, 0, &keys, b"durable").await;
