@@ -147,6 +147,79 @@ impl Drop for Etcd {
     }
 }
 
+/// A TCP proxy (its own threads) that can be cut: every connection through it closed and
+/// new ones refused, until it is restored.
+pub(crate) struct Proxy {
+    addr: SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    fn start(target: SocketAddr) -> Proxy {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let p = Proxy {
+            addr: listener.local_addr().unwrap(),
+            cut: std::sync::Arc::default(),
+            open: std::sync::Arc::default(),
+            stop: std::sync::Arc::default(),
+        };
+        let (cut, open, stop) = (p.cut.clone(), p.open.clone(), p.stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                if cut.load(SeqCst) {
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(target) else {
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let mut held = open.lock().unwrap();
+                held.push(client.try_clone().unwrap());
+                held.push(server.try_clone().unwrap());
+                drop(held);
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        p
+    }
+
+    /// Closes every connection through the proxy and refuses new ones.
+    pub(crate) fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Lets connections through again.
+    pub(crate) fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.cut();
+    }
+}
+
 /// epkv nodes on one etcd, seeded by one cluster file.
 pub(crate) struct EtcdCluster {
     pub(crate) etcd: Etcd,
@@ -154,11 +227,30 @@ pub(crate) struct EtcdCluster {
     kv: Vec<u16>,
     mgmt: Vec<u16>,
     dir: TestDir,
+    /// Per node, a proxy its etcd traffic goes through (to cut it off), if any.
+    proxies: Vec<Option<Proxy>>,
 }
 
 impl EtcdCluster {
     pub(crate) fn start(n: usize, replicas: usize, etcd_members: usize) -> EtcdCluster {
+        EtcdCluster::start_with_proxies(n, replicas, etcd_members, &[])
+    }
+
+    /// As [`EtcdCluster::start`], nodes `proxied` reaching etcd's first member through a
+    /// [`Proxy`] the test can cut.
+    pub(crate) fn start_with_proxies(
+        n: usize,
+        replicas: usize,
+        etcd_members: usize,
+        proxied: &[usize],
+    ) -> EtcdCluster {
         let etcd = Etcd::start(etcd_members);
+        let target: SocketAddr = format!("127.0.0.1:{}", etcd.client_ports[0])
+            .parse()
+            .unwrap();
+        let proxies = (0..n)
+            .map(|i| proxied.contains(&i).then(|| Proxy::start(target)))
+            .collect();
         let ports = free_ports(2 * n);
         let dir = TestDir::new();
         std::fs::create_dir_all(dir.path()).unwrap();
@@ -180,6 +272,7 @@ impl EtcdCluster {
             kv: ports[..n].to_vec(),
             mgmt: ports[n..].to_vec(),
             dir,
+            proxies,
         };
         for i in 0..n {
             let s = c.spawn(i);
@@ -205,7 +298,10 @@ impl EtcdCluster {
             self.mgmt[i].to_string(),
             i.to_string(),
         );
-        let endpoints = self.etcd.endpoints();
+        let endpoints = match &self.proxies[i] {
+            Some(p) => format!("http://{}", p.addr),
+            None => self.etcd.endpoints(),
+        };
         Server::spawn_in_exact(
             &data,
             &[
@@ -714,4 +810,96 @@ async fn failover_promotes_the_replica_holding_the_most_not_the_first_in_the_cha
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(caught_up, "node 1 did not catch up to seqno {want} of {vb}");
+}
+
+/// Node 0 loses etcd only (its proxy is cut): its lease expires, but the orchestrator
+/// still reaches it, so it is not failed over, and it still reaches its peers, so it
+/// keeps taking writes. Then its peers die too: cut off from etcd and every peer, it
+/// fences itself (its actives refuse writes, so two actives never take writes for one
+/// vBucket) until etcd is back.
+#[tokio::test]
+async fn a_node_cut_off_from_etcd_is_not_failed_over_and_fences_only_when_alone() {
+    if no_etcd("fencing") {
+        return;
+    }
+    let mut c = EtcdCluster::start_with_proxies(3, 1, 1, &[0]);
+    let (status, body) = c.rest(
+        1,
+        "POST",
+        "/settings/autoFailover",
+        Some("timeout=1&maxCount=2"),
+    );
+    assert_eq!(status, 200, "{body}");
+    // A key node 0 holds active.
+    let k = (0..1000)
+        .map(|i| key(&format!("etcd-fence-{i}")))
+        .find(|k| c.active_of(1, vbucket_of(k)) == 0)
+        .unwrap();
+    let mut n0 = c.client(0).await;
+    assert!(
+        n0.set(&k, b"one", StoreOptions::new())
+            .await
+            .unwrap()
+            .is_success()
+    );
+    c.proxies[0].as_ref().unwrap().cut();
+    // Its lease ends (about 2 s); the orchestrator reaches it: no failover.
+    std::thread::sleep(Duration::from_secs(5));
+    let other = if c.orchestrator(1) == 1 { 1 } else { 2 };
+    assert_eq!(
+        c.membership(other, 0),
+        "active",
+        "reachable: not failed over"
+    );
+    assert!(
+        n0.set(&k, b"two", StoreOptions::new())
+            .await
+            .unwrap()
+            .is_success(),
+        "it still reaches its peers: not fenced"
+    );
+    // Now its peers go too: alone and without etcd, it fences itself.
+    c.kill(1);
+    c.kill(2);
+    let mut fenced = false;
+    let mut last_acknowledged = b"two".to_vec();
+    for i in 0..200 {
+        let value = format!("three-{i}").into_bytes();
+        let r = n0.set(&k, &value, StoreOptions::new()).await.unwrap();
+        if r.status_raw == Status::NotMyVbucket as u16 {
+            fenced = true;
+            break;
+        }
+        assert!(r.is_success(), "{:#x}", r.status_raw);
+        last_acknowledged = value;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        fenced,
+        "a node cut off from etcd and its peers kept taking writes"
+    );
+    assert_eq!(
+        n0.get(&k).await.unwrap().status_raw,
+        Status::NotMyVbucket as u16
+    );
+    // etcd back: it unfences and serves its data: the last write it acknowledged.
+    c.proxies[0].as_ref().unwrap().restore();
+    let mut back = None;
+    for _ in 0..200 {
+        let r = n0.get(&k).await.unwrap();
+        if r.is_success() {
+            back = Some(r.value.to_vec());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if back.is_none() {
+        let log = c.nodes[0].take().unwrap().kill();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        panic!(
+            "node 0 did not serve again after etcd came back; its log ends:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    assert_eq!(back, Some(last_acknowledged));
 }

@@ -223,7 +223,14 @@ impl Etcd {
         let mut client = self.client.clone();
         let id = self.lease_id();
         let renewed = tokio::time::timeout(REQUEST_TIMEOUT, async move {
-            let (mut keeper, mut stream) = client.lease_keep_alive(id).await?;
+            // etcd-client answers a lease etcd no longer knows with this error (from the
+            // first reply, ttl 0) rather than a reply.
+            let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
+                Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => {
+                    return Ok(false);
+                }
+                other => other?,
+            };
             keeper.keep_alive().await?;
             match stream.message().await? {
                 Some(r) => Ok::<_, etcd_client::Error>(r.ttl() > 0),
