@@ -9,6 +9,7 @@
 
 mod bench_auth;
 mod bench_cluster;
+mod bench_elastic;
 mod bench_collections;
 mod bench_flusher;
 mod bench_frontend;
@@ -118,6 +119,9 @@ enum BenchCmd {
     /// Two nodes with one replica (issue 23): replication throughput and lag against no
     /// replica, and seed 001's PersistToMajority run on two nodes.
     Cluster(bench_cluster::ClusterOptions),
+    /// The etcd cluster (issue 14): failover time, metadata latency, the steady state's
+    /// cost and etcd's traffic at idle.
+    Elastic(bench_elastic::ElasticOptions),
     /// Any other name runs the epkv-bench bench of that name:
     /// `cargo xtask bench executor --quick` is
     /// `cargo bench -p epkv-bench --bench executor -- --quick`.
@@ -150,6 +154,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Cluster(opts),
         } => bench_cluster::bench_cluster(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Elastic(opts),
+        } => bench_elastic::bench_elastic(&opts),
         Cmd::Bench {
             which: BenchCmd::Memory(opts),
         } => bench_memory::bench_memory(&opts),
