@@ -903,3 +903,125 @@ async fn a_node_cut_off_from_etcd_is_not_failed_over_and_fences_only_when_alone(
     }
     assert_eq!(back, Some(last_acknowledged));
 }
+
+/// A stat of node `i` (0 when absent).
+async fn stat_of(c: &EtcdCluster, i: usize, group: &str, name: &str) -> u64 {
+    c.client(i)
+        .await
+        .stat(group)
+        .await
+        .unwrap()
+        .iter()
+        .find(|(k, _)| k == name)
+        .map_or(0, |(_, v)| v.parse().unwrap_or(0))
+}
+
+/// Waits until the live nodes' replicas hold everything their actives do (one replica:
+/// the sums of the active and of the replica high seqnos over the nodes are equal).
+async fn wait_replicated(c: &EtcdCluster) {
+    let live: Vec<usize> = (0..c.nodes.len())
+        .filter(|i| c.nodes[*i].is_some())
+        .collect();
+    for _ in 0..400 {
+        let (mut active, mut replica) = (0, 0);
+        for &i in &live {
+            active += stat_of(c, i, "replication", "vb_active_high_seqno_sum").await;
+            replica += stat_of(c, i, "replication", "vb_replica_high_seqno_sum").await;
+        }
+        if active == replica {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the replicas did not catch up");
+}
+
+/// A failed-over node restarted and added back (delta recovery) becomes a replica again
+/// and streams only what changed while it was out, not everything.
+#[tokio::test]
+async fn a_node_added_back_streams_only_the_difference() {
+    if no_etcd("delta recovery") {
+        return;
+    }
+    let mut c = EtcdCluster::start(3, 1, 1);
+    let (status, body) = c.rest(0, "POST", "/settings/autoFailover", Some("timeout=1"));
+    assert_eq!(status, 200, "{body}");
+    let old: Vec<Vec<u8>> = (0..600).map(|i| key(&format!("etcd-delta-{i}"))).collect();
+    write_plain(&c, 0, &old, b"old").await;
+    wait_replicated(&c).await;
+    let leader = c.orchestrator(0);
+    let out = (leader + 1) % 3;
+    c.kill(out);
+    wait_until("the failover", Duration::from_secs(20), || {
+        (c.membership(leader, out) == "inactiveFailed").then_some(())
+    });
+    let new: Vec<Vec<u8>> = (0..30)
+        .map(|i| key(&format!("etcd-delta-new-{i}")))
+        .collect();
+    write_plain(&c, leader, &new, b"new").await;
+    // Back on its data directory: it learns it was failed over and holds nothing.
+    c.nodes[out] = Some(c.spawn(out));
+    wait_until(
+        "the restarted node to join",
+        Duration::from_secs(20),
+        || (c.rest(out, "GET", "/settings/autoFailover", None).0 == 200).then_some(()),
+    );
+    assert_eq!(c.membership(out, out), "inactiveFailed");
+    let otp = format!("otpNode=ns_1@127.0.0.1:{}", c.kv[out]);
+    let (status, body) = c.rest(
+        leader,
+        "POST",
+        "/controller/setRecoveryType",
+        Some(&format!("{otp}&recoveryType=full")),
+    );
+    assert_eq!(status, 400, "full recovery is not built: {body}");
+    let (status, body) = c.rest(
+        leader,
+        "POST",
+        "/controller/setRecoveryType",
+        Some(&format!("{otp}&recoveryType=delta")),
+    );
+    assert_eq!(status, 200, "{body}");
+    wait_until(
+        "the node to learn it is back",
+        Duration::from_secs(10),
+        || (c.membership(out, out) == "active").then_some(()),
+    );
+    wait_replicated(&c).await;
+    let received = stat_of(&c, out, "", "ep_dcp_replica_items_received").await;
+    let held = stat_of(&c, out, "replication", "vb_replica_high_seqno_sum").await;
+    eprintln!(
+        "delta recovery: the re-added node streamed {received} changes; its replicas hold seqnos summing to {held}"
+    );
+    assert!(held > 0, "it holds replicas again");
+    if received > new.len() as u64 {
+        let log = c.nodes[out].take().unwrap().kill();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| !l.contains("vbucket state changed"))
+            .collect();
+        panic!(
+            "it streamed {received} changes, more than the {} written while it was out; its log:\n{}",
+            new.len(),
+            lines[lines.len().saturating_sub(60)..].join("\n")
+        );
+    }
+}
+
+/// Plain SETs of `keys` through the node holding each key's active copy.
+async fn write_plain(c: &EtcdCluster, via: usize, keys: &[Vec<u8>], value: &[u8]) {
+    let mut clients: Vec<Option<Client>> = (0..c.nodes.len()).map(|_| None).collect();
+    for k in keys {
+        let n = c.active_of(via, vbucket_of(k));
+        if clients[n].is_none() {
+            clients[n] = Some(c.client(n).await);
+        }
+        let r = clients[n]
+            .as_mut()
+            .unwrap()
+            .set(k, value, StoreOptions::new())
+            .await
+            .unwrap();
+        assert!(r.is_success(), "{:#x}", r.status_raw);
+    }
+}

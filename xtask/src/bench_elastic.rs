@@ -70,8 +70,18 @@ impl EtcdProcess {
         let child = Command::new("etcd")
             .args(["--name", "e0", "--data-dir"])
             .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
             .args(["--initial-cluster", &format!("e0={peer}")])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -131,8 +141,12 @@ struct Nodes {
 impl Nodes {
     fn start(n: usize, replicas: usize, etcd: Option<&EtcdProcess>, tag: &str) -> Result<Nodes> {
         let dir = tempdir("bench-elastic")?;
-        let kv: Vec<u16> = (0..n).map(|_| process::free_port()).collect::<Result<_>>()?;
-        let mgmt: Vec<u16> = (0..n).map(|_| process::free_port()).collect::<Result<_>>()?;
+        let kv: Vec<u16> = (0..n)
+            .map(|_| process::free_port())
+            .collect::<Result<_>>()?;
+        let mgmt: Vec<u16> = (0..n)
+            .map(|_| process::free_port())
+            .collect::<Result<_>>()?;
         let mut file = format!(
             "replicas = {replicas}\nuser = \"{}\"\npassword = \"{}\"\n",
             ADMIN.0, ADMIN.1
@@ -214,7 +228,14 @@ impl Nodes {
             .into_iter()
             .flatten()
             .find(|n| n["epkvOrchestrator"] == true)
-            .and_then(|n| n["otpNode"].as_str()?.rsplit(':').next()?.parse::<u16>().ok())
+            .and_then(|n| {
+                n["otpNode"]
+                    .as_str()?
+                    .rsplit(':')
+                    .next()?
+                    .parse::<u16>()
+                    .ok()
+            })
             .and_then(|p| self.kv.iter().position(|k| *k == p)))
     }
 
@@ -261,7 +282,10 @@ fn http(addr: &str, method: &str, path: &str, form: &str, auth: bool) -> Result<
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = reply.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
     Ok((status, body))
 }
 
@@ -299,7 +323,12 @@ fn call(s: &mut TcpStream, req: &[u8]) -> Result<u16> {
 fn failover_run(etcd_tag: &str, kill_orchestrator: bool) -> Result<f64> {
     let etcd = EtcdProcess::start()?;
     let mut c = Nodes::start(3, 1, Some(&etcd), etcd_tag)?;
-    let (status, body) = c.rest(0, "POST", "/settings/autoFailover", "enabled=true&timeout=1")?;
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/settings/autoFailover",
+        "enabled=true&timeout=1",
+    )?;
     if status != 200 {
         bail!("autoFailover: {status} {body}");
     }
@@ -314,9 +343,15 @@ fn failover_run(etcd_tag: &str, kill_orchestrator: bool) -> Result<f64> {
     let vb = u16::try_from(victim)?;
     let replica = (victim + 1) % 3;
     let mut s = kv_connect(c.kv[replica])?;
+    // Keys of that vBucket (the server routes a key by its hash).
+    let keys: Vec<String> = (0..200_000)
+        .map(|i| format!("failover-probe-{i}"))
+        .filter(|k| epkv_types::vbucket_for_key(k.as_bytes(), epkv_types::NUM_VBUCKETS).0 == vb)
+        .collect();
     let set = |i: u32| -> Result<Vec<u8>> {
+        let k = &keys[usize::try_from(i)? % keys.len()];
         Ok(RequestBuilder::new(Opcode::Set)
-            .key(format!("failover-probe-{i}").as_bytes())
+            .key(k.as_bytes())
             .extras(&[0; 8])
             .value(b"x")
             .vbucket(epkv_types::Vbid(vb))
@@ -368,15 +403,20 @@ fn metadata_runs(c: &Nodes) -> Result<(Vec<f64>, usize)> {
         if status != 200 {
             bail!("create collection: {status} {body}");
         }
-        let visible = c.wait("the collection on every node", Duration::from_secs(2), || {
-            for n in 1..3 {
-                let (_, body) = c.rest(n, "GET", "/pools/default/buckets/default/scopes", "")?;
-                if !body.contains(&format!("\"{name}\"")) {
-                    return Ok(false);
+        let visible = c.wait(
+            "the collection on every node",
+            Duration::from_secs(2),
+            || {
+                for n in 1..3 {
+                    let (_, body) =
+                        c.rest(n, "GET", "/pools/default/buckets/default/scopes", "")?;
+                    if !body.contains(&format!("\"{name}\"")) {
+                        return Ok(false);
+                    }
                 }
-            }
-            Ok(true)
-        });
+                Ok(true)
+            },
+        );
         if visible.is_ok() {
             times.push(watch.elapsed().as_secs_f64() * 1e3);
         } else {
@@ -391,7 +431,14 @@ fn pipelined(c: &Nodes, secs: u64) -> Result<f64> {
     let addr = format!("127.0.0.1:{}", c.kv[0]);
     let base = |cmd: &mut Command| {
         cmd.args(["run", "--mode", "plain", "--addr", &addr])
-            .args(["--user", ADMIN.0, "--password", ADMIN.1, "--bucket", "default"])
+            .args([
+                "--user",
+                ADMIN.0,
+                "--password",
+                ADMIN.1,
+                "--bucket",
+                "default",
+            ])
             .args(["--value-bytes", "512", "--keys", "100000"]);
     };
     let mut populate = Command::new(pipeload_bin());
@@ -400,8 +447,15 @@ fn pipelined(c: &Nodes, secs: u64) -> Result<f64> {
     util::output(&mut populate)?;
     let mut cmd = Command::new(pipeload_bin());
     base(&mut cmd);
-    cmd.args(["--connections", "16", "--depth", "16", "--get-fraction", "0.9"])
-        .args(["--secs", &secs.to_string(), "--no-populate"]);
+    cmd.args([
+        "--connections",
+        "16",
+        "--depth",
+        "16",
+        "--get-fraction",
+        "0.9",
+    ])
+    .args(["--secs", &secs.to_string(), "--no-populate"]);
     let out = util::output(&mut cmd)?;
     let r = parse_pipeload(&out).with_context(|| format!("no pipeload-result in {out:?}"))?;
     if r["errors"].as_u64() != Some(0) {

@@ -9,8 +9,8 @@
 
 mod bench_auth;
 mod bench_cluster;
-mod bench_elastic;
 mod bench_collections;
+mod bench_elastic;
 mod bench_flusher;
 mod bench_frontend;
 mod bench_memory;

@@ -188,7 +188,7 @@ fn stream_request(engine: &dyn Engine, vbid: Vbid) -> Result<StreamReq, String> 
     let uuid = if high == 0 {
         0
     } else {
-        seqnos.failover_log.first().map_or(0, |e| e.uuid)
+        history_uuid(&seqnos.failover_log, high)
     };
     Ok(StreamReq {
         flags: 0,
@@ -199,6 +199,18 @@ fn stream_request(engine: &dyn Engine, vbid: Vbid) -> Result<StreamReq, String> 
         snap_start_seqno: high,
         snap_end_seqno: high,
     })
+}
+
+/// The uuid a stream request names: the newest failover branch that holds changes. A
+/// branch that began at the high seqno holds none (an unclean restart starts one at the
+/// persisted seqno, then the node was failed over before taking a write), so its history
+/// is its parent's: naming the parent lets the active stream the difference instead of
+/// rolling the replica back to 0 for a uuid it never saw (delta recovery).
+fn history_uuid(log: &[epkv_engine_api::FailoverEntry], high: u64) -> u64 {
+    log.iter()
+        .find(|e| e.seqno.0 < high)
+        .or_else(|| log.last())
+        .map_or(0, |e| e.uuid)
 }
 
 fn opaque_of(vbid: Vbid) -> u32 {
@@ -583,5 +595,23 @@ async fn replicate(source: &Source, vbid: Vbid, event: DcpEvent) -> Result<(), S
             }
             Err(e) => return Err(format!("{vbid}: the replica refused a change: {e}")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_stream_names_the_newest_branch_that_holds_changes() {
+        use epkv_engine_api::FailoverEntry;
+        use epkv_types::Seqno;
+        let e = |uuid, seqno| FailoverEntry {
+            uuid,
+            seqno: Seqno(seqno),
+        };
+        // Newest first: an empty branch at the high seqno (an unclean restart) is skipped.
+        assert_eq!(super::history_uuid(&[e(3, 40), e(2, 10), e(1, 0)], 40), 2);
+        assert_eq!(super::history_uuid(&[e(3, 30), e(2, 10), e(1, 0)], 40), 3);
+        assert_eq!(super::history_uuid(&[e(1, 0)], 40), 1);
+        assert_eq!(super::history_uuid(&[e(2, 40), e(1, 40)], 40), 1);
     }
 }

@@ -30,6 +30,7 @@ use crate::bucket::Bucket;
 use crate::document::{document_of, expired, item_of};
 use crate::durability_monitor::{PREPARE_DELETES, Passive, prepare_key};
 use crate::lazy_now::LazyNow;
+use crate::stats::Counter;
 use crate::vbucket::{DeleteSource, SyncStep, VBucket, tombstone_document};
 use epkv_engine_api::dcp::DcpDocument;
 use epkv_engine_api::{DcpEvent, EngineResult, EngineStatus, Item};
@@ -99,6 +100,9 @@ impl Bucket {
         {
             tracing::warn!(%vbid, seqno, high_seqno = high, "replication stream sent a seqno out of order; refused");
             return Err(EngineStatus::Invalid);
+        }
+        if event.seqno().is_some() {
+            self.core.counters.incr(Counter::ReplicaItems);
         }
         let (doc, deleted) = match event {
             DcpEvent::Mutation(d) => (d, None),

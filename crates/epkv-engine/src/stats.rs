@@ -111,6 +111,7 @@ counters! {
     BgMetaFetched => "ep_bg_meta_fetched", "documents whose metadata only was read back from disk (full eviction: an operation needed to know whether the key exists)";
     BloomNegatives => "ep_bloom_filter_negatives", "lookups of a key not in memory that its vBucket's key filter answered as certainly absent, with no disk read (full eviction)";
     BloomFalsePositives => "ep_bloom_filter_false_positives", "disk lookups of a key the key filter may have contained that found no live document (full eviction)";
+    ReplicaItems => "ep_dcp_replica_items_received", "changes (mutations, deletions, prepares, commits, aborts, system events) replication applied to this node's replica vBuckets";
     BloomRebuilds => "ep_bloom_filter_rebuilds", "key filters rebuilt at the size of their vBucket (after compaction, or when a filter held twice the keys it was sized for)";
     ValueEjects => "ep_num_value_ejects", "documents the item pager took out of memory: values (value eviction: the key and metadata stay) or whole documents (full eviction), read back from disk when needed";
     PagerRuns => "ep_num_pager_runs", "item pager cycles started (memory above the high watermark, or a wake)";
