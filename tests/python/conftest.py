@@ -158,6 +158,18 @@ def mgmt_request(server, method, path, body=None, auth=None):
         return status, text, headers
 
 
+def _free_ports(n):
+    """``n`` distinct ports free on 127.0.0.1 now (for servers that must know each other's
+    ports before they start, as a cluster's nodes)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
 def _wait_accepting(addr):
     """Waits (bounded) until HOST:PORT accepts a TCP connection."""
     host, port = addr.rsplit(":", 1)

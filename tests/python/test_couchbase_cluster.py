@@ -7,14 +7,20 @@ Both nodes run with the same cluster file (``--cluster``) and users, and replica
 administrator's credentials."""
 
 import os
-import socket
 import time
 import uuid
 from datetime import timedelta
 
 import pytest
 
-from conftest import _start_server_with, _stop_server, alarm_after, mgmt_request, sdk_connect
+from conftest import (
+    _free_ports,
+    _start_server_with,
+    _stop_server,
+    alarm_after,
+    mgmt_request,
+    sdk_connect,
+)
 
 couchbase = pytest.importorskip("couchbase")
 
@@ -28,16 +34,6 @@ from couchbase.exceptions import DocumentUnretrievableException  # noqa: E402
 ADMIN = ("Administrator", "password")
 TEST_ALARM_SECS = 90
 REPLICA_WAIT_SECS = 20
-
-
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @pytest.fixture(autouse=True)
