@@ -214,9 +214,14 @@ async fn two_nodes_replicate_and_a_failover_serves_the_replicas() {
     }
     let map = c.get_cluster_config(None).await.unwrap();
     let map: serde_json::Value = serde_json::from_slice(&map.value).unwrap();
+    // The failed node leaves the map's server list: node 1 is its first entry now.
+    assert_eq!(
+        map["vBucketServerMap"]["serverList"],
+        serde_json::json!([cluster.node(1).addr.to_string()])
+    );
     assert_eq!(
         map["vBucketServerMap"]["vBucketMap"][0],
-        serde_json::json!([1, -1])
+        serde_json::json!([0, -1])
     );
     // A second failover of the same node changes nothing; an unknown node is an error.
     let again = fail_over(cluster.node(1), dead_addr);
