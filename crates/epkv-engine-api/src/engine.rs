@@ -218,6 +218,22 @@ pub trait Engine: Send + Sync + 'static {
         Err(EngineStatus::NotSupported)
     }
 
+    /// Replaces the collections manifest by `manifest`, with its ids and uid
+    /// (kv_engine's SET_COLLECTIONS_MANIFEST): what every node of a cluster applies so
+    /// that all have the same collection ids and uid. `manifest` is the JSON of
+    /// [`Engine::collections_manifest`] plus `next_id` (the next id a new scope or
+    /// collection gets). Scopes and collections are matched by id: those gone are
+    /// dropped (their documents purged in the background), new ones created. Returns
+    /// the new manifest uid; the current manifest again changes nothing.
+    ///
+    /// # Errors
+    /// `Invalid` for a malformed manifest (no default scope, an id used twice);
+    /// `TempFail` when it cannot be persisted; `NotSupported` (the default).
+    fn set_collections_manifest(&self, manifest: &str) -> EngineResult<u64> {
+        let _ = manifest;
+        Err(EngineStatus::NotSupported)
+    }
+
     /// Applies sub-document mutations to one document, all or none (the single-path
     /// mutations and MULTI_MUTATION).
     ///

@@ -33,6 +33,13 @@ impl Bucket {
         removed
     }
 
+    /// The collections manifest with its ids, next id and dropped collections (what a
+    /// cluster's metadata store is seeded from).
+    #[must_use]
+    pub fn manifest(&self) -> std::sync::Arc<crate::collections::Manifest> {
+        self.core.collections.manifest()
+    }
+
     /// Items and memory of each collection, counted over memory (under full eviction,
     /// documents only on disk are not counted).
     fn collection_usage(&self) -> std::collections::HashMap<u32, (u64, u64)> {

@@ -223,6 +223,168 @@ impl Manifest {
     }
 }
 
+/// One change of a manifest, as the management API asks for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ManifestChange {
+    /// Create scope `name`.
+    CreateScope {
+        /// The new scope's name.
+        name: String,
+    },
+    /// Drop scope `name` and its collections.
+    DropScope {
+        /// The scope's name.
+        name: String,
+    },
+    /// Create collection `name` in `scope`, with `max_ttl` seconds (0 = none).
+    CreateCollection {
+        /// The scope's name.
+        scope: String,
+        /// The new collection's name.
+        name: String,
+        /// Its maxTTL in seconds, 0 for none.
+        max_ttl: u32,
+    },
+    /// Drop collection `name` of `scope`.
+    DropCollection {
+        /// The scope's name.
+        scope: String,
+        /// The collection's name.
+        name: String,
+    },
+}
+
+/// What [`Collections::replace`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplaceOutcome {
+    /// The manifest uid now.
+    pub uid: u64,
+    /// Whether some collection was dropped (its documents are to be purged).
+    pub dropped_any: bool,
+}
+
+impl Manifest {
+    /// Applies `change` to this manifest, ids taken from (and `next_id` moved on by) it;
+    /// the uid is left as it is (the caller moves it on). Returns the change's scope
+    /// and collection events (their manifest uids unset).
+    ///
+    /// # Errors
+    /// `Invalid` for a bad name or dropping the default scope; `KeyExists`,
+    /// `UnknownScope`, `UnknownCollection`; `TooBig` past [`MAX_SCOPES`] or
+    /// [`MAX_COLLECTIONS`]. The manifest is unchanged then.
+    pub fn edit(&mut self, change: &ManifestChange) -> EngineResult<Vec<CollectionEvent>> {
+        match change {
+            ManifestChange::CreateScope { name } => {
+                if !valid_name(name) {
+                    return Err(EngineStatus::Invalid);
+                }
+                if self.scope(name).is_some() {
+                    return Err(EngineStatus::KeyExists);
+                }
+                if self.scopes.len() >= MAX_SCOPES {
+                    return Err(EngineStatus::TooBig);
+                }
+                let id = self.next_id;
+                self.scopes.push(ScopeEntry {
+                    id,
+                    name: name.clone(),
+                    collections: Vec::new(),
+                });
+                self.next_id += 1;
+                Ok(vec![event(
+                    CollectionEventKind::CreateScope,
+                    id,
+                    0,
+                    name,
+                    None,
+                )])
+            }
+            ManifestChange::DropScope { name } => {
+                if name == "_default" {
+                    return Err(EngineStatus::Invalid);
+                }
+                let i = self
+                    .scopes
+                    .iter()
+                    .position(|s| s.name == *name)
+                    .ok_or(EngineStatus::UnknownScope)?;
+                let s = self.scopes.remove(i);
+                self.dropped.extend(s.collections.iter().map(|c| c.id));
+                let mut events: Vec<_> = s
+                    .collections
+                    .iter()
+                    .map(|c| event(CollectionEventKind::DropCollection, s.id, c.id, "", None))
+                    .collect();
+                events.push(event(CollectionEventKind::DropScope, s.id, 0, "", None));
+                Ok(events)
+            }
+            ManifestChange::CreateCollection {
+                scope,
+                name,
+                max_ttl,
+            } => {
+                if !valid_name(name) {
+                    return Err(EngineStatus::Invalid);
+                }
+                if self.collection_count() >= MAX_COLLECTIONS {
+                    return Err(EngineStatus::TooBig);
+                }
+                let id = self.next_id;
+                let s = self.scope_mut(scope).ok_or(EngineStatus::UnknownScope)?;
+                if s.collections.iter().any(|c| c.name == *name) {
+                    return Err(EngineStatus::KeyExists);
+                }
+                let max_ttl = (*max_ttl > 0).then_some(*max_ttl);
+                s.collections.push(CollectionEntry {
+                    id,
+                    name: name.clone(),
+                    max_ttl,
+                });
+                let sid = s.id;
+                self.next_id += 1;
+                Ok(vec![event(
+                    CollectionEventKind::CreateCollection,
+                    sid,
+                    id,
+                    name,
+                    max_ttl,
+                )])
+            }
+            ManifestChange::DropCollection { scope, name } => {
+                let s = self.scope_mut(scope).ok_or(EngineStatus::UnknownScope)?;
+                let i = s
+                    .collections
+                    .iter()
+                    .position(|c| c.name == *name)
+                    .ok_or(EngineStatus::UnknownCollection)?;
+                let c = s.collections.remove(i);
+                let sid = s.id;
+                self.dropped.push(c.id);
+                Ok(vec![event(
+                    CollectionEventKind::DropCollection,
+                    sid,
+                    c.id,
+                    "",
+                    None,
+                )])
+            }
+        }
+    }
+
+    /// The manifest after `change`: edited ([`Self::edit`]) with the uid moved on by
+    /// one, as [`Collections::change`] would make it. What a cluster decides centrally
+    /// and every node then applies with [`Collections::replace`].
+    ///
+    /// # Errors
+    /// As [`Self::edit`].
+    pub fn changed(&self, change: &ManifestChange) -> EngineResult<Manifest> {
+        let mut m = self.clone();
+        m.edit(change)?;
+        m.uid += 1;
+        Ok(m)
+    }
+}
+
 /// Collection ids below this are looked up without a lock ([`Collections::check_key`],
 /// [`Collections::max_ttl`]); larger ones (after thousands of collections were created)
 /// read the manifest.
@@ -450,9 +612,23 @@ impl Collections {
     ) -> EngineResult<u64> {
         let _one_at_a_time = self.change.lock();
         let mut m = (*self.manifest()).clone();
-        let mut events = change(&mut m)?;
+        let events = change(&mut m)?;
         let previous = m.uid;
         m.uid += 1;
+        let uid = m.uid;
+        self.commit(m, events, previous)?;
+        Ok(uid)
+    }
+
+    /// Persists and installs `m` (the change lock held), recording `events`: their
+    /// manifest uids are set here (`m`'s uid on the last, `previous` on the others);
+    /// creations are recorded before the manifest is installed, drops after it.
+    fn commit(
+        &self,
+        m: Manifest,
+        mut events: Vec<CollectionEvent>,
+        previous: u64,
+    ) -> EngineResult<()> {
         let count = events.len();
         for (i, ev) in events.iter_mut().enumerate() {
             ev.manifest_uid = if i + 1 == count { m.uid } else { previous };
@@ -477,11 +653,10 @@ impl Collections {
                     EngineStatus::TempFail
                 })?;
         }
-        let uid = m.uid;
         record(&creations);
         self.install(m);
         record(&drops);
-        Ok(uid)
+        Ok(())
     }
 
     /// Creates scope `name`.
@@ -489,30 +664,8 @@ impl Collections {
     /// # Errors
     /// `Invalid` for a bad name, `KeyExists` if it exists, `TooBig` past [`MAX_SCOPES`].
     pub fn create_scope(&self, name: &str) -> EngineResult<u64> {
-        if !valid_name(name) {
-            return Err(EngineStatus::Invalid);
-        }
-        self.update(|m| {
-            if m.scope(name).is_some() {
-                return Err(EngineStatus::KeyExists);
-            }
-            if m.scopes.len() >= MAX_SCOPES {
-                return Err(EngineStatus::TooBig);
-            }
-            let id = m.next_id;
-            m.scopes.push(ScopeEntry {
-                id,
-                name: name.into(),
-                collections: Vec::new(),
-            });
-            m.next_id += 1;
-            Ok(vec![event(
-                CollectionEventKind::CreateScope,
-                id,
-                0,
-                name,
-                None,
-            )])
+        self.change(&ManifestChange::CreateScope {
+            name: name.to_owned(),
         })
     }
 
@@ -521,24 +674,8 @@ impl Collections {
     /// # Errors
     /// `Invalid` for the default scope, `UnknownScope`.
     pub fn drop_scope(&self, name: &str) -> EngineResult<u64> {
-        if name == "_default" {
-            return Err(EngineStatus::Invalid);
-        }
-        self.update(|m| {
-            let i = m
-                .scopes
-                .iter()
-                .position(|s| s.name == name)
-                .ok_or(EngineStatus::UnknownScope)?;
-            let s = m.scopes.remove(i);
-            m.dropped.extend(s.collections.iter().map(|c| c.id));
-            let mut events: Vec<_> = s
-                .collections
-                .iter()
-                .map(|c| event(CollectionEventKind::DropCollection, s.id, c.id, "", None))
-                .collect();
-            events.push(event(CollectionEventKind::DropScope, s.id, 0, "", None));
-            Ok(events)
+        self.change(&ManifestChange::DropScope {
+            name: name.to_owned(),
         })
     }
 
@@ -548,33 +685,10 @@ impl Collections {
     /// `Invalid` for a bad name, `UnknownScope`, `KeyExists` if it exists, `TooBig` past
     /// [`MAX_COLLECTIONS`].
     pub fn create_collection(&self, scope: &str, name: &str, max_ttl: u32) -> EngineResult<u64> {
-        if !valid_name(name) {
-            return Err(EngineStatus::Invalid);
-        }
-        self.update(|m| {
-            if m.collection_count() >= MAX_COLLECTIONS {
-                return Err(EngineStatus::TooBig);
-            }
-            let id = m.next_id;
-            let s = m.scope_mut(scope).ok_or(EngineStatus::UnknownScope)?;
-            if s.collections.iter().any(|c| c.name == name) {
-                return Err(EngineStatus::KeyExists);
-            }
-            let max_ttl = (max_ttl > 0).then_some(max_ttl);
-            s.collections.push(CollectionEntry {
-                id,
-                name: name.into(),
-                max_ttl,
-            });
-            let sid = s.id;
-            m.next_id += 1;
-            Ok(vec![event(
-                CollectionEventKind::CreateCollection,
-                sid,
-                id,
-                name,
-                max_ttl,
-            )])
+        self.change(&ManifestChange::CreateCollection {
+            scope: scope.to_owned(),
+            name: name.to_owned(),
+            max_ttl,
         })
     }
 
@@ -583,35 +697,143 @@ impl Collections {
     /// # Errors
     /// `UnknownScope`, `UnknownCollection`.
     pub fn drop_collection(&self, scope: &str, name: &str) -> EngineResult<u64> {
-        self.update(|m| {
-            let s = m.scope_mut(scope).ok_or(EngineStatus::UnknownScope)?;
-            let i = s
-                .collections
+        self.change(&ManifestChange::DropCollection {
+            scope: scope.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+
+    /// Applies one change; returns the new uid.
+    ///
+    /// # Errors
+    /// As [`Manifest::edit`].
+    pub fn change(&self, change: &ManifestChange) -> EngineResult<u64> {
+        self.update(|m| m.edit(change))
+    }
+
+    /// Replaces the manifest by `target`, ids and uid included (kv_engine's
+    /// SET_COLLECTIONS_MANIFEST): what a node of a cluster whose manifests are decided
+    /// elsewhere (etcd) applies, so that every node has the same ids and uid. Scopes and
+    /// collections are matched by id: those only in the current manifest are dropped
+    /// (their documents purged, as for a drop), those only in `target` created; one whose
+    /// id is in both but whose name, scope or maxTTL differ is dropped and created again.
+    /// The next id becomes the larger of the two (ids are never reused here). Returns the
+    /// new uid; a `target` equal to the current manifest changes nothing.
+    ///
+    /// # Errors
+    /// `Invalid` for a target without the default scope or with an id used twice;
+    /// `TempFail` when the manifest cannot be written.
+    pub fn replace(&self, target: Manifest) -> EngineResult<ReplaceOutcome> {
+        let mut ids = std::collections::HashSet::new();
+        let unique = target.scopes.iter().all(|s| ids.insert((0, s.id)))
+            && target
+                .scopes
                 .iter()
-                .position(|c| c.name == name)
-                .ok_or(EngineStatus::UnknownCollection)?;
-            let c = s.collections.remove(i);
-            let sid = s.id;
-            m.dropped.push(c.id);
-            Ok(vec![event(
-                CollectionEventKind::DropCollection,
-                sid,
-                c.id,
-                "",
-                None,
-            )])
+                .flat_map(|s| &s.collections)
+                .all(|c| ids.insert((1, c.id)));
+        if !unique || !target.scopes.iter().any(|s| s.id == 0) {
+            return Err(EngineStatus::Invalid);
+        }
+        let _one_at_a_time = self.change.lock();
+        let current = self.manifest();
+        if current.uid == target.uid && current.scopes == target.scopes {
+            return Ok(ReplaceOutcome {
+                uid: current.uid,
+                dropped_any: false,
+            });
+        }
+        let mut events = Vec::new();
+        let mut dropped = current.dropped.clone();
+        // Drops first: every collection whose id is gone or changed, then the scopes.
+        let kept = |sid: u32, c: &CollectionEntry| {
+            target
+                .scopes
+                .iter()
+                .any(|ts| ts.id == sid && ts.collections.iter().any(|tc| tc == c))
+        };
+        for s in &current.scopes {
+            let scope_kept = target
+                .scopes
+                .iter()
+                .any(|ts| ts.id == s.id && ts.name == s.name);
+            for c in &s.collections {
+                if !scope_kept || !kept(s.id, c) {
+                    dropped.push(c.id);
+                    events.push(event(
+                        CollectionEventKind::DropCollection,
+                        s.id,
+                        c.id,
+                        "",
+                        None,
+                    ));
+                }
+            }
+            if !scope_kept {
+                events.push(event(CollectionEventKind::DropScope, s.id, 0, "", None));
+            }
+        }
+        let dropped_any = !events.is_empty();
+        for s in &target.scopes {
+            let old = current
+                .scopes
+                .iter()
+                .find(|cs| cs.id == s.id && cs.name == s.name);
+            if old.is_none() {
+                events.push(event(
+                    CollectionEventKind::CreateScope,
+                    s.id,
+                    0,
+                    &s.name,
+                    None,
+                ));
+            }
+            for c in &s.collections {
+                if !old.is_some_and(|o| o.collections.contains(c)) {
+                    events.push(event(
+                        CollectionEventKind::CreateCollection,
+                        s.id,
+                        c.id,
+                        &c.name,
+                        c.max_ttl,
+                    ));
+                }
+            }
+        }
+        let live: std::collections::HashSet<u32> = target
+            .scopes
+            .iter()
+            .flat_map(|s| s.collections.iter().map(|c| c.id))
+            .collect();
+        dropped.retain(|d| !live.contains(d));
+        dropped.sort_unstable();
+        dropped.dedup();
+        let next_id = target.next_id.max(current.next_id);
+        let m = Manifest {
+            uid: target.uid,
+            scopes: target.scopes,
+            next_id,
+            dropped,
+        };
+        let previous = current.uid;
+        self.commit(m, events, previous)?;
+        Ok(ReplaceOutcome {
+            uid: target.uid,
+            dropped_any,
         })
     }
 
     /// Forgets dropped collections whose documents are gone from disk too.
+    /// Not a change clients see: the uid stays (every node of a cluster keeps the same
+    /// uid for the same manifest, whenever its purges finish).
     pub fn forget_dropped(&self, purged: &[u32]) {
         if purged.is_empty() {
             return;
         }
-        let _ = self.update(|m| {
-            m.dropped.retain(|d| !purged.contains(d));
-            Ok(Vec::new())
-        });
+        let _one_at_a_time = self.change.lock();
+        let mut m = (*self.manifest()).clone();
+        m.dropped.retain(|d| !purged.contains(d));
+        let uid = m.uid;
+        let _ = self.commit(m, Vec::new(), uid);
     }
 }
 
@@ -724,6 +946,79 @@ mod tests {
         assert_eq!(c.drop_scope("_default"), Err(EngineStatus::Invalid));
         assert_eq!(c.drop_collection("_default", "_default"), Ok(5));
         assert_eq!(c.check_key(b"plain"), Err(EngineStatus::UnknownCollection));
+    }
+
+    #[test]
+    fn a_change_computed_elsewhere_applies_with_the_same_ids_and_uid() {
+        let c = Collections::open(None).unwrap();
+        c.create_scope("here-only").unwrap();
+        // Decided centrally from a fresh manifest, then replaced on this node.
+        let base = Manifest::default();
+        let m1 = base
+            .changed(&ManifestChange::CreateScope { name: "s".into() })
+            .unwrap();
+        let m2 = m1
+            .changed(&ManifestChange::CreateCollection {
+                scope: "s".into(),
+                name: "c".into(),
+                max_ttl: 7,
+            })
+            .unwrap();
+        assert_eq!((m2.uid, m2.next_id), (2, 10));
+        let out = c.replace(m2.clone()).unwrap();
+        assert_eq!(out.uid, 2);
+        assert!(out.dropped_any, "the local-only scope went");
+        assert_eq!(c.collection_id("s.c"), Ok((2, 9)));
+        assert_eq!(c.scope_id("here-only"), Err(EngineStatus::UnknownScope));
+        assert_eq!(c.manifest().next_id, 10);
+        let mut buf = epkv_types::doc_key::DocKeyBuf::new();
+        assert_eq!(c.max_ttl(doc_key::encode(9, b"k", &mut buf)), Some(7));
+        // The same manifest again changes nothing.
+        assert_eq!(
+            c.replace(m2.clone()).unwrap(),
+            ReplaceOutcome {
+                uid: 2,
+                dropped_any: false
+            }
+        );
+        // Validation is the same as a local change's.
+        assert_eq!(
+            m2.changed(&ManifestChange::CreateScope { name: "s".into() }),
+            Err(EngineStatus::KeyExists)
+        );
+        assert_eq!(
+            m2.changed(&ManifestChange::DropScope {
+                name: "nope".into()
+            }),
+            Err(EngineStatus::UnknownScope)
+        );
+        assert_eq!(
+            m2.changed(&ManifestChange::DropScope {
+                name: "_default".into()
+            }),
+            Err(EngineStatus::Invalid)
+        );
+        // A drop: the collection goes, its id is to be purged, ids are not reused.
+        let m3 = m2
+            .changed(&ManifestChange::DropCollection {
+                scope: "s".into(),
+                name: "c".into(),
+            })
+            .unwrap();
+        let out = c.replace(m3).unwrap();
+        assert!(out.dropped_any);
+        assert_eq!(c.collection_id("s.c"), Err(EngineStatus::UnknownCollection));
+        assert!(c.dropped().contains(&9));
+        c.forget_dropped(&[9]);
+        assert_eq!(c.uid(), 3, "forgetting purged collections keeps the uid");
+        // A malformed target is refused.
+        let mut bad = Manifest::default();
+        bad.scopes.push(ScopeEntry {
+            id: 0,
+            name: "dup".into(),
+            collections: Vec::new(),
+        });
+        assert_eq!(c.replace(bad), Err(EngineStatus::Invalid));
     }
 
     #[test]

@@ -125,6 +125,18 @@ impl Engine for Bucket {
         Ok(uid)
     }
 
+    fn set_collections_manifest(&self, manifest: &str) -> EngineResult<u64> {
+        let v: serde_json::Value =
+            serde_json::from_str(manifest).map_err(|_| EngineStatus::Invalid)?;
+        let target =
+            crate::collections::Manifest::from_file_json(&v).map_err(|_| EngineStatus::Invalid)?;
+        let done = self.core.collections.replace(target)?;
+        if done.dropped_any {
+            self.start_purge();
+        }
+        Ok(done.uid)
+    }
+
     fn evict_key(&self, vbid: Vbid, key: &[u8]) -> EngineResult<bool> {
         Bucket::evict_key(self, vbid, key)
     }

@@ -481,6 +481,61 @@ fn scope_and_collection_changes_are_events_in_every_active_vbucket_from_memory_a
 }
 
 #[test]
+fn a_manifest_set_whole_keeps_its_ids_and_uid_and_records_the_differences_as_events() {
+    use CollectionEventKind::*;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    let mut live = stream(&b, VB, from(high_seqno(&b, VB)));
+    // As a cluster's metadata store decides it: ids 20 and 21, uid 40.
+    let target = serde_json::json!({
+        "uid": "28", "next_id": 22,
+        "scopes": [
+            {"name": "_default", "uid": "0", "collections": [{"name": "_default", "uid": "0"}]},
+            {"name": "shop", "uid": "14", "collections": [{"name": "orders", "uid": "15", "maxTTL": 9}]}
+        ]
+    })
+    .to_string();
+    assert_eq!(b.set_collections_manifest(&target), Ok(40));
+    assert_eq!(b.collection_id("shop.orders"), Ok((40, 21)));
+    assert_eq!(
+        b.set_collections_manifest(&target),
+        Ok(40),
+        "again: no change"
+    );
+    let (_, seqno) = set_in(&b, 21, &key_in(VB, 3), "order-1");
+    assert!(seqno > 0);
+    // The next manifest drops the scope.
+    let next = serde_json::json!({
+        "uid": "29", "next_id": 22,
+        "scopes": [{"name": "_default", "uid": "0", "collections": [{"name": "_default", "uid": "0"}]}]
+    })
+    .to_string();
+    assert_eq!(b.set_collections_manifest(&next), Ok(41));
+    assert_eq!(
+        b.collection_id("shop.orders"),
+        Err(EngineStatus::UnknownScope)
+    );
+    let p = Poller::new();
+    let events = p.drain(live.as_mut(), 10);
+    assert_eq!(
+        system_events(&events)
+            .iter()
+            .map(|e| (e.0, e.1, e.2, e.3))
+            .collect::<Vec<_>>(),
+        vec![
+            (CreateScope, 0, 20, 0),
+            (CreateCollection, 40, 20, 21),
+            (DropCollection, 40, 20, 21),
+            (DropScope, 41, 20, 0),
+        ]
+    );
+    assert_eq!(
+        b.set_collections_manifest("{\"uid\": \"1\"}"),
+        Err(EngineStatus::Invalid)
+    );
+}
+
+#[test]
 fn a_filtered_stream_gets_its_collections_events_and_ends_when_they_are_dropped() {
     use CollectionEventKind::*;
     let dir = tempfile::tempdir().unwrap();
