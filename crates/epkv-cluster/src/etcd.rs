@@ -336,6 +336,30 @@ impl Etcd {
         self.commit(txn).await
     }
 
+    /// One transaction over several keys: if every `(key, mod_revision)` of `compare`
+    /// still holds (0: the key does not exist), writes `put` and deletes `delete`.
+    /// Returns the new revision, or `None` when some key changed first.
+    ///
+    /// # Errors
+    /// etcd could not be asked.
+    pub async fn transact(
+        &self,
+        compare: &[(String, i64)],
+        put: Vec<(String, Vec<u8>)>,
+        delete: &[String],
+    ) -> Result<Option<i64>, EtcdError> {
+        let compares: Vec<Compare> = compare
+            .iter()
+            .map(|(rel, rev)| Compare::mod_revision(self.key(rel), CompareOp::Equal, *rev))
+            .collect();
+        let ops: Vec<TxnOp> = put
+            .into_iter()
+            .map(|(rel, value)| TxnOp::put(self.key(&rel), value, None))
+            .chain(delete.iter().map(|rel| TxnOp::delete(self.key(rel), None)))
+            .collect();
+        self.commit(Txn::new().when(compares).and_then(ops)).await
+    }
+
     /// Creates `rel` (with `value`) attached to this node's lease if no one holds it.
     /// Returns whether this node holds it afterwards (it created it now, or did before
     /// with this lease), and the holder's value.
