@@ -380,14 +380,7 @@ impl BucketManager {
     /// serve (persistent on a memory-only server); [`ChangeError::Failed`] when the engine
     /// cannot be built or the list written (the bucket is then not created).
     pub(crate) fn create(&self, params: BucketParams) -> Result<(), ChangeError> {
-        if params.bucket_type == BucketType::Membase && !self.template.persistence {
-            return Err(ChangeError::Invalid(
-                "bucketType",
-                "this server runs with --persistence false: only ephemeral buckets can be \
-                 created"
-                    .into(),
-            ));
-        }
+        self.check_create(&params)?;
         let mut table = self.table.lock();
         if table.contains_key(&params.name) {
             return Err(ChangeError::Exists);
@@ -414,6 +407,40 @@ impl BucketManager {
         Ok(())
     }
 
+    /// Whether this server can serve a bucket of `params` (a persistent one needs
+    /// persistence).
+    ///
+    /// # Errors
+    /// [`ChangeError::Invalid`].
+    pub(crate) fn check_create(&self, params: &BucketParams) -> Result<(), ChangeError> {
+        if params.bucket_type == BucketType::Membase && !self.template.persistence {
+            return Err(ChangeError::Invalid(
+                "bucketType",
+                "this server runs with --persistence false: only ephemeral buckets can be \
+                 created"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether bucket `name` comes from the settings (and cannot be dropped at run
+    /// time).
+    pub(crate) fn is_configured(&self, name: &str) -> bool {
+        self.table.lock().get(name).is_some_and(|s| s.configured)
+    }
+
+    /// The refusal of a drop of configured bucket `name`.
+    pub(crate) fn configured_error(name: &str) -> ChangeError {
+        ChangeError::Invalid(
+            "name",
+            format!(
+                "bucket {name:?} is configured in the server's settings (default or \
+                 --buckets) and cannot be dropped at run time"
+            ),
+        )
+    }
+
     /// Drops a runtime bucket: no connection can select it any more, those that had are
     /// closed at their next request, its background work stops, and its directory is
     /// removed.
@@ -425,13 +452,7 @@ impl BucketManager {
         let mut table = self.table.lock();
         let configured = table.get(name).ok_or(ChangeError::NotFound)?.configured;
         if configured {
-            return Err(ChangeError::Invalid(
-                "name",
-                format!(
-                    "bucket {name:?} is configured in the server's settings (default or \
-                     --buckets) and cannot be dropped at run time"
-                ),
-            ));
+            return Err(Self::configured_error(name));
         }
         let Some(served) = table.remove(name) else {
             return Err(ChangeError::NotFound);

@@ -45,6 +45,7 @@ mod bucket_cli;
 mod bucket_list;
 mod bucket_manager;
 mod byte_size;
+mod cluster_meta;
 mod http_auth;
 mod http_limits;
 mod http_server;
@@ -290,16 +291,17 @@ fn run(cli: Cli) -> Result<()> {
     let mgmt_addr = mgmt_listener
         .as_ref()
         .map(http_server::HttpListener::local_addr);
+    let user_admin = Arc::new(mgmt::UserAdmin::new(
+        users.clone(),
+        start_users.saved,
+        start_users.path,
+        start_users.admin,
+    ));
     let mgmt = mgmt_listener.map(|listener| {
         let state = mgmt::Mgmt::new(
             Arc::clone(&access),
             Arc::clone(&manager),
-            mgmt::UserAdmin::new(
-                users.clone(),
-                start_users.saved,
-                start_users.path,
-                start_users.admin,
-            ),
+            Arc::clone(&user_admin),
             frontend.handle(),
             Arc::clone(&cluster),
             epkv_frontend::wire_version(env!("CARGO_PKG_VERSION")),
@@ -389,7 +391,32 @@ fn run(cli: Cli) -> Result<()> {
         if let Some(m) = metrics {
             m.spawn().context("cannot serve metrics")?;
         }
+        // With --etcd, buckets, collections and users are the cluster's: seeded from or
+        // reconciled to etcd before the management API serves.
+        let meta = if s.etcd.is_empty() {
+            None
+        } else {
+            let served = Arc::clone(&cluster);
+            let forget = Arc::clone(&access);
+            let local = cluster_meta::Local {
+                buckets: Arc::clone(&manager),
+                users: Arc::clone(&user_admin),
+                buckets_changed: Box::new(move || served.buckets_changed()),
+                users_changed: Box::new(move || forget.forget()),
+            };
+            let meta = cluster_meta::start_standalone(s, addr.port(), local).await?;
+            tracing::info!(
+                node = meta.node_id(),
+                revision = meta.applied_revision(),
+                "following the cluster's metadata in etcd"
+            );
+            Some(meta)
+        };
         if let Some((state, listener)) = mgmt {
+            let state = match &meta {
+                Some(m) => state.with_meta(Arc::clone(m)),
+                None => state,
+            };
             state
                 .spawn(listener)
                 .context("cannot serve the management API")?;

@@ -20,11 +20,12 @@ mod pools;
 mod rbac;
 mod scopes;
 
-pub(crate) use rbac::UserAdmin;
+pub(crate) use rbac::{UserAdmin, UserChangeError};
 
 use crate::bucket_manager::{
     BucketManager, BucketParams, BucketType, ChangeError, DurabilityMin, EvictionMode,
 };
+use crate::cluster_meta::{ClusterMeta, MetaError};
 use crate::http_auth::{Access, Grants, Verdict};
 use crate::http_server::{Authenticated, HttpListener, HttpResponse, reply};
 use epkv_auth::{AuditKind, Interface, Privilege, Roles};
@@ -125,10 +126,12 @@ impl Reply {
 pub(crate) struct Mgmt {
     access: Arc<Access>,
     buckets: Arc<BucketManager>,
-    users: UserAdmin,
+    users: Arc<UserAdmin>,
     frontend: FrontendHandle,
     cluster: Arc<Cluster>,
     collections: Box<dyn scopes::CollectionsApi>,
+    /// With `--etcd`: buckets, collections and users are the cluster's, changed in etcd.
+    meta: Option<Arc<ClusterMeta>>,
     version: String,
     uuid: String,
     clock: Arc<dyn Clock>,
@@ -142,7 +145,7 @@ impl Mgmt {
     pub(crate) fn new(
         access: Arc<Access>,
         buckets: Arc<BucketManager>,
-        users: UserAdmin,
+        users: Arc<UserAdmin>,
         frontend: FrontendHandle,
         cluster: Arc<Cluster>,
         version: String,
@@ -161,6 +164,7 @@ impl Mgmt {
             collections: Box::new(scopes::EngineCollections {
                 buckets: Arc::clone(&collections_of),
             }),
+            meta: None,
             version,
             uuid: uuid.iter().map(|b| format!("{b:02x}")).collect(),
             clock,
@@ -172,6 +176,20 @@ impl Mgmt {
     /// Turns testing-only endpoints on.
     pub(crate) fn with_testing(mut self, testing: bool) -> Self {
         self.testing = testing;
+        self
+    }
+
+    /// Makes bucket, scope, collection and user changes the cluster's: computed against
+    /// and written to etcd, and answered once every live node applied them
+    /// ([`ClusterMeta`]).
+    pub(crate) fn with_meta(mut self, meta: Arc<ClusterMeta>) -> Self {
+        self.collections = Box::new(scopes::MetaCollections {
+            meta: Arc::clone(&meta),
+            local: scopes::EngineCollections {
+                buckets: Arc::clone(&self.buckets),
+            },
+        });
+        self.meta = Some(meta);
         self
     }
 
@@ -491,7 +509,15 @@ fn route(
                 })
             }
             Method::DELETE => guarded(m, c, Privilege::BucketCreate, Some(name), || {
-                match m.buckets.drop_bucket(name) {
+                let dropped = match &m.meta {
+                    Some(meta) => match meta.block_on(meta.drop_bucket(name)) {
+                        Ok(()) => Ok(()),
+                        Err(MetaError::Refused(e)) => Err(e),
+                        Err(e) => return meta_error(&e),
+                    },
+                    None => m.buckets.drop_bucket(name),
+                };
+                match dropped {
                     Ok(()) => {
                         m.cluster.buckets_changed();
                         audit_change(m, c, AuditKind::BucketDropped, Some(name), "");
@@ -579,7 +605,15 @@ fn route(
                     if let Err(r) = may_manage(m, c, name, None) {
                         return r;
                     }
-                    match m.users.remove(name) {
+                    let removed = match &m.meta {
+                        Some(meta) => match meta.block_on(meta.remove_user(name)) {
+                            Ok(()) => Ok(()),
+                            Err(MetaError::Refused(e)) => Err(e),
+                            Err(e) => return meta_error(&e),
+                        },
+                        None => m.users.remove(name),
+                    };
+                    match removed {
                         Ok(()) => {
                             m.access.forget();
                             audit_change(m, c, AuditKind::UserDeleted, None, name);
@@ -639,6 +673,22 @@ fn change_error(e: ChangeError) -> Reply {
     }
 }
 
+/// The answer to a cluster-wide change that etcd did not take, or that not every node
+/// confirmed: 503 when etcd cannot be reached or kept changing, 504 when some node did
+/// not confirm in time, 500 when some node could not apply it.
+pub(crate) fn meta_error<E>(e: &MetaError<E>) -> Reply {
+    let status = match e {
+        MetaError::Unreachable(_) | MetaError::Contended | MetaError::Refused(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        MetaError::Unconfirmed { .. } => StatusCode::GATEWAY_TIMEOUT,
+        MetaError::FailedOn { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let message = e.describe();
+    tracing::warn!(error = %message, "cluster-wide metadata change");
+    Reply::error(status, message)
+}
+
 fn user_error(e: rbac::UserChangeError) -> Reply {
     match e {
         rbac::UserChangeError::NotFound => Reply::unknown_user(),
@@ -658,9 +708,20 @@ fn upsert_user(m: &Mgmt, c: &Caller, name: &str, form: &Form) -> Reply {
     if let Err(r) = may_manage(m, c, name, Some(&roles)) {
         return r;
     }
-    let existed = m.users.current().contains(name);
+    let mut existed = m.users.current().contains(name);
     let detail = format!("{name} roles={roles}");
-    match m.users.upsert(name, form.get("password"), roles) {
+    let saved = match &m.meta {
+        Some(meta) => match meta.block_on(meta.upsert_user(name, form.get("password"), &roles)) {
+            Ok(e) => {
+                existed = e;
+                Ok(())
+            }
+            Err(MetaError::Refused(e)) => Err(e),
+            Err(e) => return meta_error(&e),
+        },
+        None => m.users.upsert(name, form.get("password"), roles),
+    };
+    match saved {
         Ok(()) => {
             m.access.forget();
             let kind = if existed {
@@ -913,7 +974,15 @@ fn create_bucket(m: &Mgmt, c: &Caller, form: &Form) -> Reply {
         Err(r) => return r,
     };
     let name = params.name.clone();
-    match m.buckets.create(params) {
+    let created = match &m.meta {
+        Some(meta) => match meta.block_on(meta.create_bucket(params)) {
+            Ok(()) => Ok(()),
+            Err(MetaError::Refused(e)) => Err(e),
+            Err(e) => return meta_error(&e),
+        },
+        None => m.buckets.create(params),
+    };
+    match created {
         Ok(()) => {
             m.cluster.buckets_changed();
             audit_change(m, c, AuditKind::BucketCreated, Some(&name), "");

@@ -136,6 +136,34 @@ impl UserAdmin {
         password: Option<&str>,
         roles: Roles,
     ) -> Result<(), UserChangeError> {
+        let mut saved = self.saved.lock();
+        let one = self.prepare_upsert(name, password, roles, Some(&saved))?;
+        let mut next = saved.clone();
+        next.copy_user_from(&one, name);
+        self.save(&next)?;
+        *saved = next;
+        let _ = self.directory.update(|live| -> Result<(), ()> {
+            live.copy_user_from(&saved, name);
+            Ok(())
+        });
+        tracing::info!(user = %format_args!("<ud>{name}</ud>"), "user saved through the management API");
+        Ok(())
+    }
+
+    /// Checks a PUT of user `name` and derives the user it makes, as [`Self::upsert`]
+    /// would, against `existing` (a store holding the user as it is now, if it is
+    /// anywhere): returns a store holding only the new user. Derives the password's
+    /// verifiers: call it off the serving thread.
+    ///
+    /// # Errors
+    /// [`UserChangeError::Invalid`].
+    pub(crate) fn prepare_upsert(
+        &self,
+        name: &str,
+        password: Option<&str>,
+        roles: Roles,
+        existing: Option<&UserStore>,
+    ) -> Result<UserStore, UserChangeError> {
         self.refuse_admin(name)?;
         if let Some(p) = password
             && p.chars().count() < MIN_PASSWORD_LEN
@@ -145,11 +173,14 @@ impl UserAdmin {
                 format!("The password must be at least {MIN_PASSWORD_LEN} characters long."),
             ));
         }
-        let mut saved = self.saved.lock();
-        let mut next = saved.clone();
+        let iterations = self.saved.lock().iterations();
+        let mut one = UserStore::empty().with_iterations(iterations);
+        if let Some(e) = existing {
+            one.copy_user_from(e, name);
+        }
         match password {
-            Some(p) => next.insert_with_password(name, p, roles),
-            None => match next.set_roles(name, roles) {
+            Some(p) => one.insert_with_password(name, p, roles),
+            None => match one.set_roles(name, roles) {
                 Ok(true) => Ok(()),
                 Ok(false) => {
                     return Err(UserChangeError::Invalid(
@@ -161,14 +192,62 @@ impl UserAdmin {
             },
         }
         .map_err(|e| UserChangeError::Invalid("name", e.to_string()))?;
+        Ok(one)
+    }
+
+    /// Checks a DELETE of user `name` (the admin user cannot be removed).
+    ///
+    /// # Errors
+    /// [`UserChangeError::Invalid`].
+    pub(crate) fn check_remove(&self, name: &str) -> Result<(), UserChangeError> {
+        self.refuse_admin(name)
+    }
+
+    /// The users file's users (without the admin user).
+    pub(crate) fn saved(&self) -> UserStore {
+        self.saved.lock().clone()
+    }
+
+    /// Applies user `name` as decided elsewhere (the cluster's metadata store): copied
+    /// from `from`, saved, and live unless it is this server's admin user (whose
+    /// settings win on this server).
+    ///
+    /// # Errors
+    /// [`UserChangeError::Failed`] when the users file cannot be written.
+    pub(crate) fn apply_put(&self, name: &str, from: &UserStore) -> Result<(), UserChangeError> {
+        let mut saved = self.saved.lock();
+        let mut next = saved.clone();
+        next.copy_user_from(from, name);
         self.save(&next)?;
         *saved = next;
-        let _ = self.directory.update(|live| -> Result<(), ()> {
-            live.copy_user_from(&saved, name);
-            Ok(())
-        });
-        tracing::info!(user = %format_args!("<ud>{name}</ud>"), "user saved through the management API");
+        if self.admin.as_deref() != Some(name) {
+            let _ = self.directory.update(|live| -> Result<(), ()> {
+                live.copy_user_from(&saved, name);
+                Ok(())
+            });
+        }
         Ok(())
+    }
+
+    /// Removes user `name` as decided elsewhere; returns whether it was here.
+    ///
+    /// # Errors
+    /// [`UserChangeError::Failed`] when the users file cannot be written.
+    pub(crate) fn apply_remove(&self, name: &str) -> Result<bool, UserChangeError> {
+        let mut saved = self.saved.lock();
+        let mut next = saved.clone();
+        if !next.remove(name) {
+            return Ok(false);
+        }
+        self.save(&next)?;
+        *saved = next;
+        if self.admin.as_deref() != Some(name) {
+            let _ = self.directory.update(|live| -> Result<(), ()> {
+                live.remove(name);
+                Ok(())
+            });
+        }
+        Ok(true)
     }
 
     /// Removes a user (DELETE).
