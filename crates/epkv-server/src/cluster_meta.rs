@@ -247,7 +247,9 @@ fn manifest_value(m: &Manifest) -> Vec<u8> {
 }
 
 fn user_value(one: &UserStore) -> Result<Vec<u8>, String> {
-    one.to_toml().map(String::into_bytes).map_err(|e| e.to_string())
+    one.to_toml()
+        .map(String::into_bytes)
+        .map_err(|e| e.to_string())
 }
 
 fn bucket_value(p: &BucketParams) -> Vec<u8> {
@@ -446,7 +448,10 @@ impl ClusterMeta {
             json!({ "seededBy": self.node_id }).to_string().into_bytes(),
         )];
         for (params, bucket) in self.local.buckets.snapshot() {
-            puts.push((manifest_key(&params.name), manifest_value(&bucket.manifest())));
+            puts.push((
+                manifest_key(&params.name),
+                manifest_value(&bucket.manifest()),
+            ));
             puts.push((bucket_key(&params.name), bucket_value(&params)));
         }
         let saved = self.local.users.saved();
@@ -455,7 +460,9 @@ impl ClusterMeta {
             one.copy_user_from(&saved, name);
             match user_value(&one) {
                 Ok(v) => puts.push((user_key(name), v)),
-                Err(e) => tracing::error!(user = %format_args!("<ud>{name}</ud>"), error = %e, "cannot seed a user"),
+                Err(e) => {
+                    tracing::error!(user = %format_args!("<ud>{name}</ud>"), error = %e, "cannot seed a user")
+                }
             }
         }
         let count = puts.len();
@@ -523,7 +530,8 @@ impl ClusterMeta {
                     a.failed.remove(&key);
                 }
                 Err(e) => {
-                    a.failed.insert(key, format!("cannot drop bucket {name:?}: {e}"));
+                    a.failed
+                        .insert(key, format!("cannot drop bucket {name:?}: {e}"));
                 }
             }
         }
@@ -540,7 +548,8 @@ impl ClusterMeta {
                     // Dropped and created again while this node was not following.
                     Some(_) => {
                         if let Err(e) = buckets.drop_bucket(name) {
-                            a.failed.insert(key, format!("cannot drop bucket {name:?}: {e}"));
+                            a.failed
+                                .insert(key, format!("cannot drop bucket {name:?}: {e}"));
                             continue;
                         }
                         buckets_changed = true;
@@ -612,11 +621,7 @@ impl ClusterMeta {
             let key = user_key(name);
             let applied = UserStore::parse_toml(text)
                 .map_err(|e| format!("malformed user: {e}"))
-                .and_then(|one| {
-                    users
-                        .apply_put(name, &one)
-                        .map_err(|e| user_error_text(&e))
-                });
+                .and_then(|one| users.apply_put(name, &one).map_err(|e| user_error_text(&e)));
             match applied {
                 Ok(()) => {
                     users_changed = true;
@@ -845,8 +850,8 @@ impl ClusterMeta {
                 .users
                 .prepare_upsert(name, password, roles.clone(), existing.as_ref())
                 .map_err(MetaError::Refused)?;
-            let value = user_value(&one)
-                .map_err(|e| MetaError::Refused(UserChangeError::Failed(e)))?;
+            let value =
+                user_value(&one).map_err(|e| MetaError::Refused(UserChangeError::Failed(e)))?;
             let expected = current.as_ref().map_or(0, |v| v.mod_revision);
             if let Some(revision) = self
                 .etcd

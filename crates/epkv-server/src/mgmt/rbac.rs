@@ -137,7 +137,7 @@ impl UserAdmin {
         roles: Roles,
     ) -> Result<(), UserChangeError> {
         let mut saved = self.saved.lock();
-        let one = self.prepare_upsert(name, password, roles, Some(&saved))?;
+        let one = self.prepare_with(saved.iterations(), name, password, roles, Some(&saved))?;
         let mut next = saved.clone();
         next.copy_user_from(&one, name);
         self.save(&next)?;
@@ -164,6 +164,18 @@ impl UserAdmin {
         roles: Roles,
         existing: Option<&UserStore>,
     ) -> Result<UserStore, UserChangeError> {
+        let iterations = self.saved.lock().iterations();
+        self.prepare_with(iterations, name, password, roles, existing)
+    }
+
+    fn prepare_with(
+        &self,
+        iterations: u32,
+        name: &str,
+        password: Option<&str>,
+        roles: Roles,
+        existing: Option<&UserStore>,
+    ) -> Result<UserStore, UserChangeError> {
         self.refuse_admin(name)?;
         if let Some(p) = password
             && p.chars().count() < MIN_PASSWORD_LEN
@@ -173,7 +185,6 @@ impl UserAdmin {
                 format!("The password must be at least {MIN_PASSWORD_LEN} characters long."),
             ));
         }
-        let iterations = self.saved.lock().iterations();
         let mut one = UserStore::empty().with_iterations(iterations);
         if let Some(e) = existing {
             one.copy_user_from(e, name);
