@@ -28,8 +28,10 @@ fn the_state_follows_puts_and_deletes_and_skips_malformed_values() {
         value: value.to_vec(),
         mod_revision: rev,
     };
-    let mut m = Manifest::default();
-    m.dropped = vec![12];
+    let m = Manifest {
+        dropped: vec![12],
+        ..Manifest::default()
+    };
     let stored = manifest_value(&m);
     assert!(
         !String::from_utf8_lossy(&stored).contains("dropped"),
