@@ -153,6 +153,9 @@ pub struct Coordinator {
     lease_gone_at: parking_lot::Mutex<HashMap<String, Instant>>,
     /// Whether this node holds its active vBuckets as replicas (see the module docs).
     fenced: AtomicBool,
+    /// Counts this node's registrations (a new lease): others that keep leased keys
+    /// write them again when it moves ([`Coordinator::registrations`]).
+    registered: tokio::sync::watch::Sender<u64>,
     /// The counters.
     pub stats: CoordStats,
 }
@@ -214,6 +217,7 @@ impl Coordinator {
             lease_ended: tokio::sync::Notify::new(),
             lease_gone_at: parking_lot::Mutex::new(HashMap::new()),
             fenced: AtomicBool::new(false),
+            registered: tokio::sync::watch::Sender::new(0),
             stats: CoordStats::default(),
         });
         let (doc, rev) = loop {
@@ -261,6 +265,13 @@ impl Coordinator {
             return self.id.clone();
         }
         self.leader_id.lock().clone()
+    }
+
+    /// Moves on each time this node registers with a new lease: keys attached to the
+    /// old lease are gone and must be written again.
+    #[must_use]
+    pub fn registrations(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.registered.subscribe()
     }
 
     /// Whether this node has fenced itself off.
@@ -348,6 +359,7 @@ impl Coordinator {
                 let spec = serde_json::to_vec(&me.me).unwrap_or_default();
                 etcd.put_leased(&format!("live/{}", me.id), spec).await?;
                 tracing::info!(node = %me.id, lease = etcd.lease_id(), "registered in etcd");
+                me.registered.send_modify(|n| *n += 1);
                 Ok(())
             }
         }));

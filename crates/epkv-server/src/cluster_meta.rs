@@ -37,7 +37,7 @@
 use crate::bucket_manager::{BucketManager, BucketParams, ChangeError};
 use crate::mgmt::{UserAdmin, UserChangeError};
 use epkv_auth::{Roles, UserStore};
-use epkv_cluster::etcd::{Change, Etcd, EtcdError, EtcdSettings, Versioned};
+use epkv_cluster::etcd::{Change, Etcd, EtcdError, Versioned};
 use epkv_engine::collections::{Manifest, ManifestChange};
 use epkv_engine_api::{Engine, EngineStatus};
 use parking_lot::Mutex;
@@ -303,58 +303,18 @@ impl std::fmt::Debug for ClusterMeta {
     }
 }
 
-/// The node id of a server with these settings whose KV port is `kv_port`: `host:port`,
-/// the host being `--advertise-host`, else `--bind`.
-pub(crate) fn node_id(s: &crate::settings::Settings, kv_port: u16) -> String {
-    if s.advertise_host.is_empty() {
-        std::net::SocketAddr::new(s.bind, kv_port).to_string()
-    } else {
-        format!("{}:{kv_port}", s.advertise_host)
-    }
-}
-
-/// Connects to the etcd of `--etcd` on its own and starts the metadata of this node,
-/// keeping its own lease (which also holds `live/<node-id>`). For a server whose cluster
-/// layer does not hand over its etcd connection; with one, call [`ClusterMeta::start`]
-/// with it and [`ClusterMeta::register`] from its lease's registration.
-///
-/// # Errors
-/// etcd cannot be reached, or the seed or first reconcile fails.
-pub(crate) async fn start_standalone(
-    s: &crate::settings::Settings,
-    kv_port: u16,
-    local: Local,
-) -> anyhow::Result<Arc<ClusterMeta>> {
-    let settings = EtcdSettings {
-        endpoints: s
-            .etcd
-            .split(',')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .map(str::to_owned)
-            .collect(),
-        cluster_name: s.cluster_name.clone(),
-    };
-    let etcd = Etcd::connect(&settings)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot reach etcd at {}: {e}", s.etcd))?;
-    let id = node_id(s, kv_port);
-    let meta = ClusterMeta::start(etcd.clone(), id.clone(), local, WAIT_FOR_NODES)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot load the cluster's metadata from etcd: {e}"))?;
-    let weak = Arc::downgrade(&meta);
-    tokio::spawn(etcd.run_lease(move |etcd| {
-        let weak = weak.clone();
-        let id = id.clone();
-        async move {
-            etcd.put_leased(&format!("{LIVE}{id}"), Vec::new()).await?;
-            match weak.upgrade() {
-                Some(m) => m.register().await,
-                None => Ok(()),
-            }
+/// Writes `applied/<node-id>` again each time the node registers with a new lease (the
+/// old lease's keys are gone), for as long as the metadata lives.
+pub(crate) async fn register_on_new_leases(
+    meta: std::sync::Weak<ClusterMeta>,
+    mut registrations: tokio::sync::watch::Receiver<u64>,
+) {
+    while registrations.changed().await.is_ok() {
+        let Some(m) = meta.upgrade() else { return };
+        if let Err(e) = m.register().await {
+            tracing::warn!(error = %e, "cannot write this node's applied revision again");
         }
-    }));
-    Ok(meta)
+    }
 }
 
 impl ClusterMeta {

@@ -391,36 +391,6 @@ fn run(cli: Cli) -> Result<()> {
         if let Some(m) = metrics {
             m.spawn().context("cannot serve metrics")?;
         }
-        // With --etcd, buckets, collections and users are the cluster's: seeded from or
-        // reconciled to etcd before the management API serves.
-        let meta = if s.etcd.is_empty() {
-            None
-        } else {
-            let served = Arc::clone(&cluster);
-            let forget = Arc::clone(&access);
-            let local = cluster_meta::Local {
-                buckets: Arc::clone(&manager),
-                users: Arc::clone(&user_admin),
-                buckets_changed: Box::new(move || served.buckets_changed()),
-                users_changed: Box::new(move || forget.forget()),
-            };
-            let meta = cluster_meta::start_standalone(s, addr.port(), local).await?;
-            tracing::info!(
-                node = meta.node_id(),
-                revision = meta.applied_revision(),
-                "following the cluster's metadata in etcd"
-            );
-            Some(meta)
-        };
-        if let Some((state, listener)) = mgmt {
-            let state = match &meta {
-                Some(m) => state.with_meta(Arc::clone(m)),
-                None => state,
-            };
-            state
-                .spawn(listener)
-                .context("cannot serve the management API")?;
-        }
         if let Some(reloader) = reloader {
             let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
                 .context("cannot install the SIGHUP handler")?;
@@ -432,6 +402,46 @@ fn run(cli: Cli) -> Result<()> {
             .start(settings::this_node(s, addr, mgmt_addr))
             .await
             .map_err(anyhow::Error::msg)?;
+        // With --etcd, buckets, collections and users are the cluster's: seeded from or
+        // reconciled to etcd before the management API serves.
+        let meta = match (cluster.etcd(), cluster.node_id(), cluster.coordinator()) {
+            (Some(etcd), Some(id), Some(coord)) => {
+                let served = Arc::clone(&cluster);
+                let forget = Arc::clone(&access);
+                let local = cluster_meta::Local {
+                    buckets: Arc::clone(&manager),
+                    users: Arc::clone(&user_admin),
+                    buckets_changed: Box::new(move || served.buckets_changed()),
+                    users_changed: Box::new(move || forget.forget()),
+                };
+                let meta =
+                    cluster_meta::ClusterMeta::start(etcd, id, local, cluster_meta::WAIT_FOR_NODES)
+                        .await
+                        .map_err(|e| {
+                            anyhow::anyhow!("cannot load the cluster's metadata from etcd: {e}")
+                        })?;
+                tokio::spawn(cluster_meta::register_on_new_leases(
+                    Arc::downgrade(&meta),
+                    coord.registrations(),
+                ));
+                tracing::info!(
+                    node = meta.node_id(),
+                    revision = meta.applied_revision(),
+                    "following the cluster's metadata in etcd"
+                );
+                Some(meta)
+            }
+            _ => None,
+        };
+        if let Some((state, listener)) = mgmt {
+            let state = match &meta {
+                Some(m) => state.with_meta(Arc::clone(m)),
+                None => state,
+            };
+            state
+                .spawn(listener)
+                .context("cannot serve the management API")?;
+        }
         frontend
             .run_until(shutdown)
             .await

@@ -6,6 +6,7 @@ use super::*;
 use crate::bucket_manager::{BucketType, DurabilityMin, EvictionMode};
 use crate::settings::Settings;
 use epkv_auth::UserDirectory;
+use epkv_cluster::etcd::EtcdSettings;
 use epkv_engine::EngineClock;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicUsize;
@@ -87,14 +88,6 @@ fn errors_say_what_happened_and_to_whom() {
         nodes: vec![("n:1".into(), "cannot create bucket".into())],
     };
     assert!(e.describe().ends_with("n:1: cannot create bucket"));
-}
-
-#[test]
-fn node_ids_are_the_advertised_host_and_the_kv_port() {
-    let mut s = Settings::defaults().unwrap();
-    assert_eq!(node_id(&s, 11210), "127.0.0.1:11210");
-    s.advertise_host = "kv1.example".into();
-    assert_eq!(node_id(&s, 12000), "kv1.example:12000");
 }
 
 // ---- Against a real etcd ----
