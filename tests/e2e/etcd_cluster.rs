@@ -1025,3 +1025,122 @@ async fn write_plain(c: &EtcdCluster, via: usize, keys: &[Vec<u8>], value: &[u8]
         assert!(r.is_success(), "{:#x}", r.status_raw);
     }
 }
+
+/// A bucket, a scope and collection, and a user created through node 0's REST API are in
+/// place on every node when each call returns: node 2 serves the new collection to the
+/// new user with the same collection id, and the bucket replicates by the cluster's map.
+#[tokio::test]
+async fn buckets_collections_and_users_made_on_one_node_are_on_every_node_when_the_call_returns() {
+    if no_etcd("cluster-wide metadata") {
+        return;
+    }
+    let c = EtcdCluster::start(3, 1, 1);
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/pools/default/buckets",
+        Some("name=travel&ramQuotaMB=32"),
+    );
+    assert!(status == 200 || status == 202, "{status} {body}");
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/pools/default/buckets/travel/scopes",
+        Some("name=inventory"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/pools/default/buckets/travel/scopes/inventory/collections",
+        Some("name=airline"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = c.rest(
+        0,
+        "PUT",
+        "/settings/rbac/users/local/app",
+        Some("password=app-secret&roles=data_writer%5Btravel%5D%2Cdata_reader%5Btravel%5D"),
+    );
+    assert_eq!(status, 200, "{body}");
+    // The same manifest (ids and uid) on every node, at once.
+    let manifests: Vec<serde_json::Value> = (0..3)
+        .map(|i| c.json(i, "/pools/default/buckets/travel/scopes"))
+        .collect();
+    assert!(
+        manifests.iter().all(|m| *m == manifests[0]),
+        "{manifests:?}"
+    );
+    let cid = manifests[0]["scopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "inventory")
+        .and_then(|s| {
+            s["collections"]
+                .as_array()?
+                .iter()
+                .find(|c| c["name"] == "airline")
+        })
+        .and_then(|c| c["uid"].as_str())
+        .map(|uid| u32::from_str_radix(uid, 16).unwrap())
+        .expect("the collection");
+    // A second create of the same name, on another node, is refused as on one node.
+    let (status, body) = c.rest(
+        2,
+        "POST",
+        "/pools/default/buckets/travel/scopes/inventory/collections",
+        Some("name=airline"),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("already exists"), "{body}");
+    // The new user writes to the new collection through whichever node holds the key.
+    let k = key("meta-doc");
+    let n = c.active_of(2, vbucket_of(&k));
+    let mut u = c.node(n).client().await;
+    u.hello(
+        "meta",
+        &[
+            epkv_protocol::Feature::Xerror,
+            epkv_protocol::Feature::Collections,
+        ],
+    )
+    .await
+    .unwrap();
+    u.auth_plain("app", "app-secret").await.unwrap();
+    assert!(u.select_bucket("travel").await.unwrap().is_success());
+    let mut wire = Vec::new();
+    let mut v = cid;
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            wire.push(byte);
+            break;
+        }
+        wire.push(byte | 0x80);
+    }
+    wire.extend_from_slice(&k);
+    let r = u
+        .set(
+            &wire,
+            b"{\"name\":\"epkv air\"}",
+            StoreOptions::new().vbucket(vbucket_of(&k)),
+        )
+        .await
+        .unwrap();
+    assert!(r.is_success(), "{:#x}", r.status_raw);
+    // Dropped on node 1: gone everywhere when the call returns.
+    let (status, body) = c.rest(1, "DELETE", "/settings/rbac/users/local/app", None);
+    assert_eq!(status, 200, "{body}");
+    for i in 0..3 {
+        let (status, _) = c.rest(i, "GET", "/settings/rbac/users/local/app", None);
+        assert_eq!(status, 404, "node {i} still has the user");
+    }
+    let (status, body) = c.rest(2, "DELETE", "/pools/default/buckets/travel", None);
+    assert_eq!(status, 200, "{body}");
+    for i in 0..3 {
+        let (status, _) = c.rest(i, "GET", "/pools/default/buckets/travel", None);
+        assert_eq!(status, 404, "node {i} still has the bucket");
+    }
+}
