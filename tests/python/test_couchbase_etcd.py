@@ -510,3 +510,30 @@ def test_max_count_is_honoured(start_cluster):
     assert status == 200, reply
     _wait_failed_over(leader, second)
     assert _auto_failover(leader)["count"] == 1
+
+
+def test_metadata_made_on_one_node_is_usable_through_another_at_once(start_cluster):
+    """A bucket, a scope and collection, and a user created through node 0's REST API are
+    usable by the SDK through node 2 as soon as the calls return: the user, bootstrapped
+    from node 2 alone, writes to and reads from the new collection."""
+    nodes = start_cluster(1)
+    steps = [
+        ("POST", "/pools/default/buckets", "name=travel&ramQuotaMB=32"),
+        ("POST", "/pools/default/buckets/travel/scopes", "name=inventory"),
+        ("POST", "/pools/default/buckets/travel/scopes/inventory/collections", "name=airline"),
+        ("PUT", "/settings/rbac/users/local/app",
+         "password=app-secret&roles=data_writer%5Btravel%5D%2Cdata_reader%5Btravel%5D"),
+    ]
+    for method, path, body in steps:
+        status, reply, _ = mgmt_request(nodes[0].server, method, path, body, ADMIN)
+        assert status in (200, 202), (path, status, reply)
+    c = sdk_connect(nodes[2].server.addr, "app", "app-secret", kv_timeout=timedelta(seconds=5),
+                    management_timeout=None, ready=None)
+    try:
+        coll = c.bucket("travel").scope("inventory").collection("airline")
+        for i in range(20):
+            coll.upsert(f"airline-{i}", {"n": i})
+        for i in range(20):
+            assert coll.get(f"airline-{i}").content_as[dict] == {"n": i}
+    finally:
+        c.close()
