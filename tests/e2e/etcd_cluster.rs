@@ -1144,3 +1144,81 @@ async fn buckets_collections_and_users_made_on_one_node_are_on_every_node_when_t
         assert_eq!(status, 404, "node {i} still has the bucket");
     }
 }
+
+/// A graceful failover loses nothing, durable writes or not: with replication into the
+/// replica held back, plain writes acknowledged by the node are on it alone; the node
+/// refuses writes (NOT_MY_VBUCKET) until its replica has them all, then the replica is
+/// promoted and every write is read back.
+#[tokio::test]
+async fn a_graceful_failover_hands_over_every_acknowledged_write() {
+    if no_etcd("graceful failover") {
+        return;
+    }
+    let c = EtcdCluster::start(3, 1, 1);
+    let leader = c.orchestrator(0);
+    let out = (leader + 1) % 3;
+    let replica = (out + 1) % 3;
+    let (status, body) = c.rest(replica, "POST", "/diag/replication", Some("paused=true"));
+    assert_eq!(status, 200, "{body}");
+    let keys: Vec<Vec<u8>> = (0..3000)
+        .map(|i| key(&format!("etcd-graceful-{i}")))
+        .filter(|k| c.active_of(leader, vbucket_of(k)) == out)
+        .take(300)
+        .collect();
+    write_plain(&c, leader, &keys, b"handed over").await;
+    let otp = format!("otpNode=ns_1@127.0.0.1:{}", c.kv[out]);
+    let mgmt = c.node(leader).mgmt_addr();
+    let graceful = {
+        let otp = otp.clone();
+        std::thread::spawn(move || {
+            http_request(
+                mgmt,
+                "POST",
+                "/controller/startGracefulFailover",
+                Some(ADMIN),
+                Some(&otp),
+            )
+        })
+    };
+    // While the replica is held back the node refuses writes.
+    let mut x = c.client(out).await;
+    let mut refused = false;
+    for _ in 0..100 {
+        let k = &keys[0];
+        let r = x
+            .set(k, b"late", StoreOptions::new().vbucket(vbucket_of(k)))
+            .await
+            .unwrap();
+        if r.status_raw == Status::NotMyVbucket as u16 {
+            refused = true;
+            break;
+        }
+        assert!(r.is_success());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "the draining node kept taking writes");
+    assert_eq!(
+        c.membership(leader, out),
+        "active",
+        "not failed over before its replica caught up"
+    );
+    let (status, _) = c.rest(replica, "POST", "/diag/replication", Some("paused=false"));
+    assert_eq!(status, 200);
+    let r = graceful.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(c.membership(leader, out), "inactiveFailed");
+    // Every write it acknowledged is on the promoted replica (the value of keys[0] is
+    // whichever write was acknowledged last).
+    read_back(&c, leader, &keys[1..], b"handed over").await;
+    let n = c.active_of(leader, vbucket_of(&keys[0]));
+    let v = c.client(n).await.get(&keys[0]).await.unwrap();
+    assert!(v.is_success());
+    // Twice: nothing more to do.
+    let (status, body) = c.rest(
+        leader,
+        "POST",
+        "/controller/startGracefulFailover",
+        Some(&otp),
+    );
+    assert_eq!(status, 200, "{body}");
+}

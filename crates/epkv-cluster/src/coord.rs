@@ -726,6 +726,126 @@ impl Coordinator {
         ))
     }
 
+    /// A graceful failover of node `i`: it refuses client writes (the document lists
+    /// it in `graceful`), its replicas catch up with it (every vBucket it holds active has
+    /// a live replica at its high seqno), then it is failed over, the caught-up replicas
+    /// promoted. Nothing it acknowledged is lost, durable or not. Returns whether it was
+    /// failed over now (false: it already was).
+    ///
+    /// # Errors
+    /// Not an active member, a vBucket with no replica to hand over to, the replicas did
+    /// not catch up within `patience` (the node takes writes again; nothing changed), or
+    /// etcd unreachable.
+    pub async fn graceful_fail_over(
+        &self,
+        i: usize,
+        patience: Duration,
+    ) -> Result<bool, ClusterError> {
+        let cluster = self
+            .cluster
+            .upgrade()
+            .ok_or_else(|| ClusterError::Unavailable("shutting down".into()))?;
+        let buckets = cluster.bucket_names();
+        let mut already = false;
+        self.update_doc(|doc| {
+            match doc.nodes.get(i).map(|m| m.membership) {
+                None => return Err(ClusterError::Invalid(format!("no node {i} in the cluster"))),
+                Some(Membership::InactiveFailed) => {
+                    already = true;
+                    return Ok(false);
+                }
+                Some(Membership::InactiveAdded) => {
+                    return Err(ClusterError::Invalid(
+                        "the node holds no vBuckets (it was added and not rebalanced in)".into(),
+                    ));
+                }
+                Some(Membership::Active) => {}
+            }
+            let lost = doc.last_copies(i, &buckets);
+            if let Some((bucket, vb)) = lost.first() {
+                return Err(ClusterError::Invalid(format!(
+                    "a graceful failover needs a replica of every vBucket the node holds; {} have none (the first: {vb} of bucket {bucket:?})",
+                    lost.len()
+                )));
+            }
+            if doc.graceful.contains(&i) {
+                return Ok(false);
+            }
+            doc.graceful.push(i);
+            Ok(true)
+        })
+        .await?;
+        if already {
+            return Ok(false);
+        }
+        let Some(doc) = cluster.doc() else {
+            return Err(ClusterError::Unavailable("no cluster document".into()));
+        };
+        let member = doc.nodes[i].node.clone();
+        tracing::warn!(node = %node_id(&member), "graceful failover: the node refuses writes while its replicas catch up");
+        let deadline = Instant::now() + patience;
+        let credentials = self.join.credentials.clone();
+        loop {
+            if self
+                .caught_up(&doc, i, &buckets, credentials.as_ref())
+                .await
+                .unwrap_or(false)
+            {
+                break;
+            }
+            if Instant::now() >= deadline {
+                self.update_doc(|doc| {
+                    let before = doc.graceful.len();
+                    doc.graceful.retain(|&n| n != i);
+                    Ok(doc.graceful.len() != before)
+                })
+                .await?;
+                return Err(ClusterError::Unavailable(format!(
+                    "the replicas of {} did not catch up within {} s; it takes writes again and nothing changed",
+                    node_id(&member),
+                    patience.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.fail_over(i, FailoverKind::Manual, false).await
+    }
+
+    /// Whether every vBucket node `i` holds active, in each of `buckets`, has a live
+    /// replica at the active's high seqno.
+    async fn caught_up(
+        &self,
+        doc: &ClusterDoc,
+        i: usize,
+        buckets: &[String],
+        credentials: Option<&(String, String)>,
+    ) -> Result<bool, String> {
+        let replicas = gather_seqnos(doc, i, buckets, credentials).await;
+        let addr = resolve(&doc.nodes[i].node)?;
+        for bucket in buckets {
+            let active = parse_seqnos(
+                &replication::fetch_stats(addr, credentials, bucket, "vbucket-details").await?,
+            );
+            for (v, chain) in doc.chains_of(bucket).iter().enumerate() {
+                if chain.first() != Some(&Some(i)) {
+                    continue;
+                }
+                let vb = u16::try_from(v).unwrap_or(0);
+                let want = active.get(&vb).map_or(0, |&(p, h)| p.max(h));
+                let reached = chain.iter().skip(1).flatten().any(|&n| {
+                    replicas
+                        .get(&(bucket.clone(), n))
+                        .and_then(|m| m.get(&vb))
+                        .is_some_and(|&(p, h)| p.max(h) >= want)
+                });
+                if !reached {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
     /// Watches over this node's own lease (see "Fencing" in the module docs).
     async fn fence(self: Arc<Self>) {
         let mut peers_seen = Instant::now();
@@ -778,6 +898,7 @@ fn force_fail_over(
         Ok(()) => Ok(()),
         Err(crate::doc::FailoverRefusal::LastCopy(_)) => {
             doc.nodes[i].membership = Membership::InactiveFailed;
+            doc.graceful.retain(|&n| n != i);
             let maps = std::iter::once(&mut doc.chains).chain(doc.bucket_chains.values_mut());
             for chains in maps {
                 for chain in chains.iter_mut() {

@@ -96,6 +96,10 @@ pub struct ClusterDoc {
     /// Auto-failover.
     #[serde(default)]
     pub auto_failover: AutoFailover,
+    /// Nodes being failed over gracefully: they refuse client writes while their
+    /// replicas catch up, then the failover promotes those replicas.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub graceful: Vec<usize>,
 }
 
 /// What a failover would do wrong.
@@ -146,6 +150,7 @@ impl ClusterDoc {
             chains,
             bucket_chains: BTreeMap::new(),
             auto_failover: AutoFailover::default(),
+            graceful: Vec::new(),
         }
     }
 
@@ -163,6 +168,7 @@ impl ClusterDoc {
             chains: vec![chain; usize::from(NUM_VBUCKETS)],
             bucket_chains: BTreeMap::new(),
             auto_failover: AutoFailover::default(),
+            graceful: Vec::new(),
         }
     }
 
@@ -249,6 +255,7 @@ impl ClusterDoc {
         }
         self.bucket_chains.retain(|b, _| buckets.contains(b));
         self.nodes[node].membership = Membership::InactiveFailed;
+        self.graceful.retain(|&n| n != node);
         let failed: Vec<bool> = (0..self.nodes.len()).map(|i| self.is_failed(i)).collect();
         for (bucket, chains) in self.maps_mut() {
             for (v, chain) in chains.iter_mut().enumerate() {

@@ -57,6 +57,9 @@ pub struct Cluster {
     coord: OnceLock<Arc<Coordinator>>,
     /// Testing: replication stays stopped ([`Cluster::pause_replication`]).
     replication_paused: AtomicBool,
+    /// This node is being failed over gracefully: it refuses client writes
+    /// ([`ClusterView::refuses_writes`]).
+    draining: AtomicBool,
 }
 
 /// One node as `GET /pools/default` lists it.
@@ -98,6 +101,7 @@ impl Cluster {
             join: None,
             coord: OnceLock::new(),
             replication_paused: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
         })
     }
 
@@ -116,6 +120,7 @@ impl Cluster {
             join: Some(join),
             coord: OnceLock::new(),
             replication_paused: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
         })
     }
 
@@ -197,6 +202,14 @@ impl Cluster {
         let me = coord.me();
         let t = Topology::from_doc(doc, &me.host, me.port, join.credentials.clone());
         let member = t.this().is_some();
+        let draining = t.this().is_some_and(|i| t.doc().graceful.contains(&i));
+        if self.draining.swap(draining, Ordering::AcqRel) != draining {
+            tracing::warn!(
+                draining,
+                "graceful failover: this node {} client writes",
+                if draining { "refuses" } else { "takes" }
+            );
+        }
         *self.topology.write() = Some(t);
         tracing::info!(revision = rev, member, "cluster document installed");
         self.apply_states_now();
@@ -210,6 +223,19 @@ impl Cluster {
         self.apply_states_now();
         self.bump_rev();
         self.apply_topology();
+    }
+
+    /// Fails node `node` over gracefully ([`Coordinator::graceful_fail_over`]): it
+    /// refuses writes until its replicas caught up (at most a minute), then they are
+    /// promoted.
+    ///
+    /// # Errors
+    /// Not an etcd cluster, no such node, refused, the replicas did not catch up, or
+    /// etcd unreachable.
+    pub fn graceful_fail_over(self: &Arc<Self>, node: &str) -> Result<bool, ClusterError> {
+        let coord = self.coord_for_change()?;
+        let i = self.node_index(node)?;
+        self.block_on(coord.graceful_fail_over(i, Duration::from_secs(60)))?
     }
 
     /// Testing: stops replication into this node (or lets it start again), to make a
@@ -629,6 +655,10 @@ impl ClusterView for Cluster {
 
     fn map_changed(&self) {
         self.bump_rev();
+    }
+
+    fn refuses_writes(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 
     fn subscribe(&self, listener: MapListener) {

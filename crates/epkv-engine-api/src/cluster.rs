@@ -44,6 +44,13 @@ pub trait ClusterView: Send + Sync {
     /// vBucket's state), so its revision moves on.
     fn map_changed(&self);
 
+    /// Whether this node refuses client writes now, to every vBucket (answered
+    /// NOT_MY_VBUCKET with the map): it is being failed over gracefully and its replicas
+    /// are catching up with it. Checked on every write, so it must be cheap.
+    fn refuses_writes(&self) -> bool {
+        false
+    }
+
     /// Registers `listener`, called with the new version after every change of the map
     /// (a view that never changes by itself may ignore it: the default does).
     fn subscribe(&self, listener: MapListener) {

@@ -604,6 +604,9 @@ impl ClusterMeta {
         let started = Instant::now();
         let deadline = started + self.wait_for;
         let mut missing: Vec<String>;
+        // Woken by every node's report instead of polling (a change is confirmed as soon
+        // as the last node reports); the poll stays as the fallback.
+        let mut report_watch = self.etcd.watch_prefix(APPLIED, revision).await.ok();
         loop {
             missing = vec![self.node_id.clone()];
             if let (Ok((live, _)), Ok((applied, _))) = (
@@ -656,7 +659,13 @@ impl ClusterMeta {
             if Instant::now() >= deadline {
                 break;
             }
-            tokio::time::sleep(POLL_EVERY).await;
+            match report_watch.as_mut() {
+                Some(w) => match tokio::time::timeout(POLL_EVERY, w.next()).await {
+                    Ok(Err(_)) => report_watch = None,
+                    Ok(Ok(_)) | Err(_) => {}
+                },
+                None => tokio::time::sleep(POLL_EVERY).await,
+            }
         }
         missing.sort();
         Err(MetaError::Unconfirmed {

@@ -279,6 +279,10 @@ impl Session {
             Some(_) if !self.vbucket_aware => vbucket_for_key(raw_key, NUM_VBUCKETS),
             _ => req.header.vbucket,
         };
+        // A node being failed over gracefully takes no writes while its replicas catch up.
+        if needs.writes() && shared.cluster.as_ref().is_some_and(|c| c.refuses_writes()) {
+            return self.fail(shared, out, to, EngineStatus::NotMyVbucket, &[]);
+        }
         if let Some(e) = self.fail_next.take() {
             // The background fetch this request waited for failed.
             self.refetches.set(0);

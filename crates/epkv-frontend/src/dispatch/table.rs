@@ -94,6 +94,20 @@ pub(crate) enum Needs {
 }
 
 impl Needs {
+    /// Whether the request changes a document: it needs a write privilege (Upsert,
+    /// Insert or Delete) whichever way it is granted. `Any` of a read and a write (a
+    /// request a reader may make) is not one.
+    pub(crate) fn writes(self) -> bool {
+        let write =
+            |p: &Privilege| matches!(p, Privilege::Upsert | Privilege::Insert | Privilege::Delete);
+        match self {
+            Needs::Nothing => false,
+            Needs::One(p) => write(&p),
+            Needs::All(ps) => ps.iter().any(write),
+            Needs::Any(ps) => ps.iter().all(write),
+        }
+    }
+
     /// Checks the row's privileges with `has` (whether the user holds one): `Err` names
     /// the privilege a refusal reports, the first one missing (for [`Needs::Any`], the
     /// first listed).
@@ -336,6 +350,33 @@ mod tests {
             if Opcode::from_u8(byte).is_none() {
                 assert!(entry(byte).is_none(), "{byte:#04x} is no opcode");
             }
+        }
+    }
+
+    #[test]
+    fn the_requests_a_draining_node_refuses_are_the_document_changes() {
+        let writes = |op: Opcode| entry(op.as_u8()).is_some_and(|e| e.needs.writes());
+        for op in [
+            Opcode::Set,
+            Opcode::Add,
+            Opcode::Replace,
+            Opcode::Delete,
+            Opcode::Append,
+            Opcode::Increment,
+            Opcode::SubdocDictUpsert,
+            Opcode::SubdocMultiMutation,
+        ] {
+            assert!(writes(op), "{op:?}");
+        }
+        for op in [
+            Opcode::Get,
+            Opcode::GetReplica,
+            Opcode::SubdocGet,
+            Opcode::SubdocMultiLookup,
+            Opcode::Stat,
+            Opcode::Hello,
+        ] {
+            assert!(!writes(op), "{op:?}");
         }
     }
 

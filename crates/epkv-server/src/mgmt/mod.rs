@@ -426,9 +426,9 @@ fn route(
             }),
             _ => method_not_allowed("POST"),
         },
-        ["controller", "failOver"] => match *method {
+        ["controller", "failOver" | "startGracefulFailover"] => match *method {
             Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
-                fail_over_node(m, form)
+                fail_over_node(m, segs[1] == "startGracefulFailover", form)
             }),
             _ => method_not_allowed("POST"),
         },
@@ -747,18 +747,23 @@ fn cluster_error(e: ClusterError) -> Reply {
 }
 
 /// `POST /controller/failOver` (`otpNode`, `allowUnsafe=true` to fail over a node
-/// holding the last copy of some vBuckets).
-fn fail_over_node(m: &Mgmt, form: &Form) -> Reply {
+/// holding the last copy of some vBuckets) and `/controller/startGracefulFailover`
+/// (`otpNode`: the node refuses writes until its replicas caught up, then they are
+/// promoted; answered once done).
+fn fail_over_node(m: &Mgmt, graceful: bool, form: &Form) -> Reply {
     let Some(node) = form.get("otpNode") else {
         return Reply::invalid(
             "otpNode",
             "name the node to fail over (host:port or its index)",
         );
     };
-    match m
-        .cluster
-        .fail_over(node, form.get("allowUnsafe") == Some("true"))
-    {
+    let done = if graceful {
+        m.cluster.graceful_fail_over(node)
+    } else {
+        m.cluster
+            .fail_over(node, form.get("allowUnsafe") == Some("true"))
+    };
+    match done {
         Ok(_) => Reply::empty(StatusCode::OK),
         Err(e) => cluster_error(e),
     }
