@@ -660,10 +660,11 @@ impl ClusterMeta {
                 break;
             }
             match report_watch.as_mut() {
-                Some(w) => match tokio::time::timeout(POLL_EVERY, w.next()).await {
-                    Ok(Err(_)) => report_watch = None,
-                    Ok(Ok(_)) | Err(_) => {}
-                },
+                Some(w) => {
+                    if let Ok(Err(_)) = tokio::time::timeout(POLL_EVERY, w.next()).await {
+                        report_watch = None;
+                    }
+                }
                 None => tokio::time::sleep(POLL_EVERY).await,
             }
         }
