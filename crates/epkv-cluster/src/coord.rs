@@ -53,6 +53,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 /// How often a node that is not the leader tries to become it (besides at once when a
 /// lease ends, which is when the leader's may have).
 pub(crate) const LEADER_POLL: Duration = Duration::from_secs(2);
+/// How long a graceful failover waits for the node's replicas to catch up.
+pub const GRACEFUL_PATIENCE: Duration = Duration::from_secs(60);
 /// How long a replica is asked for its seqnos before it is left out of the choice.
 const SEQNO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Attempts at a compare-and-swap that others keep winning.
@@ -484,6 +486,7 @@ impl Coordinator {
     async fn orchestrate(self: Arc<Self>) {
         let mut down_since: HashMap<String, Instant> = HashMap::new();
         let mut refused_until: HashMap<String, Instant> = HashMap::new();
+        let mut graceful_seen: HashMap<usize, Instant> = HashMap::new();
         let mut was_leader = false;
         let mut last_try: Option<Instant> = None;
         loop {
@@ -519,6 +522,7 @@ impl Coordinator {
             if leader && self.live_known.load(Ordering::Acquire) {
                 self.check_members(&mut down_since, &mut refused_until)
                     .await;
+                self.resume_graceful(&mut graceful_seen);
             }
         }
     }
@@ -809,6 +813,30 @@ impl Coordinator {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.fail_over(i, FailoverKind::Manual, false).await
+    }
+
+    /// A graceful failover whose caller died (its node) would leave the node refusing
+    /// writes: the orchestrator finishes one that has been pending longer than a caller
+    /// waits ([`GRACEFUL_PATIENCE`] and a margin), by the same steps (idempotent).
+    fn resume_graceful(self: &Arc<Self>, seen: &mut HashMap<usize, Instant>) {
+        let Some(doc) = self.cluster.upgrade().and_then(|c| c.doc()) else {
+            return;
+        };
+        seen.retain(|i, _| doc.graceful.contains(i));
+        for &i in &doc.graceful {
+            let since = *seen.entry(i).or_insert_with(Instant::now);
+            if since.elapsed() < GRACEFUL_PATIENCE + Duration::from_secs(10) {
+                continue;
+            }
+            seen.insert(i, Instant::now());
+            tracing::warn!(node = i, "resuming a graceful failover its caller left");
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                if let Err(e) = me.graceful_fail_over(i, GRACEFUL_PATIENCE).await {
+                    tracing::error!(node = i, error = %e, "a resumed graceful failover failed");
+                }
+            });
+        }
     }
 
     /// Whether every vBucket node `i` holds active, in each of `buckets`, has a live

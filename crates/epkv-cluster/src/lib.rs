@@ -39,7 +39,9 @@ mod node;
 mod replication;
 mod topology;
 
-pub use coord::{ClusterError, CoordStats, Coordinator, EtcdJoin, FailoverKind, node_id};
+pub use coord::{
+    ClusterError, CoordStats, Coordinator, EtcdJoin, FailoverKind, GRACEFUL_PATIENCE, node_id,
+};
 pub use doc::{AUTO_FAILOVER_TIMEOUT, AutoFailover, Chains, ClusterDoc, Member, Membership};
 pub use etcd::EtcdSettings;
 pub use node::{BucketList, Cluster, NodeStatus};
