@@ -936,17 +936,15 @@ async fn wait_replicated(c: &EtcdCluster) {
     panic!("the replicas did not catch up");
 }
 
-/// A failed-over node restarted and added back (delta recovery) becomes a replica again
-/// and streams only what changed while it was out, not everything.
-#[tokio::test]
-async fn a_node_added_back_streams_only_the_difference() {
-    if no_etcd("delta recovery") {
-        return;
-    }
+/// Kills a node of a fresh cluster, lets the orchestrator fail it over, writes
+/// `written_while_out` keys, restarts it and adds it back with `recovery` (`delta` or
+/// `full`). Returns the changes replication applied to it, what its replicas hold (the
+/// sum of their high seqnos), the cluster and its index.
+async fn add_back(recovery: &str, written_while_out: usize) -> (u64, u64, EtcdCluster, usize) {
     let mut c = EtcdCluster::start(3, 1, 1);
     let (status, body) = c.rest(0, "POST", "/settings/autoFailover", Some("timeout=1"));
     assert_eq!(status, 200, "{body}");
-    let old: Vec<Vec<u8>> = (0..600).map(|i| key(&format!("etcd-delta-{i}"))).collect();
+    let old: Vec<Vec<u8>> = (0..600).map(|i| key(&format!("etcd-back-{i}"))).collect();
     write_plain(&c, 0, &old, b"old").await;
     wait_replicated(&c).await;
     let leader = c.orchestrator(0);
@@ -955,8 +953,8 @@ async fn a_node_added_back_streams_only_the_difference() {
     wait_until("the failover", Duration::from_secs(20), || {
         (c.membership(leader, out) == "inactiveFailed").then_some(())
     });
-    let new: Vec<Vec<u8>> = (0..30)
-        .map(|i| key(&format!("etcd-delta-new-{i}")))
+    let new: Vec<Vec<u8>> = (0..written_while_out)
+        .map(|i| key(&format!("etcd-back-new-{i}")))
         .collect();
     write_plain(&c, leader, &new, b"new").await;
     // Back on its data directory: it learns it was failed over and holds nothing.
@@ -968,19 +966,8 @@ async fn a_node_added_back_streams_only_the_difference() {
     );
     assert_eq!(c.membership(out, out), "inactiveFailed");
     let otp = format!("otpNode=ns_1@127.0.0.1:{}", c.kv[out]);
-    let (status, body) = c.rest(
-        leader,
-        "POST",
-        "/controller/setRecoveryType",
-        Some(&format!("{otp}&recoveryType=full")),
-    );
-    assert_eq!(status, 400, "full recovery is not built: {body}");
-    let (status, body) = c.rest(
-        leader,
-        "POST",
-        "/controller/setRecoveryType",
-        Some(&format!("{otp}&recoveryType=delta")),
-    );
+    let form = format!("{otp}&recoveryType={recovery}");
+    let (status, body) = c.rest(leader, "POST", "/controller/setRecoveryType", Some(&form));
     assert_eq!(status, 200, "{body}");
     wait_until(
         "the node to learn it is back",
@@ -988,24 +975,50 @@ async fn a_node_added_back_streams_only_the_difference() {
         || (c.membership(out, out) == "active").then_some(()),
     );
     wait_replicated(&c).await;
+    read_back(&c, leader, &old, b"old").await;
     let received = stat_of(&c, out, "", "ep_dcp_replica_items_received").await;
     let held = stat_of(&c, out, "replication", "vb_replica_high_seqno_sum").await;
     eprintln!(
-        "delta recovery: the re-added node streamed {received} changes; its replicas hold seqnos summing to {held}"
+        "{recovery} recovery: the re-added node streamed {received} changes; its replicas hold seqnos summing to {held}"
     );
+    (received, held, c, out)
+}
+
+/// A failed-over node restarted and added back with delta recovery becomes a replica
+/// again and streams only what changed while it was out, not everything.
+#[tokio::test]
+async fn a_node_added_back_streams_only_the_difference() {
+    if no_etcd("delta recovery") {
+        return;
+    }
+    let written = 30;
+    let (received, held, mut c, out) = add_back("delta", written).await;
     assert!(held > 0, "it holds replicas again");
-    if received > new.len() as u64 {
+    if received > written as u64 {
         let log = c.nodes[out].take().unwrap().kill();
         let lines: Vec<&str> = log
             .lines()
             .filter(|l| !l.contains("vbucket state changed"))
             .collect();
         panic!(
-            "it streamed {received} changes, more than the {} written while it was out; its log:\n{}",
-            new.len(),
+            "it streamed {received} changes, more than the {written} written while it was out; its log:\n{}",
             lines[lines.len().saturating_sub(60)..].join("\n")
         );
     }
+}
+
+/// With full recovery the node drops what it held and streams all of it again.
+#[tokio::test]
+async fn a_node_added_back_with_full_recovery_streams_everything_again() {
+    if no_etcd("full recovery") {
+        return;
+    }
+    let (received, held, _c, _) = add_back("full", 30).await;
+    assert!(held > 0, "it holds replicas again");
+    assert!(
+        received >= held,
+        "full recovery streamed {received} changes for replicas holding {held}"
+    );
 }
 
 /// Plain SETs of `keys` through the node holding each key's active copy.

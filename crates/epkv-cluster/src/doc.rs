@@ -100,6 +100,11 @@ pub struct ClusterDoc {
     /// replicas catch up, then the failover promotes those replicas.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub graceful: Vec<usize>,
+    /// Nodes added back with full recovery that have not yet dropped what they held:
+    /// each empties its replica vBuckets before streaming them afresh, then leaves the
+    /// list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub full_recovery: Vec<usize>,
 }
 
 /// What a failover would do wrong.
@@ -151,6 +156,7 @@ impl ClusterDoc {
             bucket_chains: BTreeMap::new(),
             auto_failover: AutoFailover::default(),
             graceful: Vec::new(),
+            full_recovery: Vec::new(),
         }
     }
 
@@ -169,6 +175,7 @@ impl ClusterDoc {
             bucket_chains: BTreeMap::new(),
             auto_failover: AutoFailover::default(),
             graceful: Vec::new(),
+            full_recovery: Vec::new(),
         }
     }
 
@@ -256,6 +263,7 @@ impl ClusterDoc {
         self.bucket_chains.retain(|b, _| buckets.contains(b));
         self.nodes[node].membership = Membership::InactiveFailed;
         self.graceful.retain(|&n| n != node);
+        self.full_recovery.retain(|&n| n != node);
         let failed: Vec<bool> = (0..self.nodes.len()).map(|i| self.is_failed(i)).collect();
         for (bucket, chains) in self.maps_mut() {
             for (v, chain) in chains.iter_mut().enumerate() {

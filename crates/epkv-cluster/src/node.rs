@@ -464,8 +464,12 @@ impl Cluster {
         }
         let paused = self.replication_paused.load(Ordering::Acquire);
         let this = t.this().map_or_else(|| "-".to_owned(), |i| i.to_string());
+        let full = t.this().is_some_and(|i| t.doc().full_recovery.contains(&i));
         for (name, engine) in (self.buckets)() {
             set_states(&name, &*engine, &t, self.fenced()).await;
+            if full {
+                empty_replicas(&name, &*engine, &t);
+            }
             if paused {
                 tracing::warn!(bucket = %name, "replication paused (testing)");
                 continue;
@@ -488,6 +492,21 @@ impl Cluster {
                 };
                 tokio::spawn(replication::run(source, stop_rx.clone()));
             }
+        }
+        if full && let (Some(coord), Some(i)) = (self.coord.get().cloned(), t.this()) {
+            // Emptied: leave the list (a later document must not empty them again).
+            tokio::spawn(async move {
+                let left = coord
+                    .update_doc(|doc| {
+                        let before = doc.full_recovery.len();
+                        doc.full_recovery.retain(|&n| n != i);
+                        Ok(doc.full_recovery.len() != before)
+                    })
+                    .await;
+                if let Err(e) = left {
+                    tracing::error!(error = %e, "full recovery: cannot record that this node emptied its replicas");
+                }
+            });
         }
     }
 
@@ -557,13 +576,34 @@ impl Cluster {
     /// # Errors
     /// No cluster, no such node, or etcd unreachable.
     pub fn re_add(self: &Arc<Self>, node: &str) -> Result<bool, ClusterError> {
+        self.re_add_with(node, false)
+    }
+
+    /// [`Self::re_add`] with the recovery type: `full` makes the node drop what it
+    /// holds of its replica vBuckets and stream them afresh (etcd clusters only); else
+    /// it streams the difference (delta).
+    ///
+    /// # Errors
+    /// No cluster, no such node, full recovery without etcd, or etcd unreachable.
+    pub fn re_add_with(self: &Arc<Self>, node: &str, full: bool) -> Result<bool, ClusterError> {
         if let Some(coord) = self.coord.get() {
             let i = self.node_index(node)?;
-            let changed = self.block_on(coord.update_doc(|doc| Ok(doc.re_add(i))))??;
+            let changed = self.block_on(coord.update_doc(|doc| {
+                let changed = doc.re_add(i);
+                if changed && full {
+                    doc.full_recovery.push(i);
+                }
+                Ok(changed)
+            }))??;
             if changed {
-                tracing::warn!(node, "node added back as a replica");
+                tracing::warn!(node, full, "node added back as a replica");
             }
             return Ok(changed);
+        }
+        if full {
+            return Err(ClusterError::Invalid(
+                "full recovery needs an etcd cluster; add the node back with delta recovery".into(),
+            ));
         }
         self.change_topology(node, "node added back as a replica", |t, i| Ok(t.re_add(i)))
     }
@@ -694,6 +734,24 @@ fn wanted(t: &Topology, bucket: &str, vb: Vbid, fenced: bool) -> VBucketState {
         VBucketState::Active if fenced => VBucketState::Replica,
         want => want,
     }
+}
+
+/// Full recovery: drops what this node holds of its replica vBuckets of `bucket`, so
+/// replication streams them from 0.
+fn empty_replicas(bucket: &str, engine: &dyn Engine, t: &Topology) {
+    let mut emptied = 0;
+    for v in 0..NUM_VBUCKETS {
+        let vb = Vbid(v);
+        if t.state_of(bucket, vb) == VBucketState::Replica {
+            match engine.reset_replica(vb) {
+                Ok(()) => emptied += 1,
+                Err(e) => {
+                    tracing::error!(bucket, %vb, error = %e, "full recovery: cannot empty a replica vBucket");
+                }
+            }
+        }
+    }
+    tracing::warn!(bucket, emptied, "full recovery: replica vBuckets emptied");
 }
 
 /// Tells each active vBucket of `engine` its replication chain.

@@ -770,9 +770,9 @@ fn fail_over_node(m: &Mgmt, graceful: bool, form: &Form) -> Reply {
 }
 
 /// `POST /controller/reAddNode` (`otpNode`) and `/controller/setRecoveryType`
-/// (`otpNode`, `recoveryType=delta`): the node becomes a replica again and streams the
-/// difference from the actives (delta recovery; a vBucket whose history diverged starts
-/// over). Full recovery (dropping its data first) is not built yet and is refused.
+/// (`otpNode`, `recoveryType=delta|full`): the node becomes a replica again and streams
+/// the difference from the actives (delta recovery; a vBucket whose history diverged
+/// starts over), or, with `full`, drops what it holds and streams everything.
 fn re_add_node(m: &Mgmt, which: &str, form: &Form) -> Reply {
     let Some(node) = form.get("otpNode") else {
         return Reply::invalid(
@@ -780,17 +780,12 @@ fn re_add_node(m: &Mgmt, which: &str, form: &Form) -> Reply {
             "name the node to add back (host:port or its index)",
         );
     };
-    match (which, form.get("recoveryType")) {
-        ("reAddNode", _) | (_, Some("delta")) => {}
-        (_, Some("full")) => {
-            return Reply::invalid(
-                "recoveryType",
-                "full recovery is not supported yet; use delta (the node streams what it lacks)",
-            );
-        }
+    let full = match (which, form.get("recoveryType")) {
+        ("reAddNode", _) | (_, Some("delta")) => false,
+        (_, Some("full")) => true,
         _ => return Reply::invalid("recoveryType", "recoveryType must be delta or full"),
-    }
-    match m.cluster.re_add(node) {
+    };
+    match m.cluster.re_add_with(node, full) {
         Ok(_) => Reply::empty(StatusCode::OK),
         Err(e) => cluster_error(e),
     }
