@@ -2,7 +2,7 @@
 //! key prefix per cluster, this node's lease, compare-and-swap writes and prefix watches.
 //!
 //! **Keys** (under `/epkv/<cluster-name>/`):
-//! - `topology`: the [`crate::topology::ClusterDoc`] (members, maps, auto-failover
+//! - `topology`: the [`crate::doc::ClusterDoc`] (members, maps, auto-failover
 //!   settings), changed only by compare-and-swap on its `mod_revision`;
 //! - `live/<host:port>`: one per running node, attached to its lease, so it disappears
 //!   when the node stops renewing it;

@@ -235,7 +235,7 @@ impl Cluster {
     pub fn graceful_fail_over(self: &Arc<Self>, node: &str) -> Result<bool, ClusterError> {
         let coord = self.coord_for_change()?;
         let i = self.node_index(node)?;
-        self.block_on(coord.graceful_fail_over(i, crate::coord::GRACEFUL_PATIENCE))?
+        self.block_on(coord.graceful_fail_over(i, crate::failover::GRACEFUL_PATIENCE))?
     }
 
     /// Testing: stops replication into this node (or lets it start again), to make a
