@@ -3,23 +3,11 @@
 //! with GET_REPLICA, and after a manual failover serves the failed node's vBuckets from
 //! the replicas it promoted.
 
-use crate::harness::{Server, TestDir, http_request, key};
+use crate::harness::{Server, TestDir, free_ports, http_request, key};
 use epkv_client::{Client, StoreOptions};
 use epkv_protocol::{Opcode, RequestBuilder, Status};
 use epkv_types::Vbid;
 use std::time::Duration;
-
-/// Free loopback ports (bound then released; a clash with another process is possible
-/// but unlikely in the moment between).
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
 
 /// A cluster of `ports.len()` nodes with `replicas` replicas, each node with its own data
 /// directory.

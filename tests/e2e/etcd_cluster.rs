@@ -5,7 +5,7 @@
 //!
 //! Skipped (with a message) when `etcd` is not installed; `.ci/run` installs it.
 
-use crate::harness::{Server, TestDir, http_request, key};
+use crate::harness::{Server, TestDir, free_ports, http_request, key};
 use epkv_client::{Client, StoreOptions};
 use epkv_protocol::{DurabilityRequirement, Status};
 use epkv_types::DurabilityLevel;
@@ -15,17 +15,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 const ADMIN: (&str, &str) = ("Administrator", "password");
-
-/// Free loopback ports (bound, then released).
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
 
 /// The `etcd` binary, if installed.
 fn etcd_binary() -> Option<&'static str> {
@@ -393,17 +382,59 @@ impl EtcdCluster {
         c
     }
 
-    /// The node holding `key`'s active copy, by node `via`'s map of `default`.
-    pub(crate) fn active_of(&self, via: usize, vb: epkv_types::Vbid) -> usize {
+    /// Per vBucket, the node holding its active copy, by node `via`'s map of `default`
+    /// (one request; index it with [`active`]).
+    pub(crate) fn actives(&self, via: usize) -> Vec<usize> {
         let map = self.json(via, "/pools/default/b/default");
-        let row = &map["vBucketServerMap"]["vBucketMap"][usize::from(vb.0)];
-        let server = row[0].as_i64().expect("an active copy");
-        let name = map["vBucketServerMap"]["serverList"][usize::try_from(server).unwrap()]
-            .as_str()
+        let servers: Vec<usize> = map["vBucketServerMap"]["serverList"]
+            .as_array()
             .unwrap()
-            .to_owned();
-        let port: u16 = name.rsplit(':').next().unwrap().parse().unwrap();
-        self.kv.iter().position(|k| *k == port).unwrap()
+            .iter()
+            .map(|name| {
+                let port: u16 = name
+                    .as_str()
+                    .unwrap()
+                    .rsplit(':')
+                    .next()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                self.kv.iter().position(|k| *k == port).unwrap()
+            })
+            .collect();
+        map["vBucketServerMap"]["vBucketMap"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| servers[usize::try_from(row[0].as_i64().expect("an active copy")).unwrap()])
+            .collect()
+    }
+}
+
+/// The node holding `k`'s active copy in `actives` ([`EtcdCluster::actives`]).
+fn active(actives: &[usize], k: &[u8]) -> usize {
+    actives[usize::from(vbucket_of(k).0)]
+}
+
+/// Authenticated clients of a cluster's nodes, opened on first use.
+struct Clients<'a> {
+    cluster: &'a EtcdCluster,
+    open: Vec<Option<Client>>,
+}
+
+impl<'a> Clients<'a> {
+    fn new(cluster: &'a EtcdCluster) -> Self {
+        Clients {
+            cluster,
+            open: (0..cluster.nodes.len()).map(|_| None).collect(),
+        }
+    }
+
+    async fn of(&mut self, n: usize) -> &mut Client {
+        if self.open[n].is_none() {
+            self.open[n] = Some(self.cluster.client(n).await);
+        }
+        self.open[n].as_mut().unwrap()
     }
 }
 
@@ -430,41 +461,43 @@ fn majority() -> StoreOptions {
     })
 }
 
-/// Writes `keys` at Majority through the node holding each key's active copy (by node
+/// Writes `keys` with `opts` through the node holding each key's active copy (by node
 /// `via`'s map); every write must be acknowledged.
-async fn write_majority(c: &EtcdCluster, via: usize, keys: &[Vec<u8>], value: &[u8]) {
-    let mut clients: Vec<Option<Client>> = (0..c.nodes.len()).map(|_| None).collect();
+async fn write(c: &EtcdCluster, via: usize, keys: &[Vec<u8>], value: &[u8], opts: StoreOptions) {
+    let actives = c.actives(via);
+    let mut clients = Clients::new(c);
     for k in keys {
-        let vb = vbucket_of(k);
-        let n = c.active_of(via, vb);
-        if clients[n].is_none() {
-            clients[n] = Some(c.client(n).await);
-        }
-        let client = clients[n].as_mut().unwrap();
-        let r = client.set(k, value, majority()).await.unwrap();
-        assert!(
-            r.is_success(),
-            "a Majority write answered {:#x}",
-            r.status_raw
-        );
+        let r = clients
+            .of(active(&actives, k))
+            .await
+            .set(k, value, opts)
+            .await
+            .unwrap();
+        assert!(r.is_success(), "a write answered {:#x}", r.status_raw);
     }
+}
+
+async fn write_majority(c: &EtcdCluster, via: usize, keys: &[Vec<u8>], value: &[u8]) {
+    write(c, via, keys, value, majority()).await;
+}
+
+async fn write_plain(c: &EtcdCluster, via: usize, keys: &[Vec<u8>], value: &[u8]) {
+    write(c, via, keys, value, StoreOptions::new()).await;
 }
 
 /// Reads every key back from the node holding its active copy now (by node `via`'s
 /// map); each must have `value`.
 async fn read_back(c: &EtcdCluster, via: usize, keys: &[Vec<u8>], value: &[u8]) {
-    let mut clients: Vec<Option<Client>> = (0..c.nodes.len()).map(|_| None).collect();
+    let actives = c.actives(via);
+    let mut clients = Clients::new(c);
     for k in keys {
-        let vb = vbucket_of(k);
-        let n = c.active_of(via, vb);
-        if clients[n].is_none() {
-            clients[n] = Some(c.client(n).await);
-        }
-        let r = clients[n].as_mut().unwrap().get(k).await.unwrap();
+        let n = active(&actives, k);
+        let r = clients.of(n).await.get(k).await.unwrap();
         assert_eq!(
             r.status_raw,
             Status::Success as u16,
-            "an acknowledged write of {vb} is missing on node {n}"
+            "an acknowledged write of {} is missing on node {n}",
+            vbucket_of(k)
         );
         assert_eq!(r.value.as_ref(), value);
     }
@@ -526,8 +559,9 @@ async fn a_killed_orchestrator_is_failed_over_by_the_next_and_no_majority_write_
     read_back(&c, survivor, &keys, b"kept").await;
     // Writes go on to the promoted copies; with its one replica gone, a vBucket answers
     // Majority writes DurabilityImpossible at once (as Couchbase until a rebalance).
+    let actives = c.actives(survivor);
     for k in &keys[..50] {
-        let n = c.active_of(survivor, vbucket_of(k));
+        let n = active(&actives, k);
         let mut client = c.client(n).await;
         assert!(
             client
@@ -636,9 +670,9 @@ async fn without_an_etcd_quorum_data_is_served_changes_are_refused_and_nothing_f
     );
     // The survivors still serve their active vBuckets.
     let mut served = 0;
+    let actives = c.actives(alive);
     for k in &keys {
-        let vb = vbucket_of(k);
-        let n = c.active_of(alive, vb);
+        let n = active(&actives, k);
         if n == dead {
             continue;
         }
@@ -789,9 +823,10 @@ async fn failover_promotes_the_replica_holding_the_most_not_the_first_in_the_cha
     wait_until("the failover", Duration::from_secs(20), || {
         (c.membership(1, 0) == "inactiveFailed").then_some(())
     });
+    let actives = c.actives(1);
     for k in &keys {
         assert_eq!(
-            c.active_of(1, vbucket_of(k)),
+            active(&actives, k),
             2,
             "the replica holding the most is promoted"
         );
@@ -831,9 +866,10 @@ async fn a_node_cut_off_from_etcd_is_not_failed_over_and_fences_only_when_alone(
     );
     assert_eq!(status, 200, "{body}");
     // A key node 0 holds active.
+    let actives = c.actives(1);
     let k = (0..1000)
         .map(|i| key(&format!("etcd-fence-{i}")))
-        .find(|k| c.active_of(1, vbucket_of(k)) == 0)
+        .find(|k| active(&actives, k) == 0)
         .unwrap();
     let mut n0 = c.client(0).await;
     assert!(
@@ -1021,24 +1057,6 @@ async fn a_node_added_back_with_full_recovery_streams_everything_again() {
     );
 }
 
-/// Plain SETs of `keys` through the node holding each key's active copy.
-async fn write_plain(c: &EtcdCluster, via: usize, keys: &[Vec<u8>], value: &[u8]) {
-    let mut clients: Vec<Option<Client>> = (0..c.nodes.len()).map(|_| None).collect();
-    for k in keys {
-        let n = c.active_of(via, vbucket_of(k));
-        if clients[n].is_none() {
-            clients[n] = Some(c.client(n).await);
-        }
-        let r = clients[n]
-            .as_mut()
-            .unwrap()
-            .set(k, value, StoreOptions::new())
-            .await
-            .unwrap();
-        assert!(r.is_success(), "{:#x}", r.status_raw);
-    }
-}
-
 /// A bucket, a scope and collection, and a user created through node 0's REST API are in
 /// place on every node when each call returns: node 2 serves the new collection to the
 /// new user with the same collection id, and the bucket replicates by the cluster's map.
@@ -1109,7 +1127,7 @@ async fn buckets_collections_and_users_made_on_one_node_are_on_every_node_when_t
     assert!(body.contains("already exists"), "{body}");
     // The new user writes to the new collection through whichever node holds the key.
     let k = key("meta-doc");
-    let n = c.active_of(2, vbucket_of(&k));
+    let n = active(&c.actives(2), &k);
     let mut u = c.node(n).client().await;
     u.hello(
         "meta",
@@ -1173,9 +1191,10 @@ async fn a_graceful_failover_hands_over_every_acknowledged_write() {
     let replica = (out + 1) % 3;
     let (status, body) = c.rest(replica, "POST", "/diag/replication", Some("paused=true"));
     assert_eq!(status, 200, "{body}");
+    let actives = c.actives(leader);
     let keys: Vec<Vec<u8>> = (0..3000)
         .map(|i| key(&format!("etcd-graceful-{i}")))
-        .filter(|k| c.active_of(leader, vbucket_of(k)) == out)
+        .filter(|k| active(&actives, k) == out)
         .take(300)
         .collect();
     write_plain(&c, leader, &keys, b"handed over").await;
@@ -1223,7 +1242,7 @@ async fn a_graceful_failover_hands_over_every_acknowledged_write() {
     // Every write it acknowledged is on the promoted replica (the value of keys[0] is
     // whichever write was acknowledged last).
     read_back(&c, leader, &keys[1..], b"handed over").await;
-    let n = c.active_of(leader, vbucket_of(&keys[0]));
+    let n = active(&c.actives(leader), &keys[0]);
     let v = c.client(n).await.get(&keys[0]).await.unwrap();
     assert!(v.is_success());
     // Twice: nothing more to do.

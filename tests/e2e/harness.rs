@@ -481,3 +481,15 @@ impl Drop for Server {
 pub(crate) fn key(name: &str) -> Vec<u8> {
     format!("e2e-{}-{name}", std::process::id()).into_bytes()
 }
+
+/// Free loopback ports (bound then released; a clash with another process is possible
+/// but unlikely in the moment between).
+pub(crate) fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}

@@ -99,6 +99,9 @@ pub struct EtcdJoin {
     pub settings: crate::etcd::EtcdSettings,
     /// A cluster file whose topology an empty cluster starts with (its nodes all active).
     pub seed: Option<ClusterFile>,
+    /// This node as the seed file names it (its `--cluster-node` entry), if there is one;
+    /// else where it listens ([`crate::Cluster::start`]'s `me`).
+    pub this: Option<NodeSpec>,
     /// Replicas of a cluster this node starts alone.
     pub replicas: usize,
     /// The credentials nodes replicate and ask each other with.
@@ -118,8 +121,6 @@ pub struct CoordStats {
     pub promotions_reordered: AtomicU64,
     /// Times this node became the orchestrator.
     pub leader_terms: AtomicU64,
-    /// Times this node's lease was found expired.
-    pub lease_losses: AtomicU64,
     /// Documents installed.
     pub docs_installed: AtomicU64,
     /// Times this node fenced itself off.
@@ -263,6 +264,13 @@ impl Coordinator {
         self.leader_id.lock().clone()
     }
 
+    /// Times this node's lease expired and it registered again (every registration
+    /// after the first).
+    #[must_use]
+    pub fn lease_losses(&self) -> u64 {
+        self.registered.borrow().saturating_sub(1)
+    }
+
     /// Moves on each time this node registers with a new lease: keys attached to the
     /// old lease are gone and must be written again.
     #[must_use]
@@ -332,6 +340,21 @@ impl Coordinator {
         Ok(Some((doc, v.mod_revision)))
     }
 
+    /// The document in etcd and its `mod_revision`, which must exist (a started node
+    /// made sure of it).
+    pub(crate) async fn current_doc(&self) -> Result<(ClusterDoc, i64), ClusterError> {
+        self.read_doc()
+            .await?
+            .ok_or_else(|| ClusterError::Unavailable("the cluster has no document".into()))
+    }
+
+    /// The node this coordinator serves, unless it is shutting down.
+    pub(crate) fn node(&self) -> Result<Arc<Cluster>, ClusterError> {
+        self.cluster
+            .upgrade()
+            .ok_or_else(|| ClusterError::Unavailable("shutting down".into()))
+    }
+
     /// Installs `doc` (at `rev`) if it is newer than the one installed.
     pub(crate) fn offer(&self, doc: ClusterDoc, rev: i64) {
         if self.doc_rev.fetch_max(rev, Ordering::AcqRel) >= rev {
@@ -351,7 +374,6 @@ impl Coordinator {
         tokio::spawn(self.etcd.clone().run_lease(move |etcd| {
             let me = Arc::clone(&me);
             async move {
-                me.stats.lease_losses.fetch_add(1, Ordering::Relaxed);
                 let spec = serde_json::to_vec(&me.me).unwrap_or_default();
                 etcd.put_leased(&format!("live/{}", me.id), spec).await?;
                 tracing::info!(node = %me.id, lease = etcd.lease_id(), "registered in etcd");
@@ -359,8 +381,6 @@ impl Coordinator {
                 Ok(())
             }
         }));
-        // The first registration is not a loss.
-        self.stats.lease_losses.fetch_sub(1, Ordering::Relaxed);
         tokio::spawn(Arc::clone(self).watch_doc());
         tokio::spawn(Arc::clone(self).watch_live());
         tokio::spawn(Arc::clone(self).orchestrate());
@@ -601,10 +621,7 @@ impl Coordinator {
         F: FnMut(&mut ClusterDoc) -> Result<bool, ClusterError>,
     {
         for _ in 0..CAS_ATTEMPTS {
-            let (mut doc, rev) = self
-                .read_doc()
-                .await?
-                .ok_or_else(|| ClusterError::Unavailable("the cluster has no document".into()))?;
+            let (mut doc, rev) = self.current_doc().await?;
             if !edit(&mut doc)? {
                 self.offer(doc, rev);
                 return Ok(false);

@@ -304,15 +304,12 @@ impl Etcd {
         value: impl Into<Vec<u8>>,
         expected: i64,
     ) -> Result<Option<i64>, EtcdError> {
-        let key = self.key(rel);
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                expected,
-            )])
-            .and_then([TxnOp::put(key, value.into(), None)]);
-        self.commit(txn).await
+        self.transact(
+            &[(rel.to_owned(), expected)],
+            vec![(rel.to_owned(), value.into())],
+            &[],
+        )
+        .await
     }
 
     /// Deletes `rel` if its `mod_revision` is still `expected`. Returns the revision of
@@ -325,15 +322,8 @@ impl Etcd {
         rel: &str,
         expected: i64,
     ) -> Result<Option<i64>, EtcdError> {
-        let key = self.key(rel);
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                expected,
-            )])
-            .and_then([TxnOp::delete(key, None)]);
-        self.commit(txn).await
+        self.transact(&[(rel.to_owned(), expected)], Vec::new(), &[rel.to_owned()])
+            .await
     }
 
     /// One transaction over several keys: if every `(key, mod_revision)` of `compare`

@@ -38,17 +38,11 @@ impl Coordinator {
         kind: FailoverKind,
         allow_loss: bool,
     ) -> Result<bool, ClusterError> {
-        let cluster = self
-            .cluster
-            .upgrade()
-            .ok_or_else(|| ClusterError::Unavailable("shutting down".into()))?;
+        let cluster = self.node()?;
         let buckets = cluster.bucket_names();
         let credentials = self.join.credentials.clone();
         for _ in 0..CAS_ATTEMPTS {
-            let (mut doc, rev) = self
-                .read_doc()
-                .await?
-                .ok_or_else(|| ClusterError::Unavailable("the cluster has no document".into()))?;
+            let (mut doc, rev) = self.current_doc().await?;
             let Some(member) = doc.nodes.get(i).cloned() else {
                 return Err(ClusterError::Invalid(format!("no node {i} in the cluster")));
             };
@@ -142,10 +136,7 @@ impl Coordinator {
         i: usize,
         patience: Duration,
     ) -> Result<bool, ClusterError> {
-        let cluster = self
-            .cluster
-            .upgrade()
-            .ok_or_else(|| ClusterError::Unavailable("shutting down".into()))?;
+        let cluster = self.node()?;
         let buckets = cluster.bucket_names();
         let mut already = false;
         self.update_doc(|doc| {

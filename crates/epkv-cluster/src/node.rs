@@ -174,7 +174,11 @@ impl Cluster {
     pub async fn start(self: &Arc<Self>, me: Option<NodeSpec>) -> Result<(), String> {
         let _ = self.runtime.set(tokio::runtime::Handle::current());
         if let Some(join) = &self.join {
-            let me = me.ok_or("an etcd cluster node needs its address")?;
+            let me = join
+                .this
+                .clone()
+                .or(me)
+                .ok_or("an etcd cluster node needs its address")?;
             let (coord, doc, rev) = Coordinator::connect(
                 join.clone(),
                 me,

@@ -399,7 +399,7 @@ fn run(cli: Cli) -> Result<()> {
         // A cluster node takes its vBuckets' states from the map before it serves
         // (clients wait in the listen backlog meanwhile).
         cluster
-            .start(settings::this_node(s, addr, mgmt_addr))
+            .start(Some(settings::this_node(s, addr, mgmt_addr)))
             .await
             .map_err(anyhow::Error::msg)?;
         // With --etcd, buckets, collections and users are the cluster's: seeded from or

@@ -232,6 +232,16 @@ pub(crate) fn etcd_join(s: &Settings) -> Result<Option<epkv_cluster::EtcdJoin>, 
             .map_err(|e| format!("cannot read the cluster file {}: {e}", s.cluster.display()))?;
         Some(epkv_cluster::ClusterFile::parse(&text)?)
     };
+    let this = match &seed {
+        Some(f) => Some(f.nodes.get(s.cluster_node).cloned().ok_or_else(|| {
+            format!(
+                "--cluster-node {}: the cluster file names nodes 0 to {}",
+                s.cluster_node,
+                f.nodes.len().saturating_sub(1)
+            )
+        })?),
+        None => None,
+    };
     let admin = (!s.admin_user.is_empty() && !s.admin_password.expose().is_empty())
         .then(|| (s.admin_user.clone(), s.admin_password.expose().to_owned()));
     let credentials = seed
@@ -244,36 +254,29 @@ pub(crate) fn etcd_join(s: &Settings) -> Result<Option<epkv_cluster::EtcdJoin>, 
             cluster_name: s.cluster_name.clone(),
         },
         replicas: seed.as_ref().map_or(1, |f| f.replicas),
+        this,
         seed,
         credentials,
     }))
 }
 
-/// Where this node is, as an etcd cluster names it: the cluster file's entry for
-/// `cluster-node` when a file is given, else `advertise-host` (or the bind address) with
-/// the ports it listens on.
+/// Where this node is, as an etcd cluster started without a cluster file names it:
+/// `advertise-host` (or the bind address) with the ports it listens on.
 pub(crate) fn this_node(
     s: &Settings,
     kv: SocketAddr,
     mgmt: Option<SocketAddr>,
-) -> Option<epkv_cluster::NodeSpec> {
-    if !s.cluster.as_os_str().is_empty()
-        && let Ok(text) = std::fs::read_to_string(&s.cluster)
-        && let Ok(file) = epkv_cluster::ClusterFile::parse(&text)
-        && let Some(n) = file.nodes.get(s.cluster_node)
-    {
-        return Some(n.clone());
-    }
+) -> epkv_cluster::NodeSpec {
     let host = if s.advertise_host.is_empty() {
         s.bind.to_string()
     } else {
         s.advertise_host.clone()
     };
-    Some(epkv_cluster::NodeSpec {
+    epkv_cluster::NodeSpec {
         host,
         port: kv.port(),
         mgmt_port: mgmt.map(|a| a.port()),
-    })
+    }
 }
 
 /// The TLS listener's configuration from the settings: `None` without `tls-cert` and

@@ -331,7 +331,7 @@ pub(crate) fn cluster(f: &mut Families, c: &epkv_cluster::Coordinator) {
             "kv_cluster_lease_losses_total",
             "Times this node's etcd lease expired and it registered again",
             Kind::Counter,
-            read(&s.lease_losses) as f64,
+            c.lease_losses() as f64,
         ),
         (
             "kv_cluster_documents_installed_total",
