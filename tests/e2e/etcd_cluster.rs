@@ -24,7 +24,7 @@ fn etcd_binary() -> Option<&'static str> {
 }
 
 /// Whether to skip: no etcd here.
-fn no_etcd(test: &str) -> bool {
+pub(crate) fn no_etcd(test: &str) -> bool {
     if etcd_binary().is_some() {
         return false;
     }
@@ -279,6 +279,48 @@ impl EtcdCluster {
         c
     }
 
+    /// Starts one more node that registers in etcd (no cluster file), adds it with
+    /// `/controller/addNode` through node `via`, and returns its index.
+    pub(crate) fn add_new_node(&mut self, via: usize) -> usize {
+        let i = self.nodes.len();
+        let ports = free_ports(2);
+        self.kv.push(ports[0]);
+        self.mgmt.push(ports[1]);
+        self.proxies.push(None);
+        let data = self.dir.path().join(format!("node{i}"));
+        let (kv, mgmt) = (ports[0].to_string(), ports[1].to_string());
+        let endpoints = self.etcd.endpoints();
+        let s = Server::spawn_in_exact(
+            &data,
+            &[
+                "--port",
+                &kv,
+                "--mgmt-port",
+                &mgmt,
+                "--testing",
+                "--admin-user",
+                ADMIN.0,
+                "--admin-password",
+                ADMIN.1,
+                "--etcd",
+                &endpoints,
+                "--cluster-name",
+                "test",
+            ],
+        );
+        self.nodes.push(Some(s));
+        let form = format!("hostname=127.0.0.1:{mgmt}&user={}&password={}", ADMIN.0, ADMIN.1);
+        wait_until("the new node's registration", Duration::from_secs(20), || {
+            (self.rest(via, "POST", "/controller/addNode", Some(&form)).0 == 200).then_some(())
+        });
+        i
+    }
+
+    /// ns_server's name of node `i`.
+    pub(crate) fn otp(&self, i: usize) -> String {
+        format!("ns_1@127.0.0.1:{}", self.kv[i])
+    }
+
     fn spawn(&self, i: usize) -> Server {
         let data = self.dir.path().join(format!("node{i}"));
         let file = self.dir.path().join("cluster.toml");
@@ -331,7 +373,7 @@ impl EtcdCluster {
         (r.status, r.body)
     }
 
-    fn json(&self, i: usize, path: &str) -> serde_json::Value {
+    pub(crate) fn json(&self, i: usize, path: &str) -> serde_json::Value {
         let (status, body) = self.rest(i, "GET", path, None);
         assert_eq!(status, 200, "{path}: {body}");
         serde_json::from_str(&body).unwrap()
@@ -438,12 +480,12 @@ impl<'a> Clients<'a> {
     }
 }
 
-fn vbucket_of(k: &[u8]) -> epkv_types::Vbid {
+pub(crate) fn vbucket_of(k: &[u8]) -> epkv_types::Vbid {
     epkv_types::vbucket_for_key(k, epkv_types::NUM_VBUCKETS)
 }
 
 /// Polls `check` (every 50 ms) until it gives a value; fails the test after `limit`.
-fn wait_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(v) = check() {
@@ -454,7 +496,7 @@ fn wait_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<
     }
 }
 
-fn majority() -> StoreOptions {
+pub(crate) fn majority() -> StoreOptions {
     StoreOptions::new().durability(DurabilityRequirement {
         level: DurabilityLevel::Majority,
         timeout: Some(Duration::from_secs(5)),

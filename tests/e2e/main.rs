@@ -30,6 +30,7 @@ mod notifications;
 mod persistence;
 mod pipelining;
 mod process;
+mod rebalance;
 mod restart;
 mod scram;
 mod snappy;

@@ -125,6 +125,30 @@ pub struct CoordStats {
     pub docs_installed: AtomicU64,
     /// Times this node fenced itself off.
     pub fences: AtomicU64,
+    /// vBucket moves this node made as the orchestrator of a rebalance.
+    pub rebalance_moves: AtomicU64,
+    /// Rebalances this node completed as the orchestrator.
+    pub rebalances_completed: AtomicU64,
+    /// Rebalances stopped through this node (by an operator, a failover or a failure).
+    pub rebalances_stopped: AtomicU64,
+    /// Takeovers timed: from the map that makes the old active pending to the one that
+    /// makes the new one active (how long a client's operation on that vBucket can stay
+    /// parked, less the maps' installation).
+    pub takeovers: AtomicU64,
+    /// Their total time (µs).
+    pub takeover_micros: AtomicU64,
+    /// The longest (µs).
+    pub takeover_micros_max: AtomicU64,
+}
+
+impl CoordStats {
+    /// Records a takeover that took `d`.
+    pub(crate) fn record_takeover(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.takeovers.fetch_add(1, Ordering::Relaxed);
+        self.takeover_micros.fetch_add(us, Ordering::Relaxed);
+        self.takeover_micros_max.fetch_max(us, Ordering::Relaxed);
+    }
 }
 
 /// One node's part in the etcd cluster.
@@ -503,13 +527,26 @@ impl Coordinator {
         let mut graceful_seen: HashMap<usize, Instant> = HashMap::new();
         let mut was_leader = false;
         let mut last_try: Option<Instant> = None;
+        let mut rebalance: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             let woken = tokio::select! {
                 () = tokio::time::sleep(PROBE_EVERY) => false,
                 () = self.lease_ended.notified() => true,
             };
             let due = woken || last_try.is_none_or(|t| t.elapsed() >= LEADER_POLL);
-            if !self.is_leader() && due && self.etcd.lease_held() {
+            let member = self.is_active_member();
+            if self.is_leader() && !member {
+                // Ejected by a rebalance (or failed over): the orchestrator must be a
+                // member.
+                match self.etcd.release("leader").await {
+                    Ok(()) => {
+                        self.leader_lease.store(0, Ordering::Release);
+                        tracing::warn!("this node left the cluster: it gives up the orchestrator's role");
+                    }
+                    Err(e) => tracing::debug!(error = %e, "cannot give up the leadership"),
+                }
+            }
+            if !self.is_leader() && member && due && self.etcd.lease_held() {
                 last_try = Some(Instant::now());
                 let lease = self.etcd.lease_id();
                 match self.etcd.hold("leader", self.id.clone()).await {
@@ -537,8 +574,19 @@ impl Coordinator {
                 self.check_members(&mut down_since, &mut refused_until)
                     .await;
                 self.resume_graceful(&mut graceful_seen);
+                self.drive_rebalance(&mut rebalance);
             }
         }
+    }
+
+    /// Whether this node is an active member of the installed document (before the
+    /// first one, it counts as one: it may have to write it).
+    fn is_active_member(&self) -> bool {
+        let Some(doc) = self.cluster.upgrade().and_then(|c| c.doc()) else {
+            return true;
+        };
+        doc.index_of(&self.me.host, self.me.port)
+            .is_some_and(|i| doc.nodes[i].membership == Membership::Active)
     }
 
     /// One round of the orchestrator's probes.

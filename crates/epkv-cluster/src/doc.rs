@@ -12,6 +12,7 @@
 //! indexes, active first then replicas, `None` for a copy with no node; its length is
 //! always `replicas + 1`.
 
+use crate::rebalance::{DEFAULT_MOVES_PER_NODE, Rebalance};
 use crate::topology::{ClusterFile, NodeSpec};
 use epkv_types::{NUM_VBUCKETS, Vbid};
 use std::collections::BTreeMap;
@@ -105,6 +106,19 @@ pub struct ClusterDoc {
     /// list.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub full_recovery: Vec<usize>,
+    /// The rebalance in progress (`rebalance.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebalance: Option<Rebalance>,
+    /// How the last rebalance ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rebalance: Option<String>,
+    /// Moves a node takes part in at once during a rebalance (`rebalanceMovesPerNode`).
+    #[serde(default = "default_moves_per_node")]
+    pub moves_per_node: usize,
+}
+
+fn default_moves_per_node() -> usize {
+    DEFAULT_MOVES_PER_NODE
 }
 
 /// What a failover would do wrong.
@@ -157,6 +171,9 @@ impl ClusterDoc {
             auto_failover: AutoFailover::default(),
             graceful: Vec::new(),
             full_recovery: Vec::new(),
+            rebalance: None,
+            last_rebalance: None,
+            moves_per_node: DEFAULT_MOVES_PER_NODE,
         }
     }
 
@@ -176,6 +193,9 @@ impl ClusterDoc {
             auto_failover: AutoFailover::default(),
             graceful: Vec::new(),
             full_recovery: Vec::new(),
+            rebalance: None,
+            last_rebalance: None,
+            moves_per_node: DEFAULT_MOVES_PER_NODE,
         }
     }
 
@@ -261,6 +281,7 @@ impl ClusterDoc {
             }
         }
         self.bucket_chains.retain(|b, _| buckets.contains(b));
+        self.stop_rebalance(&format!("stopped: node {node} was failed over"));
         self.nodes[node].membership = Membership::InactiveFailed;
         self.graceful.retain(|&n| n != node);
         self.full_recovery.retain(|&n| n != node);

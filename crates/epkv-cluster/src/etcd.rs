@@ -386,6 +386,20 @@ impl Etcd {
         Ok((false, Vec::new()))
     }
 
+    /// Gives key `rel` up if this node holds it (with its current lease), as a leader
+    /// that leaves the cluster does.
+    ///
+    /// # Errors
+    /// etcd could not be asked.
+    pub async fn release(&self, rel: &str) -> Result<(), EtcdError> {
+        let key = self.key(rel);
+        let txn = Txn::new()
+            .when([Compare::lease(key.clone(), CompareOp::Equal, self.lease_id())])
+            .and_then([TxnOp::delete(key, None)]);
+        self.client.clone().txn(txn).await?;
+        Ok(())
+    }
+
     async fn commit(&self, txn: Txn) -> Result<Option<i64>, EtcdError> {
         let r = self.client.clone().txn(txn).await?;
         let revision = r.header().map_or(0, |h| h.revision());

@@ -13,7 +13,7 @@ use crate::replication;
 use crate::topology::{NodeSpec, Topology};
 use epkv_engine_api::{ClusterView, Engine, EngineStatus, MapListener, NodePorts};
 use epkv_types::{NUM_VBUCKETS, VBucketState, Vbid};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -29,6 +29,9 @@ pub type BucketList = Arc<dyn Fn() -> Vec<(String, Arc<dyn Engine>)> + Send + Sy
 const STATE_RETRIES: u32 = 600;
 /// The pause between two of those retries.
 const STATE_RETRY_PAUSE: Duration = Duration::from_millis(100);
+/// One replication task: bucket, source address, DCP connection name, vBuckets.
+type SessionKey = (String, SocketAddr, String, Vec<Vbid>);
+
 /// How long a node is asked for the failovers it knows of before it is skipped.
 const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -41,8 +44,13 @@ pub struct Cluster {
     /// The cluster this node is in; `None` on a single node, which holds every vBucket
     /// its engines have active.
     topology: parking_lot::RwLock<Option<Topology>>,
-    /// Stops the current replication tasks (replaced on every topology change).
-    replication_stop: parking_lot::Mutex<Option<watch::Sender<bool>>>,
+    /// The replication tasks running, each with what stops it: a topology change stops
+    /// only the ones whose source or vBuckets changed, so a rebalance's many small
+    /// changes do not restart every stream.
+    sessions: parking_lot::Mutex<HashMap<SessionKey, watch::Sender<bool>>>,
+    /// vBuckets whose rebalance move ended with this node holding no copy: emptied by
+    /// the next topology application (after the map that moved them is installed).
+    moved_away: parking_lot::Mutex<BTreeSet<u16>>,
     /// The runtime replication tasks run on, once [`Cluster::start`] ran.
     runtime: OnceLock<tokio::runtime::Handle>,
     /// Serializes topology applications, so that the last one applied is the newest
@@ -94,7 +102,8 @@ impl Cluster {
             buckets,
             rev: AtomicI64::new(1),
             topology: parking_lot::RwLock::new(topology),
-            replication_stop: parking_lot::Mutex::new(None),
+            sessions: parking_lot::Mutex::new(HashMap::new()),
+            moved_away: parking_lot::Mutex::new(BTreeSet::new()),
             runtime: OnceLock::new(),
             apply_lock: tokio::sync::Mutex::new(()),
             listeners: parking_lot::Mutex::new(Vec::new()),
@@ -113,7 +122,8 @@ impl Cluster {
             buckets,
             rev: AtomicI64::new(1),
             topology: parking_lot::RwLock::new(None),
-            replication_stop: parking_lot::Mutex::new(None),
+            sessions: parking_lot::Mutex::new(HashMap::new()),
+            moved_away: parking_lot::Mutex::new(BTreeSet::new()),
             runtime: OnceLock::new(),
             apply_lock: tokio::sync::Mutex::new(()),
             listeners: parking_lot::Mutex::new(Vec::new()),
@@ -206,6 +216,9 @@ impl Cluster {
         let me = coord.me();
         let t = Topology::from_doc(doc, &me.host, me.port, join.credentials.clone());
         let member = t.this().is_some();
+        if let Some(old) = self.topology.read().as_ref() {
+            self.moved_away.lock().extend(moves_ended_here(old, &t));
+        }
         let draining = t.this().is_some_and(|i| t.doc().graceful.contains(&i));
         if self.draining.swap(draining, Ordering::AcqRel) != draining {
             tracing::warn!(
@@ -247,9 +260,7 @@ impl Cluster {
     pub fn pause_replication(self: &Arc<Self>, paused: bool) {
         self.replication_paused.store(paused, Ordering::Release);
         if paused {
-            if let Some(stop) = self.replication_stop.lock().take() {
-                let _ = stop.send(true);
-            }
+            self.stop_sessions(|_| true);
         } else {
             self.apply_topology();
         }
@@ -257,7 +268,7 @@ impl Cluster {
 
     /// Runs `f` to completion from a thread outside the runtime (the REST handlers run
     /// on blocking threads).
-    fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> Result<T, ClusterError> {
+    pub(crate) fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> Result<T, ClusterError> {
         let rt = self
             .runtime
             .get()
@@ -266,7 +277,7 @@ impl Cluster {
     }
 
     /// The coordinator, for changes that need one.
-    fn coord_for_change(&self) -> Result<&Arc<Coordinator>, ClusterError> {
+    pub(crate) fn coord_for_change(&self) -> Result<&Arc<Coordinator>, ClusterError> {
         match (self.coord.get(), &self.join) {
             (Some(c), _) => Ok(c),
             (None, Some(_)) => Err(ClusterError::Unavailable(
@@ -456,21 +467,37 @@ impl Cluster {
         self.coord.get().is_some_and(|c| c.is_fenced())
     }
 
+    /// Stops the replication tasks `which` selects.
+    fn stop_sessions(&self, which: impl Fn(&SessionKey) -> bool) {
+        self.sessions.lock().retain(|k, stop| {
+            if which(k) {
+                let _ = stop.send(true);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
     /// [`Self::apply_topology`], awaited (the first time, before the node serves).
     async fn apply_topology_now(self: Arc<Self>) {
         let _one_at_a_time = self.apply_lock.lock().await;
         let Some(t) = self.topology.read().clone() else {
             return;
         };
-        let (stop_tx, stop_rx) = watch::channel(false);
-        if let Some(old) = self.replication_stop.lock().replace(stop_tx) {
-            let _ = old.send(true);
-        }
         let paused = self.replication_paused.load(Ordering::Acquire);
-        let this = t.this().map_or_else(|| "-".to_owned(), |i| i.to_string());
         let full = t.this().is_some_and(|i| t.doc().full_recovery.contains(&i));
+        if full {
+            // Emptied replicas stream from 0: every stream starts again.
+            self.stop_sessions(|_| true);
+        }
+        let moved_away: Vec<u16> = std::mem::take(&mut *self.moved_away.lock())
+            .into_iter()
+            .collect();
+        let mut wanted: HashMap<SessionKey, ()> = HashMap::new();
         for (name, engine) in (self.buckets)() {
             set_states(&name, &*engine, &t, self.fenced()).await;
+            drop_moved_away(&name, &*engine, &moved_away);
             if full {
                 empty_replicas(&name, &*engine, &t);
             }
@@ -486,17 +513,43 @@ impl Cluster {
                         continue;
                     }
                 };
-                let source = replication::Source {
-                    bucket: name.clone(),
-                    engine: Arc::clone(&engine),
-                    addr,
-                    vbuckets,
-                    credentials: t.credentials(),
-                    name: format!("replication:{node}->{this}:{name}"),
-                };
-                tokio::spawn(replication::run(source, stop_rx.clone()));
+                let conn = t.this().map_or_else(
+                    || format!("replication:{node}->-:{name}"),
+                    |this| crate::topology::replication_name(node, this, &name),
+                );
+                // A copy a rebalance builds streams on its own connection, so that the
+                // others' streams do not restart when its move starts or ends.
+                let (building, steady): (Vec<Vbid>, Vec<Vbid>) =
+                    vbuckets.into_iter().partition(|vb| {
+                        t.doc().moving(usize::from(vb.0)).is_some()
+                            && !t
+                                .chain(&name, *vb)
+                                .iter()
+                                .any(|n| n.is_some() && *n == t.this())
+                    });
+                let groups = std::iter::once(steady)
+                    .chain(building.into_iter().map(|vb| vec![vb]))
+                    .filter(|g| !g.is_empty());
+                for group in groups {
+                    let key = (name.clone(), addr, conn.clone(), group);
+                    if !self.sessions.lock().contains_key(&key) {
+                        let (stop_tx, stop_rx) = watch::channel(false);
+                        let source = replication::Source {
+                            bucket: name.clone(),
+                            engine: Arc::clone(&engine),
+                            addr,
+                            vbuckets: key.3.clone(),
+                            credentials: t.credentials(),
+                            name: conn.clone(),
+                        };
+                        tokio::spawn(replication::run(source, stop_rx));
+                        self.sessions.lock().insert(key.clone(), stop_tx);
+                    }
+                    wanted.insert(key, ());
+                }
             }
         }
+        self.stop_sessions(|k| !wanted.contains_key(k));
         if full && let (Some(coord), Some(i)) = (self.coord.get().cloned(), t.this()) {
             // Emptied: leave the list (a later document must not empty them again).
             tokio::spawn(async move {
@@ -642,7 +695,7 @@ impl Cluster {
     }
 
     /// The index of node `node` in the current topology.
-    fn node_index(&self, node: &str) -> Result<usize, ClusterError> {
+    pub(crate) fn node_index(&self, node: &str) -> Result<usize, ClusterError> {
         let t = self.topology.read();
         let t = t
             .as_ref()
@@ -740,6 +793,52 @@ fn wanted(t: &Topology, bucket: &str, vb: Vbid, fenced: bool) -> VBucketState {
     }
 }
 
+/// The vBuckets whose rebalance move `old` had in flight and `new` no longer has, where
+/// this node holds no copy in `new`: the move ended (completed or stopped) and this
+/// node's copy, if any, is to go.
+fn moves_ended_here(old: &Topology, new: &Topology) -> Vec<u16> {
+    let Some(r) = old.doc().rebalance.as_ref() else {
+        return Vec::new();
+    };
+    let Some(this) = new.this().or(old.this()) else {
+        return Vec::new();
+    };
+    r.moves
+        .keys()
+        .copied()
+        .filter(|&v| {
+            new.doc().moving(usize::from(v)).is_none()
+                && !new.doc().chains.get(usize::from(v)).is_some_and(|c| c.contains(&Some(this)))
+                && !new
+                    .doc()
+                    .bucket_chains
+                    .values()
+                    .any(|b| b.get(usize::from(v)).is_some_and(|c| c.contains(&Some(this))))
+        })
+        .collect()
+}
+
+/// Empties this node's copies of `vbuckets` of `bucket` that are dead now: a rebalance
+/// moved them away, and the map saying so is committed (it was installed first).
+fn drop_moved_away(bucket: &str, engine: &dyn Engine, vbuckets: &[u16]) {
+    let mut dropped = 0;
+    for &v in vbuckets {
+        let vb = Vbid(v);
+        if engine.vbucket_state(vb) != Some(VBucketState::Dead) {
+            continue;
+        }
+        match engine.reset_replica(vb) {
+            Ok(()) => dropped += 1,
+            Err(e) => {
+                tracing::error!(bucket, %vb, error = %e, "cannot drop a vBucket copy a rebalance moved away");
+            }
+        }
+    }
+    if dropped > 0 {
+        tracing::info!(bucket, dropped, "vBucket copies moved away by the rebalance dropped");
+    }
+}
+
 /// Full recovery: drops what this node holds of its replica vBuckets of `bucket`, so
 /// replication streams them from 0.
 fn empty_replicas(bucket: &str, engine: &dyn Engine, t: &Topology) {
@@ -766,10 +865,9 @@ fn set_chains(bucket: &str, engine: &dyn Engine, t: &Topology, fenced: bool) {
     for v in 0..NUM_VBUCKETS {
         let vb = Vbid(v);
         if t.state_of(bucket, vb) == VBucketState::Active {
-            let chain = t.chain(bucket, vb);
-            let replicas = chain.len().saturating_sub(1);
-            let live = chain.iter().skip(1).filter(|n| n.is_some()).count();
-            if let Err(e) = engine.set_replication_chain(vb, replicas, live) {
+            let chains = t.durability_chains(bucket, vb);
+            let me = t.this().map(|i| i.to_string()).unwrap_or_default();
+            if let Err(e) = engine.set_replication_topology(vb, &me, &chains) {
                 tracing::error!(bucket, %vb, error = %e, "cannot set a vBucket's replication chain");
             }
         }

@@ -294,38 +294,69 @@ pub(crate) async fn fetch_stats(
     bucket: &str,
     group: &str,
 ) -> Result<Vec<(String, String)>, String> {
-    let mut c = connect(addr, credentials, bucket).await?;
-    let req = RequestBuilder::new(Opcode::Stat)
-        .key(group.as_bytes())
-        .to_vec()
-        .map_err(|e| format!("encode: {e}"))?;
-    c.send(&req).await?;
-    let mut out = Vec::new();
-    tokio::time::timeout(SETUP_TIMEOUT, async {
-        loop {
-            if let Packet::Response {
-                status, key, value, ..
-            } = c.next().await?
-            {
-                if status != 0 {
-                    return Err(format!(
-                        "STAT {group} answered {status:#x}: {}",
-                        String::from_utf8_lossy(&value)
+    StatClient::connect(addr, credentials, bucket)
+        .await?
+        .stats(group)
+        .await
+}
+
+/// A connection kept open to ask one bucket of one node for statistics again and again
+/// (the rebalancer follows its moves' seqnos this way).
+pub(crate) struct StatClient(Conn);
+
+impl StatClient {
+    /// Connects to `addr`, authenticates (when `credentials`) and selects `bucket`.
+    ///
+    /// # Errors
+    /// The node cannot be reached or refuses.
+    pub(crate) async fn connect(
+        addr: SocketAddr,
+        credentials: Option<&(String, String)>,
+        bucket: &str,
+    ) -> Result<StatClient, String> {
+        Ok(StatClient(connect(addr, credentials, bucket).await?))
+    }
+
+    /// The statistics group `group` (STAT, every key and value until the closing empty
+    /// key).
+    ///
+    /// # Errors
+    /// The connection fails, the node refuses, or does not finish within the setup
+    /// timeout (the connection is then unusable: drop it).
+    pub(crate) async fn stats(&mut self, group: &str) -> Result<Vec<(String, String)>, String> {
+        let c = &mut self.0;
+        let req = RequestBuilder::new(Opcode::Stat)
+            .key(group.as_bytes())
+            .to_vec()
+            .map_err(|e| format!("encode: {e}"))?;
+        c.send(&req).await?;
+        let mut out = Vec::new();
+        tokio::time::timeout(SETUP_TIMEOUT, async {
+            loop {
+                if let Packet::Response {
+                    status, key, value, ..
+                } = c.next().await?
+                {
+                    if status != 0 {
+                        return Err(format!(
+                            "STAT {group} answered {status:#x}: {}",
+                            String::from_utf8_lossy(&value)
+                        ));
+                    }
+                    if key.is_empty() {
+                        return Ok(());
+                    }
+                    out.push((
+                        String::from_utf8_lossy(&key).into_owned(),
+                        String::from_utf8_lossy(&value).into_owned(),
                     ));
                 }
-                if key.is_empty() {
-                    return Ok(());
-                }
-                out.push((
-                    String::from_utf8_lossy(&key).into_owned(),
-                    String::from_utf8_lossy(&value).into_owned(),
-                ));
             }
-        }
-    })
-    .await
-    .map_err(|_| format!("STAT {group} timed out"))??;
-    Ok(out)
+        })
+        .await
+        .map_err(|_| format!("STAT {group} timed out"))??;
+        Ok(out)
+    }
 }
 
 /// The cluster map node `addr` serves for `bucket` (to learn the failovers it knows of).

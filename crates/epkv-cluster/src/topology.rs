@@ -39,6 +39,7 @@
 //! (automatic failover and rebalance need one and come later).
 
 use crate::doc::{ClusterDoc, Member, Membership};
+use crate::rebalance::Phase;
 use epkv_types::{VBucketState, Vbid};
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -277,11 +278,53 @@ impl Topology {
         let Some(this) = self.this else {
             return VBucketState::Dead;
         };
-        match self.chain(bucket, vb).iter().position(|n| *n == Some(this)) {
+        let at = self.chain(bucket, vb).iter().position(|n| *n == Some(this));
+        if let Some(m) = self.doc.moving(usize::from(vb.0)) {
+            // A rebalance moves it (see `rebalance.rs`): the old active parks its clients
+            // while the new one takes over; a node of the new chain only builds a copy.
+            match at {
+                Some(0) if m.phase == Phase::Takeover && m.to.first() != Some(&Some(this)) => {
+                    return VBucketState::Pending;
+                }
+                None if m.to.contains(&Some(this)) => return VBucketState::Replica,
+                _ => {}
+            }
+        }
+        match at {
             Some(0) => VBucketState::Active,
             Some(_) => VBucketState::Replica,
             None => VBucketState::Dead,
         }
+    }
+
+    /// The chains SyncWrites of this node's active `vb` of `bucket` wait for, each
+    /// node named as this node's DCP producer knows its replica stream
+    /// ([`replication_name`]; this node by its index): the chain, and while a rebalance
+    /// moves the vBucket past its backfill, the chain it moves to (KV-Engine's second
+    /// chain).
+    #[must_use]
+    pub fn durability_chains(&self, bucket: &str, vb: Vbid) -> Vec<Vec<Option<String>>> {
+        let Some(this) = self.this else {
+            return Vec::new();
+        };
+        let name = |n: &Option<usize>| {
+            n.map(|n| {
+                if n == this {
+                    this.to_string()
+                } else {
+                    replication_name(this, n, bucket)
+                }
+            })
+        };
+        let chain = self.chain(bucket, vb);
+        let mut out = vec![chain.iter().map(name).collect::<Vec<_>>()];
+        if let Some(m) = self.doc.moving(usize::from(vb.0))
+            && m.phase >= Phase::Synced
+            && m.to.as_slice() != chain
+        {
+            out.push(m.to.iter().map(name).collect());
+        }
+        out
     }
 
     /// For each node holding active copies of this node's replica vBuckets of `bucket`,
@@ -425,6 +468,13 @@ impl Topology {
             .filter(|&i| self.doc.nodes[i].membership == Membership::Active)
             .collect()
     }
+}
+
+/// The DCP connection name of node `dst`'s replica stream of `bucket` from node `src`:
+/// the name `src`'s durability monitors know `dst`'s acknowledgements by.
+#[must_use]
+pub(crate) fn replication_name(src: usize, dst: usize, bucket: &str) -> String {
+    format!("replication:{src}->{dst}:{bucket}")
 }
 
 pub(crate) fn host_port(host: &str, port: u16) -> String {

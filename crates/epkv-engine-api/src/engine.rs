@@ -452,10 +452,11 @@ pub trait Engine: Send + Sync + 'static {
     }
 
     /// Starts replica vBucket `vbid` over from seqno 0 (a rollback): its documents and
-    /// files are dropped.
+    /// files are dropped. A dead vBucket (moved away by a rebalance) is emptied the same
+    /// way.
     ///
     /// # Errors
-    /// `NotMyVbucket` unless `vbid` is a replica here; `TempFail`; `NotSupported`.
+    /// `NotMyVbucket` unless `vbid` is a replica or dead here; `TempFail`; `NotSupported`.
     fn reset_replica(&self, vbid: Vbid) -> EngineResult<()> {
         let _ = vbid;
         Err(EngineStatus::NotSupported)
@@ -491,5 +492,30 @@ pub trait Engine: Send + Sync + 'static {
     fn set_replication_chain(&self, vbid: Vbid, replicas: usize, live: usize) -> EngineResult<()> {
         let _ = (vbid, replicas, live);
         Err(EngineStatus::NotSupported)
+    }
+
+    /// Sets active vBucket `vbid`'s replication topology: one or two chains (KV-Engine's
+    /// first and second chain, the second while a rebalance moves the vBucket), each a
+    /// list of slots naming a node (`None`: an empty slot). `me` names this node; every
+    /// other name is the DCP connection name that node's replica stream uses here (what
+    /// the producer passes to [`Self::seqno_acknowledged`]). A SyncWrite commits once each
+    /// chain has a majority (`slots / 2 + 1`) holding it.
+    ///
+    /// The default hands the first chain to [`Self::set_replication_chain`] (counted,
+    /// not named).
+    ///
+    /// # Errors
+    /// As [`Self::set_replication_chain`].
+    fn set_replication_topology(
+        &self,
+        vbid: Vbid,
+        me: &str,
+        chains: &[Vec<Option<String>>],
+    ) -> EngineResult<()> {
+        let _ = me;
+        let first = chains.first().map_or(&[][..], Vec::as_slice);
+        let replicas = first.len().saturating_sub(1);
+        let live = first.iter().skip(1).filter(|n| n.is_some()).count();
+        self.set_replication_chain(vbid, replicas, live)
     }
 }

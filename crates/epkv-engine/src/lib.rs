@@ -159,7 +159,8 @@
 //!   the bucket is `NotMyVbucket`, a non-number `Invalid`.
 //! - `vbucket-seqno` (or `vbucket-seqno N`): `vb_N:high_seqno`, `vb_N:abs_high_seqno`,
 //!   `vb_N:max_visible_seqno`, `vb_N:last_persisted_seqno`, `vb_N:uuid`,
-//!   `vb_N:purge_seqno`, `vb_N:high_prepared_seqno`, `vb_N:high_completed_seqno`.
+//!   `vb_N:purge_seqno`, `vb_N:high_prepared_seqno`, `vb_N:high_completed_seqno`, and
+//!   (epkv's, for the rebalancer) `vb_N:state`.
 //! - `kvstore`: per shard `rw_N:batches`, `items_flushed`, `syncs`, `bytes_written`,
 //!   `journal_bytes`, `checkpoints`, `file_opens`, `compactions`, `commit_failures`,
 //!   `data_file_bytes`, `live_bytes`, `bytes_reclaimed`; and

@@ -360,15 +360,21 @@ impl Bucket {
     }
 
     /// Starts replica vBucket `vbid` over: drops its documents and its file, and restarts
-    /// its seqnos at 0 (a rollback; see the module docs).
+    /// its seqnos at 0 (a rollback; see the module docs). A dead vBucket is emptied the
+    /// same way (a rebalance moved it away from this node).
     ///
     /// # Errors
-    /// `NotMyVbucket` unless `vbid` is a replica here; `TempFail` when its file cannot be
-    /// deleted.
+    /// `NotMyVbucket` unless `vbid` is a replica or dead here; `TempFail` when its file
+    /// cannot be deleted.
     pub(crate) fn reset_replica(&self, vbid: Vbid) -> EngineResult<()> {
-        let vb = self.replica_vbucket(vbid)?;
+        let vb = self
+            .core
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        vb.check_warm()?;
         let state = vb.state();
-        if *state != VBucketState::Replica {
+        if !matches!(*state, VBucketState::Replica | VBucketState::Dead) {
             return Err(EngineStatus::NotMyVbucket);
         }
         if let Some(full) = &vb.full {

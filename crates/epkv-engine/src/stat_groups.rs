@@ -184,6 +184,9 @@ impl Bucket {
         for vb in vbs {
             let (high, _, _) = vb.ordering_snapshot();
             let p = format!("vb_{}", vb.id.0);
+            // Not in KV-Engine's group: the rebalancer reads a move's state and seqno
+            // in one request.
+            sink(&format!("{p}:state"), vb.state_hint().as_str());
             sink(&format!("{p}:high_seqno"), &high.to_string());
             sink(&format!("{p}:abs_high_seqno"), &high.to_string());
             sink(

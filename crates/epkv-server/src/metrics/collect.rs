@@ -75,6 +75,7 @@ impl Sources {
             }
             if let Some(coord) = self.cluster.coordinator() {
                 cluster(&mut f, coord);
+                rebalance(&mut f, coord, self.cluster.rebalance_progress());
             }
             command_timings(
                 &mut f,
@@ -362,6 +363,84 @@ pub(crate) fn cluster(f: &mut Families, c: &epkv_cluster::Coordinator) {
             "1 while this node holds its active vBuckets as replicas because it is cut off",
             Kind::Gauge,
             flag(c.is_fenced()),
+        ),
+    ] {
+        f.sample(name, help, kind, &[], v);
+    }
+}
+
+/// Rebalances: the one running (from the cluster's document, the same on every node)
+/// and what this node did as their orchestrator.
+pub(crate) fn rebalance(
+    f: &mut Families,
+    c: &epkv_cluster::Coordinator,
+    p: Option<epkv_cluster::RebalanceProgress>,
+) {
+    let s = &c.stats;
+    let read = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let p = p.unwrap_or(epkv_cluster::RebalanceProgress {
+        running: false,
+        nodes: Vec::new(),
+        total: 0,
+        done: 0,
+        in_flight: 0,
+        last: None,
+    });
+    #[expect(clippy::cast_precision_loss, reason = "counts far below 2^53")]
+    for (name, help, kind, v) in [
+        (
+            "kv_rebalance_running",
+            "1 while a rebalance runs in the cluster",
+            Kind::Gauge,
+            if p.running { 1.0 } else { 0.0 },
+        ),
+        (
+            "kv_rebalance_vbuckets_left",
+            "vBucket moves the running rebalance has still to make",
+            Kind::Gauge,
+            p.total.saturating_sub(p.done) as f64,
+        ),
+        (
+            "kv_rebalance_moves_in_flight",
+            "vBucket moves in flight (backfill, synced or takeover)",
+            Kind::Gauge,
+            p.in_flight as f64,
+        ),
+        (
+            "kv_rebalance_moves_total",
+            "vBucket moves this node made as the orchestrator",
+            Kind::Counter,
+            read(&s.rebalance_moves) as f64,
+        ),
+        (
+            "kv_rebalance_completed_total",
+            "Rebalances this node completed as the orchestrator",
+            Kind::Counter,
+            read(&s.rebalances_completed) as f64,
+        ),
+        (
+            "kv_rebalance_stopped_total",
+            "Rebalances stopped through this node (operator, failover, failure)",
+            Kind::Counter,
+            read(&s.rebalances_stopped) as f64,
+        ),
+        (
+            "kv_rebalance_takeovers_total",
+            "Takeovers this orchestrator timed",
+            Kind::Counter,
+            read(&s.takeovers) as f64,
+        ),
+        (
+            "kv_rebalance_takeover_seconds_total",
+            "Their total time: from the map that parks the old active's clients to the one that makes the new copy active",
+            Kind::Counter,
+            read(&s.takeover_micros) as f64 / 1e6,
+        ),
+        (
+            "kv_rebalance_takeover_seconds_max",
+            "The longest of them",
+            Kind::Gauge,
+            read(&s.takeover_micros_max) as f64 / 1e6,
         ),
     ] {
         f.sample(name, help, kind, &[], v);

@@ -18,6 +18,7 @@
 mod form;
 mod pools;
 mod rbac;
+mod rebalance;
 mod scopes;
 
 pub(crate) use rbac::{UserAdmin, UserChangeError};
@@ -75,7 +76,7 @@ impl Reply {
     }
 
     /// A 400 with Couchbase's validation shape, `{"errors": {field: message}}`.
-    fn invalid(field: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(field: &str, message: impl Into<String>) -> Self {
         let mut errors = serde_json::Map::new();
         errors.insert(field.to_owned(), Value::String(message.into()));
         Self::invalid_all(errors)
@@ -432,6 +433,30 @@ fn route(
             }),
             _ => method_not_allowed("POST"),
         },
+        ["controller", "rebalance"] => match *method {
+            Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
+                rebalance::start(m, form)
+            }),
+            _ => method_not_allowed("POST"),
+        },
+        ["controller", "stopRebalance"] => match *method {
+            Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
+                rebalance::stop(m)
+            }),
+            _ => method_not_allowed("POST"),
+        },
+        ["pools", "default", "rebalanceProgress"] if get => {
+            guarded(m, c, Privilege::SystemSettings, None, || rebalance::progress(m))
+        }
+        ["internalSettings"] => match *method {
+            Method::GET | Method::HEAD => guarded(m, c, Privilege::SystemSettings, None, || {
+                rebalance::internal_settings(m)
+            }),
+            Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
+                rebalance::set_internal_settings(m, form)
+            }),
+            _ => method_not_allowed("GET, POST"),
+        },
         ["controller", "addNode"] => match *method {
             Method::POST => guarded(m, c, Privilege::ClusterManagement, None, || {
                 match form.get("hostname") {
@@ -476,6 +501,7 @@ fn route(
                 local,
                 &m.buckets.snapshot(),
                 &m.cluster.node_statuses(),
+                m.cluster.rebalance_progress().is_some_and(|p| p.running),
             ))
         }),
         ["pools", "nodes"] if get => guarded(m, c, Privilege::SystemSettings, None, || {
@@ -739,7 +765,7 @@ fn upsert_user(m: &Mgmt, c: &Caller, name: &str, form: &Form) -> Reply {
 /// Parses a non-negative integer field.
 /// A cluster change's error as the REST API answers it: 400 for a refused request, 503
 /// when the cluster's state store cannot be reached.
-fn cluster_error(e: ClusterError) -> Reply {
+pub(crate) fn cluster_error(e: ClusterError) -> Reply {
     match e {
         ClusterError::Invalid(msg) => Reply::error(StatusCode::BAD_REQUEST, msg),
         ClusterError::Unavailable(msg) => Reply::error(StatusCode::SERVICE_UNAVAILABLE, msg),

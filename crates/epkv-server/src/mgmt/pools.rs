@@ -127,11 +127,13 @@ pub(crate) fn pools_default(
     local: SocketAddr,
     buckets: &[(BucketParams, std::sync::Arc<Bucket>)],
     cluster: &[NodeStatus],
+    rebalancing: bool,
 ) -> Value {
     let quota: u64 = buckets.iter().map(|(p, _)| p.quota_bytes).sum();
-    let balanced = cluster
-        .iter()
-        .all(|n| n.membership == epkv_cluster::Membership::Active);
+    let balanced = !rebalancing
+        && cluster
+            .iter()
+            .all(|n| n.membership == epkv_cluster::Membership::Active);
     json!({
         "name": "default",
         "clusterName": "epkv",
@@ -142,7 +144,9 @@ pub(crate) fn pools_default(
             "terseStreamingBucketsBase": "/pools/default/bs/",
         },
         "balanced": balanced,
-        "rebalanceStatus": "none",
+        "rebalanceStatus": if rebalancing { "running" } else { "none" },
+        "rebalanceProgressUri": "/pools/default/rebalanceProgress",
+        "stopRebalanceUri": "/controller/stopRebalance",
         "nodeStatusesUri": "/nodeStatuses",
         "memoryQuota": quota >> 20,
         "storageTotals": { "ram": { "quotaTotal": quota, "quotaUsed": quota } },

@@ -1,0 +1,258 @@
+//! Rebalance on an etcd cluster: real etcd and epkv-server processes. vBuckets move
+//! while a client keeps writing (plain and Majority writes, routed by the map and
+//! following NOT_MY_VBUCKET as SDKs do); every acknowledged write is read back after
+//! each step, and the final maps are balanced.
+
+use crate::etcd_cluster::{EtcdCluster, majority, no_etcd, vbucket_of, wait_until};
+use crate::harness::key;
+use epkv_client::{Client, StoreOptions};
+use epkv_protocol::Status;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A client of the whole cluster: routes each key by the map it last read, and reads it
+/// again on NOT_MY_VBUCKET, TMPFAIL or a lost connection.
+struct Router {
+    actives: Vec<usize>,
+    clients: HashMap<usize, Client>,
+    /// What each key was last acknowledged with.
+    acked: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Operations retried (not failed: every write here ends acknowledged).
+    retries: u64,
+}
+
+impl Router {
+    fn new(c: &EtcdCluster) -> Router {
+        Router {
+            actives: c.actives(0),
+            clients: HashMap::new(),
+            acked: BTreeMap::new(),
+            retries: 0,
+        }
+    }
+
+    fn refresh(&mut self, c: &EtcdCluster) {
+        let via = (0..c.nodes.len())
+            .find(|&i| c.nodes[i].is_some())
+            .expect("a live node");
+        self.actives = c.actives(via);
+    }
+
+    /// Sets `k` to `v` (Majority when `durable`), retrying until acknowledged (bounded).
+    async fn set(&mut self, c: &EtcdCluster, k: &[u8], v: &[u8], durable: bool) {
+        let opts = if durable {
+            majority()
+        } else {
+            StoreOptions::new()
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(Instant::now() < deadline, "a write was never acknowledged");
+            let n = self.actives[usize::from(vbucket_of(k).0)];
+            if !self.clients.contains_key(&n) {
+                let client = c.client(n).await;
+                self.clients.insert(n, client);
+            }
+            let answer = self.clients.get_mut(&n).unwrap().set(k, v, opts).await;
+            match answer {
+                Ok(r) if r.is_success() => {
+                    self.acked.insert(k.to_vec(), v.to_vec());
+                    return;
+                }
+                Ok(r)
+                    if [
+                        Status::NotMyVbucket as u16,
+                        Status::Etmpfail as u16,
+                        Status::SyncWriteAmbiguous as u16,
+                        Status::SyncWriteInProgress as u16,
+                        Status::SyncWriteReCommitInProgress as u16,
+                    ]
+                    .contains(&r.status_raw) => {}
+                Ok(r) => panic!("a write answered {:#x}", r.status_raw),
+                Err(_) => {
+                    self.clients.remove(&n);
+                }
+            }
+            self.retries += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            self.refresh(c);
+        }
+    }
+
+    /// Reads every acknowledged key back from its active copy by a fresh map.
+    async fn read_back(&mut self, c: &EtcdCluster) {
+        self.refresh(c);
+        self.clients.clear();
+        let acked = std::mem::take(&mut self.acked);
+        for (k, v) in &acked {
+            let n = self.actives[usize::from(vbucket_of(k).0)];
+            if !self.clients.contains_key(&n) {
+                let client = c.client(n).await;
+                self.clients.insert(n, client);
+            }
+            let r = self.clients.get_mut(&n).unwrap().get(k).await.unwrap();
+            assert_eq!(
+                r.status_raw,
+                Status::Success as u16,
+                "an acknowledged write in {} is missing on node {n}",
+                vbucket_of(k)
+            );
+            assert_eq!(r.value.as_ref(), v.as_slice(), "{}", vbucket_of(k));
+        }
+        self.acked = acked;
+    }
+}
+
+/// Starts a rebalance through node `via` with every node known and `ejected` ejected.
+fn rebalance(c: &EtcdCluster, via: usize, known: &[usize], ejected: &[usize]) {
+    let names = |nodes: &[usize]| {
+        nodes
+            .iter()
+            .map(|&i| c.otp(i))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let form = format!(
+        "knownNodes={}&ejectedNodes={}",
+        names(known),
+        names(ejected)
+    );
+    let (status, body) = c.rest(via, "POST", "/controller/rebalance", Some(&form));
+    assert_eq!(status, 200, "{body}");
+}
+
+/// The status of the rebalance as node `via` reports it.
+fn progress(c: &EtcdCluster, via: usize) -> serde_json::Value {
+    c.json(via, "/pools/default/rebalanceProgress")
+}
+
+/// Writes through `r` (every third write Majority) until the rebalance ends; returns how
+/// it ended (`lastRebalance`).
+async fn load_until_done(c: &EtcdCluster, via: usize, r: &mut Router, round: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let mut i = 0u64;
+    loop {
+        for _ in 0..20 {
+            let k = key(&format!("load-{}", i % 3000));
+            let v = format!("{round}-{i}");
+            r.set(c, &k, v.as_bytes(), i % 3 == 0).await;
+            i += 1;
+        }
+        let p = progress(c, via);
+        if p["status"] == "none" {
+            return p["lastRebalance"].as_str().unwrap_or_default().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the rebalance did not end: {p}");
+    }
+}
+
+/// Per node index, its active and total copies in `default`'s map as node `via` sees it.
+fn copies(c: &EtcdCluster, via: usize) -> (BTreeMap<usize, usize>, BTreeMap<usize, usize>) {
+    let map = c.json(via, "/pools/default/b/default");
+    let servers: Vec<String> = map["vBucketServerMap"]["serverList"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect();
+    let index = |p: i64| -> usize {
+        let port: u16 = servers[usize::try_from(p).unwrap()]
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        (0..c.nodes.len())
+            .find(|&i| c.otp(i).ends_with(&format!(":{port}")))
+            .unwrap()
+    };
+    let (mut actives, mut all) = (BTreeMap::new(), BTreeMap::new());
+    for row in map["vBucketServerMap"]["vBucketMap"].as_array().unwrap() {
+        let row = row.as_array().unwrap();
+        let mut seen = Vec::new();
+        for (rank, n) in row.iter().enumerate() {
+            let n = n.as_i64().unwrap();
+            assert!(n >= 0, "a copy without a node: {row:?}");
+            let n = index(n);
+            assert!(!seen.contains(&n), "two copies on one node: {row:?}");
+            seen.push(n);
+            if rank == 0 {
+                *actives.entry(n).or_default() += 1;
+            }
+            *all.entry(n).or_default() += 1;
+        }
+    }
+    (actives, all)
+}
+
+/// Asserts the map is balanced over exactly `nodes`: actives and copies within one.
+fn assert_balanced(c: &EtcdCluster, via: usize, nodes: &[usize]) {
+    let (actives, all) = copies(c, via);
+    assert_eq!(actives.keys().copied().collect::<Vec<_>>(), nodes, "{actives:?}");
+    assert_eq!(all.keys().copied().collect::<Vec<_>>(), nodes, "{all:?}");
+    for counts in [&actives, &all] {
+        let (min, max) = (
+            counts.values().min().unwrap(),
+            counts.values().max().unwrap(),
+        );
+        assert!(max - min <= 1, "unbalanced: {counts:?}");
+    }
+    assert_eq!(c.json(via, "/pools/default")["balanced"], true);
+}
+
+/// 2 → 3 nodes, then 3 → 2 ejecting node 0 (the first orchestrator), then a swap (add
+/// node 3, eject node 1), each under a load of plain and Majority writes: every
+/// acknowledged write is read back after each step, and each map is balanced.
+#[tokio::test]
+async fn nodes_are_added_removed_and_swapped_under_load_and_nothing_is_lost() {
+    if no_etcd("rebalance") {
+        return;
+    }
+    let mut c = EtcdCluster::start(2, 1, 1);
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/internalSettings",
+        Some("rebalanceMovesPerNode=16"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let mut r = Router::new(&c);
+    for i in 0..3000 {
+        let k = key(&format!("load-{i}"));
+        r.set(&c, &k, b"seed", false).await;
+    }
+
+    // 2 -> 3.
+    let n2 = c.add_new_node(0);
+    rebalance(&c, 1, &[0, 1, n2], &[]);
+    let how = load_until_done(&c, 0, &mut r, "add").await;
+    assert!(how.starts_with("completed"), "{how}");
+    assert_balanced(&c, 0, &[0, 1, n2]);
+    r.read_back(&c).await;
+    let moved = c.json(0, "/pools/default/rebalanceProgress");
+    assert_eq!(moved["status"], "none");
+
+    // 3 -> 2: eject node 0.
+    rebalance(&c, 1, &[0, 1, n2], &[0]);
+    let how = load_until_done(&c, 1, &mut r, "remove").await;
+    assert!(how.starts_with("completed"), "{how}");
+    assert_balanced(&c, 1, &[1, n2]);
+    r.read_back(&c).await;
+    // The ejected node serves nothing any more.
+    let mut x = c.client(0).await;
+    let k = key("load-1");
+    assert_eq!(
+        x.get(&k).await.unwrap().status_raw,
+        Status::NotMyVbucket as u16
+    );
+
+    // Swap: add node 3, eject node 1.
+    let n3 = c.add_new_node(1);
+    rebalance(&c, 1, &[1, n2, n3], &[1]);
+    let how = load_until_done(&c, n2, &mut r, "swap").await;
+    assert!(how.starts_with("completed"), "{how}");
+    assert_balanced(&c, n2, &[n2, n3]);
+    r.read_back(&c).await;
+    eprintln!("writes retried across the three rebalances: {}", r.retries);
+}
