@@ -468,6 +468,18 @@ impl Drop for Server {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // A failing test shows what its servers logged last.
+        if std::thread::panicking()
+            && let Some(stderr) = self.stderr.take()
+            && let Ok(log) = stderr.join()
+        {
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(40)..];
+            eprintln!("--- epkv-server {} (last lines of its log) ---", self.addr);
+            for l in tail {
+                eprintln!("{l}");
+            }
+        }
         if let Some(dir) = self.data_dir.take()
             && self.owns_data_dir
         {
