@@ -256,3 +256,83 @@ async fn nodes_are_added_removed_and_swapped_under_load_and_nothing_is_lost() {
     r.read_back(&c).await;
     eprintln!("writes retried across the three rebalances: {}", r.retries);
 }
+
+/// Waits until the rebalance node `via` reports has made at least `moves` moves.
+fn wait_moves(c: &EtcdCluster, via: usize, moves: u64) {
+    wait_until("the rebalance's first moves", Duration::from_secs(60), || {
+        let p = progress(c, via);
+        assert_eq!(p["status"], "running", "the rebalance ended early: {p}");
+        (p["vbucketMovesDone"].as_u64().unwrap_or(0) >= moves).then_some(())
+    });
+}
+
+/// Waits until no rebalance runs; returns how the last one ended.
+fn wait_ended(c: &EtcdCluster, via: usize, limit: Duration) -> String {
+    wait_until("the rebalance to end", limit, || {
+        let p = progress(c, via);
+        (p["status"] == "none").then(|| p["lastRebalance"].as_str().unwrap_or("").to_owned())
+    })
+}
+
+/// `stopRebalance`, a node killed mid-rebalance and the orchestrator killed
+/// mid-rebalance: each leaves a map with every vBucket active exactly once and every
+/// Majority write readable, and a new rebalance then finishes balanced.
+#[tokio::test]
+async fn a_stopped_or_failed_rebalance_leaves_a_consistent_map_and_a_new_one_finishes() {
+    if no_etcd("rebalance failures") {
+        return;
+    }
+    let mut c = EtcdCluster::start(2, 1, 1);
+    for (form, what) in [
+        ("rebalanceMovesPerNode=2", "/internalSettings"),
+        ("enabled=true&timeout=3", "/settings/autoFailover"),
+    ] {
+        let (status, body) = c.rest(0, "POST", what, Some(form));
+        assert_eq!(status, 200, "{what}: {body}");
+    }
+    let mut r = Router::new(&c);
+    for i in 0..2000 {
+        let k = key(&format!("f-{i}"));
+        r.set(&c, &k, b"v", true).await;
+    }
+
+    // Stopped by the operator.
+    let n2 = c.add_new_node(0);
+    rebalance(&c, 0, &[0, 1, n2], &[]);
+    wait_moves(&c, 0, 4);
+    let (status, body) = c.rest(1, "POST", "/controller/stopRebalance", None);
+    assert_eq!(status, 200, "{body}");
+    let how = wait_ended(&c, 0, Duration::from_secs(10));
+    assert!(how.starts_with("stopped by the operator"), "{how}");
+    r.read_back(&c).await;
+
+    // A node taking part killed: auto-failover stops the rebalance.
+    rebalance(&c, 0, &[0, 1, n2], &[]);
+    wait_moves(&c, 0, 4);
+    c.kill(n2);
+    let how = wait_ended(&c, 0, Duration::from_secs(30));
+    assert!(how.starts_with("stopped") || how.starts_with("failed"), "{how}");
+    r.read_back(&c).await;
+    // The failed node is ejected by the next rebalance, which finishes.
+    rebalance(&c, 0, &[0, 1, n2], &[]);
+    let how = wait_ended(&c, 0, Duration::from_secs(120));
+    assert!(how.starts_with("completed"), "{how}");
+    assert_balanced(&c, 0, &[0, 1]);
+    r.read_back(&c).await;
+
+    // The orchestrator killed: it is failed over, the next one stops the rebalance.
+    let n3 = c.add_new_node(1);
+    let boss = c.orchestrator(1);
+    let other = if boss == 0 { 1 } else { 0 };
+    rebalance(&c, other, &[0, 1, n3], &[]);
+    wait_moves(&c, other, 4);
+    c.kill(boss);
+    let how = wait_ended(&c, other, Duration::from_secs(30));
+    assert!(how.starts_with("stopped"), "{how}");
+    r.read_back(&c).await;
+    rebalance(&c, other, &[0, 1, n3], &[]);
+    let how = wait_ended(&c, other, Duration::from_secs(120));
+    assert!(how.starts_with("completed"), "{how}");
+    assert_balanced(&c, other, &[other.min(n3), other.max(n3)]);
+    r.read_back(&c).await;
+}
