@@ -495,27 +495,157 @@ pub trait Engine: Send + Sync + 'static {
     }
 
     /// Sets active vBucket `vbid`'s replication topology: one or two chains (KV-Engine's
-    /// first and second chain, the second while a rebalance moves the vBucket), each a
-    /// list of slots naming a node (`None`: an empty slot). `me` names this node; every
-    /// other name is the DCP connection name that node's replica stream uses here (what
-    /// the producer passes to [`Self::seqno_acknowledged`]). A SyncWrite commits once each
-    /// chain has a majority (`slots / 2 + 1`) holding it.
+    /// first and second chain, the second while the vBucket moves to other nodes), each a
+    /// list of slots naming a node (`None`: an empty slot, as a failed-over node leaves).
+    /// `me` names this node; every other name is the DCP connection name that node's
+    /// replica stream uses here (what the producer passes to
+    /// [`Self::seqno_acknowledged`]).
     ///
-    /// The default hands the first chain to [`Self::set_replication_chain`] (counted,
-    /// not named).
+    /// A SyncWrite commits once EACH chain has a majority (`slots / 2 + 1`) holding it:
+    /// this node counts in a chain it is in (and for the persist levels, which need this
+    /// node's disk in any case, once there), the others by their acknowledged seqno.
+    /// Acknowledgements of names in no chain are ignored; those so far are kept for the
+    /// names that stay. SyncWrites in flight are judged again against the new topology
+    /// (removing the second chain may commit some). A chain with fewer named slots than
+    /// its majority makes new SyncWrites answer DurabilityImpossible.
+    ///
+    /// The default maps the first chain onto [`Self::set_replication_chain`]: its slots
+    /// but the first are the replicas, and the named ones other than `me` are live (a
+    /// second chain is not honoured).
     ///
     /// # Errors
-    /// As [`Self::set_replication_chain`].
+    /// `Invalid` for no chain, more than two, an empty chain or a name twice in a chain;
+    /// `NotMyVbucket` for a vBucket outside the bucket; `NotSupported`.
     fn set_replication_topology(
         &self,
         vbid: Vbid,
         me: &str,
         chains: &[Vec<Option<String>>],
     ) -> EngineResult<()> {
-        let _ = me;
-        let first = chains.first().map_or(&[][..], Vec::as_slice);
-        let replicas = first.len().saturating_sub(1);
-        let live = first.iter().skip(1).filter(|n| n.is_some()).count();
+        let first = match chains {
+            [first] | [first, _] if !first.is_empty() => first,
+            _ => return Err(EngineStatus::Invalid),
+        };
+        let named: Vec<&String> = first.iter().flatten().collect();
+        if named
+            .iter()
+            .enumerate()
+            .any(|(i, n)| named[..i].contains(n))
+        {
+            return Err(EngineStatus::Invalid);
+        }
+        let replicas = first.len() - 1;
+        let live = first
+            .iter()
+            .flatten()
+            .filter(|name| name.as_str() != me)
+            .count()
+            .min(replicas);
         self.set_replication_chain(vbid, replicas, live)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// An engine that only records the chains it is told.
+    #[derive(Default)]
+    struct Chains(Mutex<Vec<(Vbid, usize, usize)>>);
+
+    impl Engine for Chains {
+        fn get(&self, _: Vbid, _: &[u8]) -> EngineResult<Item> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn get_and_touch(&self, _: Vbid, _: &[u8], _: u32) -> EngineResult<Item> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn touch(&self, _: Vbid, _: &[u8], _: u32) -> EngineResult<MutationInfo> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn get_locked(&self, _: Vbid, _: &[u8], _: u32) -> EngineResult<Item> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn unlock(&self, _: Vbid, _: &[u8], _: Cas) -> EngineResult<()> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn store(&self, _: StoreRequest<'_>) -> EngineResult<MutationInfo> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn remove(&self, _: RemoveRequest<'_>) -> EngineResult<MutationInfo> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn arithmetic(&self, _: ArithmeticRequest<'_>) -> EngineResult<(u64, MutationInfo)> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn flush(&self) -> EngineResult<()> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn stats(&self, _: &str, _: StatSink<'_>) -> EngineResult<()> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn vbucket_state(&self, _: Vbid) -> Option<VBucketState> {
+            None
+        }
+        fn set_vbucket_state(&self, _: Vbid, _: VBucketState) -> EngineResult<()> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn adjust_time(&self, _: i64) -> EngineResult<()> {
+            Err(EngineStatus::NotSupported)
+        }
+        fn shutdown(&self) {}
+        fn set_replication_chain(
+            &self,
+            vbid: Vbid,
+            replicas: usize,
+            live: usize,
+        ) -> EngineResult<()> {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((vbid, replicas, live));
+            Ok(())
+        }
+    }
+
+    fn chain(slots: &[Option<&str>]) -> Vec<Option<String>> {
+        slots.iter().map(|s| s.map(str::to_owned)).collect()
+    }
+
+    #[test]
+    fn the_default_topology_is_the_first_chain_as_counts() {
+        let e = Chains::default();
+        let v = Vbid(3);
+        e.set_replication_topology(v, "a", &[chain(&[Some("a"), Some("c")])])
+            .unwrap();
+        // The second chain is not honoured; an empty slot is not live.
+        e.set_replication_topology(
+            v,
+            "a",
+            &[
+                chain(&[Some("a"), None, Some("c")]),
+                chain(&[Some("b"), Some("c")]),
+            ],
+        )
+        .unwrap();
+        e.set_replication_topology(v, "a", &[chain(&[Some("a")])])
+            .unwrap();
+        for bad in [
+            vec![],
+            vec![vec![]],
+            vec![chain(&[Some("a")]); 3],
+            vec![chain(&[Some("a"), Some("c"), Some("c")])],
+        ] {
+            assert_eq!(
+                e.set_replication_topology(v, "a", &bad),
+                Err(EngineStatus::Invalid)
+            );
+        }
+        let seen =
+            e.0.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+        assert_eq!(seen, vec![(v, 1, 1), (v, 2, 1), (v, 0, 0)]);
     }
 }

@@ -9,7 +9,9 @@
 //!
 //! Each vBucket's [`Monitor`](crate::durability_monitor::Monitor) tracks its prepares in seqno order and completes them in
 //! that order, from the head, as the active durability monitor does. A majority is of
-//! the vBucket's chain (this node and its replicas, [`Monitor::set_chain`](crate::durability_monitor::Monitor::set_chain)); a replica
+//! the vBucket's chain (this node and its replicas, [`Monitor::set_chain`](crate::durability_monitor::Monitor::set_chain)), or of
+//! each of its two chains while it moves to other nodes (KV-Engine's first and second
+//! chain, named nodes, [`Monitor::set_topology`](crate::durability_monitor::Monitor::set_topology)); a replica
 //! counts once it acknowledged the prepare (DCP_SEQNO_ACKNOWLEDGED: a replica
 //! acknowledges a PersistToMajority prepare only once it is on its disk):
 //! - **Majority** is satisfied once a majority holds the prepare: at once on a single
@@ -490,6 +492,29 @@ impl BucketCore {
             .ok_or(EngineStatus::NotMyVbucket)?;
         vb.durability.set_chain(replicas, live);
         // Fewer acknowledgements may now be needed.
+        self.complete_sync_writes(vb);
+        Ok(())
+    }
+
+    /// Sets vBucket `vbid`'s replication topology (see
+    /// [`Monitor::set_topology`](crate::durability_monitor::Monitor::set_topology)), then completes the SyncWrites in flight it
+    /// resolves (the second chain gone, a prepare may have its majorities), as an
+    /// acknowledgement does.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` for a vBucket outside the bucket; `Invalid` for a malformed
+    /// topology.
+    pub(crate) fn op_set_replication_topology(
+        &self,
+        vbid: Vbid,
+        me: &str,
+        chains: &[Vec<Option<String>>],
+    ) -> EngineResult<()> {
+        let vb = self
+            .vbuckets
+            .get(usize::from(vbid.0))
+            .ok_or(EngineStatus::NotMyVbucket)?;
+        vb.durability.set_topology(me, chains)?;
         self.complete_sync_writes(vb);
         Ok(())
     }

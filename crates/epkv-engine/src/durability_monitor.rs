@@ -97,24 +97,88 @@ struct State {
     /// The highest prepare seqno tracked (HPS) and the highest completed (HCS).
     high_prepared: u64,
     high_completed: u64,
-    /// Replica slots of the vBucket's chain (0: this node alone is the majority).
-    replicas: usize,
-    /// Of those, the slots a node holds (a failed-over node leaves an empty slot).
-    live_replicas: usize,
+    /// Who must hold a prepare before it commits.
+    chains: Chains,
     /// Each replica's acknowledged high prepared seqno, by its DCP connection name.
     acks: Vec<(String, u64)>,
 }
 
+/// The replication topology of an active vBucket, as the monitor counts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Chains {
+    /// One chain known by its counts ([`Monitor::set_chain`]): any replica's
+    /// acknowledgement counts.
+    Counted {
+        /// Replica slots of the chain (0: this node alone is the majority).
+        replicas: usize,
+        /// Of those, the slots a node holds (a failed-over node leaves an empty slot).
+        live: usize,
+    },
+    /// One or two chains of named slots ([`Monitor::set_topology`]): only the
+    /// acknowledgements of the nodes in them count, and each chain needs its majority.
+    Named {
+        /// This node's name in the chains.
+        me: String,
+        /// The first chain, and during a move the second; `None` is an empty slot.
+        chains: Vec<Vec<Option<String>>>,
+    },
+}
+
+impl Default for Chains {
+    fn default() -> Self {
+        Self::Counted {
+            replicas: 0,
+            live: 0,
+        }
+    }
+}
+
+/// The majority of a chain of `slots` slots.
+fn majority(slots: usize) -> usize {
+    slots / 2 + 1
+}
+
 impl State {
-    /// Replica acknowledgements a prepare needs: a majority of the chain of
-    /// `1 + replicas` nodes (`(1 + replicas) / 2 + 1`), minus this node.
-    fn acks_needed(&self) -> usize {
-        self.replicas.div_ceil(2)
+    /// Whether every chain has a majority holding `seqno`, this node (which holds it
+    /// already) included where it counts.
+    fn majority_holds(&self, seqno: u64) -> bool {
+        let acked = |name: &str| self.acks.iter().any(|(n, a)| n == name && *a >= seqno);
+        match &self.chains {
+            Chains::Counted { replicas, .. } => {
+                // A majority of the `1 + replicas` nodes, minus this node.
+                let needed = replicas.div_ceil(2);
+                self.acks.iter().filter(|(_, a)| *a >= seqno).count() >= needed
+            }
+            Chains::Named { me, chains } => chains.iter().all(|chain| {
+                let holding = chain
+                    .iter()
+                    .flatten()
+                    .filter(|n| *n == me || acked(n))
+                    .count();
+                holding >= majority(chain.len())
+            }),
+        }
     }
 
-    /// Replicas that acknowledged `seqno`.
-    fn acked(&self, seqno: u64) -> usize {
-        self.acks.iter().filter(|(_, a)| *a >= seqno).count()
+    /// Whether this node alone is a majority of every chain (a prepare needs nobody's
+    /// acknowledgement).
+    fn alone(&self) -> bool {
+        match &self.chains {
+            Chains::Counted { replicas, .. } => *replicas == 0,
+            Chains::Named { me, chains } => chains
+                .iter()
+                .all(|chain| matches!(chain.as_slice(), [Some(n)] if n == me)),
+        }
+    }
+
+    /// Whether `name`'s acknowledgements count.
+    fn counts_acks_of(&self, name: &str) -> bool {
+        match &self.chains {
+            Chains::Counted { replicas, .. } => *replicas > 0,
+            Chains::Named { me, chains } => {
+                name != me && chains.iter().flatten().flatten().any(|n| n == name)
+            }
+        }
     }
 }
 
@@ -158,7 +222,7 @@ impl Monitor {
     pub(crate) fn track_or_complete(&self, t: Tracked, majority: bool) -> bool {
         let mut s = self.state.lock();
         s.high_prepared = s.high_prepared.max(t.seqno);
-        if majority && s.tracked.is_empty() && s.replicas == 0 {
+        if majority && s.tracked.is_empty() && s.alone() {
             s.high_completed = s.high_completed.max(t.seqno);
             return true;
         }
@@ -189,7 +253,7 @@ impl Monitor {
         let mut s = self.state.lock();
         let head = s.tracked.front()?;
         let commit = (!head.persist || head.seqno <= persisted)
-            && (!head.needs_acks || s.acked(head.seqno) >= s.acks_needed());
+            && (!head.needs_acks || s.majority_holds(head.seqno));
         let expired = head
             .deadline
             .zip(now)
@@ -279,27 +343,75 @@ impl Monitor {
     }
 
     /// Sets the chain this active vBucket replicates to: `replicas` slots, `live` of them
-    /// held by a node. Acknowledgements so far are forgotten (new replicas start over).
+    /// held by a node; any replica's acknowledgement counts. When that changes (or the
+    /// chains were named), acknowledgements so far are forgotten (new replicas start
+    /// over).
     pub(crate) fn set_chain(&self, replicas: usize, live: usize) {
         let mut s = self.state.lock();
-        if s.replicas != replicas || s.live_replicas != live {
+        let chains = Chains::Counted {
+            replicas,
+            live: live.min(replicas),
+        };
+        if s.chains != chains {
             s.acks.clear();
         }
-        s.replicas = replicas;
-        s.live_replicas = live.min(replicas);
+        s.chains = chains;
     }
 
-    /// True when the chain has too few nodes for a majority (DurabilityImpossible).
+    /// Sets this active vBucket's replication topology: one or two chains of named slots
+    /// (`None`: an empty slot), `me` naming this node, every other name a replica's DCP
+    /// connection name. A prepare then needs a majority of each chain (see
+    /// [`epkv_engine_api::Engine::set_replication_topology`]). The acknowledgements of the
+    /// names still in a chain are kept, the others forgotten. The caller completes what
+    /// the new topology resolves.
+    ///
+    /// # Errors
+    /// `Invalid` for no chain, more than two, an empty chain or a name twice in a chain.
+    pub(crate) fn set_topology(
+        &self,
+        me: &str,
+        chains: &[Vec<Option<String>>],
+    ) -> EngineResult<()> {
+        if chains.is_empty() || chains.len() > 2 {
+            return Err(EngineStatus::Invalid);
+        }
+        for chain in chains {
+            let named: Vec<&String> = chain.iter().flatten().collect();
+            let twice = named
+                .iter()
+                .enumerate()
+                .any(|(i, n)| named[..i].contains(n));
+            if chain.is_empty() || twice {
+                return Err(EngineStatus::Invalid);
+            }
+        }
+        let mut s = self.state.lock();
+        s.chains = Chains::Named {
+            me: me.to_owned(),
+            chains: chains.to_vec(),
+        };
+        let mut acks = std::mem::take(&mut s.acks);
+        acks.retain(|(name, _)| s.counts_acks_of(name));
+        s.acks = acks;
+        Ok(())
+    }
+
+    /// True when a chain has too few nodes for a majority (DurabilityImpossible).
     pub(crate) fn impossible(&self) -> bool {
         let s = self.state.lock();
-        s.live_replicas < s.acks_needed()
+        match &s.chains {
+            Chains::Counted { replicas, live } => *live < replicas.div_ceil(2),
+            Chains::Named { chains, .. } => chains
+                .iter()
+                .any(|chain| chain.iter().flatten().count() < majority(chain.len())),
+        }
     }
 
-    /// Records replica `name`'s acknowledged high prepared seqno. Returns whether it
-    /// moved.
+    /// Records replica `name`'s acknowledged high prepared seqno (ignored when `name` is
+    /// in no chain). Returns whether it moved.
     pub(crate) fn ack(&self, name: &str, seqno: u64) -> bool {
         let mut s = self.state.lock();
-        if s.replicas == 0 {
+        if !s.counts_acks_of(name) {
             return false;
         }
         match s.acks.iter_mut().find(|(n, _)| n == name) {
@@ -538,5 +650,138 @@ mod tests {
                 Err(EngineStatus::SyncWriteAmbiguous)
             ]
         );
+    }
+
+    fn named(slots: &[Option<&str>]) -> Vec<Option<String>> {
+        slots.iter().map(|s| s.map(str::to_owned)).collect()
+    }
+
+    /// A monitor of active A moving to B: chains [A, C] and [B, C].
+    fn moving() -> Monitor {
+        let m = Monitor::default();
+        m.set_topology(
+            "a",
+            &[
+                named(&[Some("a"), Some("c")]),
+                named(&[Some("b"), Some("c")]),
+            ],
+        )
+        .unwrap();
+        m
+    }
+
+    #[test]
+    fn each_chain_needs_its_own_majority() {
+        let m = moving();
+        m.track(tracked(1, false, None));
+        // C holds it: the first chain has its majority (A and C), the second not (C of B, C).
+        assert!(m.ack("c", 1));
+        assert!(m.pop_resolved(u64::MAX, None).is_none());
+        // B too: both chains.
+        assert!(m.ack("b", 1));
+        assert!(matches!(m.pop_resolved(u64::MAX, None), Some((t, true)) if t.seqno == 1));
+    }
+
+    #[test]
+    fn this_node_counts_only_in_a_chain_it_is_in_and_its_disk_is_needed_anyway() {
+        let m = moving();
+        m.track(tracked(1, true, None));
+        // A persist level waits for this node's disk whatever the acks.
+        m.ack("b", 1);
+        m.ack("c", 1);
+        assert!(m.pop_resolved(0, None).is_none());
+        assert!(matches!(m.pop_resolved(1, None), Some((_, true))));
+        // Second chain [B, C] without this node: B's ack alone is not its majority.
+        let m = moving();
+        m.track(tracked(2, false, None));
+        m.ack("b", 2);
+        assert!(m.pop_resolved(u64::MAX, None).is_none());
+    }
+
+    #[test]
+    fn acks_of_names_in_no_chain_are_ignored() {
+        let m = moving();
+        m.track(tracked(1, false, None));
+        assert!(!m.ack("stranger", 1), "ignored");
+        assert!(!m.ack("a", 1), "this node does not acknowledge itself");
+        assert!(m.ack("c", 1));
+        assert!(m.pop_resolved(u64::MAX, None).is_none());
+    }
+
+    #[test]
+    fn removing_the_second_chain_resolves_and_keeps_the_acks_of_names_that_stay() {
+        let m = moving();
+        m.track(tracked(1, false, None));
+        m.ack("c", 1);
+        m.ack("d", 1);
+        assert!(m.pop_resolved(u64::MAX, None).is_none());
+        // The move is done on this side's view: first chain only. C's ack is kept.
+        m.set_topology("a", &[named(&[Some("a"), Some("c")])])
+            .unwrap();
+        assert!(matches!(m.pop_resolved(u64::MAX, None), Some((t, true)) if t.seqno == 1));
+        // A name dropped from the chains loses its ack: C goes, then comes back.
+        m.track(tracked(2, false, None));
+        m.ack("c", 2);
+        m.set_topology("a", &[named(&[Some("a"), Some("d")])])
+            .unwrap();
+        m.set_topology("a", &[named(&[Some("a"), Some("c")])])
+            .unwrap();
+        assert!(
+            m.pop_resolved(u64::MAX, None).is_none(),
+            "C's ack was forgotten"
+        );
+    }
+
+    #[test]
+    fn a_chain_without_enough_named_slots_is_impossible() {
+        let m = moving();
+        assert!(!m.impossible());
+        // [A, C] and [B, empty]: the second chain cannot have 2 of 2.
+        m.set_topology(
+            "a",
+            &[named(&[Some("a"), Some("c")]), named(&[Some("b"), None])],
+        )
+        .unwrap();
+        assert!(m.impossible());
+        // Three slots, two named: 2 of 3 is possible.
+        m.set_topology("a", &[named(&[Some("a"), None, Some("c")])])
+            .unwrap();
+        assert!(!m.impossible());
+    }
+
+    #[test]
+    fn a_single_node_chain_completes_majority_at_once_and_malformed_topologies_are_refused() {
+        let m = Monitor::default();
+        m.set_topology("a", &[named(&[Some("a")])]).unwrap();
+        assert!(m.track_or_complete(tracked(1, false, None), true));
+        m.set_topology("a", &[named(&[Some("a")]), named(&[Some("b")])])
+            .unwrap();
+        assert!(
+            !m.track_or_complete(tracked(2, false, None), true),
+            "B must hold it"
+        );
+        for bad in [
+            vec![],
+            vec![vec![]],
+            vec![named(&[Some("a")]); 3],
+            vec![named(&[Some("a"), Some("a")])],
+        ] {
+            assert_eq!(m.set_topology("a", &bad), Err(EngineStatus::Invalid));
+        }
+    }
+
+    #[test]
+    fn counted_chains_work_as_before_and_a_switch_forgets_named_acks() {
+        let m = moving();
+        m.ack("c", 5);
+        m.set_chain(1, 1);
+        m.track(tracked(5, false, None));
+        assert!(
+            m.pop_resolved(u64::MAX, None).is_none(),
+            "C's ack was forgotten"
+        );
+        // In counted mode any replica's acknowledgement counts.
+        assert!(m.ack("anyone", 5));
+        assert!(matches!(m.pop_resolved(u64::MAX, None), Some((_, true))));
     }
 }

@@ -283,6 +283,15 @@ impl Engine for Bucket {
         self.core.op_set_replication_chain(vbid, replicas, live)
     }
 
+    fn set_replication_topology(
+        &self,
+        vbid: Vbid,
+        me: &str,
+        chains: &[Vec<Option<String>>],
+    ) -> EngineResult<()> {
+        self.core.op_set_replication_topology(vbid, me, chains)
+    }
+
     fn dcp_stream(
         &self,
         vbid: Vbid,

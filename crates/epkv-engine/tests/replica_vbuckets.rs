@@ -407,3 +407,85 @@ fn sync_writes_commit_only_once_the_replica_acknowledges_them() {
     replica.shutdown();
     active.shutdown();
 }
+
+/// `slots` as a chain of the topology (`None`: an empty slot).
+fn chain(slots: &[Option<&str>]) -> Vec<Option<String>> {
+    slots.iter().map(|s| s.map(str::to_owned)).collect()
+}
+
+#[test]
+fn during_a_move_sync_writes_need_a_majority_of_both_chains() {
+    use epkv_types::DurabilityLevel;
+    use std::sync::Mutex;
+    let dir = tempfile::tempdir().unwrap();
+    let active = open(dir.path());
+    // This node is "a"; "b" and "c" are the replicas' DCP connection names. The vBucket
+    // moves from chain [a, c] to [b, c].
+    let moving = [
+        chain(&[Some("a"), Some("c")]),
+        chain(&[Some("b"), Some("c")]),
+    ];
+    active.set_replication_topology(VB, "a", &moving).unwrap();
+    let outcome = Arc::new(Mutex::new(None));
+    let write = |value: &'static [u8]| {
+        let mut req = durable(DurabilityLevel::Majority);
+        let k = key_in(VB, 0);
+        req.key = k.as_bytes();
+        req.value = value;
+        let seqno = active.store(req).unwrap().seqno.0;
+        let seen = Arc::clone(&outcome);
+        active
+            .when_sync_write_completed(
+                VB,
+                seqno,
+                Box::new(move |r| *seen.lock().unwrap() = Some(r)),
+            )
+            .unwrap();
+        seqno
+    };
+    let outcome_now = || outcome.lock().unwrap().take();
+    // C's acknowledgement is a majority of the first chain only.
+    let s1 = write(b"one");
+    active.seqno_acknowledged(VB, "c", s1).unwrap();
+    assert_eq!(outcome_now(), None, "the second chain has no majority yet");
+    // A name in no chain counts for nothing.
+    active.seqno_acknowledged(VB, "stranger", s1).unwrap();
+    assert_eq!(outcome_now(), None);
+    // B's makes the second chain's.
+    active.seqno_acknowledged(VB, "b", s1).unwrap();
+    assert_eq!(outcome_now(), Some(Ok(())));
+    // Acknowledged by C only, then the move ends (the second chain goes): the prepare
+    // waiting for it commits at once.
+    let s2 = write(b"two");
+    active.seqno_acknowledged(VB, "c", s2).unwrap();
+    assert_eq!(outcome_now(), None);
+    active
+        .set_replication_topology(VB, "a", &moving[..1])
+        .unwrap();
+    assert_eq!(outcome_now(), Some(Ok(())));
+    // The first chain only: C's acknowledgement is enough.
+    let s3 = write(b"three");
+    assert_eq!(outcome_now(), None);
+    active.seqno_acknowledged(VB, "c", s3).unwrap();
+    assert_eq!(outcome_now(), Some(Ok(())));
+    assert_eq!(
+        &active.get(VB, key_in(VB, 0).as_bytes()).unwrap().value[..],
+        b"three"
+    );
+    // A second chain with an empty slot cannot have its majority.
+    active
+        .set_replication_topology(
+            VB,
+            "a",
+            &[chain(&[Some("a"), Some("c")]), chain(&[Some("b"), None])],
+        )
+        .unwrap();
+    let mut req = durable(DurabilityLevel::Majority);
+    let k = key_in(VB, 0);
+    req.key = k.as_bytes();
+    assert_eq!(
+        active.store(req).err(),
+        Some(EngineStatus::DurabilityImpossible)
+    );
+    active.shutdown();
+}
