@@ -22,12 +22,15 @@ pub type PersistedCallback = Box<dyn FnOnce(Seqno) + Send + 'static>;
 /// task), so it must be quick and never block.
 pub type SyncWriteCallback = Box<dyn FnOnce(EngineResult<()>) + Send + 'static>;
 
-/// Called by [`Engine::when_fetched`] once the background fetch of a key has finished:
-/// `Ok(())` means "execute the operation again" (the value is back in memory, or the item
-/// changed meanwhile and the new attempt sees the change); an error is the outcome to
-/// answer instead (the disk read failed, or memory is too full to hold the value). It runs
-/// on an engine thread (a Reader thread, or the caller's when nothing is in flight), so it
-/// must be quick and never block.
+/// Called by [`Engine::when_fetched`] once what an operation's
+/// [`EngineStatus::WouldBlock`] waited for is over (the background fetch of a key, or the
+/// pending state of its vBucket): `Ok(())` means "execute the operation again" (the value
+/// is back in memory, the vBucket left the pending state, or the wait's bound passed; the
+/// new attempt sees how things are now); an error is the outcome to answer instead (the
+/// disk read failed, memory is too full to hold the value, the engine is shutting down).
+/// It runs on an engine thread (a Reader or NonIO thread, the thread changing the
+/// vBucket's state, or the caller's when nothing is in flight), so it must be quick and
+/// never block.
 pub type FetchedCallback = Box<dyn FnOnce(EngineResult<()>) + Send + 'static>;
 
 /// A bucket engine. All methods are synchronous and must not block for I/O: an operation
@@ -391,25 +394,33 @@ pub trait Engine: Send + Sync + 'static {
         Err(EngineStatus::NotSupported)
     }
 
-    /// Calls `done` once the background fetch of `key` in vBucket `vbid` that an
-    /// operation's [`EngineStatus::WouldBlock`] announced has finished (at once, with
-    /// `Ok(())`, if no fetch of the key is in flight any more). Nothing blocks. The default
-    /// calls `done(Ok(()))` at once: an engine that never answers `WouldBlock` has nothing
-    /// in flight.
+    /// Calls `done` once what an operation's [`EngineStatus::WouldBlock`] announced is
+    /// over, and the caller executes the operation again: the background fetch of `key` in
+    /// vBucket `vbid`; or, while `vbid` is pending (a takeover in progress), the vBucket
+    /// leaving that state (to any state) or a bounded wait passing, whichever comes
+    /// first. An operation on a pending vBucket is parked this way instead of refused, as
+    /// KV-Engine parks it; a caller that keeps getting `WouldBlock` must give up at some
+    /// point (the front end answers TMPFAIL after a few attempts). At once, with `Ok(())`,
+    /// when nothing is in flight any more. Nothing blocks. The default calls
+    /// `done(Ok(()))` at once: an engine that never answers `WouldBlock` has nothing in
+    /// flight.
     fn when_fetched(&self, vbid: Vbid, key: &[u8], done: FetchedCallback) {
         let _ = (vbid, key);
         done(Ok(()));
     }
 
-    /// Opens a DCP stream of vBucket `vbid` (an active vBucket) as `req` asks: from its
-    /// start seqno, after checking the client's history against the failover log.
+    /// Opens a DCP stream of vBucket `vbid` (an active or pending vBucket) as `req` asks:
+    /// from its start seqno, after checking the client's history against the failover
+    /// log. A pending vBucket streams as an active one does (the node taking it over
+    /// catches up while its clients are parked), and a stream open when its vBucket goes
+    /// pending goes on; any other change of state ends it.
     ///
     /// The default answers `NotSupported`.
     ///
     /// # Errors
     /// [`crate::DcpStreamError::Rollback`] when the client must roll back first; else
-    /// `NotMyVbucket` (not an active vBucket here), `OutOfRange` (start past the high
-    /// seqno, or end before start), `NotSupported`.
+    /// `NotMyVbucket` (not an active or pending vBucket here), `OutOfRange` (start past
+    /// the high seqno, or end before start), `NotSupported`.
     fn dcp_stream(
         &self,
         vbid: Vbid,
@@ -474,10 +485,11 @@ pub trait Engine: Send + Sync + 'static {
     }
 
     /// A replica (named by its DCP connection) acknowledged `seqno` of active vBucket
-    /// `vbid`: the SyncWrites that now have a majority commit.
+    /// `vbid`: the SyncWrites that now have a majority commit. A pending vBucket takes
+    /// the acknowledgement too (its replicas still stream from it during a takeover).
     ///
     /// # Errors
-    /// `NotMyVbucket` unless `vbid` is active here; `NotSupported`.
+    /// `NotMyVbucket` unless `vbid` is active or pending here; `NotSupported`.
     fn seqno_acknowledged(&self, vbid: Vbid, replica: &str, seqno: u64) -> EngineResult<()> {
         let _ = (vbid, replica, seqno);
         Err(EngineStatus::NotSupported)

@@ -27,7 +27,8 @@ pub enum EngineStatus {
     Locked,
     /// UNLOCK_KEY on a key that is not locked.
     NotLocked,
-    /// A temporary condition (memory pressure, warmup, pending vBucket): retry later.
+    /// A temporary condition (memory pressure, warmup, a pending vBucket that stayed
+    /// pending too long): retry later.
     TempFail,
     /// The bucket is out of memory and cannot make room.
     NoMemory,
@@ -53,11 +54,12 @@ pub enum EngineStatus {
     OutOfRange,
     /// A logic error inside the engine; logged by the engine with detail.
     Internal,
-    /// The operation needs data that is not in memory (an evicted value): the engine has
-    /// queued a background fetch of the key. The caller registers with
-    /// [`crate::Engine::when_fetched`] and runs the whole operation again once notified,
-    /// as KV-Engine's front end re-executes a command after `notifyIOComplete`. Never sent
-    /// to a client.
+    /// The operation cannot go on yet: it needs data that is not in memory (an evicted
+    /// value; the engine has queued a background fetch of the key), or its vBucket is
+    /// pending (being taken over; the operation is parked until the state changes). The
+    /// caller registers with [`crate::Engine::when_fetched`] and runs the whole operation
+    /// again once notified, as KV-Engine's front end re-executes a command after
+    /// `notifyIOComplete`. Never sent to a client.
     WouldBlock,
 }
 
@@ -74,7 +76,7 @@ impl fmt::Display for EngineStatus {
             Self::Locked => "key is locked",
             Self::UnknownCollection => "unknown collection",
             Self::UnknownScope => "unknown scope",
-            Self::WouldBlock => "would block: background fetch queued",
+            Self::WouldBlock => "would block: background fetch queued or vbucket pending",
             Self::NotLocked => "key is not locked",
             Self::TempFail => "temporary failure",
             Self::NoMemory => "out of memory",

@@ -98,9 +98,10 @@ impl BucketCore {
 
     /// Finds the vBucket for a client request and checks that it may serve it: the vbid
     /// must be in range, the key must map to it, and its state must be active (pending →
-    /// TempFail, where KV-Engine would park the request until the vBucket turns active;
-    /// replica and dead → NotMyVbucket). The returned guard keeps the state from changing
-    /// until the operation finishes.
+    /// WouldBlock: the caller parks the request with `Engine::when_fetched` until the
+    /// state changes, then runs it again, see [`crate::parking`]; replica and dead →
+    /// NotMyVbucket). The returned guard keeps the state from changing until the
+    /// operation finishes.
     pub(crate) fn client_vbucket(
         &self,
         vbid: Vbid,
@@ -120,7 +121,7 @@ impl BucketCore {
         let state = vb.state();
         match *state {
             VBucketState::Active => Ok((vb, state)),
-            VBucketState::Pending => Err(EngineStatus::TempFail),
+            VBucketState::Pending => Err(EngineStatus::WouldBlock),
             VBucketState::Replica | VBucketState::Dead => Err(EngineStatus::NotMyVbucket),
         }
     }

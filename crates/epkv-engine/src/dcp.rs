@@ -30,6 +30,12 @@
 //! log's base. A state change wakes every waiter, so streams end with
 //! [`DcpEndReason::StateChanged`] promptly.
 //!
+//! **States.** An active or a pending vBucket streams: during a takeover the vBucket is
+//! pending (its clients parked, see [`crate::parking`]) while the node taking it over
+//! catches up over its stream, so going pending does not end a stream. Going replica or
+//! dead does, and so does becoming active again from pending (a move rolled back starts
+//! a new failover branch; the consumer asks again from where it is).
+//!
 //! Level: a service over [`crate::bucket_core::BucketCore`]; a stream holds its bucket as a
 //! `Weak<dyn CoreOwner>` and never names it. The log itself is [`crate::dcp_log`], a leaf.
 
@@ -242,7 +248,7 @@ impl BucketCore {
         vb.check_warm()?;
         let bucket = self.owner.clone();
         let state = vb.state();
-        if *state != VBucketState::Active {
+        if !matches!(*state, VBucketState::Active | VBucketState::Pending) {
             return Err(EngineStatus::NotMyVbucket.into());
         }
         let failover: Vec<(u64, u64)> = vb
@@ -576,7 +582,13 @@ impl DcpStream for Stream {
         let Some(vb) = b.vbuckets.get(usize::from(self.vbid.0)) else {
             return self.end(DcpEndReason::StateChanged, out);
         };
-        if vb.state_hint() != VBucketState::Active || vb.uuid() != self.uuid {
+        // A pending vBucket streams on (the node taking it over catches up); any other
+        // change ends the stream, as does a new failover branch (pending → active again).
+        let streams = matches!(
+            vb.state_hint(),
+            VBucketState::Active | VBucketState::Pending
+        );
+        if !streams || vb.uuid() != self.uuid {
             return self.end(DcpEndReason::StateChanged, out);
         }
         if self.cursor >= self.end {

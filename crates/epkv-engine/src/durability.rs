@@ -25,6 +25,13 @@
 //! DurabilityImpossible. A replica vBucket keeps the prepares it receives in its
 //! passive state until their commit or abort arrives (`crate::replica`).
 //!
+//! **State changes.** A vBucket leaving the active state answers its SyncWrites in
+//! flight SyncWriteAmbiguous. Going pending (a takeover), it keeps their prepares as a
+//! replica holds them, for the new active to complete
+//! ([`BucketCore::hold_sync_writes`]); to any other state it aborts them
+//! ([`BucketCore::abandon_sync_writes`]). Becoming active, it tracks the prepares it holds
+//! again and commits them once on its disk ([`BucketCore::adopt_passive_prepares`]).
+//!
 //! A **commit** turns the prepare into the committed version in place. It gets a new
 //! seqno and keeps the prepare's CAS. The client hears success.
 //!
@@ -58,7 +65,7 @@
 use epkv_engine_api::{DurabilityRequirements, EngineResult, EngineStatus, SyncWriteCallback};
 use epkv_hashtable::{CommittedState, Entry, ItemMeta, StoredValue};
 use epkv_storage::Document;
-use epkv_types::{Datatype, DurabilityLevel, Vbid};
+use epkv_types::{Datatype, DurabilityLevel, VBucketState, Vbid};
 
 use crate::bucket_core::{BucketCore, CoreOwner, schedule_weak};
 use crate::durability_monitor::{DEFAULT_TIMEOUT, PREPARE_DELETES, Tracked, prepare_key};
@@ -409,9 +416,62 @@ impl BucketCore {
         }
     }
 
+    /// `vb`'s state went from `was` to `now` (SET_VBUCKET, with the state lock held
+    /// exclusively): its SyncWrites follow.
+    /// - Becoming active (a promoted replica, or a pending vBucket whose move was rolled
+    ///   back): the prepares it holds are tracked again ([`Self::adopt_passive_prepares`]).
+    /// - Active to pending (a takeover): answered ambiguous, their prepares kept for the
+    ///   new active ([`Self::hold_sync_writes`]).
+    /// - Any other change: those in flight (an active vBucket's) are answered ambiguous and
+    ///   aborted, as KV-Engine answers them when their vBucket stops being active
+    ///   ([`Self::abandon_sync_writes`]); a replica going dead drops the prepares it held.
+    ///   A pending vBucket keeps those it holds whatever it becomes: it may stream from
+    ///   the new active later, whose completions of them must find them.
+    pub(crate) fn sync_writes_state_changed(
+        &self,
+        vb: &VBucket,
+        was: VBucketState,
+        now: VBucketState,
+    ) {
+        match (was, now) {
+            (VBucketState::Active, VBucketState::Active) => {}
+            (_, VBucketState::Active) => self.adopt_passive_prepares(vb),
+            (VBucketState::Active, VBucketState::Pending) => self.hold_sync_writes(vb),
+            _ => {
+                self.abandon_sync_writes(vb);
+                if (was, now) == (VBucketState::Replica, VBucketState::Dead) {
+                    for p in vb.durability.take_passive() {
+                        vb.table.with_entry(&p.key, |e| {
+                            e.remove_prepared();
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// An active vBucket went pending (a takeover): its SyncWrites in flight are answered
+    /// SyncWriteAmbiguous but not aborted, and their prepares stay in the hash table,
+    /// held as a replica holds them ([`Monitor::hold_tracked`](crate::durability_monitor::Monitor::hold_tracked)). The node taking the
+    /// vBucket over has them too and completes them once active; if the move is rolled
+    /// back, [`Self::adopt_passive_prepares`] tracks them again here. An abort now would
+    /// write a seqno the new active does not have.
+    pub(crate) fn hold_sync_writes(&self, vb: &VBucket) {
+        let waiters = {
+            let _in_order = vb.durability.completing.lock();
+            vb.durability.hold_tracked()
+        };
+        if !waiters.is_empty() {
+            tracing::info!(vbid = %vb.id, waiters = waiters.len(), "a pending vBucket answers its SyncWrites in flight ambiguous and holds their prepares");
+        }
+        for done in waiters {
+            done(Err(EngineStatus::SyncWriteAmbiguous));
+        }
+    }
+
     /// Aborts every SyncWrite in flight and answers it SyncWriteAmbiguous (FLUSH, or the
-    /// vBucket stops being active): whether it completes is no longer this node's to
-    /// say.
+    /// vBucket stops being active other than by going pending): whether it completes is
+    /// no longer this node's to say.
     pub(crate) fn abandon_sync_writes(&self, vb: &VBucket) {
         let _in_order = vb.durability.completing.lock();
         let now = LazyNow::new(&*self.clock);
@@ -428,15 +488,17 @@ impl BucketCore {
         }
     }
 
-    /// A replica vBucket just became active: the prepares it held are tracked as its
-    /// own, committed once this node has them on disk (they may have been acknowledged
-    /// by the old active), as warmup does with the prepares it finds.
+    /// A vBucket just became active: the prepares it held (as a replica, or as a pending
+    /// vBucket whose move was rolled back, see [`Self::hold_sync_writes`]) are tracked as
+    /// its own, committed once this node has them on disk (they may have been
+    /// acknowledged by a majority already), as warmup does with the prepares it finds.
+    /// None is left blocking its key.
     pub(crate) fn adopt_passive_prepares(&self, vb: &VBucket) {
         let held = vb.durability.take_passive();
         if held.is_empty() {
             return;
         }
-        tracing::info!(vbid = %vb.id, prepares = held.len(), "a promoted replica commits the SyncWrites it held");
+        tracing::info!(vbid = %vb.id, prepares = held.len(), "a vBucket becoming active commits the SyncWrites it held");
         for p in held {
             vb.durability.track(Tracked {
                 seqno: p.seqno,
@@ -453,10 +515,11 @@ impl BucketCore {
     }
 
     /// A replica's acknowledgement (DCP_SEQNO_ACKNOWLEDGED) of `seqno` for active vBucket
-    /// `vbid`: the prepares it satisfies commit.
+    /// `vbid`: the prepares it satisfies commit. A pending vBucket records it too (its
+    /// replicas still stream from it; it tracks nothing meanwhile).
     ///
     /// # Errors
-    /// `NotMyVbucket` unless `vbid` is active here.
+    /// `NotMyVbucket` unless `vbid` is active or pending here.
     pub(crate) fn op_seqno_acknowledged(
         &self,
         vbid: Vbid,
@@ -467,7 +530,10 @@ impl BucketCore {
             .vbuckets
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
-        if vb.state_hint() != epkv_types::VBucketState::Active {
+        if !matches!(
+            vb.state_hint(),
+            VBucketState::Active | VBucketState::Pending
+        ) {
             return Err(EngineStatus::NotMyVbucket);
         }
         if vb.durability.ack(replica, seqno) {

@@ -474,6 +474,30 @@ impl Monitor {
         s.prepares.drain(..).collect()
     }
 
+    /// The vBucket stops being active but keeps its prepares (it goes pending: a takeover
+    /// is in progress). Every prepare in flight leaves the tracked ones, uncompleted, for
+    /// the held ones, as a replica holds the prepares it receives: the node taking the
+    /// vBucket over commits or aborts them (this one then hears it as a replica), or this
+    /// one does should the vBucket become active again ([`Self::take_passive`]). Nothing
+    /// is written. Returns the waiters, which hear SyncWriteAmbiguous: whether their
+    /// writes complete is no longer this node's to say. An outcome asked for later reads
+    /// as ambiguous too, until the prepare completes here.
+    pub(crate) fn hold_tracked(&self) -> Vec<SyncWriteCallback> {
+        let taken: Vec<Tracked> = self.state.lock().tracked.drain(..).collect();
+        let mut waiters = Vec::new();
+        let mut p = self.passive.lock();
+        for t in taken {
+            waiters.extend(t.waiter);
+            p.high_prepared = p.high_prepared.max(t.seqno);
+            p.prepares.push_back(Passive {
+                seqno: t.seqno,
+                key: t.key,
+                persist: t.persist,
+            });
+        }
+        waiters
+    }
+
     /// Takes every prepare in flight (FLUSH, a state change): their waiters hear
     /// SyncWriteAmbiguous.
     pub(crate) fn drain(&self) -> Vec<Tracked> {
@@ -783,5 +807,30 @@ mod tests {
         // In counted mode any replica's acknowledgement counts.
         assert!(m.ack("anyone", 5));
         assert!(matches!(m.pop_resolved(u64::MAX, None), Some((_, true))));
+    }
+
+    #[test]
+    fn held_prepares_leave_the_tracked_ones_uncompleted() {
+        let m = moving();
+        m.track(tracked(1, false, None));
+        m.track(tracked(2, true, None));
+        assert!(m.claim(2, Box::new(|_| {})).is_none(), "attached");
+        // The waiter is handed back for the caller to answer; nothing is tracked.
+        let waiters = m.hold_tracked();
+        assert_eq!((waiters.len(), m.len()), (1, 0));
+        // Not completed: an outcome asked for now is ambiguous, never committed.
+        assert_eq!(m.seqnos().1, 0);
+        let Some((_, outcome)) = m.claim(1, Box::new(|_| {})) else {
+            panic!("answered at once")
+        };
+        assert_eq!(outcome, Err(EngineStatus::SyncWriteAmbiguous));
+        // Held as a replica holds them, for a later promotion to take.
+        let held = m.take_passive();
+        assert_eq!(
+            held.iter()
+                .map(|p| (p.seqno, p.persist))
+                .collect::<Vec<_>>(),
+            vec![(1, false), (2, true)]
+        );
     }
 }

@@ -154,7 +154,7 @@ impl Engine for Bucket {
     }
 
     fn when_fetched(&self, vbid: Vbid, key: &[u8], done: epkv_engine_api::FetchedCallback) {
-        self.core.bg_fetch_when_done(vbid, key, done);
+        self.core.when_unblocked(vbid, key, done);
     }
 
     fn flush(&self) -> EngineResult<()> {
@@ -180,23 +180,11 @@ impl Engine for Bucket {
             .ok_or(EngineStatus::NotMyVbucket)?;
         // Warmup restores the stored state; a change now would be overwritten.
         vb.check_warm()?;
-        let was = vb.state_hint();
-        vb.set_state(state);
-        if state != VBucketState::Active {
-            // KV-Engine answers SyncWrites in flight ambiguous when their vBucket stops
-            // being active; a single node aborts them.
-            self.core.abandon_sync_writes(vb);
-        }
-        if was == VBucketState::Replica && state == VBucketState::Active {
-            self.core.adopt_passive_prepares(vb);
-        } else if was == VBucketState::Replica && state != VBucketState::Replica {
-            let dropped = vb.durability.take_passive();
-            for p in dropped {
-                vb.table.with_entry(&p.key, |e| {
-                    e.remove_prepared();
-                });
-            }
-        }
+        // The SyncWrites in flight are settled before any client operation sees the new
+        // state; then the operations parked on a pending vBucket run again.
+        vb.set_state(state, |was| {
+            self.core.sync_writes_state_changed(vb, was, state)
+        });
         if let Some(p) = &self.core.persistence {
             p.wake(vbid);
         }
@@ -323,6 +311,7 @@ impl Engine for Bucket {
     }
 
     fn shutdown(&self) {
+        self.core.release_parked_ops();
         self.pager.stop();
         self.shutdown_persistence();
         tracing::info!(bucket = %self.core.config.name, "bucket shut down");

@@ -42,7 +42,7 @@
 //!    `persistence_config`, `clock`, `error`, `hlc`, `stats`, `lazy_now`,
 //!    `counter_value`, `subdoc`, `collections`, `shard_store`, `expiry_pager`,
 //!    `pager_waker`, `bg_fetch_queue`; and the parts a vBucket owns: `dcp_log`,
-//!    `durability_monitor`, `vb_persist`, `key_filter`.
+//!    `durability_monitor`, `vb_persist`, `key_filter`, `pending_ops`.
 //! 2. **The vBucket** (`vbucket`: state, hash table, ordering point, failover log) and
 //!    what works on one of its documents: `document`, `xattrs`.
 //! 3. **The store**: `persistence` (dirty queues taken by the flushers, warmup,
@@ -53,7 +53,7 @@
 //!    item pager). It holds no service.
 //! 5. **The services**, each a set of methods of the core in a module of its own, none
 //!    naming the bucket: `bg_fetcher`, `full_eviction`, `durability`, `item_pager`,
-//!    `system_events`, `dcp`. Background work that must not keep the bucket alive holds
+//!    `system_events`, `dcp`, `parking`. Background work that must not keep the bucket alive holds
 //!    it as a `Weak<dyn CoreOwner>`.
 //! 6. **The bucket** (`bucket`): the core plus the item and expiry pagers, the write path
 //!    every operation shares (expiry on access, commit, delete) and the task wiring. The
@@ -92,13 +92,18 @@
 //! 0. The durability monitor's completion mutex (`durability_monitor::Monitor::completing`):
 //!    held while resolved SyncWrites are committed or aborted, in seqno order; taken with
 //!    no stripe lock held (after the write's closure returned, by the flusher's persisted
-//!    callback, by the timeout task). The monitor's state mutex is a leaf: taken inside
+//!    callback, by the timeout task, by SET_VBUCKET). The exception to this order: it is
+//!    also taken inside `state` (1), shared by the write that added a prepare, exclusively
+//!    by SET_VBUCKET settling the SyncWrites of a state change; `state` is never taken
+//!    while it is held. The monitor's state mutex is a leaf: taken inside
 //!    `order` to track a prepare, or alone; never held while a stripe is locked by the
 //!    same thread after it. Waiters are called after it is released.
 //! 1. `VBucket::state` (`parking_lot::RwLock`): held shared by every client operation for
 //!    its whole duration and by the expiry pass over that vBucket; exclusive only while
 //!    SET_VBUCKET changes the state. It guarantees no write lands after a vBucket left
-//!    the active state.
+//!    the active state. The parked operations' mutex (`pending_ops`) is a leaf taken
+//!    inside it (shared to park, exclusive to take them all at a change); their
+//!    callbacks run after both are released.
 //! 2. One hash-table stripe mutex (`epkv_hashtable`): protects the documents of that
 //!    stripe; an operation holds exactly one, for one key. Visitors (expiry pass, flush,
 //!    stats) take the stripes one after another, never two at once.
@@ -131,8 +136,10 @@
 //! document has an expiry or a lock.
 //!
 //! # Semantics worth knowing
-//! - A pending vBucket answers TempFail where KV-Engine parks the request until the
-//!   vBucket becomes active; replica and dead answer NotMyVbucket.
+//! - A pending vBucket (a takeover in progress) parks client operations, as KV-Engine
+//!   does: they answer WouldBlock, and `Engine::when_fetched` calls back once the state
+//!   changes (at most `pending_ops::PARK_TIMEOUT`, 2 s, later) to run them again
+//!   (`parking.rs`). It still streams over DCP. Replica and dead answer NotMyVbucket.
 //! - ADD with a non-zero CAS is Invalid (memcached's validator says EINVAL).
 //! - A write with durability requirements is a SyncWrite (`docs/durability.md`): Majority
 //!   commits at once (a single node with no replicas is its own majority) unless an
@@ -247,6 +254,8 @@ mod key_filter;
 mod lazy_now;
 mod ops;
 mod pager_waker;
+mod parking;
+mod pending_ops;
 mod persistence;
 mod persistence_config;
 mod replica;

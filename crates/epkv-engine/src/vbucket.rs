@@ -171,6 +171,8 @@ pub(crate) struct VBucket {
     pub(crate) durability: crate::durability_monitor::Monitor,
     /// Recent changes for DCP streams, kept only while one is open ([`crate::dcp`]).
     pub(crate) dcp: crate::dcp_log::DcpLog,
+    /// Client operations parked while the vBucket is pending ([`Self::park_if_pending`]).
+    pub(crate) pending_ops: crate::pending_ops::PendingOps,
 }
 
 /// Datatype bit of a tombstone the expiry of its document made (on disk and in the DCP
@@ -252,6 +254,7 @@ impl VBucket {
             may_contain_xattrs: AtomicBool::new(false),
             durability: crate::durability_monitor::Monitor::default(),
             dcp: crate::dcp_log::DcpLog::default(),
+            pending_ops: crate::pending_ops::PendingOps::default(),
         })
     }
 
@@ -375,9 +378,33 @@ impl VBucket {
         self.state.read()
     }
 
-    /// Changes the state. Becoming active from another state starts a new failover branch.
-    pub(crate) fn set_state(&self, new_state: VBucketState) {
+    /// Parks `done` (an operation's [`epkv_engine_api::Engine::when_fetched`]) until the
+    /// vBucket leaves the pending state, or `deadline`, if it is pending: checked and
+    /// parked under the state lock, which a state change holds exclusively, so that an
+    /// operation is parked before the change (and released by it) or sees the new state.
+    /// Returns the deadline to arm the timeout task for, if it must be armed; or `done`
+    /// back when the vBucket is not pending.
+    pub(crate) fn park_if_pending(
+        &self,
+        deadline: std::time::Instant,
+        done: epkv_engine_api::FetchedCallback,
+    ) -> Result<Option<std::time::Instant>, epkv_engine_api::FetchedCallback> {
+        let state = self.state.read();
+        if *state != VBucketState::Pending {
+            return Err(done);
+        }
+        Ok(self.pending_ops.park(deadline, done))
+    }
+
+    /// Changes the state, then runs `then` with the state it had, the state lock still
+    /// held exclusively: no client operation runs between the change and what `then`
+    /// does (SET_VBUCKET settles the SyncWrites in flight there). Becoming active from
+    /// another state starts a new failover branch; leaving the pending state calls the
+    /// operations parked on it (after `then`, no lock held), which then run again in the
+    /// new state.
+    pub(crate) fn set_state(&self, new_state: VBucketState, then: impl FnOnce(VBucketState)) {
         let mut state = self.state.write();
+        let was = *state;
         if *state != new_state && self.persistent {
             self.persist.mark_state_dirty();
         }
@@ -389,11 +416,20 @@ impl VBucket {
             log.truncate(MAX_FAILOVER_ENTRIES);
             self.uuid.store(uuid, Ordering::Relaxed);
         }
+        let unparked = if *state == VBucketState::Pending && new_state != VBucketState::Pending {
+            self.pending_ops.take_all()
+        } else {
+            Vec::new()
+        };
         *state = new_state;
         self.state_hint.store(new_state as u8, Ordering::Relaxed);
+        then(was);
         drop(state);
-        // DCP streams end when their vBucket stops being active.
+        // DCP streams end when their vBucket stops being active (or pending).
         self.dcp.wake_all();
+        for done in unparked {
+            done(Ok(()));
+        }
     }
 
     /// Attaches a DCP stream to the log ([`crate::dcp_log::DcpLog::attach`]) and returns the
@@ -719,14 +755,16 @@ mod tests {
         let first = vb.uuid();
         assert_ne!(first, 0);
         vb.assign_mutation(1);
-        vb.set_state(VBucketState::Active);
+        vb.set_state(VBucketState::Active, |_| {});
         assert_eq!(
             vb.failover_log().len(),
             1,
             "active → active is not a promotion"
         );
-        vb.set_state(VBucketState::Replica);
-        vb.set_state(VBucketState::Active);
+        vb.set_state(VBucketState::Replica, |_| {});
+        vb.set_state(VBucketState::Active, |was| {
+            assert_eq!(was, VBucketState::Replica);
+        });
         let log = vb.failover_log();
         assert_eq!(log.len(), 2);
         assert_eq!(log[0].seqno, 1);

@@ -82,14 +82,15 @@ fn all_vbuckets_start_active() {
 }
 
 #[test]
-fn replica_and_dead_refuse_clients_and_pending_asks_to_retry() {
+fn replica_and_dead_refuse_clients_and_pending_parks_them() {
     let f = Fixture::new();
     must_set(&f.bucket, "k", "v");
     let id = vb(b"k");
     for (state, expected) in [
         (VBucketState::Replica, EngineStatus::NotMyVbucket),
         (VBucketState::Dead, EngineStatus::NotMyVbucket),
-        (VBucketState::Pending, EngineStatus::TempFail),
+        // Parked: the caller waits with `when_fetched` (tests/pending_vbuckets.rs).
+        (VBucketState::Pending, EngineStatus::WouldBlock),
     ] {
         f.bucket.set_vbucket_state(id, state).unwrap();
         assert_eq!(f.bucket.vbucket_state(id), Some(state));

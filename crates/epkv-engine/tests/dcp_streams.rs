@@ -353,6 +353,68 @@ fn a_state_change_ends_the_stream() {
 }
 
 #[test]
+fn a_pending_vbucket_streams_like_an_active_one_until_it_goes_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    let keys: Vec<String> = (0..4).map(|i| key_in(VB, i)).collect();
+    let before: Vec<u64> = keys[..3].iter().map(|k| set(&b, k, "v")).collect();
+    b.flush_all().unwrap();
+    // A stream open before the takeover, caught up.
+    let mut open_before = stream(&b, VB, from(high_seqno(&b, VB)));
+    let p = Poller::new();
+    assert!(p.drain(open_before.as_mut(), 5).is_empty());
+    let last = set(&b, &keys[3], "v");
+    b.set_vbucket_state(VB, VBucketState::Pending).unwrap();
+    // It goes on: the write made before the vBucket went pending, and no end.
+    let events = p.drain(open_before.as_mut(), 5);
+    assert_eq!(docs(&events), vec![("mutation", keys[3].clone(), last)]);
+    assert!(!events.iter().any(|e| matches!(e, DcpEvent::End(_))));
+    // A stream asked for on the pending vBucket gets everything it had.
+    let mut opened_pending = stream(&b, VB, from(0));
+    let q = Poller::new();
+    let events = q.drain(opened_pending.as_mut(), 100);
+    let mut want: Vec<(&str, String, u64)> = keys[..3]
+        .iter()
+        .zip(&before)
+        .map(|(k, s)| ("mutation", k.clone(), *s))
+        .collect();
+    want.push(("mutation", keys[3].clone(), last));
+    assert_eq!(docs(&events), want);
+    assert!(!events.iter().any(|e| matches!(e, DcpEvent::End(_))));
+    // The takeover done: dead ends both.
+    b.set_vbucket_state(VB, VBucketState::Dead).unwrap();
+    for (poller, s) in [(&p, &mut open_before), (&q, &mut opened_pending)] {
+        assert_eq!(
+            poller.drain(s.as_mut(), 5),
+            vec![DcpEvent::End(DcpEndReason::StateChanged)]
+        );
+    }
+    assert_eq!(
+        b.dcp_stream(VB, from(0)).err(),
+        Some(DcpStreamError::Status(EngineStatus::NotMyVbucket))
+    );
+    b.shutdown();
+}
+
+#[test]
+fn a_move_rolled_back_ends_the_streams_of_the_pending_vbucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), true);
+    set(&b, &key_in(VB, 0), "v");
+    b.set_vbucket_state(VB, VBucketState::Pending).unwrap();
+    let mut s = stream(&b, VB, from(high_seqno(&b, VB)));
+    let p = Poller::new();
+    assert!(p.drain(s.as_mut(), 5).is_empty());
+    // Active again: a new failover branch, which the consumer asks for again.
+    b.set_vbucket_state(VB, VBucketState::Active).unwrap();
+    assert_eq!(
+        p.drain(s.as_mut(), 5),
+        vec![DcpEvent::End(DcpEndReason::StateChanged)]
+    );
+    b.shutdown();
+}
+
+#[test]
 fn a_memory_only_bucket_streams_from_its_high_seqno_only() {
     let b = open(Path::new("/nonexistent"), false);
     let k = key_in(VB, 1);

@@ -8,7 +8,9 @@ pub enum VBucketState {
     Active = 1,
     /// Receives replication; clients may only use GET_REPLICA; never expires items.
     Replica = 2,
-    /// Being taken over: client operations are parked (epkv answers TMPFAIL until parking exists).
+    /// Being taken over: client operations are parked until the state changes (then
+    /// they run again: on an active vBucket, or answered NOT_MY_VBUCKET), at most a few
+    /// seconds before TMPFAIL; it still streams over DCP to the node taking it over.
     Pending = 3,
     /// Awaiting deletion: every client operation gets NOT_MY_VBUCKET.
     Dead = 4,

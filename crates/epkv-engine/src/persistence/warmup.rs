@@ -320,8 +320,12 @@ fn restore_prepare(vb: &VBucket, d: &Document) {
         tracing::error!(vbid = %vb.id, seqno = d.seqno, error = %err, "cannot restore a pending prepare");
         return;
     }
-    if vb.state_hint() == epkv_types::VBucketState::Replica {
-        // A replica keeps it until the active's commit or abort arrives.
+    if matches!(
+        vb.state_hint(),
+        epkv_types::VBucketState::Replica | epkv_types::VBucketState::Pending
+    ) {
+        // A replica keeps it until the active's commit or abort arrives; so does a
+        // pending vBucket (a takeover), which writes nothing, until it is active again.
         vb.durability.passive_prepare(Passive {
             seqno: d.seqno,
             key: key.to_vec(),
