@@ -20,11 +20,13 @@
 //! replies stay in request order. The worker thread serves its other connections
 //! meanwhile.
 //!
-//! A request whose data is not in memory (an evicted value) is not answered when the engine
-//! says WouldBlock: the loop leaves it in the input buffer, waits for the engine's
-//! background fetch ([`epkv_engine_api::Engine::when_fetched`]) without reading or
+//! A request whose data is not in memory (an evicted value), or whose vBucket is pending
+//! (a takeover in progress), is not answered when the engine says WouldBlock: the loop
+//! leaves it in the input buffer, waits for the engine's background fetch or the
+//! vBucket's state change ([`epkv_engine_api::Engine::when_fetched`]) without reading or
 //! executing anything else, then executes it again, so replies stay in request order and
-//! the worker thread serves its other connections meanwhile.
+//! the worker thread serves its other connections meanwhile. A request that keeps
+//! blocking is answered TMPFAIL after a few rounds (`dispatch::MAX_REFETCHES`).
 //!
 //! A connection that asked for cluster map notifications (HELLO 0x0d or 0x1f) also waits
 //! for the front end's map version to move on, while its output buffer has room, and then

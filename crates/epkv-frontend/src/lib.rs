@@ -101,7 +101,8 @@
 //!
 //! Depends on `epkv-types`, `epkv-protocol`, `epkv-engine-api`, `epkv-executor` (for
 //! the clock) and `epkv-auth` (SASL and users). Must never depend on `epkv-engine` or any
-//! other engine implementation.
+//! other engine implementation (its integration tests may, as a dev-dependency, to drive
+//! the real bucket through a socket).
 //!
 //! ```
 //! use epkv_engine_api::EngineStatus;

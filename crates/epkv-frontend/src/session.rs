@@ -20,8 +20,9 @@ use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-/// A request that needs a background fetch: the connection waits for the engine to fetch
-/// `key` ([`Engine::when_fetched`]), then executes the same request again.
+/// A request the engine answered WouldBlock: the connection waits for the engine to fetch
+/// `key`, or for `vbid` to leave the pending state (a takeover; [`Engine::when_fetched`]
+/// parks the request), then executes the same request again.
 pub(crate) struct BlockedOn {
     pub(crate) engine: Arc<dyn Engine>,
     pub(crate) vbid: Vbid,

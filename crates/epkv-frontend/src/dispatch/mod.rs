@@ -49,10 +49,14 @@ pub(crate) enum Flow {
     Disconnect,
 }
 
-/// How many times in a row one request may be sent back for a background fetch before it
-/// is answered TMPFAIL instead: each fetch restores the value, so a request that blocks
-/// again found it evicted again at once (memory far over its quota), and the client is
-/// better served by a retry later than by a loop.
+/// How many times in a row one request may answer WouldBlock (and wait with
+/// `Engine::when_fetched`) before it is answered TMPFAIL instead. For a background fetch:
+/// each fetch restores the value, so a request that blocks again found it evicted again
+/// at once (memory far over its quota), and the client is better served by a retry later
+/// than by a loop. For a pending vBucket (a takeover): the engine releases a parked
+/// request when the state changes, or after its park timeout (2 s) if it has not; a
+/// takeover that ends within one timeout costs a request one or two runs, and one that
+/// stalls holds it (and the connection's requests behind it) about 8 s before TMPFAIL.
 const MAX_REFETCHES: u8 = 4;
 
 /// One request being executed, as connection-level and DCP handlers get it.
