@@ -11,7 +11,8 @@
 //! with it, streams the node's replica vBuckets from their actives over DCP
 //! (`replication.rs`), and writes the cluster map Couchbase clients route by
 //! (`map_json.rs`). `epkv-server` creates it and calls [`Cluster::start`] before the node
-//! serves.
+//! serves. [`plan::target_chains`] (`plan.rs`) computes a rebalance's target map: each
+//! rank balanced over the nodes kept, with the fewest copies moved.
 //!
 //! What it is not: a front end or an engine. The front end asks it narrow questions
 //! through [`epkv_engine_api::ClusterView`] (which [`Cluster`] implements): the current map
@@ -47,7 +48,7 @@ pub mod etcd;
 mod failover;
 mod map_json;
 mod node;
-mod plan;
+pub mod plan;
 mod rebalance;
 mod rebalancer;
 mod replication;
