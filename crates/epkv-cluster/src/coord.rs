@@ -541,7 +541,9 @@ impl Coordinator {
                 match self.etcd.release("leader").await {
                     Ok(()) => {
                         self.leader_lease.store(0, Ordering::Release);
-                        tracing::warn!("this node left the cluster: it gives up the orchestrator's role");
+                        tracing::warn!(
+                            "this node left the cluster: it gives up the orchestrator's role"
+                        );
                     }
                     Err(e) => tracing::debug!(error = %e, "cannot give up the leadership"),
                 }

@@ -394,7 +394,11 @@ impl Etcd {
     pub async fn release(&self, rel: &str) -> Result<(), EtcdError> {
         let key = self.key(rel);
         let txn = Txn::new()
-            .when([Compare::lease(key.clone(), CompareOp::Equal, self.lease_id())])
+            .when([Compare::lease(
+                key.clone(),
+                CompareOp::Equal,
+                self.lease_id(),
+            )])
             .and_then([TxnOp::delete(key, None)]);
         self.client.clone().txn(txn).await?;
         Ok(())

@@ -59,8 +59,8 @@ pub use doc::{AUTO_FAILOVER_TIMEOUT, AutoFailover, Chains, ClusterDoc, Member, M
 pub use etcd::EtcdSettings;
 pub use failover::GRACEFUL_PATIENCE;
 pub use node::{BucketList, Cluster, NodeStatus};
-pub use rebalancer::RebalanceProgress;
 pub use rebalance::{
     DEFAULT_MOVES_PER_NODE, MOVES_PER_NODE, Phase, Rebalance, RebalanceRefusal, VbMove,
 };
+pub use rebalancer::RebalanceProgress;
 pub use topology::{ClusterFile, MAX_NODES, MAX_REPLICAS, NodeSpec, Topology};

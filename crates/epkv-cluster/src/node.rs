@@ -268,7 +268,10 @@ impl Cluster {
 
     /// Runs `f` to completion from a thread outside the runtime (the REST handlers run
     /// on blocking threads).
-    pub(crate) fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> Result<T, ClusterError> {
+    pub(crate) fn block_on<T>(
+        &self,
+        f: impl std::future::Future<Output = T>,
+    ) -> Result<T, ClusterError> {
         let rt = self
             .runtime
             .get()
@@ -808,12 +811,15 @@ fn moves_ended_here(old: &Topology, new: &Topology) -> Vec<u16> {
         .copied()
         .filter(|&v| {
             new.doc().moving(usize::from(v)).is_none()
-                && !new.doc().chains.get(usize::from(v)).is_some_and(|c| c.contains(&Some(this)))
                 && !new
                     .doc()
-                    .bucket_chains
-                    .values()
-                    .any(|b| b.get(usize::from(v)).is_some_and(|c| c.contains(&Some(this))))
+                    .chains
+                    .get(usize::from(v))
+                    .is_some_and(|c| c.contains(&Some(this)))
+                && !new.doc().bucket_chains.values().any(|b| {
+                    b.get(usize::from(v))
+                        .is_some_and(|c| c.contains(&Some(this)))
+                })
         })
         .collect()
 }
@@ -835,7 +841,11 @@ fn drop_moved_away(bucket: &str, engine: &dyn Engine, vbuckets: &[u16]) {
         }
     }
     if dropped > 0 {
-        tracing::info!(bucket, dropped, "vBucket copies moved away by the rebalance dropped");
+        tracing::info!(
+            bucket,
+            dropped,
+            "vBucket copies moved away by the rebalance dropped"
+        );
     }
 }
 

@@ -69,7 +69,9 @@ pub struct VbMove {
 }
 
 /// How far a move got (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum Phase {
     /// The new copies are being built.
@@ -317,7 +319,12 @@ mod tests {
             Err(RebalanceRefusal::Running)
         );
         assert!(doc.stop_rebalance("stopped"));
-        assert!(doc.last_rebalance.as_deref().unwrap().starts_with("stopped"));
+        assert!(
+            doc.last_rebalance
+                .as_deref()
+                .unwrap()
+                .starts_with("stopped")
+        );
         assert!(doc.rebalance.is_none());
     }
 

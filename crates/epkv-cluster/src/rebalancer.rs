@@ -31,7 +31,8 @@ use epkv_types::NUM_VBUCKETS;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The pause between two rounds.
 pub(crate) const STEP: Duration = Duration::from_millis(20);
@@ -69,9 +70,8 @@ impl Coordinator {
         known: BTreeSet<usize>,
         ejected: BTreeSet<usize>,
     ) -> Result<i64, ClusterError> {
-        let id = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        // The document's revision now: a later rebalance starts at a later one.
+        let (_, id) = self.current_doc().await?;
         self.update_doc(|doc| {
             doc.start_rebalance(id, &known, &ejected)
                 .map_err(|e: RebalanceRefusal| ClusterError::Invalid(e.to_string()))?;
@@ -90,7 +90,9 @@ impl Coordinator {
     pub async fn stop_rebalance(&self, why: &str) -> Result<bool, ClusterError> {
         let stopped = self.update_doc(|doc| Ok(doc.stop_rebalance(why))).await?;
         if stopped {
-            self.stats.rebalances_stopped.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .rebalances_stopped
+                .fetch_add(1, Ordering::Relaxed);
             tracing::warn!(why, "rebalance stopped");
         }
         Ok(stopped)
@@ -99,7 +101,10 @@ impl Coordinator {
     /// One orchestrator round's look at the rebalance in the document: take on one
     /// nobody drives yet; stop one another orchestrator was driving (it is gone, or
     /// this node lost and regained the leadership), since its target map went with it.
-    pub(crate) fn drive_rebalance(self: &Arc<Self>, task: &mut Option<tokio::task::JoinHandle<()>>) {
+    pub(crate) fn drive_rebalance(
+        self: &Arc<Self>,
+        task: &mut Option<tokio::task::JoinHandle<()>>,
+    ) {
         if task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
@@ -130,7 +135,9 @@ impl Coordinator {
         let started = Instant::now();
         match self.rebalance_steps(id).await {
             Ok(()) => {
-                self.stats.rebalances_completed.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .rebalances_completed
+                    .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     id,
                     seconds = started.elapsed().as_secs_f64(),
@@ -138,7 +145,10 @@ impl Coordinator {
                 );
             }
             Err(End::Lost) => {
-                tracing::warn!(id, "no longer the orchestrator: the next one stops the rebalance");
+                tracing::warn!(
+                    id,
+                    "no longer the orchestrator: the next one stops the rebalance"
+                );
             }
             Err(End::Gone) => tracing::warn!(id, "the rebalance was stopped"),
             Err(End::Failed(why)) => {
@@ -369,7 +379,11 @@ impl Coordinator {
         let mut asks: BTreeMap<(String, usize), Vec<u16>> = BTreeMap::new();
         for (&v, m) in moves {
             for b in buckets {
-                let chain = doc.chains_of(b).get(usize::from(v)).cloned().unwrap_or_default();
+                let chain = doc
+                    .chains_of(b)
+                    .get(usize::from(v))
+                    .cloned()
+                    .unwrap_or_default();
                 for n in chain.iter().chain(m.to.iter()).flatten() {
                     asks.entry((b.clone(), *n)).or_default().push(v);
                 }
@@ -517,7 +531,9 @@ impl Cluster {
     #[must_use]
     pub fn moves_per_node(&self) -> usize {
         self.doc()
-            .map_or(crate::rebalance::DEFAULT_MOVES_PER_NODE, |d| d.moves_per_node)
+            .map_or(crate::rebalance::DEFAULT_MOVES_PER_NODE, |d| {
+                d.moves_per_node
+            })
     }
 
     /// Sets [`Self::moves_per_node`] (for rebalances started afterwards).
@@ -594,7 +610,11 @@ fn next_step(
             .get(usize::from(v))
             .and_then(|c| c.first().copied())
             == m.to.first().copied()
-    }) && doc.chains.get(usize::from(v)).and_then(|c| c.first().copied()) == m.to.first().copied();
+    }) && doc
+        .chains
+        .get(usize::from(v))
+        .and_then(|c| c.first().copied())
+        == m.to.first().copied();
     // Every bucket: how far behind its active each node of the new chain is.
     let lag_of = |b: &str, n: usize| -> Option<u64> {
         let active = doc.chains_of(b).get(usize::from(v))?.first().copied()??;
@@ -695,20 +715,46 @@ mod tests {
             to: vec![Some(2), Some(1)],
             phase: Phase::Backfill,
         };
-        let far = seen(&[(0, "active", 10_000), (1, "replica", 10_000), (2, "replica", 10)]);
+        let far = seen(&[
+            (0, "active", 10_000),
+            (1, "replica", 10_000),
+            (2, "replica", 10),
+        ]);
         assert_eq!(next_step(&d, &buckets, 0, &m, &far), None);
-        let near = seen(&[(0, "active", 10_000), (1, "replica", 9_990), (2, "replica", 9_000)]);
-        assert_eq!(next_step(&d, &buckets, 0, &m, &near), Some(Some(Phase::Synced)));
+        let near = seen(&[
+            (0, "active", 10_000),
+            (1, "replica", 9_990),
+            (2, "replica", 9_000),
+        ]);
+        assert_eq!(
+            next_step(&d, &buckets, 0, &m, &near),
+            Some(Some(Phase::Synced))
+        );
         m.phase = Phase::Synced;
         assert_eq!(next_step(&d, &buckets, 0, &m, &near), None);
-        let close = seen(&[(0, "active", 10_000), (1, "replica", 9_990), (2, "replica", 9_990)]);
-        assert_eq!(next_step(&d, &buckets, 0, &m, &close), Some(Some(Phase::Takeover)));
+        let close = seen(&[
+            (0, "active", 10_000),
+            (1, "replica", 9_990),
+            (2, "replica", 9_990),
+        ]);
+        assert_eq!(
+            next_step(&d, &buckets, 0, &m, &close),
+            Some(Some(Phase::Takeover))
+        );
         m.phase = Phase::Takeover;
         // The old active must be pending and the new one hold all of it.
         assert_eq!(next_step(&d, &buckets, 0, &m, &close), None);
-        let parked = seen(&[(0, "pending", 10_000), (1, "replica", 9_990), (2, "replica", 9_999)]);
+        let parked = seen(&[
+            (0, "pending", 10_000),
+            (1, "replica", 9_990),
+            (2, "replica", 9_999),
+        ]);
         assert_eq!(next_step(&d, &buckets, 0, &m, &parked), None);
-        let taken = seen(&[(0, "pending", 10_000), (1, "replica", 9_990), (2, "replica", 10_000)]);
+        let taken = seen(&[
+            (0, "pending", 10_000),
+            (1, "replica", 9_990),
+            (2, "replica", 10_000),
+        ]);
         assert_eq!(next_step(&d, &buckets, 0, &m, &taken), Some(None));
     }
 

@@ -446,7 +446,9 @@ fn route(
             _ => method_not_allowed("POST"),
         },
         ["pools", "default", "rebalanceProgress"] if get => {
-            guarded(m, c, Privilege::SystemSettings, None, || rebalance::progress(m))
+            guarded(m, c, Privilege::SystemSettings, None, || {
+                rebalance::progress(m)
+            })
         }
         ["internalSettings"] => match *method {
             Method::GET | Method::HEAD => guarded(m, c, Privilege::SystemSettings, None, || {

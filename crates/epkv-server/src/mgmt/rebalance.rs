@@ -66,10 +66,7 @@ pub(super) fn progress_json(p: Option<RebalanceProgress>) -> Value {
         out.insert("vbucketMovesTotal".into(), json!(p.total));
         out.insert("vbucketMovesDone".into(), json!(p.done));
         out.insert("vbucketMovesInFlight".into(), json!(p.in_flight));
-        out.insert(
-            "vbucketsLeft".into(),
-            json!(p.total.saturating_sub(p.done)),
-        );
+        out.insert("vbucketsLeft".into(), json!(p.total.saturating_sub(p.done)));
     } else if let Some(last) = &p.last {
         out.insert("lastRebalance".into(), json!(last));
         if !last.starts_with("completed") {
