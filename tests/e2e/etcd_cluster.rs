@@ -298,6 +298,8 @@ impl EtcdCluster {
                 "--mgmt-port",
                 &mgmt,
                 "--testing",
+                "--metrics-port",
+                "0",
                 "--admin-user",
                 ADMIN.0,
                 "--admin-password",
@@ -309,10 +311,15 @@ impl EtcdCluster {
             ],
         );
         self.nodes.push(Some(s));
-        let form = format!("hostname=127.0.0.1:{mgmt}&user={}&password={}", ADMIN.0, ADMIN.1);
-        wait_until("the new node's registration", Duration::from_secs(20), || {
-            (self.rest(via, "POST", "/controller/addNode", Some(&form)).0 == 200).then_some(())
-        });
+        let form = format!(
+            "hostname=127.0.0.1:{mgmt}&user={}&password={}",
+            ADMIN.0, ADMIN.1
+        );
+        wait_until(
+            "the new node's registration",
+            Duration::from_secs(20),
+            || (self.rest(via, "POST", "/controller/addNode", Some(&form)).0 == 200).then_some(()),
+        );
         i
     }
 
@@ -341,6 +348,8 @@ impl EtcdCluster {
                 "--mgmt-port",
                 &mgmt,
                 "--testing",
+                "--metrics-port",
+                "0",
                 "--admin-user",
                 ADMIN.0,
                 "--admin-password",
@@ -485,7 +494,11 @@ pub(crate) fn vbucket_of(k: &[u8]) -> epkv_types::Vbid {
 }
 
 /// Polls `check` (every 50 ms) until it gives a value; fails the test after `limit`.
-pub(crate) fn wait_until<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_until<T>(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(v) = check() {

@@ -5,6 +5,8 @@
 
 use crate::etcd_cluster::{EtcdCluster, majority, no_etcd, vbucket_of, wait_until};
 use crate::harness::key;
+
+const ADMIN: (&str, &str) = ("Administrator", "password");
 use epkv_client::{Client, StoreOptions};
 use epkv_protocol::Status;
 use std::collections::{BTreeMap, HashMap};
@@ -50,6 +52,13 @@ impl Router {
         loop {
             assert!(Instant::now() < deadline, "a write was never acknowledged");
             let n = self.actives[usize::from(vbucket_of(k).0)];
+            if c.nodes[n].is_none() {
+                // Killed, and not failed over yet.
+                self.retries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                self.refresh(c);
+                continue;
+            }
             if !self.clients.contains_key(&n) {
                 let client = c.client(n).await;
                 self.clients.insert(n, client);
@@ -147,6 +156,32 @@ async fn load_until_done(c: &EtcdCluster, via: usize, r: &mut Router, round: &st
     }
 }
 
+/// Prints the orchestrator's rebalance series (`kv_rebalance_*`): how many vBuckets it
+/// moved and how long its takeovers parked clients. Figures, not assertions.
+fn report_takeovers(c: &EtcdCluster, via: usize, step: &str) {
+    let boss = c.orchestrator(via);
+    let addr = crate::metrics::metrics_addr(c.node(boss));
+    let page = crate::harness::http_request(addr, "GET", "/metrics", Some(ADMIN), None);
+    assert_eq!(page.status, 200, "{}", page.body);
+    let body = page.body;
+    let series: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("kv_rebalance_"))
+        .collect();
+    for name in [
+        "moves_total",
+        "takeovers_total",
+        "takeover_seconds_total",
+        "takeover_seconds_max",
+    ] {
+        let line = series
+            .iter()
+            .find(|l| l.starts_with(&format!("kv_rebalance_{name} ")))
+            .unwrap_or_else(|| panic!("no kv_rebalance_{name} in {series:?}"));
+        eprintln!("{step}: {line}");
+    }
+}
+
 /// Per node index, its active and total copies in `default`'s map as node `via` sees it.
 fn copies(c: &EtcdCluster, via: usize) -> (BTreeMap<usize, usize>, BTreeMap<usize, usize>) {
     let map = c.json(via, "/pools/default/b/default");
@@ -189,7 +224,11 @@ fn copies(c: &EtcdCluster, via: usize) -> (BTreeMap<usize, usize>, BTreeMap<usiz
 /// Asserts the map is balanced over exactly `nodes`: actives and copies within one.
 fn assert_balanced(c: &EtcdCluster, via: usize, nodes: &[usize]) {
     let (actives, all) = copies(c, via);
-    assert_eq!(actives.keys().copied().collect::<Vec<_>>(), nodes, "{actives:?}");
+    assert_eq!(
+        actives.keys().copied().collect::<Vec<_>>(),
+        nodes,
+        "{actives:?}"
+    );
     assert_eq!(all.keys().copied().collect::<Vec<_>>(), nodes, "{all:?}");
     for counts in [&actives, &all] {
         let (min, max) = (
@@ -230,8 +269,7 @@ async fn nodes_are_added_removed_and_swapped_under_load_and_nothing_is_lost() {
     assert!(how.starts_with("completed"), "{how}");
     assert_balanced(&c, 0, &[0, 1, n2]);
     r.read_back(&c).await;
-    let moved = c.json(0, "/pools/default/rebalanceProgress");
-    assert_eq!(moved["status"], "none");
+    report_takeovers(&c, 1, "2 -> 3");
 
     // 3 -> 2: eject node 0.
     rebalance(&c, 1, &[0, 1, n2], &[0]);
@@ -254,16 +292,21 @@ async fn nodes_are_added_removed_and_swapped_under_load_and_nothing_is_lost() {
     assert!(how.starts_with("completed"), "{how}");
     assert_balanced(&c, n2, &[n2, n3]);
     r.read_back(&c).await;
+    report_takeovers(&c, n2, "swap");
     eprintln!("writes retried across the three rebalances: {}", r.retries);
 }
 
 /// Waits until the rebalance node `via` reports has made at least `moves` moves.
 fn wait_moves(c: &EtcdCluster, via: usize, moves: u64) {
-    wait_until("the rebalance's first moves", Duration::from_secs(60), || {
-        let p = progress(c, via);
-        assert_eq!(p["status"], "running", "the rebalance ended early: {p}");
-        (p["vbucketMovesDone"].as_u64().unwrap_or(0) >= moves).then_some(())
-    });
+    wait_until(
+        "the rebalance's first moves",
+        Duration::from_secs(60),
+        || {
+            let p = progress(c, via);
+            assert_eq!(p["status"], "running", "the rebalance ended early: {p}");
+            (p["vbucketMovesDone"].as_u64().unwrap_or(0) >= moves).then_some(())
+        },
+    );
 }
 
 /// Waits until no rebalance runs; returns how the last one ended.
@@ -272,6 +315,13 @@ fn wait_ended(c: &EtcdCluster, via: usize, limit: Duration) -> String {
         let p = progress(c, via);
         (p["status"] == "none").then(|| p["lastRebalance"].as_str().unwrap_or("").to_owned())
     })
+}
+
+/// Waits until node `via` sees node `dead` failed over.
+fn wait_failed_over(c: &EtcdCluster, via: usize, dead: usize) {
+    wait_until("the failover", Duration::from_secs(30), || {
+        (c.membership(via, dead) == "inactiveFailed").then_some(())
+    });
 }
 
 /// `stopRebalance`, a node killed mid-rebalance and the orchestrator killed
@@ -311,7 +361,13 @@ async fn a_stopped_or_failed_rebalance_leaves_a_consistent_map_and_a_new_one_fin
     wait_moves(&c, 0, 4);
     c.kill(n2);
     let how = wait_ended(&c, 0, Duration::from_secs(30));
-    assert!(how.starts_with("stopped") || how.starts_with("failed"), "{how}");
+    assert!(
+        how.starts_with("stopped") || how.starts_with("failed"),
+        "{how}"
+    );
+    wait_failed_over(&c, 0, n2);
+    let (status, body) = c.rest(0, "POST", "/settings/autoFailover/resetCount", None);
+    assert_eq!(status, 200, "{body}");
     r.read_back(&c).await;
     // The failed node is ejected by the next rebalance, which finishes.
     rebalance(&c, 0, &[0, 1, n2], &[]);
@@ -329,6 +385,7 @@ async fn a_stopped_or_failed_rebalance_leaves_a_consistent_map_and_a_new_one_fin
     c.kill(boss);
     let how = wait_ended(&c, other, Duration::from_secs(30));
     assert!(how.starts_with("stopped"), "{how}");
+    wait_failed_over(&c, other, boss);
     r.read_back(&c).await;
     rebalance(&c, other, &[0, 1, n3], &[]);
     let how = wait_ended(&c, other, Duration::from_secs(120));

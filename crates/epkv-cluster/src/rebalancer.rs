@@ -43,6 +43,14 @@ pub(crate) const BACKFILL_LAG: u64 = 2000;
 pub(crate) const TAKEOVER_LAG: u64 = 50;
 /// How long a node taking part in a move may fail to answer before the rebalance stops.
 pub(crate) const NODE_PATIENCE: Duration = Duration::from_secs(10);
+/// How long a takeover may wait for the new copy to hold all of the old one before the
+/// move is undone (the old copy active again) and tried again later.
+const TAKEOVER_STALL: Duration = Duration::from_secs(5);
+/// How many times one vBucket's takeover is tried before the rebalance fails.
+const TAKEOVER_TRIES: u32 = 3;
+/// How long the orchestrator waits for the takeovers it just started before it goes
+/// back to its ordinary rounds.
+const TAKEOVER_WAIT: Duration = Duration::from_millis(500);
 /// How long one node's answer may take.
 const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -238,6 +246,7 @@ impl Coordinator {
         let mut clients: HashMap<(String, usize), StatClient> = HashMap::new();
         let mut silent_since: HashMap<usize, Instant> = HashMap::new();
         let mut takeover_at: HashMap<u16, Instant> = HashMap::new();
+        let mut undone: HashMap<u16, u32> = HashMap::new();
         loop {
             if !self.is_leader() {
                 return Err(End::Lost);
@@ -252,9 +261,30 @@ impl Coordinator {
                 .observe(&doc, &r.moves, &buckets, &mut clients, &mut silent_since)
                 .await?;
             let mut advance: BTreeMap<u16, Option<Phase>> = BTreeMap::new();
+            let mut undo: Vec<u16> = Vec::new();
             for (&v, m) in &r.moves {
                 if let Some(step) = next_step(&doc, &buckets, v, m, &observed) {
                     advance.insert(v, step);
+                } else if m.phase == Phase::Takeover
+                    && takeover_at
+                        .get(&v)
+                        .is_some_and(|t| t.elapsed() >= TAKEOVER_STALL)
+                {
+                    // The new copy does not get the last of the old one: give the old
+                    // active its clients back and try the move again later.
+                    let tries = undone.entry(v).or_insert(0);
+                    *tries += 1;
+                    if *tries > TAKEOVER_TRIES {
+                        return Err(End::Failed(format!(
+                            "vBucket {v}'s takeover did not finish in {TAKEOVER_TRIES} tries"
+                        )));
+                    }
+                    tracing::warn!(
+                        vb = v,
+                        tries = *tries,
+                        "a takeover stalled: the move is undone and tried again later"
+                    );
+                    undo.push(v);
                 }
             }
             // New moves, within each node's allowance.
@@ -282,7 +312,7 @@ impl Coordinator {
                 }
             }
             todo = later;
-            if advance.is_empty() && starting.is_empty() {
+            if advance.is_empty() && starting.is_empty() && undo.is_empty() {
                 if r.moves.is_empty() && todo.is_empty() {
                     break;
                 }
@@ -312,6 +342,9 @@ impl Coordinator {
                             },
                         );
                     }
+                    for v in &undo {
+                        r.moves.remove(v);
+                    }
                     for v in done {
                         doc.complete_move(v);
                     }
@@ -323,6 +356,10 @@ impl Coordinator {
                 return Err(End::Gone);
             }
             if committed {
+                for v in undo {
+                    takeover_at.remove(&v);
+                    todo.push_back(v);
+                }
                 let now = Instant::now();
                 for (&v, step) in &advance {
                     match step {
@@ -344,6 +381,15 @@ impl Coordinator {
                     left = todo.len(),
                     "rebalance round committed"
                 );
+                let taking: Vec<u16> = advance
+                    .iter()
+                    .filter(|(_, step)| **step == Some(Phase::Takeover))
+                    .map(|(v, _)| *v)
+                    .collect();
+                if !taking.is_empty() {
+                    self.finish_takeovers(id, &buckets, taking, &mut clients, &mut silent_since)
+                        .await?;
+                }
             }
         }
         self.update_doc(|doc| match doc.rebalance.as_ref() {
@@ -360,6 +406,70 @@ impl Coordinator {
         .map_err(|e| End::Failed(e.to_string()))?;
         if gone {
             return Err(End::Gone);
+        }
+        Ok(())
+    }
+
+    /// Completes the takeovers just started (`taking`) as soon as each is ready, without
+    /// waiting for the other moves' rounds: their clients are parked meanwhile. Polls
+    /// only those vBuckets, every millisecond, for at most [`TAKEOVER_WAIT`]; the ones
+    /// not ready by then are left to the ordinary rounds.
+    async fn finish_takeovers(
+        &self,
+        id: i64,
+        buckets: &[String],
+        mut taking: Vec<u16>,
+        clients: &mut HashMap<(String, usize), StatClient>,
+        silent_since: &mut HashMap<usize, Instant>,
+    ) -> Result<(), End> {
+        let cluster = self.node().map_err(|_| End::Lost)?;
+        let started = Instant::now();
+        while !taking.is_empty() && started.elapsed() < TAKEOVER_WAIT {
+            let Some(doc) = cluster.doc() else {
+                return Err(End::Lost);
+            };
+            let Some(r) = doc.rebalance.as_ref().filter(|r| r.id == id) else {
+                return Err(End::Gone);
+            };
+            let moves: BTreeMap<u16, VbMove> = taking
+                .iter()
+                .filter_map(|v| r.moves.get(v).map(|m| (*v, m.clone())))
+                .filter(|(_, m)| m.phase == Phase::Takeover)
+                .collect();
+            let observed = self
+                .observe(&doc, &moves, buckets, clients, silent_since)
+                .await?;
+            let ready: Vec<u16> = moves
+                .iter()
+                .filter(|(v, m)| next_step(&doc, buckets, **v, m, &observed) == Some(None))
+                .map(|(v, _)| *v)
+                .collect();
+            if !ready.is_empty() {
+                let mut gone = false;
+                self.update_doc(|doc| {
+                    if doc.rebalance.as_ref().is_none_or(|r| r.id != id) {
+                        gone = true;
+                        return Ok(false);
+                    }
+                    for &v in &ready {
+                        doc.complete_move(v);
+                    }
+                    Ok(true)
+                })
+                .await
+                .map_err(|e| End::Failed(e.to_string()))?;
+                if gone {
+                    return Err(End::Gone);
+                }
+                let took = started.elapsed();
+                for _ in &ready {
+                    self.stats.rebalance_moves.fetch_add(1, Ordering::Relaxed);
+                    self.stats.record_takeover(took);
+                }
+                taking.retain(|v| !ready.contains(v));
+            }
+            taking.retain(|v| moves.contains_key(v));
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         Ok(())
     }
