@@ -59,9 +59,8 @@ impl Router {
                 self.refresh(c);
                 continue;
             }
-            if !self.clients.contains_key(&n) {
-                let client = c.client(n).await;
-                self.clients.insert(n, client);
+            if let std::collections::hash_map::Entry::Vacant(e) = self.clients.entry(n) {
+                e.insert(c.client(n).await);
             }
             let answer = self.clients.get_mut(&n).unwrap().set(k, v, opts).await;
             match answer {
@@ -96,9 +95,8 @@ impl Router {
         let acked = std::mem::take(&mut self.acked);
         for (k, v) in &acked {
             let n = self.actives[usize::from(vbucket_of(k).0)];
-            if !self.clients.contains_key(&n) {
-                let client = c.client(n).await;
-                self.clients.insert(n, client);
+            if let std::collections::hash_map::Entry::Vacant(e) = self.clients.entry(n) {
+                e.insert(c.client(n).await);
             }
             let r = self.clients.get_mut(&n).unwrap().get(k).await.unwrap();
             assert_eq!(
@@ -145,7 +143,7 @@ async fn load_until_done(c: &EtcdCluster, via: usize, r: &mut Router, round: &st
         for _ in 0..20 {
             let k = key(&format!("load-{}", i % 3000));
             let v = format!("{round}-{i}");
-            r.set(c, &k, v.as_bytes(), i % 3 == 0).await;
+            r.set(c, &k, v.as_bytes(), i.is_multiple_of(3)).await;
             i += 1;
         }
         let p = progress(c, via);
