@@ -164,6 +164,10 @@ pub struct Coordinator {
     live_known: AtomicBool,
     /// The `mod_revision` of the document installed.
     doc_rev: AtomicI64,
+    /// The newest document offered and its revision, kept together: a change tries a
+    /// compare-and-swap on it before reading etcd (the orchestrator of a rebalance
+    /// changes the document many times a second).
+    newest: parking_lot::Mutex<Option<(ClusterDoc, i64)>>,
     /// The lease this node holds the `leader` key with; 0 when it is not the leader.
     leader_lease: AtomicI64,
     /// The orchestrator's id, as last seen.
@@ -233,6 +237,7 @@ impl Coordinator {
             live: parking_lot::Mutex::new(BTreeMap::new()),
             live_known: AtomicBool::new(false),
             doc_rev: AtomicI64::new(0),
+            newest: parking_lot::Mutex::new(None),
             leader_lease: AtomicI64::new(0),
             leader_id: parking_lot::Mutex::new(String::new()),
             lease_ended: tokio::sync::Notify::new(),
@@ -381,6 +386,12 @@ impl Coordinator {
 
     /// Installs `doc` (at `rev`) if it is newer than the one installed.
     pub(crate) fn offer(&self, doc: ClusterDoc, rev: i64) {
+        {
+            let mut newest = self.newest.lock();
+            if newest.as_ref().is_none_or(|(_, r)| *r < rev) {
+                *newest = Some((doc.clone(), rev));
+            }
+        }
         if self.doc_rev.fetch_max(rev, Ordering::AcqRel) >= rev {
             return;
         }
@@ -662,7 +673,10 @@ impl Coordinator {
 
     /// Changes the document with `edit` (given the current one; it returns whether it
     /// changed anything), by compare-and-swap, and installs the result before
-    /// returning. Returns whether anything changed.
+    /// returning. Returns whether anything changed. The first try edits the newest
+    /// version this node has seen (one etcd request instead of two when it is current);
+    /// a refusal or "nothing to change" on it is checked again on etcd's version, so
+    /// `edit` may run more than once and must not keep state between runs.
     ///
     /// # Errors
     /// `edit`'s error, or etcd unreachable / too busy.
@@ -670,9 +684,23 @@ impl Coordinator {
     where
         F: FnMut(&mut ClusterDoc) -> Result<bool, ClusterError>,
     {
-        for _ in 0..CAS_ATTEMPTS {
-            let (mut doc, rev) = self.current_doc().await?;
-            if !edit(&mut doc)? {
+        for attempt in 0..CAS_ATTEMPTS {
+            let cached = if attempt == 0 {
+                self.newest.lock().clone()
+            } else {
+                None
+            };
+            let from_cache = cached.is_some();
+            let (mut doc, rev) = match cached {
+                Some(known) => known,
+                None => self.current_doc().await?,
+            };
+            let edited = edit(&mut doc);
+            if from_cache && !matches!(edited, Ok(true)) {
+                // Nothing to change, or refused, on what may be an old version: ask etcd.
+                continue;
+            }
+            if !edited? {
                 self.offer(doc, rev);
                 return Ok(false);
             }

@@ -140,6 +140,7 @@ impl Coordinator {
         let buckets = cluster.bucket_names();
         let mut already = false;
         self.update_doc(|doc| {
+            already = false;
             match doc.nodes.get(i).map(|m| m.membership) {
                 None => return Err(ClusterError::Invalid(format!("no node {i} in the cluster"))),
                 Some(Membership::InactiveFailed) => {

@@ -177,14 +177,17 @@ impl Coordinator {
         let cluster = self.node().map_err(|_| End::Lost)?;
         let me = self.id().to_owned();
         let mut gone = false;
-        self.update_doc(|doc| match doc.rebalance.as_mut() {
-            Some(r) if r.id == id && r.orchestrator.is_none() => {
-                r.orchestrator = Some(me.clone());
-                Ok(true)
-            }
-            _ => {
-                gone = true;
-                Ok(false)
+        self.update_doc(|doc| {
+            gone = false;
+            match doc.rebalance.as_mut() {
+                Some(r) if r.id == id && r.orchestrator.is_none() => {
+                    r.orchestrator = Some(me.clone());
+                    Ok(true)
+                }
+                _ => {
+                    gone = true;
+                    Ok(false)
+                }
             }
         })
         .await
@@ -226,15 +229,18 @@ impl Coordinator {
             "rebalance: target map computed"
         );
         let total = todo.len();
-        self.update_doc(|doc| match doc.rebalance.as_mut() {
-            Some(r) if r.id == id => {
-                r.total = total;
-                r.node_total.clone_from(&node_total);
-                Ok(true)
-            }
-            _ => {
-                gone = true;
-                Ok(false)
+        self.update_doc(|doc| {
+            gone = false;
+            match doc.rebalance.as_mut() {
+                Some(r) if r.id == id => {
+                    r.total = total;
+                    r.node_total.clone_from(&node_total);
+                    Ok(true)
+                }
+                _ => {
+                    gone = true;
+                    Ok(false)
+                }
             }
         })
         .await
@@ -321,6 +327,7 @@ impl Coordinator {
             }
             let committed = self
                 .update_doc(|doc| {
+                    gone = false;
                     let Some(r) = doc.rebalance.as_mut().filter(|r| r.id == id) else {
                         gone = true;
                         return Ok(false);
@@ -392,14 +399,17 @@ impl Coordinator {
                 }
             }
         }
-        self.update_doc(|doc| match doc.rebalance.as_ref() {
-            Some(r) if r.id == id && r.moves.is_empty() => {
-                doc.finish_rebalance(&target);
-                Ok(true)
-            }
-            _ => {
-                gone = true;
-                Ok(false)
+        self.update_doc(|doc| {
+            gone = false;
+            match doc.rebalance.as_ref() {
+                Some(r) if r.id == id && r.moves.is_empty() => {
+                    doc.finish_rebalance(&target);
+                    Ok(true)
+                }
+                _ => {
+                    gone = true;
+                    Ok(false)
+                }
             }
         })
         .await
@@ -447,6 +457,7 @@ impl Coordinator {
             if !ready.is_empty() {
                 let mut gone = false;
                 self.update_doc(|doc| {
+                    gone = false;
                     if doc.rebalance.as_ref().is_none_or(|r| r.id != id) {
                         gone = true;
                         return Ok(false);

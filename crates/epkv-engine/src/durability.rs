@@ -580,8 +580,9 @@ impl BucketCore {
             .vbuckets
             .get(usize::from(vbid.0))
             .ok_or(EngineStatus::NotMyVbucket)?;
-        vb.durability.set_topology(me, chains)?;
-        self.complete_sync_writes(vb);
+        if vb.durability.set_topology(me, chains)? {
+            self.complete_sync_writes(vb);
+        }
         Ok(())
     }
 }

@@ -362,8 +362,8 @@ impl Monitor {
     /// (`None`: an empty slot), `me` naming this node, every other name a replica's DCP
     /// connection name. A prepare then needs a majority of each chain (see
     /// [`epkv_engine_api::Engine::set_replication_topology`]). The acknowledgements of the
-    /// names still in a chain are kept, the others forgotten. The caller completes what
-    /// the new topology resolves.
+    /// names still in a chain are kept, the others forgotten. Returns whether the
+    /// topology changed; the caller then completes what the new one resolves.
     ///
     /// # Errors
     /// `Invalid` for no chain, more than two, an empty chain or a name twice in a chain.
@@ -371,7 +371,7 @@ impl Monitor {
         &self,
         me: &str,
         chains: &[Vec<Option<String>>],
-    ) -> EngineResult<()> {
+    ) -> EngineResult<bool> {
         if chains.is_empty() || chains.len() > 2 {
             return Err(EngineStatus::Invalid);
         }
@@ -386,6 +386,14 @@ impl Monitor {
             }
         }
         let mut s = self.state.lock();
+        if let Chains::Named { me: m, chains: c } = &s.chains
+            && m == me
+            && c.as_slice() == chains
+        {
+            // The cluster sets every active vBucket's topology on each map it installs:
+            // an unchanged one costs a comparison, not a re-evaluation.
+            return Ok(false);
+        }
         s.chains = Chains::Named {
             me: me.to_owned(),
             chains: chains.to_vec(),
@@ -393,7 +401,7 @@ impl Monitor {
         let mut acks = std::mem::take(&mut s.acks);
         acks.retain(|(name, _)| s.counts_acks_of(name));
         s.acks = acks;
-        Ok(())
+        Ok(true)
     }
 
     /// True when a chain has too few nodes for a majority (DurabilityImpossible).
