@@ -58,11 +58,11 @@ from test_couchbase_etcd import (  # noqa: E402,F401 (etcd is a fixture)
     etcd,
 )
 
-TEST_ALARM_SECS = 240
+TEST_ALARM_SECS = 360
 REPLICAS = 1
 MOVES_PER_NODE = 16
 ADD_NODE_SECS = 10
-REBALANCE_SECS = 60
+REBALANCE_SECS = 90
 SETTLE_SECS = 20
 POLL_SECS = 0.1
 LOAD_THREADS = 4
@@ -168,23 +168,38 @@ def _add_node(via, node):
     assert _members(via)[node.otp]["clusterMembership"] == "inactiveAdded"
 
 
+# Times a rebalance stopped by a lost lease or a slow etcd is started again.
+RESTARTS = 3
+
+
 def _rebalance(via, eject):
     """Starts a rebalance through ``via`` with every node ``/pools/default`` lists as
     known, ejecting ``eject``; waits (bounded) until it is over and checks it completed.
     Returns the most vBuckets left it reported."""
     known = sorted(_members(via))
-    status, reply, _ = _post(via, "/controller/rebalance",
-                             {"knownNodes": ",".join(known),
-                              "ejectedNodes": ",".join(n.otp for n in eject)})
+    form = {"knownNodes": ",".join(known), "ejectedNodes": ",".join(n.otp for n in eject)}
+    status, reply, _ = _post(via, "/controller/rebalance", form)
     assert status == 200, (status, reply)
     deadline = time.monotonic() + REBALANCE_SECS
     most_left = 0
+    restarts = 0
     while True:
         # ``via`` installed the document that started it: it never reports the last one.
         status, progress, _ = mgmt_request(via.server, "GET", "/pools/default/rebalanceProgress",
                                            auth=ADMIN)
         assert status == 200, progress
         if progress["status"] == "none":
+            last = progress.get("lastRebalance", "")
+            # Stopped by something the test did not do (the orchestrator lost its etcd
+            # lease, or etcd stayed too slow, as a loaded CI machine can make it): an
+            # operator starts it again, and so does the test, a few times at most.
+            if (last.startswith("stopped: the orchestrator changed")
+                    or last.startswith("failed")) and restarts < RESTARTS:
+                restarts += 1
+                print(f"the rebalance ended as {last!r}; starting it again")
+                status, reply, _ = _post(via, "/controller/rebalance", form)
+                assert status == 200, (status, reply)
+                continue
             break
         most_left = max(most_left, progress.get("vbucketsLeft", 0))
         if time.monotonic() > deadline:

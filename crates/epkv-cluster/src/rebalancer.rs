@@ -35,7 +35,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The pause between two rounds.
-pub(crate) const STEP: Duration = Duration::from_millis(20);
+pub(crate) const STEP: Duration = Duration::from_millis(50);
 /// How far (in seqnos) a new copy may be behind its active to leave its backfill.
 pub(crate) const BACKFILL_LAG: u64 = 2000;
 /// How far the new active may be behind the old one when the takeover starts: what it
@@ -177,7 +177,7 @@ impl Coordinator {
         let cluster = self.node().map_err(|_| End::Lost)?;
         let me = self.id().to_owned();
         let mut gone = false;
-        self.update_doc(|doc| {
+        self.commit(|doc| {
             gone = false;
             match doc.rebalance.as_mut() {
                 Some(r) if r.id == id && r.orchestrator.is_none() => {
@@ -190,8 +190,7 @@ impl Coordinator {
                 }
             }
         })
-        .await
-        .map_err(|e| End::Failed(e.to_string()))?;
+        .await?;
         if gone {
             return Err(End::Gone);
         }
@@ -229,7 +228,7 @@ impl Coordinator {
             "rebalance: target map computed"
         );
         let total = todo.len();
-        self.update_doc(|doc| {
+        self.commit(|doc| {
             gone = false;
             match doc.rebalance.as_mut() {
                 Some(r) if r.id == id => {
@@ -243,8 +242,7 @@ impl Coordinator {
                 }
             }
         })
-        .await
-        .map_err(|e| End::Failed(e.to_string()))?;
+        .await?;
         if gone {
             return Err(End::Gone);
         }
@@ -326,7 +324,7 @@ impl Coordinator {
                 continue;
             }
             let committed = self
-                .update_doc(|doc| {
+                .commit(|doc| {
                     gone = false;
                     let Some(r) = doc.rebalance.as_mut().filter(|r| r.id == id) else {
                         gone = true;
@@ -357,8 +355,7 @@ impl Coordinator {
                     }
                     Ok(true)
                 })
-                .await
-                .map_err(|e| End::Failed(e.to_string()))?;
+                .await?;
             if gone {
                 return Err(End::Gone);
             }
@@ -398,8 +395,11 @@ impl Coordinator {
                         .await?;
                 }
             }
+            // At most one ordinary change of the document per step: etcd writes and
+            // every node installs each version.
+            tokio::time::sleep(STEP).await;
         }
-        self.update_doc(|doc| {
+        self.commit(|doc| {
             gone = false;
             match doc.rebalance.as_ref() {
                 Some(r) if r.id == id && r.moves.is_empty() => {
@@ -412,8 +412,7 @@ impl Coordinator {
                 }
             }
         })
-        .await
-        .map_err(|e| End::Failed(e.to_string()))?;
+        .await?;
         if gone {
             return Err(End::Gone);
         }
@@ -456,7 +455,7 @@ impl Coordinator {
                 .collect();
             if !ready.is_empty() {
                 let mut gone = false;
-                self.update_doc(|doc| {
+                self.commit(|doc| {
                     gone = false;
                     if doc.rebalance.as_ref().is_none_or(|r| r.id != id) {
                         gone = true;
@@ -467,8 +466,7 @@ impl Coordinator {
                     }
                     Ok(true)
                 })
-                .await
-                .map_err(|e| End::Failed(e.to_string()))?;
+                .await?;
                 if gone {
                     return Err(End::Gone);
                 }
@@ -483,6 +481,29 @@ impl Coordinator {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         Ok(())
+    }
+
+    /// [`Coordinator::update_doc`] for the rebalance: etcd unreachable or too busy is
+    /// tried again for [`NODE_PATIENCE`] before the rebalance fails (a loaded etcd
+    /// answers late, it has not lost the state).
+    async fn commit<F>(&self, mut edit: F) -> Result<bool, End>
+    where
+        F: FnMut(&mut ClusterDoc) -> Result<bool, ClusterError>,
+    {
+        let started = Instant::now();
+        loop {
+            match self.update_doc(&mut edit).await {
+                Ok(changed) => return Ok(changed),
+                Err(ClusterError::Unavailable(e)) if started.elapsed() < NODE_PATIENCE => {
+                    tracing::info!(error = %e, "the rebalance's change waits for etcd");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(End::Failed(e.to_string())),
+            }
+            if !self.is_leader() {
+                return Err(End::Lost);
+            }
+        }
     }
 
     /// Asks each node taking part in `moves` for those vBuckets' states and seqnos.
