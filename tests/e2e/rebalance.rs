@@ -315,6 +315,13 @@ async fn nodes_are_added_removed_and_swapped_under_load_and_nothing_is_lost() {
     );
 
     // Swap: add node 3, eject node 1.
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/internalSettings",
+        Some("rebalanceMovesPerNode=2"),
+    );
+    assert_eq!(status, 200, "{body}");
     let n3 = c.add_new_node(1);
     let how = rebalance_under_load(&c, n2, &[1, n2, n3], &[1], Some(&mut r), "swap").await;
     assert!(how.starts_with("completed"), "{how}");
@@ -398,12 +405,27 @@ async fn a_stopped_or_failed_rebalance_leaves_a_consistent_map_and_a_new_one_fin
     assert_eq!(status, 200, "{body}");
     r.read_back(&c).await;
     // The failed node is ejected by the next rebalance, which finishes.
+    // The moves were slowed down to stop the rebalance midway; no longer.
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/internalSettings",
+        Some("rebalanceMovesPerNode=16"),
+    );
+    assert_eq!(status, 200, "{body}");
     let how = rebalance_under_load(&c, 0, &[0, 1, n2], &[], None, "after a node died").await;
     assert!(how.starts_with("completed"), "{how}");
     assert_balanced(&c, 0, &[0, 1]);
     r.read_back(&c).await;
 
     // The orchestrator killed: it is failed over, the next one stops the rebalance.
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/internalSettings",
+        Some("rebalanceMovesPerNode=2"),
+    );
+    assert_eq!(status, 200, "{body}");
     let n3 = c.add_new_node(1);
     let boss = c.orchestrator(1);
     let other = if boss == 0 { 1 } else { 0 };
@@ -414,6 +436,13 @@ async fn a_stopped_or_failed_rebalance_leaves_a_consistent_map_and_a_new_one_fin
     assert!(how.starts_with("stopped"), "{how}");
     wait_failed_over(&c, other, boss);
     r.read_back(&c).await;
+    let (status, body) = c.rest(
+        other,
+        "POST",
+        "/internalSettings",
+        Some("rebalanceMovesPerNode=16"),
+    );
+    assert_eq!(status, 200, "{body}");
     let how = rebalance_under_load(
         &c,
         other,
