@@ -162,10 +162,17 @@ fn no_parked_operation_is_lost_to_a_concurrent_state_change() {
     let (_exec, b) = on_manual_executor();
     let k = key_in(VB, 0);
     let (parked, released) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    // Bounded in count, not time: the stores go on (up to 200,000) until one was parked,
+    // and the state keeps changing until both store threads are done, so a loaded
+    // machine that schedules the threads one after the other still interleaves them.
+    let storers_done = AtomicUsize::new(0);
     std::thread::scope(|s| {
         for _ in 0..2 {
             s.spawn(|| {
-                for _ in 0..2000 {
+                for i in 0..200_000 {
+                    if i >= 2000 && parked.load(Ordering::SeqCst) > 0 {
+                        break;
+                    }
                     if store(&b, &k, "v") == Err(EngineStatus::WouldBlock) {
                         parked.fetch_add(1, Ordering::SeqCst);
                         let r = Arc::clone(&released);
@@ -178,10 +185,14 @@ fn no_parked_operation_is_lost_to_a_concurrent_state_change() {
                         );
                     }
                 }
+                storers_done.fetch_add(1, Ordering::SeqCst);
             });
         }
         s.spawn(|| {
-            for _ in 0..500 {
+            for i in 0..1_000_000 {
+                if i >= 500 && storers_done.load(Ordering::SeqCst) == 2 {
+                    break;
+                }
                 b.set_vbucket_state(VB, VBucketState::Pending).unwrap();
                 b.set_vbucket_state(VB, VBucketState::Active).unwrap();
             }
