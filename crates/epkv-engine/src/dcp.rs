@@ -22,8 +22,12 @@
 //! stream cannot start below the high seqno.
 //!
 //! **What a stream sends.** Committed changes as mutations and deletions; with sync
-//! replication, prepares, commits and aborts as they are. A stream without the collection
-//! filter sees every collection; the front end encodes keys for the client.
+//! replication, prepares, commits and aborts as they are. On disk a commit is the
+//! committed document, sent as a mutation or deletion; a disk snapshot with sync
+//! replication also sends the prepares still pending and, as KV-Engine's do, the aborts
+//! (an abort's tombstone names its prepare), so that what the replica applies ends at
+//! the last seqno of the range, aborts included. A stream without the collection filter
+//! sees every collection; the front end encodes keys for the client.
 //!
 //! **Waking.** A stream with nothing to send leaves its waker with the log (new entries
 //! wake it), or with the persistence waiters when it waits for the flusher to reach the
@@ -506,9 +510,15 @@ impl Stream {
             }
             let kind = if crate::system_events::is_system_key(&d.key) {
                 LogKind::System
+            } else if prepare && d.deleted {
+                // An abort (its tombstone replaced the prepare's document): a sync
+                // replication stream sends it, so that the replica reaches the active's
+                // high seqno even when the abort is the last change of the range.
+                LogKind::Abort(crate::durability_monitor::aborted_prepare_seqno(&d.value))
             } else if prepare {
-                if d.deleted || d.seqno <= hcs {
-                    // Aborted or completed: its outcome is what the snapshot carries.
+                if d.seqno <= hcs {
+                    // Committed: the committed document the snapshot carries is the
+                    // outcome.
                     return ScanControl::Continue;
                 }
                 // The level is not stored: a pending prepare read back is Majority.

@@ -51,7 +51,8 @@
 //! bytes [`PREPARE_PREFIX`](crate::durability_monitor::PREPARE_PREFIX) (reserved collection id 2, KV-Engine's DurabilityPrepare
 //! namespace) and then the key, so it never shadows the committed document. A durable
 //! delete's prepare carries [`PREPARE_DELETES`] in its datatype. A commit is persisted as
-//! the committed document. An abort is persisted as a tombstone of the prepare key.
+//! the committed document. An abort is persisted as a tombstone of the prepare key that
+//! records the prepare's seqno ([`abort_document`]).
 //!
 //! Every flush writes the high prepared and high completed seqnos (HPS, HCS) carried by
 //! the documents it persists. Warmup loads the live prepares above the HCS as
@@ -72,6 +73,16 @@ use crate::durability_monitor::{DEFAULT_TIMEOUT, PREPARE_DELETES, Tracked, prepa
 use crate::lazy_now::LazyNow;
 use crate::stats::Counter;
 use crate::vbucket::{Assigned, SyncStep, VBucket, tombstone_document};
+
+/// The document an abort of the prepare `prepared_seqno` of `key` persists: a tombstone
+/// of the prepare's key, with the prepare's revision `rev`, whose value records the
+/// prepare's seqno ([`crate::durability_monitor::abort_value`]).
+pub(crate) fn abort_document(key: &[u8], a: &Assigned, rev: u64, prepared_seqno: u64) -> Document {
+    Document {
+        value: crate::durability_monitor::abort_value(prepared_seqno),
+        ..tombstone_document(prepare_key(key), a, rev)
+    }
+}
 
 impl BucketCore {
     /// Stores `sv` (built by a write as the key's next version) as a prepare of `d`
@@ -329,7 +340,7 @@ impl BucketCore {
                 level: 0,
             },
             |_| true,
-            |a| tombstone_document(prepare_key(&key), a, rev),
+            |a| abort_document(&key, a, rev, seqno),
         );
         e.remove_prepared();
         self.queued(vb, woke);

@@ -1,6 +1,7 @@
 //! [`Monitor`]: a vBucket's SyncWrites in flight, in seqno order (KV-Engine's active
 //! durability monitor), and as a replica the prepares it holds (its passive one); plus
-//! the on-disk namespace of prepares ([`PREPARE_PREFIX`], [`prepare_key`]).
+//! the on-disk namespace of prepares ([`PREPARE_PREFIX`], [`prepare_key`]) and what an
+//! abort's tombstone records ([`abort_value`]).
 //!
 //! The monitor only keeps the bookkeeping: which prepares are tracked, which are resolved
 //! (a majority of the chain holds them, and this node's disk when their level says so),
@@ -42,6 +43,19 @@ pub(crate) fn prepare_key(key: &[u8]) -> Vec<u8> {
 /// The document key of a stored prepare, or `None` for any other stored key.
 pub(crate) fn prepared_key_of(stored: &[u8]) -> Option<&[u8]> {
     stored.strip_prefix(&PREPARE_PREFIX[..])
+}
+
+/// The value of the tombstone an abort leaves under the prepare's key: the aborted
+/// prepare's seqno (8 bytes, big-endian), as KV-Engine keeps an abort's prepare seqno
+/// with it on disk, so that a backfill sends the abort naming its prepare (DCP_ABORT).
+pub(crate) fn abort_value(prepared_seqno: u64) -> bytes::Bytes {
+    bytes::Bytes::copy_from_slice(&prepared_seqno.to_be_bytes())
+}
+
+/// The prepare seqno an abort's tombstone value records ([`abort_value`]); 0 for a
+/// tombstone written without one.
+pub(crate) fn aborted_prepare_seqno(value: &[u8]) -> u64 {
+    value.try_into().map_or(0, u64::from_be_bytes)
 }
 
 /// One prepare in flight.
@@ -554,6 +568,11 @@ mod tests {
         assert_eq!(prepared_key_of(&k), Some(&b"\0\x08k"[..]));
         assert_eq!(prepared_key_of(b"k"), None);
         assert_eq!(prepared_key_of(b"\0\x08k"), None);
+        assert_eq!(
+            aborted_prepare_seqno(&abort_value(0x0102_0304_0506)),
+            0x0102_0304_0506
+        );
+        assert_eq!(aborted_prepare_seqno(b""), 0);
     }
 
     #[test]

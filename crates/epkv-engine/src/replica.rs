@@ -317,7 +317,7 @@ impl Bucket {
                 level: 0,
             };
             let (_, woke) = vb.assign_replicated(abort_seqno, 0, None, Some(step), |a| {
-                tombstone_document(prepare_key(key), a, rev)
+                crate::durability::abort_document(key, a, rev, prepared_seqno)
             });
             self.core.queued(vb, woke);
             Ok(())

@@ -1,7 +1,9 @@
 //! Replica vBuckets through the engine: a DCP stream from an active bucket applied to a
 //! replica bucket gives the same documents with the same seqnos and CAS, served by
 //! GET_REPLICA and again after a restart; out-of-order changes are refused; a reset
-//! starts the replica over.
+//! starts the replica over. SyncWrites: a replica acknowledges what it may; prepares and
+//! their aborts reach it from memory and from a backfill, so that it catches up with
+//! the active's high seqno and never commits an aborted write once promoted.
 
 #![expect(
     clippy::unwrap_used,
@@ -487,5 +489,232 @@ fn during_a_move_sync_writes_need_a_majority_of_both_chains() {
         active.store(req).err(),
         Some(EngineStatus::DurabilityImpossible)
     );
+    active.shutdown();
+}
+
+const MAJORITY: epkv_types::DurabilityLevel = epkv_types::DurabilityLevel::Majority;
+
+/// An active bucket whose flusher and durability timeouts run by hand.
+fn open_active(dir: &Path) -> support::ExecFixture {
+    let quota = epkv_engine::BucketConfig::default().memory_quota_bytes;
+    support::open_configured(dir, quota, epkv_engine::EvictionPolicy::Value, |p| {
+        p.flusher = epkv_engine::FlusherMode::Manual;
+    })
+}
+
+/// A sync-replication stream of `active`'s VB from `start` (the replica's position).
+fn sync_stream(active: &Bucket, start: u64) -> Box<dyn epkv_engine_api::DcpStream> {
+    let uuid = active.vbucket_seqnos(VB).unwrap().failover_log[0].uuid;
+    active
+        .dcp_stream(
+            VB,
+            DcpStreamRequest {
+                start_seqno: start,
+                end_seqno: u64::MAX,
+                vbucket_uuid: if start == 0 { 0 } else { uuid },
+                snap_start_seqno: start,
+                snap_end_seqno: start,
+                sync_replication: true,
+                ..DcpStreamRequest::default()
+            },
+        )
+        .unwrap()
+}
+
+/// Applies what `stream` has now to `replica`; returns the events.
+fn pump(stream: &mut dyn epkv_engine_api::DcpStream, replica: &Bucket) -> Vec<DcpEvent> {
+    // Polled a few times whatever it answers: a stream moving to its backfill answers
+    // Pending once with a wake.
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut events = Vec::new();
+    for _ in 0..50 {
+        let _ = stream.poll_events(&mut cx, 1 << 20, &mut events);
+    }
+    for e in &events {
+        replica.replicate(VB, e.clone()).unwrap();
+    }
+    events
+}
+
+/// `b`'s high seqno of VB.
+fn high(b: &Bucket) -> u64 {
+    b.vbucket_seqnos(VB).unwrap().high_seqno.0
+}
+
+/// A SyncWrite of `key` at `level` that nobody acknowledges, aborted once its 100 ms
+/// timeout passes ([`abort_expired`]). Returns the prepare's seqno.
+fn unacknowledged_write(active: &Bucket, key: &str, level: epkv_types::DurabilityLevel) -> u64 {
+    let mut req = durable(level);
+    req.key = key.as_bytes();
+    req.durability = Some(epkv_engine_api::DurabilityRequirements {
+        level,
+        timeout: Some(Duration::from_millis(100)),
+    });
+    active.store(req).unwrap().seqno.0
+}
+
+/// Moves the active's clock past the writes' timeouts and runs its timeout tasks.
+fn abort_expired(f: &support::ExecFixture) {
+    f.exec.advance(Duration::from_millis(200));
+    f.exec.run_until_idle(1000);
+}
+
+/// The document events: kind, seqno, and for an abort the prepare it names.
+fn kinds(events: &[DcpEvent]) -> Vec<(&'static str, u64, u64)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            DcpEvent::Mutation(d) => Some(("mutation", d.seqno, 0)),
+            DcpEvent::Prepare { doc, .. } => Some(("prepare", doc.seqno, 0)),
+            DcpEvent::Abort {
+                prepared_seqno,
+                abort_seqno,
+                ..
+            } => Some(("abort", *abort_seqno, *prepared_seqno)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Active and replica buckets for VB, the active's chain holding one replica.
+fn active_and_replica(da: &Path, dr: &Path) -> (support::ExecFixture, Arc<Bucket>) {
+    let f = open_active(da);
+    f.bucket.set_replication_chain(VB, 1, 1).unwrap();
+    let replica = open(dr);
+    replica
+        .set_vbucket_state(VB, VBucketState::Replica)
+        .unwrap();
+    (f, replica)
+}
+
+#[test]
+fn a_prepare_aborted_while_streamed_reaches_the_replica_with_its_abort() {
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (f, replica) = active_and_replica(da.path(), dr.path());
+    let active = &f.bucket;
+    // Streamed from an empty vBucket.
+    let mut s = sync_stream(active, 0);
+    assert!(pump(s.as_mut(), &replica).is_empty());
+    let k = key_in(VB, 0);
+    let prepared = unacknowledged_write(active, &k, MAJORITY);
+    assert_eq!(
+        kinds(&pump(s.as_mut(), &replica)),
+        [("prepare", prepared, 0)]
+    );
+    abort_expired(&f);
+    assert_eq!(
+        kinds(&pump(s.as_mut(), &replica)),
+        [("abort", prepared + 1, prepared)]
+    );
+    assert_eq!((high(&replica), high(active)), (2, 2));
+    drop(s);
+    replica.shutdown();
+    active.shutdown();
+}
+
+#[test]
+fn a_backfill_sends_the_aborts_on_disk_so_the_replica_reaches_the_high_seqno() {
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (f, replica) = active_and_replica(da.path(), dr.path());
+    let active = &f.bucket;
+    // Nothing but a prepare and its abort, before any stream.
+    let k = key_in(VB, 0);
+    let prepared = unacknowledged_write(active, &k, MAJORITY);
+    abort_expired(&f);
+    active.flush_all().unwrap();
+    assert_eq!(high(active), 2);
+    let mut s = sync_stream(active, 0);
+    let events = pump(s.as_mut(), &replica);
+    assert_eq!(kinds(&events), [("abort", 2, prepared)], "{events:?}");
+    assert_eq!(high(&replica), 2);
+    drop(s);
+    // Mutations streamed, then a prepare and its abort while no stream is open, the
+    // vBucket pending (a takeover) by the time the replica asks again.
+    let mut s = sync_stream(active, high(&replica));
+    for i in 1..=8 {
+        set(active, &key_in(VB, i), "v");
+    }
+    pump(s.as_mut(), &replica);
+    assert_eq!(high(&replica), 10);
+    drop(s);
+    let prepared = unacknowledged_write(active, &key_in(VB, 9), MAJORITY);
+    abort_expired(&f);
+    active.flush_all().unwrap();
+    active.set_vbucket_state(VB, VBucketState::Pending).unwrap();
+    let mut s = sync_stream(active, high(&replica));
+    let events = pump(s.as_mut(), &replica);
+    assert_eq!(kinds(&events), [("abort", 12, prepared)], "{events:?}");
+    assert_eq!((high(&replica), high(active)), (12, 12));
+    drop(s);
+    replica.shutdown();
+    active.shutdown();
+}
+
+#[test]
+fn a_stream_opened_with_a_prepare_in_flight_sends_its_abort_from_disk() {
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (f, replica) = active_and_replica(da.path(), dr.path());
+    let active = &f.bucket;
+    let k = key_in(VB, 0);
+    set(active, &k, "committed");
+    let prepared = unacknowledged_write(active, &k, MAJORITY);
+    // The stream starts behind the log: it backfills once the flusher gets there, by
+    // which time the prepare was aborted.
+    let mut s = sync_stream(active, 0);
+    assert!(pump(s.as_mut(), &replica).is_empty());
+    abort_expired(&f);
+    active.flush_all().unwrap();
+    let events = pump(s.as_mut(), &replica);
+    assert_eq!(
+        kinds(&events),
+        [("mutation", 1, 0), ("abort", 3, prepared)],
+        "{events:?}"
+    );
+    assert_eq!((high(&replica), high(active)), (3, 3));
+    drop(s);
+    replica.shutdown();
+    active.shutdown();
+}
+
+/// Promotes `replica` and lets it commit the prepares it held.
+fn promote(replica: &Bucket) {
+    replica.set_vbucket_state(VB, VBucketState::Active).unwrap();
+    for _ in 0..10 {
+        replica.flush_all().unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_replica_holding_a_prepare_drops_it_for_its_abort_from_a_backfill() {
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (f, replica) = active_and_replica(da.path(), dr.path());
+    let active = &f.bucket;
+    let k = key_in(VB, 0);
+    set(active, &k, "committed");
+    let mut s = sync_stream(active, 0);
+    let prepared = unacknowledged_write(active, &k, MAJORITY);
+    active.flush_all().unwrap();
+    let events = pump(s.as_mut(), &replica);
+    assert_eq!(
+        kinds(&events),
+        [("mutation", 1, 0), ("prepare", prepared, 0)]
+    );
+    // The stream drops; the prepare is aborted meanwhile.
+    drop(s);
+    abort_expired(&f);
+    active.flush_all().unwrap();
+    let mut s = sync_stream(active, high(&replica));
+    let events = pump(s.as_mut(), &replica);
+    assert_eq!(kinds(&events), [("abort", 3, prepared)], "{events:?}");
+    assert_eq!(high(&replica), 3);
+    // Promoted, the replica does not commit the aborted write.
+    drop(s);
+    promote(&replica);
+    assert_eq!(
+        &replica.get(VB, k.as_bytes()).unwrap().value[..],
+        b"committed"
+    );
+    replica.shutdown();
     active.shutdown();
 }
