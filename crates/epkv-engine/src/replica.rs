@@ -294,7 +294,11 @@ impl Bucket {
         })
     }
 
-    /// The active aborted prepare `prepared_seqno` at `abort_seqno`.
+    /// The active aborted prepare `prepared_seqno` of `key` at `abort_seqno`. The prepare
+    /// the replica holds for the key goes, whatever its seqno, as KV-Engine's passive
+    /// monitor completes an abort by key: from a backfill the replica may get the abort
+    /// of a later prepare of the key than the one it holds (the disk keeps only the
+    /// newest abort of a key), or of a prepare it never saw.
     fn replicate_abort(
         &self,
         vb: &VBucket,
@@ -302,12 +306,13 @@ impl Bucket {
         prepared_seqno: u64,
         abort_seqno: u64,
     ) -> EngineResult<()> {
-        vb.durability.passive_complete(prepared_seqno);
         vb.table.with_entry(key, |e| {
-            let rev = e
+            let held = e
                 .prepared()
-                .filter(|p| p.meta().by_seqno.0 == prepared_seqno)
-                .map_or(0, |p| p.meta().rev_seqno);
+                .map(|p| (p.meta().by_seqno.0, p.meta().rev_seqno));
+            vb.durability
+                .passive_complete(held.map_or(prepared_seqno, |(seqno, _)| seqno));
+            let rev = held.map_or(0, |(_, rev)| rev);
             e.remove_prepared();
             let step = SyncStep {
                 prepared: false,

@@ -493,6 +493,8 @@ fn during_a_move_sync_writes_need_a_majority_of_both_chains() {
 }
 
 const MAJORITY: epkv_types::DurabilityLevel = epkv_types::DurabilityLevel::Majority;
+const PERSIST_TO_MAJORITY: epkv_types::DurabilityLevel =
+    epkv_types::DurabilityLevel::PersistToMajority;
 
 /// An active bucket whose flusher and durability timeouts run by hand.
 fn open_active(dir: &Path) -> support::ExecFixture {
@@ -714,6 +716,57 @@ fn a_replica_holding_a_prepare_drops_it_for_its_abort_from_a_backfill() {
     assert_eq!(
         &replica.get(VB, k.as_bytes()).unwrap().value[..],
         b"committed"
+    );
+    replica.shutdown();
+    active.shutdown();
+}
+
+#[test]
+fn an_abort_from_a_backfill_drops_the_prepare_held_for_its_key_whatever_its_seqno() {
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (f, replica) = active_and_replica(da.path(), dr.path());
+    let active = &f.bucket;
+    let (k, other) = (key_in(VB, 0), key_in(VB, 1));
+    let mut s = sync_stream(active, 0);
+    set(active, &k, "committed");
+    // The replica holds a PersistToMajority prepare, not on its disk: it fences the
+    // replica's acknowledgements.
+    let first = unacknowledged_write(active, &k, PERSIST_TO_MAJORITY);
+    active.flush_all().unwrap();
+    let events = pump(s.as_mut(), &replica);
+    assert_eq!(kinds(&events), [("mutation", 1, 0), ("prepare", first, 0)]);
+    assert_eq!(replica.replica_prepared_seqno(VB).unwrap(), 0);
+    // The stream drops; that prepare is aborted, and a second one of the same key too
+    // (the disk keeps the second abort only), then a write of another key is prepared.
+    drop(s);
+    abort_expired(&f);
+    let second = unacknowledged_write(active, &k, MAJORITY);
+    abort_expired(&f);
+    let mut req = durable(MAJORITY);
+    req.key = other.as_bytes();
+    let pending = active.store(req).unwrap().seqno.0;
+    active.flush_all().unwrap();
+    assert_eq!(high(active), 6);
+    let mut s = sync_stream(active, high(&replica));
+    let events = pump(s.as_mut(), &replica);
+    assert_eq!(
+        kinds(&events),
+        [("abort", 5, second), ("prepare", pending, 0)],
+        "{events:?}"
+    );
+    assert_eq!(high(&replica), 6);
+    // The first prepare is gone with the second's abort: no fence any more.
+    assert_eq!(replica.replica_prepared_seqno(VB).unwrap(), pending);
+    // Promoted, the replica commits the prepare it holds, not the aborted ones.
+    drop(s);
+    promote(&replica);
+    assert_eq!(
+        &replica.get(VB, k.as_bytes()).unwrap().value[..],
+        b"committed"
+    );
+    assert_eq!(
+        &replica.get(VB, other.as_bytes()).unwrap().value[..],
+        b"durable"
     );
     replica.shutdown();
     active.shutdown();
