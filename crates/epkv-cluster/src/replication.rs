@@ -11,6 +11,11 @@
 //! replica adopts; a rollback answer makes the replica start over
 //! ([`Engine::reset_replica`]) and ask again from 0.
 //!
+//! **Snapshots.** Markers go to the replica too: at the end of a disk snapshot it
+//! completes the prepares the snapshot's high completed seqno covers (see
+//! `epkv_engine::replica`), which may move the high prepared seqno it acknowledges, so the
+//! session acknowledges then as it does after a prepare.
+//!
 //! **Errors.** Any failure (connection refused, a closed connection, a stream that ended,
 //! a refused change) ends the session; the task waits (100 ms doubling up to 5 s) and
 //! starts a new one from where each replica is. Memory pressure (TempFail) is waited out
@@ -26,6 +31,7 @@ use epkv_protocol::{
     Feature, Limits, Opcode, Request, RequestBuilder, Response, ResponseHeader, Status,
 };
 use epkv_types::{Vbid, doc_key};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -414,7 +420,8 @@ async fn session(source: &Source) -> Result<(), String> {
     tracing::info!(bucket = %source.bucket, source = %source.addr, vbuckets = source.vbuckets.len(), "replication streams requested");
     // vBuckets whose persistence moved past a PersistToMajority prepare: acknowledge.
     let (persisted_tx, mut persisted_rx) = tokio::sync::mpsc::unbounded_channel::<Vbid>();
-    let mut acked: std::collections::HashMap<Vbid, u64> = std::collections::HashMap::new();
+    let mut acked: HashMap<Vbid, u64> = HashMap::new();
+    let mut disk_ends: HashMap<Vbid, u64> = HashMap::new();
     loop {
         let packet = tokio::select! {
             p = c.next() => p?,
@@ -440,8 +447,9 @@ async fn session(source: &Source) -> Result<(), String> {
             }
             Packet::Message(packet) => {
                 let len = packet.len();
-                if let Some((vbid, prepared)) = apply(&mut c, source, &packet).await? {
-                    if let Some(seqno) = prepared {
+                let done = apply(&mut c, source, &packet, &mut disk_ends).await?;
+                if let Some(vbid) = done.acknowledge {
+                    if let Some(seqno) = done.persist {
                         // A PersistToMajority prepare: acknowledge once it is on disk.
                         let tx = persisted_tx.clone();
                         let _ = source.engine.when_persisted(
@@ -509,7 +517,7 @@ async fn acknowledge(
     c: &mut Conn,
     source: &Source,
     vbid: Vbid,
-    acked: &mut std::collections::HashMap<Vbid, u64>,
+    acked: &mut HashMap<Vbid, u64>,
 ) -> Result<(), String> {
     let Ok(hps) = source.engine.replica_prepared_seqno(vbid) else {
         return Ok(());
@@ -524,13 +532,25 @@ async fn acknowledge(
     c.send(&b).await
 }
 
-/// Applies one DCP message to its replica vBucket. Returns, for a prepare, its vBucket
-/// (to acknowledge) and, when its level needs the replica's disk, its seqno.
+/// What applying one DCP message did.
+#[derive(Debug, Default)]
+struct Applied {
+    /// The vBucket whose acknowledgeable high prepared seqno may have moved: a prepare
+    /// arrived, or a disk snapshot ended.
+    acknowledge: Option<Vbid>,
+    /// The seqno of a prepare whose level needs the replica's disk: acknowledged again
+    /// once persisted.
+    persist: Option<u64>,
+}
+
+/// Applies one DCP message to its replica vBucket. `disk_ends` holds, per vBucket, the
+/// end of the disk snapshot it is receiving (to acknowledge at its end).
 async fn apply(
     c: &mut Conn,
     source: &Source,
     packet: &[u8],
-) -> Result<Option<(Vbid, Option<u64>)>, String> {
+    disk_ends: &mut HashMap<Vbid, u64>,
+) -> Result<Applied, String> {
     let req = Request::parse(packet, &c.limits).map_err(|e| format!("bad DCP message: {e}"))?;
     let vbid = req.header.vbucket;
     let msg = DcpMessage::decode(&req).map_err(|s| format!("bad DCP message: {s:?}"))?;
@@ -541,9 +561,27 @@ async fn apply(
                 .encode(&mut resp)
                 .map_err(|e| e.to_string())?;
             c.send(&resp).await?;
-            return Ok(None);
+            return Ok(Applied::default());
         }
-        DcpMessage::SnapshotMarker(_) => return Ok(None),
+        DcpMessage::SnapshotMarker(m) => {
+            // A marker may end the disk snapshot before it (or be an empty one).
+            let after_disk = disk_ends.remove(&vbid).is_some();
+            if m.high_completed_seqno.is_some() {
+                disk_ends.insert(vbid, m.end_seqno);
+            }
+            let event = DcpEvent::SnapshotMarker {
+                start: m.start_seqno,
+                end: m.end_seqno,
+                flags: m.flags,
+                max_visible: m.max_visible_seqno.unwrap_or(m.end_seqno),
+                high_completed: m.high_completed_seqno,
+            };
+            replicate(source, vbid, event).await?;
+            return Ok(Applied {
+                acknowledge: (after_disk || m.high_completed_seqno.is_some()).then_some(vbid),
+                ..Applied::default()
+            });
+        }
         DcpMessage::Prepare {
             meta,
             key,
@@ -559,7 +597,13 @@ async fn apply(
                 level: level as u8,
             };
             replicate(source, vbid, event).await?;
-            return Ok(Some((vbid, persist.then_some(seqno))));
+            if disk_ends.get(&vbid).is_some_and(|&end| seqno >= end) {
+                disk_ends.remove(&vbid);
+            }
+            return Ok(Applied {
+                acknowledge: Some(vbid),
+                persist: persist.then_some(seqno),
+            });
         }
         DcpMessage::Commit {
             key,
@@ -606,11 +650,19 @@ async fn apply(
         }
         other => {
             tracing::debug!(%vbid, opcode = ?other.opcode(), "replication ignores a DCP message");
-            return Ok(None);
+            return Ok(Applied::default());
         }
     };
+    let seqno = event.seqno();
     replicate(source, vbid, event).await?;
-    Ok(None)
+    let ends_disk = seqno.is_some_and(|s| disk_ends.get(&vbid).is_some_and(|&end| s >= end));
+    if ends_disk {
+        disk_ends.remove(&vbid);
+    }
+    Ok(Applied {
+        acknowledge: ends_disk.then_some(vbid),
+        persist: None,
+    })
 }
 
 /// Applies `event` to the replica, waiting out memory pressure (the stream pauses behind
@@ -631,6 +683,148 @@ async fn replicate(source: &Source, vbid: Vbid, event: DcpEvent) -> Result<(), S
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use std::time::Duration;
+
+    /// The DCP messages of a fake active, on vBucket 0: a PersistToMajority prepare of
+    /// `k1` at 1 from memory, then a disk snapshot 2..=5 whose high completed seqno is 1
+    /// (the prepare's commit at 2 was replaced by the write of `k1` at 3): `k1` at 3, a
+    /// Majority prepare of `k2` at 4, `k3` at 5.
+    fn prepare_then_disk_snapshot() -> Vec<u8> {
+        use epkv_protocol::dcp::{self, DcpDocMeta, DocumentState, SNAPSHOT_DISK, SNAPSHOT_MEMORY};
+        use epkv_types::{Cas, Datatype, DurabilityLevel, Vbid};
+        let (vb, opaque) = (Vbid(0), super::opaque_of(Vbid(0)));
+        let meta = |seqno| DcpDocMeta {
+            by_seqno: seqno,
+            rev_seqno: 1,
+            cas: Cas(seqno),
+            flags: 0,
+            expiration: 0,
+            lock_time: 0,
+            datatype: Datatype::RAW,
+            nru: 0,
+        };
+        // Keys in the default collection (LEB128 id 0).
+        let mut out = Vec::new();
+        dcp::encode_snapshot_marker_v2(&mut out, opaque, vb, 1, 1, SNAPSHOT_MEMORY, 0, None)
+            .unwrap();
+        let (alive, persist) = (DocumentState::Alive, DurabilityLevel::PersistToMajority);
+        dcp::encode_prepare(
+            &mut out,
+            opaque,
+            vb,
+            &meta(1),
+            b"\0k1",
+            b"durable",
+            alive,
+            persist,
+        )
+        .unwrap();
+        dcp::encode_snapshot_marker_v2(&mut out, opaque, vb, 2, 5, SNAPSHOT_DISK, 5, Some(1))
+            .unwrap();
+        dcp::encode_mutation(&mut out, opaque, vb, &meta(3), b"\0k1", b"newer").unwrap();
+        let majority = DurabilityLevel::Majority;
+        dcp::encode_prepare(
+            &mut out,
+            opaque,
+            vb,
+            &meta(4),
+            b"\0k2",
+            b"v",
+            alive,
+            majority,
+        )
+        .unwrap();
+        dcp::encode_mutation(&mut out, opaque, vb, &meta(5), b"\0k3", b"v").unwrap();
+        out
+    }
+
+    /// A fake active on `listener` for one connection: answers every request, the
+    /// stream request with a failover log and then `messages`; sends on `acks` the
+    /// seqnos the replica acknowledges.
+    async fn fake_active(
+        listener: tokio::net::TcpListener,
+        messages: Vec<u8>,
+        acks: tokio::sync::mpsc::UnboundedSender<u64>,
+    ) {
+        use epkv_protocol::{Limits, Opcode, Request, Response, Status};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut sock, _) = listener.accept().await.unwrap();
+        loop {
+            let mut packet = vec![0u8; 24];
+            if sock.read_exact(&mut packet).await.is_err() {
+                return;
+            }
+            let body = u32::from_be_bytes(packet[8..12].try_into().unwrap()) as usize;
+            packet.resize(24 + body, 0);
+            sock.read_exact(&mut packet[24..]).await.unwrap();
+            let req = Request::parse(&packet, &Limits::default()).unwrap();
+            let opcode = req.header.opcode;
+            if opcode == Opcode::DcpSeqnoAcknowledged.as_u8() {
+                let _ = acks.send(u64::from_be_bytes(req.extras.try_into().unwrap()));
+                continue;
+            }
+            if opcode == Opcode::DcpBufferAcknowledgement.as_u8() {
+                continue;
+            }
+            let log = epkv_protocol::dcp::encode_failover_log_body(&[(7, 0)]);
+            let stream = opcode == Opcode::DcpStreamReq.as_u8();
+            let mut out = Vec::new();
+            Response::new(opcode, Status::Success, req.header.opaque)
+                .with_value(if stream { &log } else { &[] })
+                .encode(&mut out)
+                .unwrap();
+            if stream {
+                out.extend_from_slice(&messages);
+            }
+            sock.write_all(&out).await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn the_end_of_a_disk_snapshot_completes_the_prepares_it_covers_and_is_acknowledged() {
+        use epkv_engine_api::Engine as _;
+        use epkv_types::{VBucketState, Vbid};
+        let dir = tempfile::tempdir().unwrap();
+        let mut persistence = epkv_engine::PersistenceConfig::new(dir.path());
+        persistence.flusher = epkv_engine::FlusherMode::Manual;
+        let replica = epkv_engine::Bucket::new(
+            epkv_engine::BucketConfig {
+                persistence: Some(persistence),
+                ..epkv_engine::BucketConfig::default()
+            },
+            epkv_engine::EngineClock::System,
+        )
+        .unwrap();
+        assert!(replica.wait_warmup(Duration::from_secs(60)));
+        replica
+            .set_vbucket_state(Vbid(0), VBucketState::Replica)
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let source = super::Source {
+            bucket: "default".into(),
+            engine: replica.clone(),
+            addr: listener.local_addr().unwrap(),
+            vbuckets: vec![Vbid(0)],
+            credentials: None,
+            name: "replication-test".into(),
+        };
+        let (acks_tx, mut acks) = tokio::sync::mpsc::unbounded_channel();
+        let active = tokio::spawn(fake_active(listener, prepare_then_disk_snapshot(), acks_tx));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(super::run(source, stopped));
+        // The PersistToMajority prepare, not on the replica's disk, holds back the
+        // acknowledgement of the prepare at 4 until the snapshot's end completes it.
+        let acked = tokio::time::timeout(Duration::from_secs(10), acks.recv()).await;
+        assert_eq!(acked.ok().flatten(), Some(4));
+        assert_eq!(replica.vbucket_seqnos(Vbid(0)).unwrap().high_seqno.0, 5);
+        stop.send(true).unwrap();
+        task.await.unwrap();
+        active.abort();
+        replica.shutdown();
+    }
+
     #[test]
     fn a_stream_names_the_newest_branch_that_holds_changes() {
         use epkv_engine_api::FailoverEntry;

@@ -441,8 +441,8 @@ pub trait Engine: Send + Sync + 'static {
     }
 
     /// Applies one change of a replication stream (a mutation or deletion with the
-    /// active's seqno, CAS and metadata; markers are accepted and ignored) to replica
-    /// vBucket `vbid`.
+    /// active's seqno, CAS and metadata, a SyncWrite step, or a snapshot marker, which a
+    /// replica needs for the end of a disk snapshot) to replica vBucket `vbid`.
     ///
     /// # Errors
     /// `NotMyVbucket` unless `vbid` is a replica here; `Invalid` for a seqno not above the

@@ -90,6 +90,40 @@ struct PassiveState {
     high_prepared: u64,
     /// The highest prepared seqno acknowledgeable (see [`Monitor::replica_hps`]).
     acked: u64,
+    /// The disk snapshot being received, until its end ([`Monitor::passive_marker`]).
+    disk_snapshot: Option<DiskSnapshot>,
+}
+
+/// A disk snapshot a replica is receiving: its last seqno, and the high completed seqno
+/// of the active's data it was read from (its marker's).
+#[derive(Debug, Clone, Copy)]
+struct DiskSnapshot {
+    end: u64,
+    high_completed: u64,
+}
+
+/// A replica reached the end of a disk snapshot: the prepares it held at or below the
+/// snapshot's high completed seqno are completed ([`Monitor::passive_marker`]).
+#[derive(Debug)]
+pub(crate) struct SnapshotEnd {
+    /// The snapshot's high completed seqno.
+    pub(crate) high_completed: u64,
+    /// The prepares it completes, no longer held, in seqno order.
+    pub(crate) completed: Vec<Passive>,
+}
+
+impl PassiveState {
+    /// Completes the prepares held at or below `high_completed`.
+    fn complete_upto(&mut self, high_completed: u64) -> SnapshotEnd {
+        let (completed, kept): (VecDeque<Passive>, _) = std::mem::take(&mut self.prepares)
+            .into_iter()
+            .partition(|p| p.seqno <= high_completed);
+        self.prepares = kept;
+        SnapshotEnd {
+            high_completed,
+            completed: completed.into(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -463,6 +497,56 @@ impl Monitor {
         s.prepares.remove(i)
     }
 
+    /// As a replica at high seqno `high`: a snapshot marker of `start..=end`, with the
+    /// high completed seqno `high_completed` of a disk snapshot (KV-Engine's HCS rule).
+    /// Every prepare at or below a disk snapshot's high completed seqno was committed or
+    /// aborted on the active, but the snapshot may not say so: the disk keeps only the
+    /// newest version of each key, so a commit a later write replaced is not in it. The
+    /// replica completes those prepares once it has the whole snapshot:
+    /// - at the change at its end ([`Self::passive_applied`]);
+    /// - at once when it ends at or below `high` (nothing of it is to come);
+    /// - at the next marker, when that one starts right after its end: the stream sent
+    ///   all of it even though the change at its end never came. A marker starting lower
+    ///   is a new stream's (the previous one dropped within the snapshot): the snapshot
+    ///   is forgotten, its prepares kept, since the rest of it (the commits the replica
+    ///   lacks, perhaps) did not arrive.
+    ///
+    /// Returns the snapshot ended, if one did.
+    pub(crate) fn passive_marker(
+        &self,
+        start: u64,
+        end: u64,
+        high_completed: Option<u64>,
+        high: u64,
+    ) -> Option<SnapshotEnd> {
+        let mut s = self.passive.lock();
+        let mut upto = s
+            .disk_snapshot
+            .take()
+            .filter(|d| start == d.end.saturating_add(1))
+            .map(|d| d.high_completed);
+        if let Some(high_completed) = high_completed {
+            if end <= high {
+                upto = upto.max(Some(high_completed));
+            } else {
+                s.disk_snapshot = Some(DiskSnapshot {
+                    end,
+                    high_completed,
+                });
+            }
+        }
+        upto.map(|hcs| s.complete_upto(hcs))
+    }
+
+    /// As a replica: the change at `seqno` was applied. Returns the disk snapshot it ends
+    /// (see [`Self::passive_marker`]), if it is that snapshot's last.
+    pub(crate) fn passive_applied(&self, seqno: u64) -> Option<SnapshotEnd> {
+        let mut s = self.passive.lock();
+        let d = s.disk_snapshot.filter(|d| seqno >= d.end)?;
+        s.disk_snapshot = None;
+        Some(s.complete_upto(d.high_completed))
+    }
+
     /// As a replica: the high prepared seqno it may acknowledge with the vBucket
     /// persisted up to `persisted`: past every prepare received, except that it stops
     /// before the first persist-level prepare not yet on disk. Never goes back.
@@ -488,11 +572,13 @@ impl Monitor {
         s.acked
     }
 
-    /// As a replica becoming active, or starting over: takes the prepares it held.
+    /// As a replica becoming active, or starting over: takes the prepares it held (the
+    /// disk snapshot it was receiving is forgotten).
     pub(crate) fn take_passive(&self) -> Vec<Passive> {
         let mut s = self.passive.lock();
         s.acked = 0;
         s.high_prepared = 0;
+        s.disk_snapshot = None;
         s.prepares.drain(..).collect()
     }
 
@@ -859,5 +945,76 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(1, false), (2, true)]
         );
+    }
+
+    /// A replica holding Majority prepares `seqnos`.
+    fn holding(seqnos: &[u64]) -> Monitor {
+        let m = Monitor::default();
+        for &seqno in seqnos {
+            m.passive_prepare(Passive {
+                seqno,
+                key: format!("k{seqno}").into_bytes(),
+                persist: false,
+            });
+        }
+        m
+    }
+
+    fn ended(e: Option<SnapshotEnd>) -> Option<(u64, Vec<u64>)> {
+        e.map(|e| {
+            (
+                e.high_completed,
+                e.completed.iter().map(|p| p.seqno).collect(),
+            )
+        })
+    }
+
+    fn held(m: &Monitor) -> Vec<u64> {
+        m.take_passive().iter().map(|p| p.seqno).collect()
+    }
+
+    #[test]
+    fn a_disk_snapshot_completes_the_prepares_up_to_its_hcs_once_received_whole() {
+        // At the change at its end, not before; prepares above its HCS stay.
+        let m = holding(&[2, 4, 9]);
+        assert!(ended(m.passive_marker(5, 12, Some(4), 4)).is_none());
+        assert!(ended(m.passive_applied(11)).is_none());
+        assert_eq!(ended(m.passive_applied(12)), Some((4, vec![2, 4])));
+        assert!(ended(m.passive_applied(13)).is_none(), "ended once");
+        assert_eq!(held(&m), [9]);
+        // A memory snapshot completes nothing.
+        let m = holding(&[2]);
+        assert!(ended(m.passive_marker(3, 5, None, 2)).is_none());
+        assert!(ended(m.passive_applied(5)).is_none());
+        assert_eq!(held(&m), [2]);
+        // A snapshot with nothing above the replica's high seqno ends at its marker.
+        let m = holding(&[2]);
+        assert_eq!(
+            ended(m.passive_marker(1, 6, Some(3), 6)),
+            Some((3, vec![2]))
+        );
+        assert!(held(&m).is_empty());
+        // One whose last change never came ends at the marker right after it.
+        let m = holding(&[2]);
+        assert!(ended(m.passive_marker(3, 8, Some(2), 2)).is_none());
+        assert!(ended(m.passive_applied(7)).is_none());
+        assert_eq!(ended(m.passive_marker(9, 9, None, 7)), Some((2, vec![2])));
+    }
+
+    #[test]
+    fn a_disk_snapshot_cut_short_by_a_new_stream_completes_nothing() {
+        let m = holding(&[2]);
+        assert!(ended(m.passive_marker(3, 8, Some(2), 2)).is_none());
+        assert!(ended(m.passive_applied(5)).is_none());
+        // The stream dropped; the next one starts after the replica's high seqno, within
+        // the snapshot: the changes after 5 (the commit of 2, perhaps) are still to come.
+        assert!(ended(m.passive_marker(6, 7, None, 5)).is_none());
+        assert!(ended(m.passive_applied(8)).is_none());
+        assert_eq!(held(&m), [2]);
+        // Starting over forgets the snapshot too.
+        let m = holding(&[2]);
+        assert!(ended(m.passive_marker(3, 8, Some(2), 2)).is_none());
+        assert_eq!(held(&m), [2]);
+        assert!(ended(m.passive_applied(8)).is_none());
     }
 }

@@ -25,10 +25,18 @@
 //! received, except that it stops before a persist-level prepare not yet on its disk. When
 //! the replica is promoted, the prepares it holds become the new active's and are
 //! committed once on its disk.
+//!
+//! **Disk snapshots.** A backfill carries the newest version of each key only, so the
+//! commit of a prepare the replica holds may not be in it (a later write of the key
+//! replaced it). Its marker carries the active's high completed seqno instead: once the
+//! replica has the whole snapshot, it completes every prepare it holds at or below that
+//! seqno (KV-Engine's HCS rule), the committed versions being what the snapshot gave, and
+//! persists that seqno, so that neither a promotion nor warmup commits such a prepare
+//! over the newer value.
 
 use crate::bucket::Bucket;
 use crate::document::{document_of, expired, item_of};
-use crate::durability_monitor::{PREPARE_DELETES, Passive, prepare_key};
+use crate::durability_monitor::{PREPARE_DELETES, Passive, SnapshotEnd, prepare_key};
 use crate::lazy_now::LazyNow;
 use crate::stats::Counter;
 use crate::vbucket::{DeleteSource, SyncStep, VBucket, tombstone_document};
@@ -82,12 +90,13 @@ impl Bucket {
         })
     }
 
-    /// Applies one change of the replication stream to replica vBucket `vbid`.
+    /// Applies one change of the replication stream to replica vBucket `vbid`. A snapshot
+    /// marker changes nothing but may end a disk snapshot, as may the change at its end:
+    /// see [`Self::end_disk_snapshot`].
     ///
     /// # Errors
     /// `NotMyVbucket` unless `vbid` is a replica here; `Invalid` for a seqno not above the
-    /// replica's high seqno; `TempFail` when memory is full (apply it again later);
-    /// `NotSupported` for SyncWrite steps.
+    /// replica's high seqno; `TempFail` when memory is full (apply it again later).
     pub(crate) fn op_replicate(&self, vbid: Vbid, event: DcpEvent) -> EngineResult<()> {
         let vb = self.replica_vbucket(vbid)?;
         let state = vb.state();
@@ -95,15 +104,64 @@ impl Bucket {
             return Err(EngineStatus::NotMyVbucket);
         }
         let (high, _, _) = vb.ordering_snapshot();
-        if let Some(seqno) = event.seqno()
-            && seqno <= high
+        if let DcpEvent::SnapshotMarker {
+            start,
+            end,
+            high_completed,
+            ..
+        } = event
         {
+            if let Some(ended) = vb
+                .durability
+                .passive_marker(start, end, high_completed, high)
+            {
+                self.end_disk_snapshot(vb, &ended);
+            }
+            return Ok(());
+        }
+        let Some(seqno) = event.seqno() else {
+            return Ok(());
+        };
+        if seqno <= high {
             tracing::warn!(%vbid, seqno, high_seqno = high, "replication stream sent a seqno out of order; refused");
             return Err(EngineStatus::Invalid);
         }
-        if event.seqno().is_some() {
-            self.core.counters.incr(Counter::ReplicaItems);
+        self.core.counters.incr(Counter::ReplicaItems);
+        self.apply_replicated(vb, event)?;
+        if let Some(ended) = vb.durability.passive_applied(seqno) {
+            self.end_disk_snapshot(vb, &ended);
         }
+        Ok(())
+    }
+
+    /// The end of a disk snapshot (KV-Engine's HCS rule, see
+    /// [`Monitor::passive_marker`](crate::durability_monitor::Monitor::passive_marker)):
+    /// the prepares held at or below its high completed seqno were committed or aborted
+    /// on the active, and what the snapshot carried of their keys is their outcome. Each
+    /// leaves the prepared slot, the committed version as the snapshot made it; the high
+    /// completed seqno is persisted with the vBucket's state, so that warmup does not
+    /// restore them from the replica's disk either. Without it a promoted replica would
+    /// commit such a prepare again, over the newer value of its key.
+    fn end_disk_snapshot(&self, vb: &VBucket, ended: &SnapshotEnd) {
+        for p in &ended.completed {
+            vb.table.with_entry(&p.key, |e| {
+                // A later prepare of the key the snapshot carried stays.
+                if e.prepared().is_some_and(|h| h.meta().by_seqno.0 == p.seqno) {
+                    e.remove_prepared();
+                }
+            });
+        }
+        if !ended.completed.is_empty() {
+            tracing::debug!(vbid = %vb.id, prepares = ended.completed.len(), high_completed_seqno = ended.high_completed, "a disk snapshot's end completes the prepares the replica held");
+        }
+        if vb.is_persistent() {
+            let woke = vb.persist.raise_completed(ended.high_completed);
+            self.core.queued(vb, woke);
+        }
+    }
+
+    /// Applies one change (an event with a seqno, checked above the high seqno) to `vb`.
+    fn apply_replicated(&self, vb: &VBucket, event: DcpEvent) -> EngineResult<()> {
         let (doc, deleted) = match event {
             DcpEvent::Mutation(d) => (d, None),
             DcpEvent::Deletion(d) => (d, Some(DeleteSource::Explicit)),

@@ -144,6 +144,23 @@ impl VbPersist {
         was_empty
     }
 
+    /// Raises the high completed seqno the next flush commits to `completed` (a replica
+    /// completed the prepares up to it at the end of a disk snapshot, see
+    /// [`crate::replica`]; the documents up to that snapshot's end are queued or on disk
+    /// already). The high prepared seqno follows (HPS >= HCS). When nothing is queued the
+    /// state alone is committed; returns whether the flusher needs a wake for it.
+    pub(crate) fn raise_completed(&self, completed: u64) -> bool {
+        let mut q = self.dirty.lock();
+        if completed <= q.sync.completed {
+            return false;
+        }
+        q.sync.completed = completed;
+        q.sync.prepared = q.sync.prepared.max(completed);
+        let was_empty = q.docs.is_empty() && !q.state_dirty;
+        q.state_dirty = true;
+        was_empty
+    }
+
     /// Sets the high prepared and completed seqnos warmup read from disk.
     pub(crate) fn restore_sync(&self, sync: SyncSeqnos) {
         self.dirty.lock().sync = sync;

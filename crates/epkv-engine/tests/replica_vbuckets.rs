@@ -771,3 +771,82 @@ fn an_abort_from_a_backfill_drops_the_prepare_held_for_its_key_whatever_its_seqn
     replica.shutdown();
     active.shutdown();
 }
+
+/// The replica holds a Majority prepare of `k` ("durable"); while its stream is down the
+/// active commits it and writes `k` again ("newer"), then the replica streams again: the
+/// backfill carries the newest version of `k` only, not the commit (its document was
+/// replaced on disk).
+fn held_prepare_committed_then_overwritten(
+    f: &support::ExecFixture,
+    replica: &Bucket,
+    k: &str,
+) -> u64 {
+    let active = &f.bucket;
+    let mut s = sync_stream(active, 0);
+    let mut req = durable(MAJORITY);
+    req.key = k.as_bytes();
+    let prepared = active.store(req).unwrap().seqno.0;
+    active.flush_all().unwrap();
+    assert_eq!(
+        kinds(&pump(s.as_mut(), replica)),
+        [("prepare", prepared, 0)]
+    );
+    drop(s);
+    active.seqno_acknowledged(VB, "replica", prepared).unwrap();
+    set(active, k, "newer");
+    active.flush_all().unwrap();
+    assert_eq!(high(active), 3);
+    let mut s = sync_stream(active, high(replica));
+    let events = pump(s.as_mut(), replica);
+    assert_eq!(kinds(&events), [("mutation", 3, 0)], "{events:?}");
+    assert!(
+        matches!(
+            events.first(),
+            Some(DcpEvent::SnapshotMarker {
+                end: 3,
+                high_completed: Some(hcs),
+                ..
+            }) if *hcs == prepared
+        ),
+        "{events:?}"
+    );
+    assert_eq!(high(replica), 3);
+    prepared
+}
+
+#[test]
+fn a_replica_completes_the_prepares_a_disk_snapshot_completed_at_its_end() {
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (f, replica) = active_and_replica(da.path(), dr.path());
+    let k = key_in(VB, 0);
+    held_prepare_committed_then_overwritten(&f, &replica, &k);
+    assert_eq!(
+        &replica.get_replica(VB, k.as_bytes()).unwrap().value[..],
+        b"newer"
+    );
+    // Promoted, the replica has no prepare of the key left to commit over the newer
+    // value.
+    promote(&replica);
+    assert_eq!(&replica.get(VB, k.as_bytes()).unwrap().value[..], b"newer");
+    replica.shutdown();
+    f.bucket.shutdown();
+}
+
+#[test]
+fn a_replica_persists_the_high_completed_seqno_of_a_disk_snapshot_it_completed() {
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (f, replica) = active_and_replica(da.path(), dr.path());
+    let k = key_in(VB, 0);
+    held_prepare_committed_then_overwritten(&f, &replica, &k);
+    // Restarted, warmup finds the prepare on the replica's disk at or below the high
+    // completed seqno it persisted: completed, not restored.
+    replica.flush_all().unwrap();
+    replica.shutdown();
+    drop(replica);
+    let replica = open(dr.path());
+    assert_eq!(high(&replica), 3);
+    promote(&replica);
+    assert_eq!(&replica.get(VB, k.as_bytes()).unwrap().value[..], b"newer");
+    replica.shutdown();
+    f.bucket.shutdown();
+}
