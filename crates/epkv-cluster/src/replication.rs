@@ -17,11 +17,12 @@
 //! session acknowledges then as it does after a prepare.
 //!
 //! **Errors.** Any failure (connection refused, a closed connection, a stream that ended,
-//! a refused change) ends the session; the task waits (100 ms doubling up to 5 s) and
-//! starts a new one from where each replica is. Memory pressure (TempFail) is waited out
-//! change by change, without dropping the session. A change the replica refuses (a seqno
-//! out of order) is logged and ends the session, so the stream restarts from the
-//! replica's real position.
+//! a refused change) ends the session; the task waits and starts a new one from where each
+//! replica is ([`wait_after`]: 100 ms after a session that applied a change or stayed up
+//! for [`STABLE_SESSION`], else twice the previous wait, up to 5 s). Memory pressure
+//! (TempFail) is waited out change by change, without dropping the session. A change the
+//! replica refuses (a seqno out of order) is logged and ends the session, so the stream
+//! restarts from the replica's real position.
 
 use bytes::BytesMut;
 use epkv_engine_api::dcp::{CollectionEvent, DcpDocument};
@@ -32,6 +33,7 @@ use epkv_protocol::{
 };
 use epkv_types::{Vbid, doc_key};
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,9 +47,11 @@ const NOOP_INTERVAL: &str = "10";
 const BUFFER_SIZE: usize = 4 << 20;
 /// How long a connection attempt or a setup reply may take.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
-/// Reconnection backoff.
+/// Reconnection backoff ([`wait_after`]).
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A session up this long was healthy, whatever ended it ([`wait_after`]).
+const STABLE_SESSION: Duration = Duration::from_secs(1);
 
 /// What one replication task streams.
 #[derive(Clone)]
@@ -68,26 +72,41 @@ pub(crate) struct Source {
 
 /// Runs replication from `source` until `stop` is raised.
 pub(crate) async fn run(source: Source, mut stop: watch::Receiver<bool>) {
-    let mut backoff = BACKOFF_MIN;
+    let mut previous = None;
     loop {
         if *stop.borrow() {
             return;
         }
+        let started = tokio::time::Instant::now();
+        let mut applied = 0;
         let outcome = tokio::select! {
-            r = session(&source) => r,
+            r = session(&source, &mut applied) => r,
             _ = stop.changed() => return,
         };
-        match outcome {
-            Ok(()) => backoff = BACKOFF_MIN,
-            Err(e) => {
-                tracing::info!(bucket = %source.bucket, source = %source.addr, error = %e, "replication session ended; reconnecting");
-            }
-        }
+        let Err(e) = outcome;
+        let wait = wait_after(previous, started.elapsed(), applied);
+        tracing::info!(bucket = %source.bucket, source = %source.addr, error = %e, applied, wait_ms = wait.as_millis(), "replication session ended; reconnecting");
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(wait) => {}
             _ = stop.changed() => return,
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
+        previous = Some(wait);
+    }
+}
+
+/// The wait before the next session, after one that ran for `ran` and applied `applied`
+/// changes, `previous` being the wait before it (`None` for the task's first).
+///
+/// A session that applied a change or stayed up for [`STABLE_SESSION`] was healthy, and
+/// what ended it (the active restarting, a rebalance moving vBuckets, a stream the active
+/// ended) is news: the next starts after [`BACKOFF_MIN`], so that a replica is back on
+/// its stream within a SyncWrite's timeout. One that failed before either (connection
+/// refused, a stream request refused at once) waits twice the previous wait, up to
+/// [`BACKOFF_MAX`], so that a node that is down is not hammered.
+fn wait_after(previous: Option<Duration>, ran: Duration, applied: u64) -> Duration {
+    match previous {
+        Some(p) if applied == 0 && ran < STABLE_SESSION => (p * 2).clamp(BACKOFF_MIN, BACKOFF_MAX),
+        _ => BACKOFF_MIN,
     }
 }
 
@@ -384,7 +403,9 @@ pub(crate) async fn fetch_map(
     serde_json::from_slice(&value).map_err(|e| format!("cluster map: {e}"))
 }
 
-async fn session(source: &Source) -> Result<(), String> {
+/// One session (see the module docs), until it fails; `applied` counts the changes it
+/// applies to the replicas.
+async fn session(source: &Source, applied: &mut u64) -> Result<Infallible, String> {
     let mut c = connect(source.addr, source.credentials.as_ref(), &source.bucket).await?;
     let open = dcp::DcpOpen {
         seqno: 0,
@@ -448,6 +469,7 @@ async fn session(source: &Source) -> Result<(), String> {
             Packet::Message(packet) => {
                 let len = packet.len();
                 let done = apply(&mut c, source, &packet, &mut disk_ends).await?;
+                *applied += u64::from(done.change);
                 if let Some(vbid) = done.acknowledge {
                     if let Some(seqno) = done.persist {
                         // A PersistToMajority prepare: acknowledge once it is on disk.
@@ -535,6 +557,8 @@ async fn acknowledge(
 /// What applying one DCP message did.
 #[derive(Debug, Default)]
 struct Applied {
+    /// A change (an event with a seqno) reached the replica.
+    change: bool,
     /// The vBucket whose acknowledgeable high prepared seqno may have moved: a prepare
     /// arrived, or a disk snapshot ended.
     acknowledge: Option<Vbid>,
@@ -601,6 +625,7 @@ async fn apply(
                 disk_ends.remove(&vbid);
             }
             return Ok(Applied {
+                change: true,
                 acknowledge: Some(vbid),
                 persist: persist.then_some(seqno),
             });
@@ -660,6 +685,7 @@ async fn apply(
         disk_ends.remove(&vbid);
     }
     Ok(Applied {
+        change: seqno.is_some(),
         acknowledge: ends_disk.then_some(vbid),
         persist: None,
     })
@@ -685,7 +711,38 @@ async fn replicate(source: &Source, vbid: Vbid, event: DcpEvent) -> Result<(), S
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
 
+    use super::{BACKOFF_MAX, BACKOFF_MIN, STABLE_SESSION, wait_after};
     use std::time::Duration;
+
+    #[test]
+    fn the_backoff_grows_for_sessions_that_fail_at_once_and_resets_after_a_healthy_one() {
+        let at_once = Duration::from_millis(3);
+        // Failing at once: 100 ms, doubling, 5 s at most.
+        let mut waits = Vec::new();
+        let mut previous = None;
+        for _ in 0..8 {
+            let w = wait_after(previous, at_once, 0);
+            waits.push(w.as_millis());
+            previous = Some(w);
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        // A session that applied a change, or stayed up long enough, resets it.
+        assert_eq!(wait_after(Some(BACKOFF_MAX), at_once, 1), BACKOFF_MIN);
+        assert_eq!(
+            wait_after(Some(BACKOFF_MAX), STABLE_SESSION, 0),
+            BACKOFF_MIN
+        );
+        assert_eq!(
+            wait_after(
+                Some(BACKOFF_MAX),
+                STABLE_SESSION - Duration::from_millis(1),
+                0
+            ),
+            BACKOFF_MAX
+        );
+        // And the next failure at once grows from there again.
+        assert_eq!(wait_after(Some(BACKOFF_MIN), at_once, 0), 2 * BACKOFF_MIN);
+    }
 
     /// The DCP messages of a fake active, on vBucket 0: a PersistToMajority prepare of
     /// `k1` at 1 from memory, then a disk snapshot 2..=5 whose high completed seqno is 1
@@ -823,6 +880,44 @@ mod tests {
         task.await.unwrap();
         active.abort();
         replica.shutdown();
+    }
+
+    #[tokio::test]
+    async fn a_session_that_stayed_up_is_followed_by_a_new_one_at_once() {
+        use tokio::time::Instant;
+        // A node that closes its connections without a word: at once four times (the
+        // waits reach 800 ms), then after longer than a stable session.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let source = super::Source {
+            bucket: "default".into(),
+            engine: epkv_engine::Bucket::new(
+                epkv_engine::BucketConfig::default(),
+                epkv_engine::EngineClock::System,
+            )
+            .unwrap(),
+            addr: listener.local_addr().unwrap(),
+            vbuckets: vec![epkv_types::Vbid(0)],
+            credentials: None,
+            name: "replication-test".into(),
+        };
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(super::run(source, stopped));
+        for _ in 0..4 {
+            drop(listener.accept().await.unwrap());
+        }
+        let (held, _) = listener.accept().await.unwrap();
+        tokio::time::sleep(STABLE_SESSION + Duration::from_millis(200)).await;
+        drop(held);
+        let closed = Instant::now();
+        drop(listener.accept().await.unwrap());
+        // 100 ms, not the 1.6 s the failures before it had grown the wait to.
+        let gap = closed.elapsed();
+        assert!(
+            gap < Duration::from_millis(800),
+            "reconnected after {gap:?}"
+        );
+        stop.send(true).unwrap();
+        task.await.unwrap();
     }
 
     #[test]
