@@ -11,9 +11,13 @@
 //!
 //! **When to advance** (in every bucket): Backfill → Synced once every new copy is within
 //! [`BACKFILL_LAG`] seqnos of the active; Synced → Takeover once the new active is within
-//! [`TAKEOVER_LAG`] (a move that keeps its active completes here instead); Takeover →
-//! done once the old active reports `pending` and the new one holds its high seqno
-//! exactly: nothing the old active acknowledged is missing from the new one.
+//! [`TAKEOVER_LAG`]; Takeover → done once the old active reports `pending` and the new
+//! one holds its high seqno exactly: nothing the old active acknowledged is missing from
+//! the new one. A move that keeps its active completes once its copies are within
+//! [`BACKFILL_LAG`]; one whose new active is already within [`TAKEOVER_LAG`] at the end
+//! of its backfill goes straight to its takeover (each round is a compare-and-swap that
+//! every node installs: rounds, not bytes, bound a rebalance of small vBuckets). A node's
+//! allowance counts its moves in backfill only.
 //!
 //! **Ending.** The task ends when every move is made (the ejected nodes leave the
 //! document), when the document no longer has this rebalance (stopped by an operator or
@@ -293,7 +297,7 @@ impl Coordinator {
             }
             // New moves, within each node's allowance.
             let mut busy: HashMap<usize, usize> = HashMap::new();
-            for (&v, m) in &r.moves {
+            for (&v, m) in r.moves.iter().filter(|(_, m)| m.phase == Phase::Backfill) {
                 for n in backfilling(&doc, v, &m.to) {
                     *busy.entry(n).or_default() += 1;
                 }
@@ -774,6 +778,11 @@ fn next_step(
         })
     };
     match m.phase {
+        // Copies that finish their backfill close enough skip the synced round.
+        Phase::Backfill if keeps_active => all_within(BACKFILL_LAG, false).then_some(None),
+        Phase::Backfill if all_within(BACKFILL_LAG, false) && all_within(TAKEOVER_LAG, true) => {
+            Some(Some(Phase::Takeover))
+        }
         Phase::Backfill => all_within(BACKFILL_LAG, false).then_some(Some(Phase::Synced)),
         Phase::Synced if keeps_active => all_within(BACKFILL_LAG, false).then_some(None),
         Phase::Synced => all_within(TAKEOVER_LAG, true).then_some(Some(Phase::Takeover)),
@@ -879,6 +888,15 @@ mod tests {
             (1, "replica", 9_990),
             (2, "replica", 9_990),
         ]);
+        let backfilled = VbMove {
+            to: m.to.clone(),
+            phase: Phase::Backfill,
+        };
+        assert_eq!(
+            next_step(&d, &buckets, 0, &backfilled, &close),
+            Some(Some(Phase::Takeover)),
+            "a copy close enough skips the synced round"
+        );
         assert_eq!(
             next_step(&d, &buckets, 0, &m, &close),
             Some(Some(Phase::Takeover))
@@ -911,6 +929,11 @@ mod tests {
         };
         let near = seen(&[(0, "active", 100), (2, "replica", 99)]);
         assert_eq!(next_step(&d, &buckets, 0, &m, &near), Some(None));
+        let backfilled = VbMove {
+            to: m.to.clone(),
+            phase: Phase::Backfill,
+        };
+        assert_eq!(next_step(&d, &buckets, 0, &backfilled, &near), Some(None));
         assert_eq!(backfilling(&d, 0, &m.to), vec![2, 0]);
         assert!(backfilling(&d, 0, &[Some(1), Some(0)]).is_empty());
     }
