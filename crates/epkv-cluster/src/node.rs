@@ -29,8 +29,15 @@ pub type BucketList = Arc<dyn Fn() -> Vec<(String, Arc<dyn Engine>)> + Send + Sy
 const STATE_RETRIES: u32 = 600;
 /// The pause between two of those retries.
 const STATE_RETRY_PAUSE: Duration = Duration::from_millis(100);
-/// One replication task: bucket, source address, DCP connection name, vBuckets.
-type SessionKey = (String, SocketAddr, String, Vec<Vbid>);
+/// One replication task: bucket, the engine serving it here (by address: a bucket
+/// dropped and made again is another), source address, DCP connection name.
+type SessionKey = (String, usize, SocketAddr, String);
+
+/// A replication task's handles: what stops it, and the set of vBuckets it streams.
+struct Session {
+    stop: watch::Sender<bool>,
+    vbuckets: watch::Sender<Vec<Vbid>>,
+}
 
 /// How long a node is asked for the failovers it knows of before it is skipped.
 const ASK_TIMEOUT: Duration = Duration::from_secs(3);
@@ -47,7 +54,7 @@ pub struct Cluster {
     /// The replication tasks running, each with what stops it: a topology change stops
     /// only the ones whose source or vBuckets changed, so a rebalance's many small
     /// changes do not restart every stream.
-    sessions: parking_lot::Mutex<HashMap<SessionKey, watch::Sender<bool>>>,
+    sessions: parking_lot::Mutex<HashMap<SessionKey, Session>>,
     /// vBuckets whose rebalance move ended with this node holding no copy: emptied by
     /// the next topology application (after the map that moved them is installed).
     moved_away: parking_lot::Mutex<BTreeSet<u16>>,
@@ -472,9 +479,9 @@ impl Cluster {
 
     /// Stops the replication tasks `which` selects.
     fn stop_sessions(&self, which: impl Fn(&SessionKey) -> bool) {
-        self.sessions.lock().retain(|k, stop| {
+        self.sessions.lock().retain(|k, session| {
             if which(k) {
-                let _ = stop.send(true);
+                let _ = session.stop.send(true);
                 false
             } else {
                 true
@@ -520,36 +527,44 @@ impl Cluster {
                     || format!("replication:{node}->-:{name}"),
                     |this| crate::topology::replication_name(node, this, &name),
                 );
-                // A copy a rebalance builds streams on its own connection, so that the
-                // others' streams do not restart when its move starts or ends.
-                let (building, steady): (Vec<Vbid>, Vec<Vbid>) =
-                    vbuckets.into_iter().partition(|vb| {
-                        t.doc().moving(usize::from(vb.0)).is_some()
-                            && !t
-                                .chain(&name, *vb)
-                                .iter()
-                                .any(|n| n.is_some() && *n == t.this())
-                    });
-                let groups = std::iter::once(steady)
-                    .chain(building.into_iter().map(|vb| vec![vb]))
-                    .filter(|g| !g.is_empty());
-                for group in groups {
-                    let key = (name.clone(), addr, conn.clone(), group);
-                    if !self.sessions.lock().contains_key(&key) {
-                        let (stop_tx, stop_rx) = watch::channel(false);
+                // One connection per source: a rebalance's changes open and close
+                // streams on it (replication.rs), they do not reconnect.
+                let engine_id = Arc::as_ptr(&engine).cast::<()>() as usize;
+                let key = (name.clone(), engine_id, addr, conn.clone());
+                let mut sessions = self.sessions.lock();
+                match sessions.get(&key) {
+                    Some(session) => {
+                        session.vbuckets.send_if_modified(|set| {
+                            let changed = *set != vbuckets;
+                            if changed {
+                                set.clone_from(&vbuckets);
+                            }
+                            changed
+                        });
+                    }
+                    None => {
+                        let (stop, stop_rx) = watch::channel(false);
+                        let (set_tx, set_rx) = watch::channel(vbuckets);
                         let source = replication::Source {
                             bucket: name.clone(),
                             engine: Arc::clone(&engine),
                             addr,
-                            vbuckets: key.3.clone(),
+                            vbuckets: set_rx,
                             credentials: t.credentials(),
                             name: conn.clone(),
                         };
                         tokio::spawn(replication::run(source, stop_rx));
-                        self.sessions.lock().insert(key.clone(), stop_tx);
+                        sessions.insert(
+                            key.clone(),
+                            Session {
+                                stop,
+                                vbuckets: set_tx,
+                            },
+                        );
                     }
-                    wanted.insert(key, ());
                 }
+                drop(sessions);
+                wanted.insert(key, ());
             }
         }
         self.stop_sessions(|k| !wanted.contains_key(k));

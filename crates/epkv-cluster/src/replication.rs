@@ -32,7 +32,7 @@ use epkv_protocol::{
     Feature, Limits, Opcode, Request, RequestBuilder, Response, ResponseHeader, Status,
 };
 use epkv_types::{Vbid, doc_key};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,6 +40,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// The NOOP interval asked of the active (seconds).
 const NOOP_INTERVAL: &str = "10";
@@ -47,6 +48,9 @@ const NOOP_INTERVAL: &str = "10";
 const BUFFER_SIZE: usize = 4 << 20;
 /// How long a connection attempt or a setup reply may take.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long after a stream ended or was refused while its vBucket is still wanted it is
+/// asked for again.
+const STREAM_AGAIN: Duration = Duration::from_millis(100);
 /// Reconnection backoff ([`wait_after`]).
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -62,8 +66,11 @@ pub(crate) struct Source {
     pub(crate) engine: Arc<dyn Engine>,
     /// The node holding the active copies.
     pub(crate) addr: SocketAddr,
-    /// The replica vBuckets whose active copy is there.
-    pub(crate) vbuckets: Vec<Vbid>,
+    /// The replica vBuckets whose active copy is there. The cluster changes the set as
+    /// its maps change: the session opens and closes streams on the same connection
+    /// (a rebalance changes it many times a second; a new connection each time would
+    /// log in again each time).
+    pub(crate) vbuckets: watch::Receiver<Vec<Vbid>>,
     /// SASL PLAIN credentials, when the cluster has them.
     pub(crate) credentials: Option<(String, String)>,
     /// The DCP connection name.
@@ -77,7 +84,7 @@ pub(crate) async fn run(source: Source, mut stop: watch::Receiver<bool>) {
         if *stop.borrow() {
             return;
         }
-        let started = tokio::time::Instant::now();
+        let started = Instant::now();
         let mut applied = 0;
         let outcome = tokio::select! {
             r = session(&source, &mut applied) => r,
@@ -435,19 +442,59 @@ async fn session(source: &Source, applied: &mut u64) -> Result<Infallible, Strin
         )
         .await?;
     }
-    for &vbid in &source.vbuckets {
+    let mut set_rx = source.vbuckets.clone();
+    let mut wanted: BTreeSet<Vbid> = set_rx.borrow_and_update().iter().copied().collect();
+    for &vbid in &wanted {
         request_stream(&mut c, &*source.engine, vbid).await?;
     }
-    tracing::info!(bucket = %source.bucket, source = %source.addr, vbuckets = source.vbuckets.len(), "replication streams requested");
+    tracing::info!(bucket = %source.bucket, source = %source.addr, vbuckets = wanted.len(), "replication streams requested");
     // vBuckets whose persistence moved past a PersistToMajority prepare: acknowledge.
     let (persisted_tx, mut persisted_rx) = tokio::sync::mpsc::unbounded_channel::<Vbid>();
     let mut acked: HashMap<Vbid, u64> = HashMap::new();
     let mut disk_ends: HashMap<Vbid, u64> = HashMap::new();
+    // Streams to ask for again (a stream the active ended or refused while the vBucket
+    // is still wanted: its map is changing), and when.
+    let mut again: BTreeMap<Vbid, Instant> = BTreeMap::new();
+    let mut following = true;
     loop {
+        let next_again = again.values().min().copied();
         let packet = tokio::select! {
             p = c.next() => p?,
             Some(vbid) = persisted_rx.recv() => {
                 acknowledge(&mut c, source, vbid, &mut acked).await?;
+                continue;
+            }
+            changed = set_rx.changed(), if following => {
+                if changed.is_err() {
+                    // Nobody changes the set any more: keep the one there is.
+                    following = false;
+                    continue;
+                }
+                let now: BTreeSet<Vbid> = set_rx.borrow_and_update().iter().copied().collect();
+                for &vbid in now.difference(&wanted) {
+                    request_stream(&mut c, &*source.engine, vbid).await?;
+                }
+                for &vbid in wanted.difference(&now) {
+                    close_stream(&mut c, vbid).await?;
+                    again.remove(&vbid);
+                    acked.remove(&vbid);
+                    disk_ends.remove(&vbid);
+                }
+                wanted = now;
+                continue;
+            }
+            () = sleep_until_opt(next_again) => {
+                let due: Vec<Vbid> = again
+                    .iter()
+                    .filter(|(_, at)| **at <= Instant::now())
+                    .map(|(v, _)| *v)
+                    .collect();
+                for vbid in due {
+                    again.remove(&vbid);
+                    if wanted.contains(&vbid) {
+                        request_stream(&mut c, &*source.engine, vbid).await?;
+                    }
+                }
                 continue;
             }
         };
@@ -461,15 +508,25 @@ async fn session(source: &Source, applied: &mut u64) -> Result<Infallible, Strin
             } => {
                 if opcode == Opcode::DcpStreamReq.as_u8() {
                     let vbid = Vbid(u16::try_from(opaque.saturating_sub(1)).unwrap_or(u16::MAX));
-                    stream_answer(&mut c, source, vbid, status, &value).await?;
+                    if !wanted.contains(&vbid) {
+                        continue;
+                    }
+                    if !stream_answer(&mut c, source, vbid, status, &value).await? {
+                        again.insert(vbid, Instant::now() + STREAM_AGAIN);
+                    }
+                } else if opcode == Opcode::DcpCloseStream.as_u8() {
+                    // Closed, or already ended: either way it is gone.
                 } else if status != 0 {
                     return Err(format!("the active answered {opcode:#x} with {status:#x}"));
                 }
             }
             Packet::Message(packet) => {
                 let len = packet.len();
-                let done = apply(&mut c, source, &packet, &mut disk_ends).await?;
+                let done = apply(&mut c, source, &packet, &mut disk_ends, &wanted).await?;
                 *applied += u64::from(done.change);
+                if let Some(vbid) = done.ended {
+                    again.insert(vbid, Instant::now() + STREAM_AGAIN);
+                }
                 if let Some(vbid) = done.acknowledge {
                     if let Some(seqno) = done.persist {
                         // A PersistToMajority prepare: acknowledge once it is on disk.
@@ -504,14 +561,26 @@ async fn request_stream(c: &mut Conn, engine: &dyn Engine, vbid: Vbid) -> Result
     c.send(&bytes).await
 }
 
-/// The active's answer to a stream request.
+/// DCP_CLOSE_STREAM for `vbid`: this node no longer replicates it from there.
+async fn close_stream(c: &mut Conn, vbid: Vbid) -> Result<(), String> {
+    let req = RequestBuilder::new(Opcode::DcpCloseStream)
+        .vbucket(vbid)
+        .opaque(opaque_of(vbid))
+        .to_vec()
+        .map_err(|e| format!("encode: {e}"))?;
+    c.send(&req).await
+}
+
+/// The active's answer to a stream request. Returns false when the stream was refused
+/// in a way that passes (the vBucket is not, or not yet, active there while the maps
+/// change): ask again a little later.
 async fn stream_answer(
     c: &mut Conn,
     source: &Source,
     vbid: Vbid,
     status: u16,
     value: &[u8],
-) -> Result<(), String> {
+) -> Result<bool, String> {
     match Status::from_u16(status) {
         Some(Status::Success) => {
             let log = dcp::decode_failover_log_body(value)
@@ -519,7 +588,8 @@ async fn stream_answer(
             source
                 .engine
                 .adopt_failover_log(vbid, &log)
-                .map_err(|e| format!("{vbid}: cannot adopt the failover log: {e}"))
+                .map_err(|e| format!("{vbid}: cannot adopt the failover log: {e}"))?;
+            Ok(true)
         }
         Some(Status::Rollback) => {
             tracing::info!(bucket = %source.bucket, %vbid, "the active asked the replica to roll back: starting it over");
@@ -527,7 +597,12 @@ async fn stream_answer(
                 .engine
                 .reset_replica(vbid)
                 .map_err(|e| format!("{vbid}: cannot roll back: {e}"))?;
-            request_stream(c, &*source.engine, vbid).await
+            request_stream(c, &*source.engine, vbid).await?;
+            Ok(true)
+        }
+        Some(Status::NotMyVbucket | Status::Etmpfail) => {
+            tracing::debug!(bucket = %source.bucket, %vbid, status, "stream refused for now; asking again");
+            Ok(false)
         }
         _ => Err(format!("{vbid}: stream request answered {status:#x}")),
     }
@@ -565,6 +640,9 @@ struct Applied {
     /// The seqno of a prepare whose level needs the replica's disk: acknowledged again
     /// once persisted.
     persist: Option<u64>,
+    /// The active ended this vBucket's stream while it is still wanted (its state
+    /// changed there): ask again.
+    ended: Option<Vbid>,
 }
 
 /// Applies one DCP message to its replica vBucket. `disk_ends` holds, per vBucket, the
@@ -574,10 +652,15 @@ async fn apply(
     source: &Source,
     packet: &[u8],
     disk_ends: &mut HashMap<Vbid, u64>,
+    wanted: &BTreeSet<Vbid>,
 ) -> Result<Applied, String> {
     let req = Request::parse(packet, &c.limits).map_err(|e| format!("bad DCP message: {e}"))?;
     let vbid = req.header.vbucket;
     let msg = DcpMessage::decode(&req).map_err(|s| format!("bad DCP message: {s:?}"))?;
+    if !wanted.contains(&vbid) && !matches!(msg, DcpMessage::Noop) {
+        // Its stream is being closed: this node no longer replicates it from here.
+        return Ok(Applied::default());
+    }
     let event = match msg {
         DcpMessage::Noop => {
             let mut resp = Vec::new();
@@ -628,6 +711,7 @@ async fn apply(
                 change: true,
                 acknowledge: Some(vbid),
                 persist: persist.then_some(seqno),
+                ended: None,
             });
         }
         DcpMessage::Commit {
@@ -669,9 +753,12 @@ async fn apply(
                 .map_err(|e| format!("{vbid}: {e}"))?,
         },
         DcpMessage::StreamEnd { reason } => {
-            return Err(format!(
-                "{vbid}: the active ended the stream (reason {reason})"
-            ));
+            tracing::debug!(bucket = %source.bucket, %vbid, reason, "the active ended a stream; asking again");
+            disk_ends.remove(&vbid);
+            return Ok(Applied {
+                ended: Some(vbid),
+                ..Applied::default()
+            });
         }
         other => {
             tracing::debug!(%vbid, opcode = ?other.opcode(), "replication ignores a DCP message");
@@ -688,6 +775,7 @@ async fn apply(
         change: seqno.is_some(),
         acknowledge: ends_disk.then_some(vbid),
         persist: None,
+        ended: None,
     })
 }
 
@@ -704,6 +792,14 @@ async fn replicate(source: &Source, vbid: Vbid, event: DcpEvent) -> Result<(), S
             }
             Err(e) => return Err(format!("{vbid}: the replica refused a change: {e}")),
         }
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -863,7 +959,7 @@ mod tests {
             bucket: "default".into(),
             engine: replica.clone(),
             addr: listener.local_addr().unwrap(),
-            vbuckets: vec![Vbid(0)],
+            vbuckets: tokio::sync::watch::channel(vec![Vbid(0)]).1,
             credentials: None,
             name: "replication-test".into(),
         };
@@ -896,7 +992,7 @@ mod tests {
             )
             .unwrap(),
             addr: listener.local_addr().unwrap(),
-            vbuckets: vec![epkv_types::Vbid(0)],
+            vbuckets: tokio::sync::watch::channel(vec![epkv_types::Vbid(0)]).1,
             credentials: None,
             name: "replication-test".into(),
         };
