@@ -22,6 +22,7 @@
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -51,14 +52,15 @@ pub(crate) struct ElasticOptions {
 }
 
 /// An etcd member on loopback.
-struct EtcdProcess {
+pub(crate) struct EtcdProcess {
     child: Child,
     client_port: u16,
     _dir: TempDir,
 }
 
 impl EtcdProcess {
-    fn start() -> Result<EtcdProcess> {
+    /// Starts a one-member etcd in a fresh directory and waits until it accepts.
+    pub(crate) fn start() -> Result<EtcdProcess> {
         if !util::on_path("etcd") {
             bail!("etcd is not installed; run `cargo xtask deps` (etcd-server)");
         }
@@ -102,7 +104,13 @@ impl EtcdProcess {
         })
     }
 
-    fn endpoint(&self) -> String {
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its client URL, as `--etcd` takes it.
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
     }
 
@@ -131,15 +139,35 @@ impl Drop for EtcdProcess {
 }
 
 /// Nodes of one cluster file (and etcd, when given).
-struct Nodes {
+pub(crate) struct Nodes {
     nodes: Vec<Option<ServerProcess>>,
-    kv: Vec<u16>,
+    /// Each node's KV port.
+    pub(crate) kv: Vec<u16>,
     mgmt: Vec<u16>,
-    _dir: TempDir,
+    /// The server binary, and the flags every node gets besides its ports and cluster.
+    bin: PathBuf,
+    extra: Vec<String>,
+    dir: TempDir,
 }
 
 impl Nodes {
+    /// [`Nodes::start_with`] the worktree's release build and no extra flags.
     fn start(n: usize, replicas: usize, etcd: Option<&EtcdProcess>, tag: &str) -> Result<Nodes> {
+        let bin = process::epkv_server_bin("release");
+        Nodes::start_with(&bin, &[], n, replicas, etcd, tag)
+    }
+
+    /// Starts `n` nodes of `bin` from one cluster file with `replicas` (and `extra` flags
+    /// each; logs `target/bench/elastic-TAG-nodeI.log`); with `etcd`, waits until every
+    /// node joined and one orchestrates.
+    pub(crate) fn start_with(
+        bin: &Path,
+        extra: &[&str],
+        n: usize,
+        replicas: usize,
+        etcd: Option<&EtcdProcess>,
+        tag: &str,
+    ) -> Result<Nodes> {
         let dir = tempdir("bench-elastic")?;
         let kv: Vec<u16> = (0..n)
             .map(|_| process::free_port())
@@ -160,8 +188,8 @@ impl Nodes {
         }
         let path = dir.path().join("cluster.toml");
         std::fs::write(&path, file)?;
-        let bin = process::epkv_server_bin("release");
         let out_dir = util::target_dir().join("bench");
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
         let mut nodes = Vec::new();
         for i in 0..n {
             let mut args: Vec<String> = [
@@ -186,14 +214,17 @@ impl Nodes {
             if let Some(e) = etcd {
                 args.extend(["--etcd".to_owned(), e.endpoint()]);
             }
+            args.extend(extra.iter().cloned());
             let log = out_dir.join(format!("elastic-{tag}-node{i}.log"));
-            nodes.push(Some(ServerProcess::start_epkv(&bin, &args, log)?));
+            nodes.push(Some(ServerProcess::start_epkv(bin, &args, log)?));
         }
         let c = Nodes {
             nodes,
             kv,
             mgmt,
-            _dir: dir,
+            bin: bin.to_path_buf(),
+            extra,
+            dir,
         };
         if etcd.is_some() {
             for i in 0..n {
@@ -208,16 +239,95 @@ impl Nodes {
         Ok(c)
     }
 
-    fn mgmt_addr(&self, i: usize) -> String {
+    /// Starts one more node that only knows etcd (it registers itself), adds it through
+    /// node `via`'s `/controller/addNode` and returns its index. It holds nothing until a
+    /// rebalance.
+    pub(crate) fn add_node(&mut self, etcd: &EtcdProcess, via: usize, tag: &str) -> Result<usize> {
+        let i = self.nodes.len();
+        let (kv, mgmt) = (process::free_port()?, process::free_port()?);
+        let mut args: Vec<String> = [
+            "--port",
+            &kv.to_string(),
+            "--mgmt-port",
+            &mgmt.to_string(),
+            "--data-dir",
+            &self
+                .dir
+                .path()
+                .join(format!("node{i}"))
+                .display()
+                .to_string(),
+            "--admin-user",
+            ADMIN.0,
+            "--admin-password",
+            ADMIN.1,
+            "--etcd",
+            &etcd.endpoint(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        args.extend(self.extra.iter().cloned());
+        let log = util::target_dir()
+            .join("bench")
+            .join(format!("elastic-{tag}-node{i}.log"));
+        self.nodes
+            .push(Some(ServerProcess::start_epkv(&self.bin, &args, log)?));
+        self.kv.push(kv);
+        self.mgmt.push(mgmt);
+        let form = format!(
+            "hostname=127.0.0.1:{mgmt}&user={}&password={}",
+            ADMIN.0, ADMIN.1
+        );
+        self.wait(
+            "the new node's registration",
+            Duration::from_secs(30),
+            || Ok(self.rest(via, "POST", "/controller/addNode", &form)?.0 == 200),
+        )?;
+        Ok(i)
+    }
+
+    /// Node `i`'s process, unless it was taken.
+    pub(crate) fn server(&self, i: usize) -> Result<&ServerProcess> {
+        self.nodes
+            .get(i)
+            .and_then(Option::as_ref)
+            .with_context(|| format!("node {i} is not running"))
+    }
+
+    /// ns_server's name of node `i`.
+    pub(crate) fn otp(&self, i: usize) -> String {
+        format!("ns_1@127.0.0.1:{}", self.kv[i])
+    }
+
+    /// Node `i`'s management address, `HOST:PORT`.
+    pub(crate) fn mgmt_addr(&self, i: usize) -> String {
         format!("127.0.0.1:{}", self.mgmt[i])
     }
 
-    fn rest(&self, i: usize, method: &str, path: &str, form: &str) -> Result<(u16, String)> {
+    /// `METHOD path` with a form body on node `i`'s management port, as the
+    /// administrator: the status and body.
+    pub(crate) fn rest(
+        &self,
+        i: usize,
+        method: &str,
+        path: &str,
+        form: &str,
+    ) -> Result<(u16, String)> {
         http(&self.mgmt_addr(i), method, path, form, true)
     }
 
+    /// `GET path` on node `i`, parsed as JSON (fails unless 200).
+    pub(crate) fn json(&self, i: usize, path: &str) -> Result<Value> {
+        let (status, body) = self.rest(i, "GET", path, "")?;
+        if status != 200 {
+            bail!("GET {path}: {status} {body}");
+        }
+        Ok(serde_json::from_str(&body)?)
+    }
+
     /// The orchestrator's index, if one is known, as the first live node says.
-    fn orchestrator(&self) -> Result<Option<usize>> {
+    pub(crate) fn orchestrator(&self) -> Result<Option<usize>> {
         let via = (0..self.nodes.len())
             .find(|i| self.nodes[*i].is_some())
             .context("no live node")?;
@@ -239,7 +349,14 @@ impl Nodes {
             .and_then(|p| self.kv.iter().position(|k| *k == p)))
     }
 
-    fn wait(&self, what: &str, limit: Duration, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
+    /// Polls `f` every 20 ms until it returns true (errors count as false), for at most
+    /// `limit`.
+    pub(crate) fn wait(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut f: impl FnMut() -> Result<bool>,
+    ) -> Result<()> {
         let watch = Stopwatch::start();
         loop {
             if f().unwrap_or(false) {
@@ -252,7 +369,8 @@ impl Nodes {
         }
     }
 
-    fn stop(self) {
+    /// Stops every live node.
+    pub(crate) fn stop(self) {
         for n in self.nodes.into_iter().flatten() {
             crate::bench_memory::stop(n);
         }
@@ -260,7 +378,13 @@ impl Nodes {
 }
 
 /// One HTTP/1.1 request (optionally as the administrator); the status and body.
-fn http(addr: &str, method: &str, path: &str, form: &str, auth: bool) -> Result<(u16, String)> {
+pub(crate) fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    form: &str,
+    auth: bool,
+) -> Result<(u16, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let auth = if auth {
@@ -290,7 +414,7 @@ fn http(addr: &str, method: &str, path: &str, form: &str, auth: bool) -> Result<
 }
 
 /// An authenticated KV connection with `default` selected.
-fn kv_connect(port: u16) -> Result<TcpStream> {
+pub(crate) fn kv_connect(port: u16) -> Result<TcpStream> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     s.set_nodelay(true)?;
@@ -310,13 +434,27 @@ fn kv_connect(port: u16) -> Result<TcpStream> {
 
 /// Sends one request and returns the response's status.
 fn call(s: &mut TcpStream, req: &[u8]) -> Result<u16> {
+    Ok(exchange(s, req)?.0)
+}
+
+/// Sends one request and returns the response's status and value (its body after the
+/// extras and key).
+pub(crate) fn exchange(s: &mut TcpStream, req: &[u8]) -> Result<(u16, Vec<u8>)> {
     s.write_all(req)?;
+    read_response(s)
+}
+
+/// Reads one response: its status and value.
+pub(crate) fn read_response(s: &mut impl Read) -> Result<(u16, Vec<u8>)> {
     let mut head = [0u8; 24];
     s.read_exact(&mut head)?;
+    let key = usize::from(u16::from_be_bytes([head[2], head[3]]));
+    let extras = usize::from(head[4]);
     let body = u32::from_be_bytes([head[8], head[9], head[10], head[11]]) as usize;
     let mut b = vec![0u8; body];
     s.read_exact(&mut b)?;
-    Ok(u16::from_be_bytes([head[6], head[7]]))
+    b.drain(..(key + extras).min(body));
+    Ok((u16::from_be_bytes([head[6], head[7]]), b))
 }
 
 /// One failover run: the time from the kill to a write succeeding on the promoted copy.

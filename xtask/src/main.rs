@@ -3,9 +3,9 @@
 //! `cargo xtask ci`, and every step it runs can be run on its own.
 //!
 //! It is not part of the server: nothing depends on it, and it may depend on anything.
-//! Commands: `ci`, `deps`, `check-layers`, `memcapable`, `pytest`, `fuzz-smoke`,
-//! `bench frontend|persistence|memory|auth|metrics|subdoc|tls|space|<micro>`. See CONTRIBUTING.md
-//! and docs/testing.md.
+//! Commands: `ci`, `deps`, `check-layers`, `memcapable`, `pytest`, `fuzz-smoke`, `bench
+//! frontend|persistence|memory|auth|metrics|subdoc|tls|space|cluster|elastic|rebalance|<micro>`.
+//! See CONTRIBUTING.md and docs/testing.md.
 
 mod bench_auth;
 mod bench_cluster;
@@ -18,10 +18,12 @@ mod bench_metrics;
 mod bench_micro;
 mod bench_persistence;
 mod bench_pipelined;
+mod bench_rebalance;
 mod bench_space;
 mod bench_subdoc;
 mod bench_tls;
 mod ci;
+mod cluster_client;
 mod deps;
 mod fuzz;
 mod layers;
@@ -122,6 +124,9 @@ enum BenchCmd {
     /// The etcd cluster (issue 14): failover time, metadata latency, the steady state's
     /// cost and etcd's traffic at idle.
     Elastic(bench_elastic::ElasticOptions),
+    /// Rebalance (issue 15): 2 → 3 nodes under a paced 90/10 load; its speed against a
+    /// raw DCP backfill, the load's latency against a quiet run, the takeover pause.
+    Rebalance(bench_rebalance::RebalanceOptions),
     /// Any other name runs the epkv-bench bench of that name:
     /// `cargo xtask bench executor --quick` is
     /// `cargo bench -p epkv-bench --bench executor -- --quick`.
@@ -157,6 +162,9 @@ fn main() -> ExitCode {
         Cmd::Bench {
             which: BenchCmd::Elastic(opts),
         } => bench_elastic::bench_elastic(&opts),
+        Cmd::Bench {
+            which: BenchCmd::Rebalance(opts),
+        } => bench_rebalance::bench_rebalance(&opts),
         Cmd::Bench {
             which: BenchCmd::Memory(opts),
         } => bench_memory::bench_memory(&opts),
