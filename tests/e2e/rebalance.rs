@@ -43,6 +43,21 @@ impl Router {
 
     /// Sets `k` to `v` (Majority when `durable`), retrying until acknowledged (bounded).
     async fn set(&mut self, c: &EtcdCluster, k: &[u8], v: &[u8], durable: bool) {
+        self.write(c, k, v, durable, false).await;
+    }
+
+    /// [`Router::set`]; with `give_up_on_ambiguous`, returns false as soon as the write
+    /// was answered ambiguous or its connection was lost with it in flight (it may or
+    /// may not have happened), true once acknowledged. Answers that leave nothing behind
+    /// (NOT_MY_VBUCKET, TMPFAIL, a SyncWrite in progress) are retried either way.
+    async fn write(
+        &mut self,
+        c: &EtcdCluster,
+        k: &[u8],
+        v: &[u8],
+        durable: bool,
+        give_up_on_ambiguous: bool,
+    ) -> bool {
         let opts = if durable {
             majority()
         } else {
@@ -66,7 +81,13 @@ impl Router {
             match answer {
                 Ok(r) if r.is_success() => {
                     self.acked.insert(k.to_vec(), v.to_vec());
-                    return;
+                    return true;
+                }
+                Ok(r)
+                    if give_up_on_ambiguous
+                        && r.status_raw == Status::SyncWriteAmbiguous as u16 =>
+                {
+                    return false;
                 }
                 Ok(r)
                     if [
@@ -80,6 +101,9 @@ impl Router {
                 Ok(r) => panic!("a write answered {:#x}", r.status_raw),
                 Err(_) => {
                     self.clients.remove(&n);
+                    if give_up_on_ambiguous {
+                        return false;
+                    }
                 }
             }
             self.retries += 1;
@@ -455,4 +479,148 @@ async fn a_stopped_or_failed_rebalance_leaves_a_consistent_map_and_a_new_one_fin
     assert!(how.starts_with("completed"), "{how}");
     assert_balanced(&c, other, &[other.min(n3), other.max(n3)]);
     r.read_back(&c).await;
+}
+
+/// Per vBucket, the node holding its first replica by node `via`'s map of `default`.
+fn first_replicas(c: &EtcdCluster, via: usize) -> Vec<usize> {
+    let map = c.json(via, "/pools/default/b/default");
+    let servers: Vec<u16> = map["vBucketServerMap"]["serverList"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            s.as_str()
+                .unwrap()
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    map["vBucketServerMap"]["vBucketMap"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            let port = servers[usize::try_from(row[1].as_i64().expect("a replica")).unwrap()];
+            (0..c.nodes.len())
+                .find(|&i| c.otp(i).ends_with(&format!(":{port}")))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Majority writes kept in flight (four writers, each on its own keys) while the
+/// actives move: each write the clients saw acknowledged is read back from the new
+/// active and from its replica with its value; a write answered ambiguous left either
+/// its value or an earlier one (committed or aborted, once); and no prepare is left
+/// behind blocking its key (a new Majority write to every key is acknowledged).
+#[tokio::test]
+async fn prepares_in_flight_at_the_takeovers_complete_once_on_the_new_actives() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    if no_etcd("prepares at takeover") {
+        return;
+    }
+    let mut c = EtcdCluster::start(2, 1, 1);
+    let (status, body) = c.rest(
+        0,
+        "POST",
+        "/internalSettings",
+        Some("rebalanceMovesPerNode=16"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let n2 = c.add_new_node(0);
+    let c = &c;
+    let stop = &AtomicBool::new(false);
+    let writer = |w: usize| async move {
+        let mut r = Router::new(c);
+        // Per key: the values of the writes answered ambiguous since the last one
+        // acknowledged.
+        let mut maybe: BTreeMap<Vec<u8>, Vec<Vec<u8>>> = BTreeMap::new();
+        let mut i = 0u64;
+        while !stop.load(Ordering::SeqCst) && i < 100_000 {
+            let k = key(&format!("p{w}-{}", i % 200));
+            let v = format!("w{w}-{i}").into_bytes();
+            if r.write(c, &k, &v, true, true).await {
+                maybe.remove(&k);
+            } else {
+                maybe.entry(k).or_default().push(v);
+            }
+            i += 1;
+        }
+        (r, maybe)
+    };
+    let watcher = async {
+        rebalance(c, 0, &[0, 1, n2], &[]);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let how = loop {
+            let p = progress(c, 0);
+            if p["status"] == "none" {
+                break p["lastRebalance"].as_str().unwrap_or_default().to_owned();
+            }
+            assert!(Instant::now() < deadline, "the rebalance did not end: {p}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        stop.store(true, Ordering::SeqCst);
+        how
+    };
+    let (how, a, b, d, e) = tokio::join!(watcher, writer(0), writer(1), writer(2), writer(3));
+    assert!(how.starts_with("completed"), "{how}");
+    assert_balanced(c, 0, &[0, 1, n2]);
+    let replicas = first_replicas(c, 0);
+    let mut clients: HashMap<usize, Client> = HashMap::new();
+    let mut checked = 0;
+    for (mut r, maybe) in [a, b, d, e] {
+        r.refresh(c);
+        for (k, v) in std::mem::take(&mut r.acked) {
+            let vb = vbucket_of(&k);
+            let n = r.actives[usize::from(vb.0)];
+            if let std::collections::hash_map::Entry::Vacant(e) = clients.entry(n) {
+                e.insert(c.client(n).await);
+            }
+            let got = clients.get_mut(&n).unwrap().get(&k).await.unwrap();
+            assert_eq!(got.status_raw, Status::Success as u16, "{vb} on node {n}");
+            let allowed: Vec<&[u8]> = std::iter::once(v.as_slice())
+                .chain(maybe.get(&k).into_iter().flatten().map(Vec::as_slice))
+                .collect();
+            assert!(
+                allowed.contains(&got.value.as_ref()),
+                "{vb}: {:?} is neither the acknowledged value nor an ambiguous one",
+                String::from_utf8_lossy(&got.value)
+            );
+            // The replica holds the same once replication caught up.
+            let rep = replicas[usize::from(vb.0)];
+            if let std::collections::hash_map::Entry::Vacant(e) = clients.entry(rep) {
+                e.insert(c.client(rep).await);
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let resp = clients
+                    .get_mut(&rep)
+                    .unwrap()
+                    .request(
+                        epkv_protocol::RequestBuilder::new(epkv_protocol::Opcode::GetReplica)
+                            .vbucket(vb)
+                            .key(&k),
+                    )
+                    .await
+                    .unwrap();
+                if resp.status_raw == Status::Success as u16 && resp.value == got.value {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{vb}: the replica on node {rep} answered {:#x} {:?}",
+                    resp.status_raw,
+                    String::from_utf8_lossy(&resp.value)
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            // Nothing left blocks the key.
+            r.set(c, &k, b"after", true).await;
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no write was acknowledged");
 }

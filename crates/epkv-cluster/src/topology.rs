@@ -299,7 +299,7 @@ impl Topology {
 
     /// The chains SyncWrites of this node's active `vb` of `bucket` wait for, each
     /// node named as this node's DCP producer knows its replica stream
-    /// ([`replication_name`]; this node by its index): the chain, and while a rebalance
+    /// (`replication:SRC->DST:BUCKET`; this node by its index): the chain, and while a rebalance
     /// moves the vBucket past its backfill, the chain it moves to (KV-Engine's second
     /// chain).
     #[must_use]
