@@ -311,6 +311,9 @@ def test_mutate_in_changes_paths_atomically(coll, doc_id):
     assert coll.get(doc_id).content_as[dict]["name"] == "car"
     coll.mutate_in(doc_id, [SD.remove("new"), SD.replace("tags[0]", "y")])
     assert coll.get(doc_id).content_as[dict]["tags"][0] == "y"
+    # A dot before an index, as KV-Engine takes it (SDK code in the wild writes it).
+    coll.mutate_in(doc_id, [SD.array_insert("tags.[2]", "w")])
+    assert coll.get(doc_id).content_as[dict]["tags"] == ["y", "a", "w", "b", "u"]
     # Creating the document (upsert and insert semantics).
     coll.mutate_in(doc_id + "-new", [SD.upsert("a.b", 1)],
                    MutateInOptions(store_semantics=StoreSemantics.UPSERT))

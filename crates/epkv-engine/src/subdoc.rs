@@ -46,11 +46,9 @@ pub(crate) fn parse_path(path: &[u8]) -> Result<Vec<Component>, SubdocError> {
     while let Some(&c) = chars.peek() {
         match c {
             '[' => {
-                if want_key && out.is_empty() {
-                    // A path may start with an index only on a root array: `[0]`.
-                } else if want_key {
-                    return Err(SubdocError::PathInvalid);
-                }
+                // An index follows a key or an index (`a[0]`, `a[0][1]`), starts the path
+                // on a root array (`[0]`), or follows a dot (`a.[0]`): KV-Engine's parser
+                // takes that form too, and SDK code uses it (`array_insert("a.[2]", ..)`).
                 chars.next();
                 let mut digits = String::new();
                 loop {
@@ -928,6 +926,15 @@ mod tests {
             parse_path(b"[2][0]").unwrap(),
             vec![Component::Index(2), Component::Index(0)]
         );
+        // A dot before an index, as KV-Engine accepts it.
+        assert_eq!(
+            parse_path(b"array.[2]").unwrap(),
+            vec![key("array"), Component::Index(2)]
+        );
+        assert_eq!(
+            parse_path(b"a[0].[1].b").unwrap(),
+            vec![key("a"), Component::Index(0), Component::Index(1), key("b")]
+        );
         for bad in [
             &b"a..b"[..],
             b".a",
@@ -937,7 +944,8 @@ mod tests {
             b"a[-2]",
             b"a]",
             b"`open",
-            b"a.[0]",
+            b".[0]",
+            b"a..[0]",
         ] {
             assert_eq!(
                 parse_path(bad),
