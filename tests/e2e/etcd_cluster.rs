@@ -287,29 +287,8 @@ impl EtcdCluster {
         self.kv.push(ports[0]);
         self.mgmt.push(ports[1]);
         self.proxies.push(None);
-        let data = self.dir.path().join(format!("node{i}"));
-        let (kv, mgmt) = (ports[0].to_string(), ports[1].to_string());
-        let endpoints = self.etcd.endpoints();
-        let s = Server::spawn_in_exact(
-            &data,
-            &[
-                "--port",
-                &kv,
-                "--mgmt-port",
-                &mgmt,
-                "--testing",
-                "--metrics-port",
-                "0",
-                "--admin-user",
-                ADMIN.0,
-                "--admin-password",
-                ADMIN.1,
-                "--etcd",
-                &endpoints,
-                "--cluster-name",
-                "test",
-            ],
-        );
+        let mgmt = ports[1];
+        let s = self.spawn_with(i, false);
         self.nodes.push(Some(s));
         let form = format!(
             "hostname=127.0.0.1:{mgmt}&user={}&password={}",
@@ -328,42 +307,51 @@ impl EtcdCluster {
         format!("ns_1@127.0.0.1:{}", self.kv[i])
     }
 
+    /// Starts node `i`, seeded from the cluster file.
     fn spawn(&self, i: usize) -> Server {
+        self.spawn_with(i, true)
+    }
+
+    /// Starts node `i` on its ports and data directory, reaching etcd directly or through
+    /// its proxy; `seeded` gives it the cluster file and its index there (else it only
+    /// registers, to be added).
+    fn spawn_with(&self, i: usize, seeded: bool) -> Server {
         let data = self.dir.path().join(format!("node{i}"));
         let file = self.dir.path().join("cluster.toml");
-        let (kv, mgmt, index) = (
-            self.kv[i].to_string(),
-            self.mgmt[i].to_string(),
-            i.to_string(),
-        );
         let endpoints = match &self.proxies[i] {
             Some(p) => format!("http://{}", p.addr),
             None => self.etcd.endpoints(),
         };
-        Server::spawn_in_exact(
-            &data,
-            &[
-                "--port",
-                &kv,
-                "--mgmt-port",
-                &mgmt,
-                "--testing",
-                "--metrics-port",
-                "0",
-                "--admin-user",
-                ADMIN.0,
-                "--admin-password",
-                ADMIN.1,
-                "--cluster",
-                file.to_str().unwrap(),
-                "--cluster-node",
-                &index,
-                "--etcd",
-                &endpoints,
-                "--cluster-name",
-                "test",
-            ],
-        )
+        let mut args: Vec<String> = [
+            "--port",
+            &self.kv[i].to_string(),
+            "--mgmt-port",
+            &self.mgmt[i].to_string(),
+            "--testing",
+            "--metrics-port",
+            "0",
+            "--admin-user",
+            ADMIN.0,
+            "--admin-password",
+            ADMIN.1,
+            "--etcd",
+            &endpoints,
+            "--cluster-name",
+            "test",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+        if seeded {
+            args.extend([
+                "--cluster".to_owned(),
+                file.to_str().unwrap().to_owned(),
+                "--cluster-node".to_owned(),
+                i.to_string(),
+            ]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Server::spawn_in_exact(&data, &args)
     }
 
     pub(crate) fn node(&self, i: usize) -> &Server {
@@ -436,6 +424,15 @@ impl EtcdCluster {
     /// Per vBucket, the node holding its active copy, by node `via`'s map of `default`
     /// (one request; index it with [`active`]).
     pub(crate) fn actives(&self, via: usize) -> Vec<usize> {
+        self.chains(via)
+            .iter()
+            .map(|chain| chain[0].expect("an active copy"))
+            .collect()
+    }
+
+    /// Per vBucket, the nodes (indexes here) holding its copies, active first, by node
+    /// `via`'s map of `default` (`None`: a copy without a node).
+    pub(crate) fn chains(&self, via: usize) -> Vec<Vec<Option<usize>>> {
         let map = self.json(via, "/pools/default/b/default");
         let servers: Vec<usize> = map["vBucketServerMap"]["serverList"]
             .as_array()
@@ -457,7 +454,17 @@ impl EtcdCluster {
             .as_array()
             .unwrap()
             .iter()
-            .map(|row| servers[usize::try_from(row[0].as_i64().expect("an active copy")).unwrap()])
+            .map(|row| {
+                row.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| {
+                        usize::try_from(n.as_i64().unwrap())
+                            .ok()
+                            .map(|n| servers[n])
+                    })
+                    .collect()
+            })
             .collect()
     }
 }

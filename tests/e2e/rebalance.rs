@@ -239,33 +239,12 @@ fn report_takeovers(c: &EtcdCluster, via: usize, step: &str) {
 
 /// Per node index, its active and total copies in `default`'s map as node `via` sees it.
 fn copies(c: &EtcdCluster, via: usize) -> (BTreeMap<usize, usize>, BTreeMap<usize, usize>) {
-    let map = c.json(via, "/pools/default/b/default");
-    let servers: Vec<String> = map["vBucketServerMap"]["serverList"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_owned())
-        .collect();
-    let index = |p: i64| -> usize {
-        let port: u16 = servers[usize::try_from(p).unwrap()]
-            .rsplit(':')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        (0..c.nodes.len())
-            .find(|&i| c.otp(i).ends_with(&format!(":{port}")))
-            .unwrap()
-    };
     let (mut actives, mut all) = (BTreeMap::new(), BTreeMap::new());
-    for row in map["vBucketServerMap"]["vBucketMap"].as_array().unwrap() {
-        let row = row.as_array().unwrap();
+    for chain in c.chains(via) {
         let mut seen = Vec::new();
-        for (rank, n) in row.iter().enumerate() {
-            let n = n.as_i64().unwrap();
-            assert!(n >= 0, "a copy without a node: {row:?}");
-            let n = index(n);
-            assert!(!seen.contains(&n), "two copies on one node: {row:?}");
+        for (rank, n) in chain.iter().enumerate() {
+            let n = n.unwrap_or_else(|| panic!("a copy without a node: {chain:?}"));
+            assert!(!seen.contains(&n), "two copies on one node: {chain:?}");
             seen.push(n);
             if rank == 0 {
                 *actives.entry(n).or_default() += 1;
@@ -481,36 +460,6 @@ async fn a_stopped_or_failed_rebalance_leaves_a_consistent_map_and_a_new_one_fin
     r.read_back(&c).await;
 }
 
-/// Per vBucket, the node holding its first replica by node `via`'s map of `default`.
-fn first_replicas(c: &EtcdCluster, via: usize) -> Vec<usize> {
-    let map = c.json(via, "/pools/default/b/default");
-    let servers: Vec<u16> = map["vBucketServerMap"]["serverList"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            s.as_str()
-                .unwrap()
-                .rsplit(':')
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap()
-        })
-        .collect();
-    map["vBucketServerMap"]["vBucketMap"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| {
-            let port = servers[usize::try_from(row[1].as_i64().expect("a replica")).unwrap()];
-            (0..c.nodes.len())
-                .find(|&i| c.otp(i).ends_with(&format!(":{port}")))
-                .unwrap()
-        })
-        .collect()
-}
-
 /// Majority writes kept in flight (four writers, each on its own keys) while the
 /// actives move: each write the clients saw acknowledged is read back from the new
 /// active and from its replica with its value; a write answered ambiguous left either
@@ -568,7 +517,11 @@ async fn prepares_in_flight_at_the_takeovers_complete_once_on_the_new_actives() 
     let (how, a, b, d, e) = tokio::join!(watcher, writer(0), writer(1), writer(2), writer(3));
     assert!(how.starts_with("completed"), "{how}");
     assert_balanced(c, 0, &[0, 1, n2]);
-    let replicas = first_replicas(c, 0);
+    let replicas: Vec<usize> = c
+        .chains(0)
+        .iter()
+        .map(|chain| chain[1].expect("a replica"))
+        .collect();
     let mut clients: HashMap<usize, Client> = HashMap::new();
     let mut checked = 0;
     for (mut r, maybe) in [a, b, d, e] {

@@ -373,23 +373,30 @@ impl ClusterDoc {
     }
 }
 
+/// Testing: the cluster of `n` nodes on 127.0.0.1 (ports 12000 + i) that a cluster file
+/// with `replicas` gives.
+#[cfg(test)]
+pub(crate) fn file_doc(n: u16, replicas: usize) -> ClusterDoc {
+    ClusterDoc::from_file(&ClusterFile {
+        replicas,
+        nodes: (0..n)
+            .map(|i| NodeSpec {
+                host: "127.0.0.1".into(),
+                port: 12000 + i,
+                mgmt_port: None,
+            })
+            .collect(),
+        user: None,
+        password: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn nodes(n: u16, replicas: usize) -> ClusterDoc {
-        ClusterDoc::from_file(&ClusterFile {
-            replicas,
-            nodes: (0..n)
-                .map(|i| NodeSpec {
-                    host: "127.0.0.1".into(),
-                    port: 12000 + i,
-                    mgmt_port: None,
-                })
-                .collect(),
-            user: None,
-            password: None,
-        })
+        file_doc(n, replicas)
     }
 
     #[test]

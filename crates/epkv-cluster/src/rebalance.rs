@@ -272,21 +272,10 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
 
     use super::*;
-    use crate::topology::{ClusterFile, NodeSpec};
+    use crate::topology::NodeSpec;
 
     fn nodes(n: u16, replicas: usize) -> ClusterDoc {
-        ClusterDoc::from_file(&ClusterFile {
-            replicas,
-            nodes: (0..n)
-                .map(|i| NodeSpec {
-                    host: "127.0.0.1".into(),
-                    port: 12000 + i,
-                    mgmt_port: None,
-                })
-                .collect(),
-            user: None,
-            password: None,
-        })
+        crate::doc::file_doc(n, replicas)
     }
 
     fn spec(port: u16) -> NodeSpec {

@@ -180,24 +180,14 @@ impl Coordinator {
     async fn rebalance_steps(&self, id: i64) -> Result<(), End> {
         let cluster = self.node().map_err(|_| End::Lost)?;
         let me = self.id().to_owned();
-        let mut gone = false;
-        self.commit(|doc| {
-            gone = false;
-            match doc.rebalance.as_mut() {
-                Some(r) if r.id == id && r.orchestrator.is_none() => {
-                    r.orchestrator = Some(me.clone());
-                    Ok(true)
-                }
-                _ => {
-                    gone = true;
-                    Ok(false)
-                }
+        self.commit_to(id, |r, _| {
+            let free = r.orchestrator.is_none();
+            if free {
+                r.orchestrator = Some(me.clone());
             }
+            free
         })
         .await?;
-        if gone {
-            return Err(End::Gone);
-        }
         let (doc, _) = self
             .current_doc()
             .await
@@ -232,24 +222,12 @@ impl Coordinator {
             "rebalance: target map computed"
         );
         let total = todo.len();
-        self.commit(|doc| {
-            gone = false;
-            match doc.rebalance.as_mut() {
-                Some(r) if r.id == id => {
-                    r.total = total;
-                    r.node_total.clone_from(&node_total);
-                    Ok(true)
-                }
-                _ => {
-                    gone = true;
-                    Ok(false)
-                }
-            }
+        self.commit_to(id, |r, _| {
+            r.total = total;
+            r.node_total.clone_from(&node_total);
+            true
         })
         .await?;
-        if gone {
-            return Err(End::Gone);
-        }
         let mut todo: VecDeque<u16> = todo.into();
         let mut clients: HashMap<(String, usize), StatClient> = HashMap::new();
         let mut silent_since: HashMap<usize, Instant> = HashMap::new();
@@ -327,100 +305,81 @@ impl Coordinator {
                 tokio::time::sleep(STEP).await;
                 continue;
             }
-            let committed = self
-                .commit(|doc| {
-                    gone = false;
-                    let Some(r) = doc.rebalance.as_mut().filter(|r| r.id == id) else {
-                        gone = true;
-                        return Ok(false);
-                    };
-                    let mut done = Vec::new();
-                    for (&v, step) in &advance {
-                        match (step, r.moves.get_mut(&v)) {
-                            (Some(p), Some(m)) => m.phase = *p,
-                            (None, Some(_)) => done.push(v),
-                            _ => {}
-                        }
-                    }
-                    for &v in &starting {
-                        r.moves.insert(
-                            v,
-                            VbMove {
-                                to: target[usize::from(v)].clone(),
-                                phase: Phase::Backfill,
-                            },
-                        );
-                    }
-                    for v in &undo {
-                        r.moves.remove(v);
-                    }
-                    for v in done {
-                        doc.complete_move(v);
-                    }
-                    Ok(true)
-                })
-                .await?;
-            if gone {
-                return Err(End::Gone);
-            }
-            if committed {
-                for v in undo {
-                    takeover_at.remove(&v);
-                    todo.push_back(v);
-                }
-                let now = Instant::now();
+            self.commit_to(id, |r, done| {
                 for (&v, step) in &advance {
-                    match step {
-                        Some(Phase::Takeover) => {
-                            takeover_at.insert(v, now);
-                        }
-                        None => {
-                            self.stats.rebalance_moves.fetch_add(1, Ordering::Relaxed);
-                            if let Some(t) = takeover_at.remove(&v) {
-                                self.stats.record_takeover(now.duration_since(t));
-                            }
-                        }
+                    match (step, r.moves.get_mut(&v)) {
+                        (Some(p), Some(m)) => m.phase = *p,
+                        (None, Some(_)) => done.push(v),
                         _ => {}
                     }
                 }
-                tracing::debug!(
-                    started = starting.len(),
-                    advanced = advance.len(),
-                    left = todo.len(),
-                    "rebalance round committed"
-                );
-                let taking: Vec<u16> = advance
-                    .iter()
-                    .filter(|(_, step)| **step == Some(Phase::Takeover))
-                    .map(|(v, _)| *v)
-                    .collect();
-                if !taking.is_empty() {
-                    self.finish_takeovers(id, &buckets, taking, &mut clients, &mut silent_since)
-                        .await?;
+                for &v in &starting {
+                    r.moves.insert(
+                        v,
+                        VbMove {
+                            to: target[usize::from(v)].clone(),
+                            phase: Phase::Backfill,
+                        },
+                    );
                 }
+                for v in &undo {
+                    r.moves.remove(v);
+                }
+                true
+            })
+            .await?;
+            for v in undo {
+                takeover_at.remove(&v);
+                todo.push_back(v);
+            }
+            let now = Instant::now();
+            for (&v, step) in &advance {
+                match step {
+                    Some(Phase::Takeover) => {
+                        takeover_at.insert(v, now);
+                    }
+                    None => {
+                        self.stats.rebalance_moves.fetch_add(1, Ordering::Relaxed);
+                        if let Some(t) = takeover_at.remove(&v) {
+                            self.stats.record_takeover(now.duration_since(t));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            tracing::debug!(
+                started = starting.len(),
+                advanced = advance.len(),
+                left = todo.len(),
+                "rebalance round committed"
+            );
+            let taking: Vec<u16> = advance
+                .iter()
+                .filter(|(_, step)| **step == Some(Phase::Takeover))
+                .map(|(v, _)| *v)
+                .collect();
+            if !taking.is_empty() {
+                self.finish_takeovers(id, &buckets, taking, &mut clients, &mut silent_since)
+                    .await?;
             }
             // At most one ordinary change of the document per step: etcd writes and
             // every node installs each version.
             tokio::time::sleep(STEP).await;
         }
+        // Every move is made: the map becomes the target and the ejected nodes go.
+        let mut ours = false;
         self.commit(|doc| {
-            gone = false;
-            match doc.rebalance.as_ref() {
-                Some(r) if r.id == id && r.moves.is_empty() => {
-                    doc.finish_rebalance(&target);
-                    Ok(true)
-                }
-                _ => {
-                    gone = true;
-                    Ok(false)
-                }
+            ours = doc
+                .rebalance
+                .as_ref()
+                .is_some_and(|r| r.id == id && r.moves.is_empty());
+            if ours {
+                doc.finish_rebalance(&target);
             }
+            Ok(ours)
         })
         .await?;
-        if gone {
-            return Err(End::Gone);
-        }
-        Ok(())
+        if ours { Ok(()) } else { Err(End::Gone) }
     }
 
     /// Completes the takeovers just started (`taking`) as soon as each is ready, without
@@ -458,22 +417,11 @@ impl Coordinator {
                 .map(|(v, _)| *v)
                 .collect();
             if !ready.is_empty() {
-                let mut gone = false;
-                self.commit(|doc| {
-                    gone = false;
-                    if doc.rebalance.as_ref().is_none_or(|r| r.id != id) {
-                        gone = true;
-                        return Ok(false);
-                    }
-                    for &v in &ready {
-                        doc.complete_move(v);
-                    }
-                    Ok(true)
+                self.commit_to(id, |_, done| {
+                    done.extend(&ready);
+                    true
                 })
                 .await?;
-                if gone {
-                    return Err(End::Gone);
-                }
                 let took = started.elapsed();
                 for _ in &ready {
                     self.stats.rebalance_moves.fetch_add(1, Ordering::Relaxed);
@@ -485,6 +433,32 @@ impl Coordinator {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         Ok(())
+    }
+
+    /// [`Self::commit`] of a change of rebalance `id`: `edit` gets the rebalance and a
+    /// list to put the moves it completes in (they change the maps too:
+    /// [`ClusterDoc::complete_move`]), and returns whether its change applies; `Gone`
+    /// when the document no longer has this rebalance or `edit` found it not as it
+    /// needs (it must then have changed nothing).
+    async fn commit_to<F>(&self, id: i64, mut edit: F) -> Result<(), End>
+    where
+        F: FnMut(&mut crate::rebalance::Rebalance, &mut Vec<u16>) -> bool,
+    {
+        let mut gone = false;
+        self.commit(|doc| {
+            let mut done = Vec::new();
+            gone = !doc
+                .rebalance
+                .as_mut()
+                .filter(|r| r.id == id)
+                .is_some_and(|r| edit(r, &mut done));
+            for v in done {
+                doc.complete_move(v);
+            }
+            Ok(!gone)
+        })
+        .await?;
+        if gone { Err(End::Gone) } else { Ok(()) }
     }
 
     /// [`Coordinator::update_doc`] for the rebalance: etcd unreachable or too busy is
@@ -587,8 +561,9 @@ impl Coordinator {
     }
 }
 
-/// A rebalance's progress as `GET /pools/default/rebalanceProgress` reports it.
-#[derive(Debug, Clone, PartialEq)]
+/// A rebalance's progress as `GET /pools/default/rebalanceProgress` reports it (the
+/// default: none running, none before).
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct RebalanceProgress {
     /// Whether one is running.
     pub running: bool,
@@ -639,12 +614,8 @@ impl Cluster {
         let doc = self.doc()?;
         let Some(r) = &doc.rebalance else {
             return Some(RebalanceProgress {
-                running: false,
-                nodes: Vec::new(),
-                total: 0,
-                done: 0,
-                in_flight: 0,
                 last: doc.last_rebalance.clone(),
+                ..RebalanceProgress::default()
             });
         };
         let nodes = doc
@@ -830,21 +801,9 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
 
     use super::*;
-    use crate::topology::{ClusterFile, NodeSpec};
 
     fn doc(n: u16, replicas: usize) -> ClusterDoc {
-        ClusterDoc::from_file(&ClusterFile {
-            replicas,
-            nodes: (0..n)
-                .map(|i| NodeSpec {
-                    host: "127.0.0.1".into(),
-                    port: 12000 + i,
-                    mgmt_port: None,
-                })
-                .collect(),
-            user: None,
-            password: None,
-        })
+        crate::doc::file_doc(n, replicas)
     }
 
     fn seen(entries: &[(usize, &str, u64)]) -> Observed {

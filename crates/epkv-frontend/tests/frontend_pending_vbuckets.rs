@@ -22,7 +22,7 @@ struct Server {
     bucket: Arc<Bucket>,
     client: Client,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<epkv_frontend::Result<()>>>,
 }
 
 impl Server {
@@ -37,17 +37,7 @@ impl Server {
         .unwrap();
         let frontend = Frontend::bind(FrontendConfig::default(), bucket.clone()).unwrap();
         let addr = frontend.local_addr();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(frontend.run_until(async {
-                let _ = rx.await;
-            }))
-            .unwrap();
-        });
+        let (tx, thread) = common::run_in_background(frontend);
         Self {
             bucket,
             client: Client::connect(addr),

@@ -67,7 +67,7 @@ struct TlsServer {
     tls_addr: SocketAddr,
     reloader: epkv_frontend::TlsReloader,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<epkv_frontend::Result<()>>>,
 }
 
 impl TlsServer {
@@ -80,17 +80,7 @@ impl TlsServer {
         let addr = frontend.local_addr();
         let tls_addr = frontend.tls_local_addr().expect("a TLS listener");
         let reloader = frontend.tls_reloader().expect("a reloader");
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(frontend.run_until(async {
-                let _ = rx.await;
-            }))
-            .unwrap();
-        });
+        let (tx, thread) = common::run_in_background(frontend);
         Self {
             addr,
             tls_addr,

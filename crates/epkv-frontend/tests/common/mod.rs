@@ -336,6 +336,27 @@ impl Engine for FakeEngine {
     }
 }
 
+/// Runs `frontend` on a thread of its own (a current-thread runtime) until the returned
+/// sender fires or is dropped; the handle gives `run_until`'s result.
+pub fn run_in_background(
+    frontend: Frontend,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<epkv_frontend::Result<()>>,
+) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(frontend.run_until(async {
+            let _ = rx.await;
+        }))
+    });
+    (tx, thread)
+}
+
 /// A front end serving a [`FakeEngine`] on a background thread.
 pub struct TestServer {
     pub addr: SocketAddr,
@@ -353,16 +374,7 @@ impl TestServer {
         let engine = Arc::new(FakeEngine::default());
         let frontend = Frontend::bind(config, engine.clone()).unwrap();
         let addr = frontend.local_addr();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(frontend.run_until(async {
-                let _ = rx.await;
-            }))
-        });
+        let (tx, thread) = run_in_background(frontend);
         Self {
             addr,
             engine,

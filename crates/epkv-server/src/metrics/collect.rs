@@ -378,14 +378,7 @@ pub(crate) fn rebalance(
 ) {
     let s = &c.stats;
     let read = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-    let p = p.unwrap_or(epkv_cluster::RebalanceProgress {
-        running: false,
-        nodes: Vec::new(),
-        total: 0,
-        done: 0,
-        in_flight: 0,
-        last: None,
-    });
+    let p = p.unwrap_or_default();
     #[expect(clippy::cast_precision_loss, reason = "counts far below 2^53")]
     for (name, help, kind, v) in [
         (
