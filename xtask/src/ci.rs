@@ -152,14 +152,25 @@ fn fuzz_secs(opts: &CiOptions) -> u64 {
     })
 }
 
+/// `cargo` for the CI steps: without incremental compilation, whose caches a single clean
+/// run never reads back and which doubled the debug target directory (a CI machine ran out
+/// of disk building it). `CARGO_INCREMENTAL` set by the caller wins.
+fn cargo() -> std::process::Command {
+    let mut cmd = util::cargo();
+    if std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        cmd.env("CARGO_INCREMENTAL", "0");
+    }
+    cmd
+}
+
 fn run_step(name: &str, opts: &CiOptions, steps: &[&str]) -> Result<()> {
     match name {
         "deps" => deps::deps(DepsOptions {
             fuzz: steps.contains(&"fuzz"),
             python: steps.contains(&"python"),
         }),
-        "fmt" => util::run(util::cargo().args(["fmt", "--all", "--", "--check"])),
-        "clippy" => util::run(util::cargo().args([
+        "fmt" => util::run(cargo().args(["fmt", "--all", "--", "--check"])),
+        "clippy" => util::run(cargo().args([
             "clippy",
             "--workspace",
             "--all-targets",
@@ -168,36 +179,32 @@ fn run_step(name: &str, opts: &CiOptions, steps: &[&str]) -> Result<()> {
             "warnings",
         ])),
         "layers" => layers::check_layers(),
-        "build" => util::run(util::cargo().args(["build", "--workspace", "--all-targets"])),
+        "build" => util::run(cargo().args(["build", "--workspace", "--all-targets"])),
         "test" => {
             // e2e spawns target/debug/epkv-server; make sure it exists even when `build`
             // was skipped.
-            util::run(util::cargo().args(["build", "-p", "epkv-server"]))?;
+            util::run(cargo().args(["build", "-p", "epkv-server"]))?;
             // EPKV_CI: tests that need an external tool (promtool, prometheus) fail
             // instead of printing NOT RUN when it is missing.
-            util::run(
-                util::cargo()
-                    .args(["test", "--workspace"])
-                    .env("EPKV_CI", "1"),
-            )
+            util::run(cargo().args(["test", "--workspace"]).env("EPKV_CI", "1"))
         }
         "doc" => util::run(
-            util::cargo()
+            cargo()
                 .args(["doc", "--workspace", "--no-deps"])
                 .env("RUSTDOCFLAGS", "-D warnings"),
         ),
         "memcapable" => {
-            util::run(util::cargo().args(["build", "-p", "epkv-server"]))?;
+            util::run(cargo().args(["build", "-p", "epkv-server"]))?;
             memcapable::memcapable(memcapable::Target::Epkv, "debug", None)
         }
         "python" => {
-            util::run(util::cargo().args(["build", "-p", "epkv-server"]))?;
+            util::run(cargo().args(["build", "-p", "epkv-server"]))?;
             // ci: the gocbcore DCP test fails instead of skipping without Go.
             python::pytest_ci("debug", &[])
         }
         "fuzz" => fuzz::fuzz_smoke(fuzz_secs(opts)),
         "miri" => miri(),
-        "bench-build" => util::run(util::cargo().args(["bench", "-p", "epkv-bench", "--no-run"])),
+        "bench-build" => util::run(cargo().args(["bench", "-p", "epkv-bench", "--no-run"])),
         other => bail!("unknown step {other}"),
     }
 }
