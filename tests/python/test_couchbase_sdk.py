@@ -239,6 +239,29 @@ def test_plain_connect(sdk_server, doc_id):
         c.close()
 
 
+def test_zero_configuration_accepts_any_credentials_on_loopback(tmp_path_factory, doc_id):
+    """No users configured and a loopback listener: the SDK's SCRAM-SHA512 (its default)
+    and PLAIN logins succeed with any name and password, and every bucket may be used."""
+    server, log = _start_server_with(tmp_path_factory, ["--buckets", "default,second"])
+    try:
+        for user, password, mechanisms in [("anyone", "anything", None),
+                                           ("someone-else", "", ["PLAIN"])]:
+            c = sdk_connect(server.addr, user, password, mechanisms=mechanisms)
+            try:
+                for bucket in ("default", "second"):
+                    coll = c.bucket(bucket).default_collection()
+                    coll.upsert(doc_id, {"by": user, "bucket": bucket})
+                    assert coll.get(doc_id).content_as[dict] == {"by": user, "bucket": bucket}
+            finally:
+                c.close()
+        text = Path(server.log_path).read_text(errors="replace")
+        assert "authenticated: open mode" in text
+        assert re.search(r"open mode .*user=<ud>anyone</ud> mechanism=SCRAM-SHA512", text)
+        assert re.search(r"open mode .*user=<ud>someone-else</ud> mechanism=PLAIN", text)
+    finally:
+        _stop_server(server, log)
+
+
 def test_buckets_are_separate(cluster, coll, doc_id):
     travel = cluster.bucket("travel").default_collection()
     travel.upsert(doc_id, "travel doc")

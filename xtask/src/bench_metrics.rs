@@ -332,7 +332,7 @@ mod tests {
     fn metrics_port_and_series_are_parsed() {
         assert_eq!(
             metrics_port(
-                "epkv listening on 127.0.0.1:1 (buckets default, no authentication, metrics http://127.0.0.1:9091/metrics)"
+                "epkv listening on 127.0.0.1:1 (buckets default, no users: any credentials accepted on loopback, metrics http://127.0.0.1:9091/metrics)"
             ),
             Some(9091)
         );

@@ -90,6 +90,49 @@ impl SaslServer {
         Self::start_inner(users, mechanism, client_data, scram::random_server_nonce)
     }
 
+    /// The zero-configuration mode (no users at all, loopback only): accepts any
+    /// credentials in the client's first message and returns the name it claimed. The
+    /// front end answers success at once, without a SCRAM exchange: with no stored
+    /// password the server could not sign a `v=` the client would accept, and the
+    /// Couchbase clients take a success to SASL_AUTH as the end of the exchange.
+    ///
+    /// # Errors
+    /// [`AuthError::UnknownMechanism`] and [`AuthError::Malformed`] as
+    /// [`SaslServer::start`]: a message that is not PLAIN or a SCRAM client-first is
+    /// still refused.
+    pub fn open(mechanism: &[u8], client_data: &[u8]) -> Result<String> {
+        let Some(mech) = Mechanism::from_name(mechanism) else {
+            return Err(AuthError::UnknownMechanism(loggable_mechanism_name(
+                mechanism,
+            )));
+        };
+        let name: &[u8] = match mech {
+            Mechanism::Plain => {
+                let mut parts = client_data.splitn(3, |&b| b == 0);
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(_), Some(user), Some(_)) => user,
+                    _ => {
+                        return Err(AuthError::Malformed(
+                            "plain message needs two NUL separators",
+                        ));
+                    }
+                }
+            }
+            Mechanism::Scram(_) => {
+                // gs2 header (two fields), then `n=user,r=nonce,...`.
+                let bare = client_data.splitn(3, |&b| b == b',').nth(2);
+                match bare.and_then(|b| b.split(|&c| c == b',').next()?.strip_prefix(b"n=")) {
+                    Some(raw) => return scram::decode_saslname(raw),
+                    None => {
+                        return Err(AuthError::Malformed("scram client-first has no n= user"));
+                    }
+                }
+            }
+        };
+        String::from_utf8(name.to_vec())
+            .map_err(|_| AuthError::Malformed("plain user name is not utf-8"))
+    }
+
     /// [`SaslServer::start`] with a fixed SCRAM server nonce, to reproduce RFC examples.
     #[cfg(test)]
     pub(crate) fn start_with_nonce(
@@ -202,6 +245,39 @@ mod tests {
     const RFC5802_FIRST: &[u8] = b"n,,n=user,r=fyko+d2lbbFgONRv9qkxdawL";
     const RFC5802_FINAL: &[u8] =
         b"c=biws,r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,p=v0X8v3Bz2T0CJGbJQyF0X+HI4Ts=";
+
+    #[test]
+    fn open_mode_takes_the_claimed_name_of_each_mechanism() {
+        assert_eq!(
+            SaslServer::open(b"PLAIN", b"\0alice\0any").unwrap(),
+            "alice"
+        );
+        assert_eq!(SaslServer::open(b"PLAIN", b"\0alice\0").unwrap(), "alice");
+        assert_eq!(
+            SaslServer::open(b"SCRAM-SHA512", b"n,,n=b=2Cob,r=abc").unwrap(),
+            "b,ob"
+        );
+        assert_eq!(
+            SaslServer::open(b"SCRAM-SHA1", RFC5802_FIRST).unwrap(),
+            "user"
+        );
+        // Still refused: an unknown mechanism and messages of no known shape.
+        assert!(matches!(
+            SaslServer::open(b"GSSAPI", b"\0a\0b"),
+            Err(AuthError::UnknownMechanism(_))
+        ));
+        for (mech, data) in [
+            (&b"PLAIN"[..], &b"alice"[..]),
+            (b"PLAIN", b"\0\xff\0pw"),
+            (b"SCRAM-SHA256", b"n,,r=abc"),
+            (b"SCRAM-SHA256", b""),
+        ] {
+            assert!(
+                matches!(SaslServer::open(mech, data), Err(AuthError::Malformed(_))),
+                "{data:?}"
+            );
+        }
+    }
 
     fn rfc5802_start() -> SaslServer {
         let users = rfc_store(ScramHash::Sha1, RFC5802_SALT);

@@ -107,6 +107,9 @@ impl Session {
     ) -> Flow {
         self.sasl = None;
         shared.auth.stats.attempts.fetch_add(1, Relaxed);
+        if shared.open_default && shared.users.current().is_empty() {
+            return self.sasl_open(shared, mechanism, data, out, to);
+        }
         let now = shared.config.clock.now();
         let delayed = shared.auth.admit(self.peer.ip(), now);
         if delayed.is_some() {
@@ -125,6 +128,34 @@ impl Session {
         let result = SaslServer::start(shared.users.current(), mechanism, data);
         let mechanism = String::from_utf8_lossy(mechanism);
         self.sasl_outcome(shared, &mechanism, result, out, to)
+    }
+
+    /// SASL_AUTH in the zero-configuration mode (no users, loopback only): any name and
+    /// password succeed at once, so Couchbase SDKs, which always authenticate, work with
+    /// no setup. The connection keeps the open mode's privileges (every bucket); the name
+    /// is only logged.
+    fn sasl_open(
+        &mut self,
+        shared: &Shared,
+        mechanism: &[u8],
+        data: &[u8],
+        out: &mut BytesMut,
+        to: ReplyTo,
+    ) -> Flow {
+        let mechanism_text = String::from_utf8_lossy(mechanism);
+        match SaslServer::open(mechanism, data) {
+            Ok(user) => {
+                tracing::info!(user = %format_args!("<ud>{user}</ud>"), mechanism = %mechanism_text, agent = self.agent.as_deref().unwrap_or(""), "authenticated: open mode (no users configured), any credentials accepted");
+                self.audit(
+                    AuditEvent::new(AuditKind::AuthSuccess, Interface::Kv)
+                        .user(&user)
+                        .detail(&mechanism_text),
+                );
+                put_success(out, to, Cas::ANY, Datatype::RAW, &[], &[], &[]);
+                Flow::Continue
+            }
+            Err(e) => self.sasl_failed(shared, &mechanism_text, &e, out, to),
+        }
     }
 
     /// Takes the SASL_AUTH the last request left pending, if any.

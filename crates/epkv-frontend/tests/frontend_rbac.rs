@@ -310,3 +310,58 @@ fn dcp_open_needs_the_producer_or_consumer_privilege() {
     assert_refused(&open(&mut d, 0), "DCP_OPEN", "DcpConsumer");
     assert_eq!(open(&mut d, 1).status, 0);
 }
+
+#[test]
+fn open_mode_accepts_any_credentials_and_a_configured_server_does_not() {
+    // No users, loopback: every mechanism's first message succeeds at once, whatever
+    // the name and password, and the connection keeps every privilege.
+    let open = TestServer::start();
+    for (mechanism, data) in [
+        (&b"PLAIN"[..], &b"\0anyone\0anything"[..]),
+        (
+            b"SCRAM-SHA512",
+            b"n,,n=Administrator,r=fyko+d2lbbFgONRv9qkxdawL",
+        ),
+        (b"SCRAM-SHA256", b"n,,n=app,r=abc"),
+        (b"SCRAM-SHA1", b"n,,n=app,r=abc"),
+    ] {
+        let mut c = open.client();
+        let r = c.request(
+            RequestBuilder::new(Opcode::SaslAuth)
+                .key(mechanism)
+                .value(data),
+        );
+        assert_eq!(r.status, 0, "{}", String::from_utf8_lossy(mechanism));
+        assert!(r.value.is_empty(), "no SCRAM exchange: {r:?}");
+        assert_eq!(select(&mut c, "default"), 0);
+        assert_eq!(set(&mut c, b"open").status, 0);
+        assert_eq!(get(&mut c, b"open").status, 0);
+    }
+    // A message of no known shape is still refused, and the connection stays usable.
+    let mut c = open.client();
+    let r = c.request(
+        RequestBuilder::new(Opcode::SaslAuth)
+            .key(b"PLAIN")
+            .value(b"no separators"),
+    );
+    assert_eq!(r.status, Status::Einval.as_u16());
+    let r = c.request(
+        RequestBuilder::new(Opcode::SaslAuth)
+            .key(b"GSSAPI")
+            .value(b"x"),
+    );
+    assert_ne!(r.status, 0);
+    assert_eq!(select(&mut c, "default"), 0);
+
+    // With users configured, an unknown user or a wrong password is refused as before.
+    let (s, _users) = server(&[("reader", "data_reader[default]")]);
+    for plain in [&b"\0anyone\0anything"[..], b"\0reader\0wrong"] {
+        let mut c = s.client();
+        let r = c.request(
+            RequestBuilder::new(Opcode::SaslAuth)
+                .key(b"PLAIN")
+                .value(plain),
+        );
+        assert_eq!(r.status, Status::AuthError.as_u16());
+    }
+}

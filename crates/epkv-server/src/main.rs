@@ -5,7 +5,7 @@
 //! line saying how to connect:
 //!
 //! ```text
-//! epkv listening on 127.0.0.1:11210 (buckets default, data ./epkv-data, no authentication)
+//! epkv listening on 127.0.0.1:11210 (buckets default, data ./epkv-data, no users: any credentials accepted on loopback)
 //! ```
 //!
 //! `--persistence false` runs memory-only (a Couchbase ephemeral bucket): nothing is written
@@ -21,8 +21,9 @@
 //! directory (`bucket_manager.rs`, `users.rs`). `epkv-server bucket create|drop` call it
 //! on a running server (`bucket_cli.rs`).
 //!
-//! Access: with no users configured and a loopback address, clients use `default` without
-//! authenticating. `--admin-user`/`--admin-password` (or `EPKV_ADMIN_USER` /
+//! Access: with no users configured and a loopback address, clients use every bucket
+//! (`default` from the start) without authenticating, and SASL accepts any user name and
+//! password, so Couchbase SDKs, which always authenticate, need no setup. `--admin-user`/`--admin-password` (or `EPKV_ADMIN_USER` /
 //! `EPKV_ADMIN_PASSWORD`) and `--users-file` (written by `epkv-server user add`) configure
 //! users; then clients authenticate with SASL and select a bucket they may use.
 //!
@@ -337,8 +338,9 @@ fn run(cli: Cli) -> Result<()> {
     }
     if user_count == 0 && addr.ip().is_loopback() {
         tracing::info!(
-            "no users configured: clients on this loopback address use bucket \"default\" \
-             without authenticating"
+            "no users configured: clients on this loopback address use every bucket, \
+             without authenticating or with any user name and password (Couchbase SDKs \
+             always authenticate)"
         );
     } else if user_count == 0 {
         tracing::warn!(
@@ -364,8 +366,10 @@ fn run(cli: Cli) -> Result<()> {
         } else {
             "memory only".to_owned()
         },
-        if user_count == 0 {
-            "no authentication".to_owned()
+        if user_count == 0 && addr.ip().is_loopback() {
+            "no users: any credentials accepted on loopback".to_owned()
+        } else if user_count == 0 {
+            "no users: every login refused".to_owned()
         } else {
             format!("{user_count} users")
         },

@@ -2,7 +2,6 @@
 //! exchange itself is [`crate::sasl`]'s) and SELECT_BUCKET.
 
 use crate::access::Access;
-use crate::buckets::DEFAULT_BUCKET;
 use crate::dispatch::{Call, Flow, unexpected};
 use crate::frontend::Shared;
 use crate::response::{ReplyTo, put_error_text, put_status, put_success};
@@ -153,8 +152,8 @@ impl Session {
 
     /// SELECT_BUCKET. As KV-Engine, so bucket names cannot be probed: an authenticated
     /// user gets 0x01 KeyEnoent both for a bucket that does not exist and for one none of
-    /// its roles names; a connection that has not authenticated gets 0x24 Eaccess for
-    /// any bucket but `default` in the open loopback mode. On success the connection's
+    /// its roles names; a connection that has not authenticated gets 0x24 Eaccess, except
+    /// in the open loopback mode, where every bucket may be selected. On success the connection's
     /// privileges become the user's on the new bucket.
     fn select_bucket(&mut self, shared: &Shared, name: &[u8], out: &mut BytesMut, to: ReplyTo) {
         let absent = if self.user.is_some() {
@@ -173,7 +172,7 @@ impl Session {
         let access = Access::compute(shared, self.user.as_deref(), Some(name));
         let usable = match &self.user {
             Some(_) => access.usable(),
-            None => shared.open_default && name == DEFAULT_BUCKET,
+            None => shared.open_default,
         };
         if !usable {
             tracing::info!(
