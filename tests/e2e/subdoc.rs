@@ -165,6 +165,22 @@ async fn subdoc_commands_answer_in_kv_engines_formats() {
     .await;
     assert_eq!(write.status(), Some(Status::SubdocXattrCantModifyVattr));
     assert!(c.get(k).await.unwrap().is_success());
+
+    // ReplicaRead (doc flag 0x20, HELLO 0x1c): a single node's vBuckets are active, so a
+    // replica read is NOT_MY_VBUCKET, as GET_REPLICA; on a mutation the flag is EINVAL.
+    let agreed = c
+        .hello("e2e-subdoc", &[Feature::Xerror, Feature::SubdocReplicaRead])
+        .await
+        .unwrap();
+    assert!(agreed.contains(&Feature::SubdocReplicaRead.as_u16()));
+    let mut specs = Vec::new();
+    put_lookup_spec(&mut specs, Opcode::SubdocGet, 0, b"s");
+    let replica = run(&mut c, &multi_lookup(k, 0x20, &specs), k).await;
+    assert_eq!(replica.status(), Some(Status::NotMyVbucket));
+    let mut specs = Vec::new();
+    put_mutation_spec(&mut specs, Opcode::SubdocDictUpsert, 0, b"s", b"1");
+    let refused = run(&mut c, &multi_mutation(k, 0x20, &specs, Cas::ANY), k).await;
+    assert_eq!(refused.status(), Some(Status::Einval));
 }
 
 fn multi_mutation<'a>(key: &'a [u8], doc_flags: u8, specs: &'a [u8], cas: Cas) -> Command<'a> {

@@ -107,6 +107,35 @@ def test_the_sdk_routes_by_the_map_and_reads_replicas(two_nodes):
         c.close()
 
 
+def test_lookup_in_reads_paths_from_the_replicas(two_nodes):
+    """``lookup_in_all_replicas`` / ``lookup_in_any_replica``: the SDK sends the active a
+    plain lookup and the replica one with the ReplicaRead doc flag (0x20); both answer the
+    same paths, and the replica's answer says it is one."""
+    import couchbase.subdocument as SD
+
+    c = _connect(two_nodes[0].addr)
+    try:
+        coll = c.bucket("default").default_collection()
+        keys = [f"lir-{i}-{uuid.uuid4().hex[:6]}" for i in range(20)]
+        for i, k in enumerate(keys):
+            coll.upsert(k, {"i": i, "tags": ["a", "b", "c"]})
+        specs = [SD.get("i"), SD.count("tags"), SD.exists("nope")]
+        for i, k in enumerate(keys):
+            _wait_replica_equals(coll, k, {"i": i, "tags": ["a", "b", "c"]})
+            results = list(coll.lookup_in_all_replicas(k, specs))
+            assert sorted(r.is_replica for r in results) == [False, True], results
+            for r in results:
+                assert r.content_as[int](0) == i
+                assert r.content_as[int](1) == 3
+                assert r.exists(2) is False
+            any_one = coll.lookup_in_any_replica(k, specs)
+            assert any_one.content_as[int](0) == i
+        with pytest.raises(DocumentUnretrievableException):
+            coll.lookup_in_any_replica(f"absent-{uuid.uuid4().hex}", specs)
+    finally:
+        c.close()
+
+
 def test_after_a_failover_the_survivor_serves_every_document(two_nodes):
     c = _connect(two_nodes[0].addr)
     coll = c.bucket("default").default_collection()

@@ -262,6 +262,16 @@ def test_zero_configuration_accepts_any_credentials_on_loopback(tmp_path_factory
         _stop_server(server, log)
 
 
+def test_lookup_in_replicas_on_a_single_node_reads_the_active(coll, doc_id):
+    """With no replicas the SDK's replica lookups read the active alone."""
+    import couchbase.subdocument as SD
+
+    coll.upsert(doc_id, {"a": {"b": [1, 2, 3]}})
+    results = list(coll.lookup_in_all_replicas(doc_id, [SD.get("a.b[2]")]))
+    assert [(r.is_replica, r.content_as[int](0)) for r in results] == [(False, 3)]
+    assert coll.lookup_in_any_replica(doc_id, [SD.count("a.b")]).content_as[int](0) == 3
+
+
 def test_buckets_are_separate(cluster, coll, doc_id):
     travel = cluster.bucket("travel").default_collection()
     travel.upsert(doc_id, "travel doc")

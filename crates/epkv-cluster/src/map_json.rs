@@ -98,7 +98,7 @@ pub(crate) fn bucket_config(
          \"collectionsManifestUid\":\"{uid:x}\",\
          \"vBucketServerMap\":{{\"hashAlgorithm\":\"CRC\",\"numReplicas\":0,\
          \"serverList\":[\"{server}\"],\"vBucketMap\":[{map}]}},\
-         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\",\"collections\"],\
+         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\",\"collections\",\"subdoc.ReplicaRead\"],\
          \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
         nodes(local, ports),
         nodes_ext(local, ports)
@@ -157,7 +157,7 @@ fn clustered_bucket_config(
          \"collectionsManifestUid\":\"{uid:x}\",\
          \"vBucketServerMap\":{{\"hashAlgorithm\":\"CRC\",\"numReplicas\":{},\
          \"serverList\":[{servers}],\"vBucketMap\":[{map}]}},\
-         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\",\"collections\"],\
+         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\",\"collections\",\"subdoc.ReplicaRead\"],\
          \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
         failed.join(","),
         t.replicas()

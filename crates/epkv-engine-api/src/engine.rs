@@ -117,19 +117,20 @@ pub trait Engine: Send + Sync + 'static {
     }
 
     /// Runs sub-document lookups on one document (SUBDOC_GET/EXISTS/GET_COUNT,
-    /// MULTI_LOOKUP).
+    /// MULTI_LOOKUP), on an active vBucket or, with `flags.replica_read`, a replica one.
     ///
     /// # Errors
-    /// `KeyNotFound`, `WouldBlock`, `NotMyVbucket`, `TempFail`; `NotSupported` for an
-    /// engine without it (the default).
+    /// `KeyNotFound`, `WouldBlock`, `NotMyVbucket` (also for a replica read of a vBucket
+    /// that is not a replica here), `TempFail`; `NotSupported` for an engine without it
+    /// (the default).
     fn subdoc_lookup(
         &self,
         vbid: Vbid,
         key: &[u8],
         specs: &[crate::SubdocSpec<'_>],
-        access_deleted: bool,
+        flags: crate::LookupFlags,
     ) -> EngineResult<crate::SubdocLookup> {
-        let _ = (vbid, key, specs, access_deleted);
+        let _ = (vbid, key, specs, flags);
         Err(EngineStatus::NotSupported)
     }
 

@@ -280,6 +280,16 @@ pub struct SubdocLookup {
     pub results: Vec<Result<Vec<u8>, SubdocError>>,
 }
 
+/// How a sub-document lookup reads its document (the request's doc flags).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LookupFlags {
+    /// Read the document's tombstone when it is deleted (ACCESS_DELETED).
+    pub access_deleted: bool,
+    /// Read the copy of a replica vBucket (the ReplicaRead doc flag, KV-Engine 7.6): the
+    /// vBucket must be a replica here, as for GET_REPLICA.
+    pub replica_read: bool,
+}
+
 /// A sub-document mutation request.
 #[derive(Debug, Clone, Copy)]
 pub struct SubdocMutation<'a> {

@@ -38,8 +38,8 @@ pub use cluster::{ClusterView, MapListener, NodePorts};
 pub use dcp::{DcpEvent, DcpStream, DcpStreamError, DcpStreamRequest};
 pub use engine::{Engine, FetchedCallback, PersistedCallback, StatSink, SyncWriteCallback};
 pub use item::{
-    DocMeta, FailoverEntry, Item, ItemView, KeyState, MutationInfo, SubdocError, SubdocLookup,
-    SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec, VBucketSeqnos,
+    DocMeta, FailoverEntry, Item, ItemView, KeyState, LookupFlags, MutationInfo, SubdocError,
+    SubdocLookup, SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec, VBucketSeqnos,
 };
 pub use request::{
     ArithmeticOp, ArithmeticRequest, DurabilityRequirements, Expiry, RemoveRequest, StoreOp,

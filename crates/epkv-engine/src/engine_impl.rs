@@ -66,9 +66,9 @@ impl Engine for Bucket {
         vbid: Vbid,
         key: &[u8],
         specs: &[epkv_engine_api::SubdocSpec<'_>],
-        access_deleted: bool,
+        flags: epkv_engine_api::LookupFlags,
     ) -> EngineResult<epkv_engine_api::SubdocLookup> {
-        self.op_subdoc_lookup(vbid, key, specs, access_deleted)
+        self.op_subdoc_lookup(vbid, key, specs, flags)
     }
 
     fn subdoc_mutate(

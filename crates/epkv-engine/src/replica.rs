@@ -45,6 +45,7 @@ use epkv_engine_api::{DcpEvent, EngineResult, EngineStatus, Item};
 use epkv_hashtable::{CommittedState, ItemMeta, StoredValue};
 use epkv_storage::Document;
 use epkv_types::{Cas, Datatype, DurabilityLevel, Seqno, VBucketState, Vbid, vbucket_for_key};
+use parking_lot::RwLockReadGuard;
 
 impl Bucket {
     /// The replica vBucket `vbid`, ready (warm) and in the replica state.
@@ -61,12 +62,18 @@ impl Bucket {
         Ok(vb)
     }
 
-    /// GET_REPLICA: reads `key` from replica vBucket `vbid`.
+    /// The replica vBucket `vbid` for a client's read of `key` (GET_REPLICA, a
+    /// sub-document lookup with ReplicaRead), with its state held: the key must hash to
+    /// it and its collection exist.
     ///
     /// # Errors
-    /// `NotMyVbucket` unless `vbid` is a replica here; `KeyNotFound`; `WouldBlock` while
-    /// an evicted value is read back.
-    pub(crate) fn op_get_replica(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
+    /// `NotMyVbucket` unless `vbid` is a replica here and `key` hashes to it;
+    /// `UnknownCollection`.
+    pub(crate) fn replica_for_read(
+        &self,
+        vbid: Vbid,
+        key: &[u8],
+    ) -> EngineResult<(&VBucket, RwLockReadGuard<'_, VBucketState>)> {
         let (_, raw) = epkv_types::doc_key::decode(key);
         if vbucket_for_key(raw, self.core.config.num_vbuckets) != vbid {
             return Err(EngineStatus::NotMyVbucket);
@@ -77,6 +84,16 @@ impl Bucket {
         if *state != VBucketState::Replica {
             return Err(EngineStatus::NotMyVbucket);
         }
+        Ok((vb, state))
+    }
+
+    /// GET_REPLICA: reads `key` from replica vBucket `vbid`.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` unless `vbid` is a replica here; `KeyNotFound`; `WouldBlock` while
+    /// an evicted value is read back.
+    pub(crate) fn op_get_replica(&self, vbid: Vbid, key: &[u8]) -> EngineResult<Item> {
+        let (vb, _state) = self.replica_for_read(vbid, key)?;
         let now = LazyNow::new(&*self.core.clock);
         vb.table.with_entry(key, |e| {
             self.fetch_if_evicted(vb, e)?;

@@ -15,8 +15,8 @@ use crate::stats::Counter;
 use crate::subdoc;
 use crate::xattrs::{Attrs, Patches};
 use epkv_engine_api::{
-    EngineResult, EngineStatus, Expiry, SubdocError, SubdocLookup, SubdocMutated, SubdocMutation,
-    SubdocOp, SubdocSpec, xattr,
+    EngineResult, EngineStatus, Expiry, LookupFlags, SubdocError, SubdocLookup, SubdocMutated,
+    SubdocMutation, SubdocOp, SubdocSpec, xattr,
 };
 use epkv_hashtable::{Entry, ItemMeta, StoredValue};
 use epkv_types::{Cas, Datatype, Vbid};
@@ -68,13 +68,20 @@ impl Bucket {
         vbid: Vbid,
         key: &[u8],
         specs: &[SubdocSpec<'_>],
-        access_deleted: bool,
+        flags: LookupFlags,
     ) -> EngineResult<SubdocLookup> {
         self.core.counters.incr(Counter::CmdGet);
         if specs.iter().any(|s| !s.op.is_lookup()) {
             return Err(EngineStatus::Invalid);
         }
-        let (vb, _state) = self.core.client_vbucket(vbid, key)?;
+        let access_deleted = flags.access_deleted;
+        // The vBucket's state is held (read-locked) for the lookup, as a client write
+        // holds it: a replica promoted meanwhile is read either before or after.
+        let (vb, _state) = if flags.replica_read {
+            self.replica_for_read(vbid, key)?
+        } else {
+            self.core.client_vbucket(vbid, key)?
+        };
         self.collection_ops.count(key, crate::collections::Op::Get);
         let now = LazyNow::new(&*self.core.clock);
         let search = |plain: &[u8], m: &ItemMeta, deleted: bool| {
@@ -108,7 +115,17 @@ impl Bucket {
         // microseconds at most); a large or compressed one is copied out and searched
         // after the lock is released.
         let (cas, deleted, found) = vb.table.with_entry(key, |e| {
-            self.expire_on_access(vb, e, &now)?;
+            if flags.replica_read {
+                // A replica does not expire documents (the active's deletion arrives);
+                // it just does not serve them, as GET_REPLICA.
+                if e.committed()
+                    .is_some_and(|sv| !sv.is_deleted() && crate::document::expired(sv.meta(), &now))
+                {
+                    return Err(EngineStatus::KeyNotFound);
+                }
+            } else {
+                self.expire_on_access(vb, e, &now)?;
+            }
             self.fetch_if_evicted(vb, e)?;
             if access_deleted {
                 self.look_up_tombstone(vb, e)?;

@@ -185,6 +185,106 @@ fn a_replica_applies_a_stream_and_serves_it_with_the_actives_metadata() {
 }
 
 #[test]
+fn sub_document_lookups_read_a_replica_with_replica_read_and_only_then() {
+    use epkv_engine_api::{LookupFlags, SubdocOp, SubdocSpec};
+    let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let active = open(da.path());
+    let replica = open(dr.path());
+    replica
+        .set_vbucket_state(VB, VBucketState::Replica)
+        .unwrap();
+    let (doc, gone) = (key_in(VB, 0), key_in(VB, 1));
+    for k in [&doc, &gone] {
+        active
+            .store(StoreRequest {
+                op: StoreOp::Set,
+                vbid: VB,
+                key: k.as_bytes(),
+                value: br#"{"a":{"b":[1,2,3]}}"#,
+                flags: 0,
+                expiry: Expiry::Never,
+                cas: Cas(0),
+                datatype: Datatype::JSON,
+                durability: None,
+                preserve_ttl: false,
+            })
+            .unwrap();
+    }
+    active
+        .remove(RemoveRequest {
+            vbid: VB,
+            key: gone.as_bytes(),
+            cas: Cas(0),
+            durability: None,
+        })
+        .unwrap();
+    active.flush_all().unwrap();
+    for e in stream_all(&active, 0) {
+        replica.replicate(VB, e).unwrap();
+    }
+    let spec = |op, path: &'static str, xattr| SubdocSpec {
+        op,
+        mkdir_p: false,
+        xattr,
+        expand_macros: false,
+        path: path.as_bytes(),
+        value: b"",
+    };
+    let specs = [
+        spec(SubdocOp::Get, "a.b[1]", false),
+        spec(SubdocOp::GetCount, "a.b", false),
+        spec(SubdocOp::Get, "$document.seqno", true),
+    ];
+    let replica_read = LookupFlags {
+        replica_read: true,
+        ..LookupFlags::default()
+    };
+    let on_replica = replica
+        .subdoc_lookup(VB, doc.as_bytes(), &specs, replica_read)
+        .unwrap();
+    let on_active = active
+        .subdoc_lookup(VB, doc.as_bytes(), &specs, LookupFlags::default())
+        .unwrap();
+    assert_eq!(on_replica, on_active, "same CAS and paths, seqno included");
+    assert_eq!(on_replica.results[0], Ok(b"2".to_vec()));
+    // A deleted document is not found; its tombstone is, with ACCESS_DELETED.
+    assert_eq!(
+        replica
+            .subdoc_lookup(VB, gone.as_bytes(), &specs[..1], replica_read)
+            .err(),
+        Some(EngineStatus::KeyNotFound)
+    );
+    let tombstone = replica
+        .subdoc_lookup(
+            VB,
+            gone.as_bytes(),
+            &specs[2..],
+            LookupFlags {
+                access_deleted: true,
+                replica_read: true,
+            },
+        )
+        .unwrap();
+    assert!(tombstone.deleted);
+    // Without the flag a replica refuses, and with it an active does: NOT_MY_VBUCKET, as
+    // GET and GET_REPLICA.
+    assert_eq!(
+        replica
+            .subdoc_lookup(VB, doc.as_bytes(), &specs, LookupFlags::default())
+            .err(),
+        Some(EngineStatus::NotMyVbucket)
+    );
+    assert_eq!(
+        active
+            .subdoc_lookup(VB, doc.as_bytes(), &specs, replica_read)
+            .err(),
+        Some(EngineStatus::NotMyVbucket)
+    );
+    replica.shutdown();
+    active.shutdown();
+}
+
+#[test]
 fn a_replica_keeps_the_actives_collection_events_and_expirations_for_when_it_is_promoted() {
     let (da, dr) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let active = support::Fixture::manual_flush(da.path());

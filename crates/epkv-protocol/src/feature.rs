@@ -104,8 +104,9 @@ features! {
     ReportUnitUsage = 0x1a, "ReportUnitUsage", false;
     /// Non-blocking throttling.
     NonBlockingThrottlingMode = 0x1b, "NonBlockingThrottlingMode", false;
-    /// Subdoc replica read.
-    SubdocReplicaRead = 0x1c, "SubdocReplicaRead", false;
+    /// Subdoc replica read: informational, as in kv_engine (the ReplicaRead doc flag works
+    /// either way).
+    SubdocReplicaRead = 0x1c, "SubdocReplicaRead", true;
     /// GET_CLUSTER_CONFIG with known version.
     GetClusterConfigWithKnownVersion = 0x1d, "GetClusterConfigWithKnownVersion", false;
     /// A NOT_MY_VBUCKET reply carries the map only if the connection was not yet sent

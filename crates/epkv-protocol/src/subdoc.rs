@@ -30,12 +30,15 @@ pub const DOC_FLAG_ACCESS_DELETED: u8 = 0x04;
 pub const DOC_FLAG_CREATE_AS_DELETED: u8 = 0x08;
 /// Doc flag: with ACCESS_DELETED, make a deleted document live again.
 pub const DOC_FLAG_REVIVE: u8 = 0x10;
+/// Doc flag: a lookup reads a replica vBucket's copy (KV-Engine 7.6; lookups only).
+pub const DOC_FLAG_REPLICA_READ: u8 = 0x20;
 /// Every doc flag.
 pub const DOC_FLAGS: u8 = DOC_FLAG_MKDOC
     | DOC_FLAG_ADD
     | DOC_FLAG_ACCESS_DELETED
     | DOC_FLAG_CREATE_AS_DELETED
-    | DOC_FLAG_REVIVE;
+    | DOC_FLAG_REVIVE
+    | DOC_FLAG_REPLICA_READ;
 
 /// One path of a sub-document command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

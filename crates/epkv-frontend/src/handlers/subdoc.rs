@@ -20,12 +20,13 @@ use crate::session::Session;
 use bytes::BytesMut;
 use epkv_auth::Privilege;
 use epkv_engine_api::{
-    Engine, EngineStatus, SubdocError, SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec,
+    Engine, EngineStatus, LookupFlags, SubdocError, SubdocMutated, SubdocMutation, SubdocOp,
+    SubdocSpec,
 };
 use epkv_protocol::{
     Command, DOC_FLAG_ACCESS_DELETED, DOC_FLAG_ADD, DOC_FLAG_CREATE_AS_DELETED, DOC_FLAG_MKDOC,
-    DOC_FLAG_REVIVE, DOC_FLAGS, DurabilityRequirement, Opcode, PATH_FLAG_EXPAND_MACROS,
-    PATH_FLAG_MKDIR_P, PATH_FLAG_XATTR, Response, Status,
+    DOC_FLAG_REPLICA_READ, DOC_FLAG_REVIVE, DOC_FLAGS, DurabilityRequirement, Opcode,
+    PATH_FLAG_EXPAND_MACROS, PATH_FLAG_MKDIR_P, PATH_FLAG_XATTR, Response, Status,
 };
 use epkv_types::doc_key;
 use epkv_types::{Cas, Datatype, Vbid};
@@ -82,11 +83,12 @@ struct DocFlags {
     access_deleted: bool,
     create_as_deleted: bool,
     revive: bool,
+    replica_read: bool,
 }
 
 /// Checks doc flags (kv_engine's validator): unknown bits, MKDOC with ADD, the
-/// mutation-only flags on a lookup, CREATE_AS_DELETED without MKDOC or ADD, and REVIVE
-/// without ACCESS_DELETED are EINVAL.
+/// mutation-only flags on a lookup, REPLICA_READ on a mutation, CREATE_AS_DELETED without
+/// MKDOC or ADD, and REVIVE without ACCESS_DELETED are EINVAL.
 fn doc_flags(flags: u8, mutation: bool) -> Result<DocFlags, Status> {
     if flags & !DOC_FLAGS != 0 {
         return Err(Status::Einval);
@@ -97,9 +99,11 @@ fn doc_flags(flags: u8, mutation: bool) -> Result<DocFlags, Status> {
         access_deleted: flags & DOC_FLAG_ACCESS_DELETED != 0,
         create_as_deleted: flags & DOC_FLAG_CREATE_AS_DELETED != 0,
         revive: flags & DOC_FLAG_REVIVE != 0,
+        replica_read: flags & DOC_FLAG_REPLICA_READ != 0,
     };
     let mutation_only = f.mkdoc || f.add || f.create_as_deleted || f.revive;
     if mutation_only && !mutation
+        || f.replica_read && mutation
         || f.mkdoc && f.add
         || f.create_as_deleted && !(f.mkdoc || f.add)
         || f.revive && !f.access_deleted
@@ -158,7 +162,11 @@ impl Session {
             Ok(f) => f,
             Err(s) => return self.fail_wire(out, to, s, &[]),
         };
-        let found = match engine.subdoc_lookup(vbid, key, specs, flags.access_deleted) {
+        let lookup = LookupFlags {
+            access_deleted: flags.access_deleted,
+            replica_read: flags.replica_read,
+        };
+        let found = match engine.subdoc_lookup(vbid, key, specs, lookup) {
             Ok(f) => f,
             Err(e) => return self.fail(shared, out, to, e, &[]),
         };
