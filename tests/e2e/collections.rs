@@ -288,3 +288,58 @@ async fn collections_declared_in_the_settings_exist_at_startup() {
         c.stat("collections").await.unwrap().into_iter().collect();
     assert_eq!(stats[&format!("0x8:{users:#x}:maxTTL")], "60");
 }
+
+#[tokio::test]
+async fn get_random_key_answers_a_document_of_the_collection_with_its_key() {
+    if skip_if_external("get_random_key") {
+        return;
+    }
+    let mut a = args();
+    a.extend(["--collections", "default:app.users"]);
+    let server = Server::spawn(&a);
+    let mut c = collections_client(&server).await;
+    let (_, _, users) = collection_id(&mut c, "app.users").await;
+    let random = |collection, xattrs| {
+        RequestBuilder::from_command(&Command::GetRandomKey { collection, xattrs })
+    };
+    // An empty collection: KeyEnoent; an unknown one: UnknownCollection.
+    let r = c.request(random(users, false)).await.unwrap();
+    assert_eq!(r.status(), Some(Status::KeyEnoent));
+    let r = c.request(random(0x7777, false)).await.unwrap();
+    assert_eq!(r.status(), Some(Status::UnknownCollection));
+    for i in 0..20 {
+        let raw = format!("user-{i}");
+        let wire = key_in(users, raw.as_bytes());
+        let vb = vbucket_for_key(raw.as_bytes(), NUM_VBUCKETS);
+        let set = RequestBuilder::new(Opcode::Set)
+            .key(&wire)
+            .vbucket(vb)
+            .extras(&[0, 0, 0, 9, 0, 0, 0, 0])
+            .value(br#"{"u":1}"#);
+        assert!(c.request(set).await.unwrap().is_success());
+    }
+    // The key comes collection-prefixed on a collections connection, with the flags.
+    let r = c.request(random(users, false)).await.unwrap();
+    assert_eq!(r.status(), Some(Status::Success), "{r:?}");
+    assert_eq!(r.extras.as_ref(), &[0, 0, 0, 9]);
+    assert_eq!(r.value.as_ref(), br#"{"u":1}"#);
+    let (cid, used) = epkv_types::doc_key::leb128_decode(&r.key).unwrap();
+    assert_eq!(cid, users);
+    assert!(r.key[used..].starts_with(b"user-"));
+    // With the xattrs byte and no attributes stored, the same shape.
+    let r = c.request(random(users, true)).await.unwrap();
+    assert_eq!(r.status(), Some(Status::Success));
+    // Without collections: the default collection only, a collection id is EINVAL.
+    let mut plain = server.client().await;
+    plain.hello("e2e-plain", &[Feature::Xerror]).await.unwrap();
+    plain.auth_plain(ADMIN.0, ADMIN.1).await.unwrap();
+    assert!(plain.select_bucket("default").await.unwrap().is_success());
+    let r = plain.request(random(users, false)).await.unwrap();
+    assert_eq!(r.status(), Some(Status::Einval));
+    let r = plain.request(random(0, false)).await.unwrap();
+    assert_eq!(
+        r.status(),
+        Some(Status::KeyEnoent),
+        "the default collection is empty"
+    );
+}

@@ -134,6 +134,17 @@ pub trait Engine: Send + Sync + 'static {
         Err(EngineStatus::NotSupported)
     }
 
+    /// GET_RANDOM_KEY: a resident live document of collection `cid` from a random active
+    /// vBucket; its key is the engine's (collection-encoded) key.
+    ///
+    /// # Errors
+    /// `UnknownCollection`; `KeyNotFound` when none is found; `NotSupported` for an
+    /// engine without it (the default).
+    fn get_random_key(&self, cid: u32) -> EngineResult<crate::Item> {
+        let _ = cid;
+        Err(EngineStatus::NotSupported)
+    }
+
     /// The uid of the bucket's collections manifest (0 for an engine without
     /// collections).
     fn manifest_uid(&self) -> u64 {

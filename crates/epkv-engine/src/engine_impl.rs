@@ -71,6 +71,10 @@ impl Engine for Bucket {
         self.op_subdoc_lookup(vbid, key, specs, flags)
     }
 
+    fn get_random_key(&self, cid: u32) -> EngineResult<Item> {
+        self.op_get_random_key(cid)
+    }
+
     fn subdoc_mutate(
         &self,
         req: epkv_engine_api::SubdocMutation<'_>,

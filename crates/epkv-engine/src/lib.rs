@@ -258,6 +258,7 @@ mod parking;
 mod pending_ops;
 mod persistence;
 mod persistence_config;
+mod random_key;
 mod replica;
 mod shard_store;
 mod stat_groups;

@@ -680,3 +680,62 @@ fn writes_are_dirty_with_their_seqno_and_gets_feed_the_mfu_histogram() {
             .is_none()
     );
 }
+
+#[test]
+fn get_random_key_picks_resident_live_documents_of_the_collection_asked() {
+    use epkv_types::doc_key::{self, DocKeyBuf};
+    let dir = tempfile::tempdir().unwrap();
+    let fx = Fixture::manual_flush(dir.path());
+    let b = &fx.bucket;
+    assert_eq!(b.get_random_key(0).err(), Some(EngineStatus::KeyNotFound));
+    assert_eq!(
+        b.get_random_key(0x77).err(),
+        Some(EngineStatus::UnknownCollection)
+    );
+    b.create_scope("s").unwrap();
+    b.create_collection("s", "c", 0).unwrap();
+    let cid = b.collection_id("s.c").unwrap().1;
+    assert_eq!(b.get_random_key(cid).err(), Some(EngineStatus::KeyNotFound));
+    // 100 documents in the default collection, 30 in `s.c`, and one deleted there.
+    for i in 0..100 {
+        must_set(b, &format!("d{i}"), "default");
+    }
+    let mut buf = DocKeyBuf::new();
+    for i in 0..31 {
+        let key = doc_key::encode(cid, format!("c{i}").as_bytes(), &mut buf).to_vec();
+        let vbid = vb(format!("c{i}").as_bytes());
+        b.store(epkv_engine_api::StoreRequest {
+            key: &key,
+            vbid,
+            ..store_req(StoreOp::Set, "", "collected")
+        })
+        .unwrap();
+    }
+    let gone = doc_key::encode(cid, b"c30", &mut buf).to_vec();
+    b.remove(epkv_engine_api::RemoveRequest {
+        key: &gone,
+        vbid: vb(b"c30"),
+        ..remove_req("", Cas(0))
+    })
+    .unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        let item = b.get_random_key(cid).unwrap();
+        let (c, raw) = doc_key::decode(&item.key);
+        assert_eq!(c, cid);
+        assert_ne!(raw, b"c30", "a deleted document is never picked");
+        assert_eq!(&item.value[..], b"collected");
+        seen.insert(raw.to_vec());
+        let d = b.get_random_key(0).unwrap();
+        assert_eq!(&d.value[..], b"default");
+    }
+    assert!(seen.len() > 1, "picks differ: {seen:?}");
+    // Only resident documents: once every value of `s.c` is evicted, none is found.
+    b.flush_all().unwrap();
+    for i in 0..30 {
+        let key = doc_key::encode(cid, format!("c{i}").as_bytes(), &mut buf).to_vec();
+        assert!(b.evict_key(vb(format!("c{i}").as_bytes()), &key).unwrap());
+    }
+    assert_eq!(b.get_random_key(cid).err(), Some(EngineStatus::KeyNotFound));
+    assert_eq!(&b.get_random_key(0).unwrap().value[..], b"default");
+}

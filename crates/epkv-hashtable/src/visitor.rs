@@ -31,6 +31,17 @@ impl Position {
         resizes: 0,
     };
 
+    /// The start of stripe `stripe` (a visit from there goes on to the table's end; past
+    /// the last stripe it visits nothing).
+    #[must_use]
+    pub fn stripe_start(stripe: usize) -> Position {
+        Position {
+            stripe,
+            bucket: 0,
+            resizes: 0,
+        }
+    }
+
     /// The stripe the visit will resume in.
     #[must_use]
     pub fn stripe(&self) -> usize {

@@ -282,6 +282,14 @@ pub enum Command<'a> {
     },
     /// GET_COLLECTIONS_MANIFEST: the selected bucket's manifest (JSON).
     GetCollectionsManifest,
+    /// GET_RANDOM_KEY: no key or value; extras none, the collection id (u32), or the id
+    /// and a byte asking for the extended attributes too (non-zero).
+    GetRandomKey {
+        /// The collection (the default one without extras).
+        collection: u32,
+        /// Whether the reply's value keeps its extended attributes.
+        xattrs: bool,
+    },
     /// GET_COLLECTION_ID: the path `scope.collection` is the value (or, as newer clients
     /// send it, the key).
     GetCollectionId {
@@ -439,6 +447,7 @@ fn spec_for(op: Opcode) -> Option<Spec> {
         Opcode::GetClusterConfig => spec(E::ZeroOr(16), P::Zero, P::Zero, C::NotSet),
         Opcode::GetErrorMap => spec(E::Exactly(0), P::Zero, P::NonZero, C::NotSet),
         Opcode::GetCollectionsManifest => bare,
+        Opcode::GetRandomKey => spec(E::OneOf(&[0, 4, 5]), P::Zero, P::Zero, C::NotSet),
         Opcode::GetCollectionId | Opcode::GetScopeId => {
             spec(E::Exactly(0), P::Any, P::Any, C::NotSet)
         }
@@ -743,6 +752,10 @@ impl<'a> Command<'a> {
                 }),
             },
             Opcode::GetCollectionsManifest => Command::GetCollectionsManifest,
+            Opcode::GetRandomKey => Command::GetRandomKey {
+                collection: if extras.len() >= 4 { be_u32(extras) } else { 0 },
+                xattrs: extras.get(4).is_some_and(|&b| b != 0),
+            },
             Opcode::GetCollectionId | Opcode::GetScopeId => {
                 let path = if req.value.is_empty() { key } else { req.value };
                 if op == Opcode::GetCollectionId {
@@ -843,6 +856,7 @@ impl<'a> Command<'a> {
             Command::GetErrorMap { .. } => Opcode::GetErrorMap,
             Command::GetCollectionsManifest => Opcode::GetCollectionsManifest,
             Command::GetCollectionId { .. } => Opcode::GetCollectionId,
+            Command::GetRandomKey { .. } => Opcode::GetRandomKey,
             Command::GetScopeId { .. } => Opcode::GetScopeId,
         }
     }
@@ -873,6 +887,16 @@ impl<'a> Command<'a> {
             _ => {}
         }
         c
+    }
+
+    /// The collection a command without a document key addresses (GET_RANDOM_KEY's), for
+    /// checking a privilege granted on that collection only.
+    #[must_use]
+    pub fn collection_without_key(&self) -> Option<u32> {
+        match *self {
+            Command::GetRandomKey { collection, .. } => Some(collection),
+            _ => None,
+        }
     }
 
     /// Returns the key the command addresses, if it addresses a document (used to route

@@ -190,6 +190,8 @@ opcodes! {
     GetqMeta = 0xa1, "GETQ_META", true;
     /// Read the cluster map.
     GetClusterConfig = 0xb5, "GET_CLUSTER_CONFIG", true;
+    /// A resident document of a collection, picked at random.
+    GetRandomKey = 0xb6, "GET_RANDOM_KEY", true;
     /// The bucket's collections manifest (JSON).
     GetCollectionsManifest = 0xba, "GET_COLLECTIONS_MANIFEST", true;
     /// The id of a collection by its path `scope.collection`.

@@ -282,6 +282,11 @@ impl<'a> RequestBuilder<'a> {
                 b.inline_value(Extras::from_parts(&[&version.to_be_bytes()]))
             }
             Command::GetCollectionsManifest => b,
+            Command::GetRandomKey { collection, xattrs } => match (collection, xattrs) {
+                (0, false) => b,
+                (cid, false) => b.inline_extras(Extras::from_parts(&[&cid.to_be_bytes()])),
+                (cid, true) => b.inline_extras(Extras::from_parts(&[&cid.to_be_bytes(), &[0xff]])),
+            },
             Command::GetCollectionId { path } | Command::GetScopeId { path } => b.value(path),
         }
     }

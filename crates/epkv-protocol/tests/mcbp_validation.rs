@@ -198,6 +198,10 @@ fn sample(op: Opcode) -> Command<'static> {
         },
         Opcode::GetErrorMap => Command::GetErrorMap { version: 2 },
         Opcode::GetCollectionsManifest => Command::GetCollectionsManifest,
+        Opcode::GetRandomKey => Command::GetRandomKey {
+            collection: 8,
+            xattrs: true,
+        },
         Opcode::GetCollectionId => Command::GetCollectionId { path: b"s.c" },
         Opcode::GetScopeId => Command::GetScopeId { path: b"s" },
         other => panic!("no sample for implemented opcode {other:?}"),

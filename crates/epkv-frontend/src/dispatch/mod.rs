@@ -261,10 +261,14 @@ impl Session {
             None => (cmd, None, &[][..]),
         };
         if let Err(missing) = self.access.check(needs) {
-            // Not on the whole bucket: perhaps on the key's collection.
-            let allowed = match doc_key {
-                Some(key) => {
-                    let (cid, _) = doc_key::decode(key);
+            // Not on the whole bucket: perhaps on the key's collection (or the one a
+            // command without a key names).
+            let cid = match doc_key {
+                Some(key) => Some(doc_key::decode(key).0),
+                None => cmd.collection_without_key(),
+            };
+            let allowed = match cid {
+                Some(cid) => {
                     match self
                         .access
                         .check_narrow(needs, missing, &*bucket.engine, cid)

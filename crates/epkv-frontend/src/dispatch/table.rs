@@ -221,6 +221,7 @@ pub(crate) const ENTRIES: &[Entry] = &[
     row(Opcode::GetK,                      Data(kv::get),                        Live,     AnyConn,   Key,    READ),
     row(Opcode::GetKQ,                     Data(kv::get),                        Live,     AnyConn,   Key,    READ),
     row(Opcode::GetReplica,                Data(kv::get_replica),                Live,     AnyConn,   NoHint, READ),
+    row(Opcode::GetRandomKey,              Data(kv::get_random_key),             Live,     AnyConn,   NoHint, READ),
     row(Opcode::Set,                       Data(kv::store),                      Live,     AnyConn,   Key,    UPSERT),
     row(Opcode::SetQ,                      Data(kv::store),                      Live,     AnyConn,   Key,    UPSERT),
     row(Opcode::Add,                       Data(kv::store),                      Live,     AnyConn,   Key,    INSERT_OR_UPSERT),

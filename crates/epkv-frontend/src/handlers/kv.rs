@@ -68,6 +68,56 @@ pub(crate) fn get_replica(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
     }
 }
 
+/// GET_RANDOM_KEY: a resident document of the collection (the default one without
+/// extras), with its key; its extended attributes too when the extras ask for them and
+/// the client negotiated XATTR. A collection id from a connection without collections is
+/// EINVAL, as KV-Engine's validator answers.
+pub(crate) fn get_random_key(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
+    let DataCall {
+        shared,
+        engine,
+        out,
+        to,
+        ..
+    } = c;
+    let Command::GetRandomKey { collection, xattrs } = cmd else {
+        return unexpected(out, to);
+    };
+    if collection != 0 && !s.collections {
+        return s.fail_wire(out, to, Status::Einval, &[]);
+    }
+    let item = match engine.get_random_key(collection) {
+        Ok(item) => item,
+        Err(e) => return s.fail(shared, out, to, e, &[]),
+    };
+    if !(xattrs && s.xattr && item.datatype.contains(Datatype::XATTR)) {
+        return s.put_item(out, to, &item.view(), true);
+    }
+    let mut buf = DocKeyBuf::new();
+    let key = s.wire_key(&item.key, &mut buf);
+    let (value, dt) = if item.datatype.contains(Datatype::SNAPPY) && !s.snappy {
+        let plain = snap::raw::Decoder::new()
+            .decompress_vec(&item.value)
+            .unwrap_or_default();
+        (
+            std::borrow::Cow::Owned(plain),
+            item.datatype.without(Datatype::SNAPPY),
+        )
+    } else {
+        (std::borrow::Cow::Borrowed(&item.value[..]), item.datatype)
+    };
+    let dt = Datatype(s.datatype_out(dt).0 | Datatype::XATTR.0);
+    put_success(
+        out,
+        to,
+        item.cas,
+        dt,
+        &item.flags.to_be_bytes(),
+        key,
+        &value,
+    );
+}
+
 /// SET, ADD, REPLACE, APPEND, PREPEND and their quiet variants.
 pub(crate) fn store(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
     let DataCall {
