@@ -29,6 +29,15 @@ fn paths_parse_with_indices_escapes_and_limits() {
         parse_path(b"[2][0]").unwrap(),
         vec![Component::Index(2), Component::Index(0)]
     );
+    assert_eq!(
+        parse_path(b"a[2][3]").unwrap(),
+        vec![key("a"), Component::Index(2), Component::Index(3)]
+    );
+    assert_eq!(
+        parse_path(b"a.`b.c`[1]").unwrap(),
+        vec![key("a"), key("b.c"), Component::Index(1)]
+    );
+    assert_eq!(parse_path(b"`a[1]`").unwrap(), vec![key("a[1]")]);
     // A dot before an index, as KV-Engine accepts it.
     assert_eq!(
         parse_path(b"array.[2]").unwrap(),
@@ -63,6 +72,61 @@ fn paths_parse_with_indices_escapes_and_limits() {
         parse_path(&[b'a'; MAX_PATH_LEN + 1]),
         Err(SubdocError::PathTooBig)
     );
+}
+
+/// A path's text for `components`: keys needing it in backticks (a literal backtick
+/// doubled), indices in brackets, each after a dot when `dots` says so (`a.[2]`).
+fn render(components: &[Component], dots: &[bool]) -> String {
+    let mut out = String::new();
+    for (i, c) in components.iter().enumerate() {
+        match c {
+            Component::Key(k) => {
+                if i > 0 {
+                    out.push('.');
+                }
+                if k.contains(['.', '[', ']', '`']) {
+                    out.push('`');
+                    out.push_str(&k.replace('`', "``"));
+                    out.push('`');
+                } else {
+                    out.push_str(k);
+                }
+            }
+            Component::Index(n) => {
+                if i > 0 && dots.get(i).copied().unwrap_or(false) {
+                    out.push('.');
+                }
+                out.push_str(&format!("[{n}]"));
+            }
+        }
+    }
+    out
+}
+
+mod path_forms {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Every path the forms KV-Engine accepts can write parses back to its
+        /// components: keys with any of `.[]` and backticks escaped, indices (the last,
+        /// -1) after a key, an index, at the root, or after a dot.
+        #[test]
+        fn paths_in_every_accepted_form_parse_back(
+            components in prop::collection::vec(
+                prop_oneof![
+                    "[a-z0-9 _.\\[\\]`$-]{1,6}".prop_map(Component::Key),
+                    (-1i64..1000).prop_map(Component::Index),
+                ],
+                0..=MAX_DEPTH,
+            ),
+            dots in prop::collection::vec(any::<bool>(), MAX_DEPTH + 1),
+        ) {
+            let text = render(&components, &dots);
+            prop_assume!(text.len() <= MAX_PATH_LEN);
+            prop_assert_eq!(parse_path(text.as_bytes()), Ok(components), "{}", text);
+        }
+    }
 }
 
 fn doc() -> Value {
