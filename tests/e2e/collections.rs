@@ -331,7 +331,10 @@ async fn get_random_key_answers_a_document_of_the_collection_with_its_key() {
     assert_eq!(r.status(), Some(Status::Success));
     // Without collections: the default collection only, a collection id is EINVAL.
     let mut plain = server.client().await;
-    plain.hello("e2e-plain", &[Feature::Xerror]).await.unwrap();
+    plain
+        .hello("e2e-plain", &[Feature::Xerror, Feature::Xattr])
+        .await
+        .unwrap();
     plain.auth_plain(ADMIN.0, ADMIN.1).await.unwrap();
     assert!(plain.select_bucket("default").await.unwrap().is_success());
     let r = plain.request(random(users, false)).await.unwrap();
@@ -342,4 +345,34 @@ async fn get_random_key_answers_a_document_of_the_collection_with_its_key() {
         Some(Status::KeyEnoent),
         "the default collection is empty"
     );
+    // A document with an attribute: the body alone, or the value with its attribute
+    // section when the extras ask for it.
+    let mut specs = Vec::new();
+    epkv_protocol::put_mutation_spec(&mut specs, Opcode::SubdocDictUpsert, 0x04, b"meta.v", b"1");
+    epkv_protocol::put_mutation_spec(&mut specs, Opcode::Set, 0, b"", br#"{"b":2}"#);
+    let mutate = Command::SubdocMultiMutation {
+        key: b"with-xattr",
+        doc_flags: 0x01,
+        expiry: 0,
+        specs: &specs,
+        cas: epkv_types::Cas::ANY,
+        durability: None,
+        preserve_ttl: false,
+    };
+    let vb = vbucket_for_key(b"with-xattr", NUM_VBUCKETS);
+    let r = plain
+        .request(RequestBuilder::from_command(&mutate).vbucket(vb))
+        .await
+        .unwrap();
+    assert!(r.is_success(), "{r:?}");
+    let body = plain.request(random(0, false)).await.unwrap();
+    assert_eq!(body.value.as_ref(), br#"{"b":2}"#);
+    assert!(!body.datatype.contains(epkv_types::Datatype::XATTR));
+    let whole = plain.request(random(0, true)).await.unwrap();
+    assert!(
+        whole.datatype.contains(epkv_types::Datatype::XATTR),
+        "{whole:?}"
+    );
+    assert!(whole.value.ends_with(br#"{"b":2}"#));
+    assert!(whole.value.windows(4).any(|w| w == b"meta"));
 }

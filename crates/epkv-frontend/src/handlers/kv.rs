@@ -90,32 +90,7 @@ pub(crate) fn get_random_key(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
         Ok(item) => item,
         Err(e) => return s.fail(shared, out, to, e, &[]),
     };
-    if !(xattrs && s.xattr && item.datatype.contains(Datatype::XATTR)) {
-        return s.put_item(out, to, &item.view(), true);
-    }
-    let mut buf = DocKeyBuf::new();
-    let key = s.wire_key(&item.key, &mut buf);
-    let (value, dt) = if item.datatype.contains(Datatype::SNAPPY) && !s.snappy {
-        let plain = snap::raw::Decoder::new()
-            .decompress_vec(&item.value)
-            .unwrap_or_default();
-        (
-            std::borrow::Cow::Owned(plain),
-            item.datatype.without(Datatype::SNAPPY),
-        )
-    } else {
-        (std::borrow::Cow::Borrowed(&item.value[..]), item.datatype)
-    };
-    let dt = Datatype(s.datatype_out(dt).0 | Datatype::XATTR.0);
-    put_success(
-        out,
-        to,
-        item.cas,
-        dt,
-        &item.flags.to_be_bytes(),
-        key,
-        &value,
-    );
+    s.put_item_with(out, to, &item.view(), true, xattrs);
 }
 
 /// SET, ADD, REPLACE, APPEND, PREPEND and their quiet variants.
@@ -540,65 +515,54 @@ pub(crate) fn observe_seqno(s: &Session, c: DataCall<'_>, cmd: Command<'_>) {
 
 impl Session {
     fn put_item(&self, out: &mut BytesMut, to: ReplyTo, item: &ItemView<'_>, with_key: bool) {
+        self.put_item_with(out, to, item, with_key, false);
+    }
+
+    /// A document's reply: the body only (uncompressed, as KV-Engine sends it), or with
+    /// `keep_xattrs` and a client that negotiated XATTR the value with its attribute
+    /// section; decompressed for a client that cannot read Snappy (the value was checked
+    /// when it was stored, so it decompresses).
+    fn put_item_with(
+        &self,
+        out: &mut BytesMut,
+        to: ReplyTo,
+        item: &ItemView<'_>,
+        with_key: bool,
+        keep_xattrs: bool,
+    ) {
         let mut buf = DocKeyBuf::new();
         let key: &[u8] = if with_key {
             self.wire_key(item.key, &mut buf)
         } else {
             &[]
         };
-        if item.datatype.contains(Datatype::XATTR) {
-            // GET returns the body only (uncompressed, as KV-Engine sends it).
-            let plain = if item.datatype.contains(Datatype::SNAPPY) {
+        let xattrs = item.datatype.contains(Datatype::XATTR);
+        let strip = xattrs && !(keep_xattrs && self.xattr);
+        let snappy = item.datatype.contains(Datatype::SNAPPY);
+        let value = if snappy && (strip || !self.snappy) {
+            std::borrow::Cow::Owned(
                 snap::raw::Decoder::new()
                     .decompress_vec(item.value)
-                    .map(std::borrow::Cow::Owned)
-                    .unwrap_or_default()
-            } else {
-                std::borrow::Cow::Borrowed(item.value)
-            };
-            let body = epkv_engine_api::xattr::body(&plain, item.datatype);
-            let dt = item
-                .datatype
-                .without(Datatype::SNAPPY)
-                .without(Datatype::XATTR);
-            put_success(
-                out,
-                to,
-                item.cas,
-                self.datatype_out(dt),
-                &item.flags.to_be_bytes(),
-                key,
-                body,
-            );
-            return;
+                    .unwrap_or_default(),
+            )
+        } else {
+            std::borrow::Cow::Borrowed(item.value)
+        };
+        let mut dt = item.datatype;
+        if matches!(value, std::borrow::Cow::Owned(_)) {
+            dt = dt.without(Datatype::SNAPPY);
         }
-        if item.datatype.contains(Datatype::SNAPPY) && !self.snappy {
-            // Stored compressed, for a client that cannot read Snappy. The value was
-            // checked when it was stored, so it decompresses.
-            let plain = snap::raw::Decoder::new()
-                .decompress_vec(item.value)
-                .unwrap_or_default();
-            let dt = item.datatype.without(Datatype::SNAPPY);
-            put_success(
-                out,
-                to,
-                item.cas,
-                self.datatype_out(dt),
-                &item.flags.to_be_bytes(),
-                key,
-                &plain,
-            );
-            return;
+        let body = if strip {
+            dt = dt.without(Datatype::XATTR);
+            epkv_engine_api::xattr::body(&value, item.datatype)
+        } else {
+            &value
+        };
+        let mut dt = self.datatype_out(dt);
+        if xattrs && !strip {
+            dt = Datatype(dt.0 | Datatype::XATTR.0);
         }
-        put_success(
-            out,
-            to,
-            item.cas,
-            self.datatype_out(item.datatype),
-            &item.flags.to_be_bytes(),
-            key,
-            item.value,
-        );
+        put_success(out, to, item.cas, dt, &item.flags.to_be_bytes(), key, body);
     }
 }
 
