@@ -110,7 +110,7 @@ impl Throughput {
 pub(crate) struct Measured {
     pub(crate) settings: Settings,
     pub(crate) quota: u64,
-    /// Data files (`*.data`) and their total size.
+    /// Data files (`*.epkv` or `*.data`) and their total size.
     pub(crate) files: usize,
     pub(crate) file_bytes: u64,
     /// `vb_active_perc_mem_resident` once persisted, before (a).
@@ -153,7 +153,8 @@ fn wait_persisted(c: &mut BinClient) -> Result<()> {
     }
 }
 
-/// Every `*.data` file under `dir`, with its size.
+/// Every data file under `dir`, with its size: the write-once log's `*.epkv` (the default
+/// storage) and the `files` backend's `*.data`.
 fn data_files(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
     let mut out = Vec::new();
     let mut todo = vec![dir.to_path_buf()];
@@ -164,7 +165,7 @@ fn data_files(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
             let path = entry.path();
             if meta.is_dir() {
                 todo.push(path);
-            } else if path.extension().is_some_and(|e| e == "data") {
+            } else if path.extension().is_some_and(|e| e == "data" || e == "epkv") {
                 out.push((path, meta.len()));
             }
         }
@@ -724,9 +725,12 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("default/0")).unwrap();
         std::fs::write(dir.path().join("default/0/vb_3.0.data"), b"abc").unwrap();
         std::fs::write(dir.path().join("default/0/journal.log"), b"x").unwrap();
+        std::fs::create_dir_all(dir.path().join("other/shard_1")).unwrap();
+        std::fs::write(dir.path().join("other/shard_1/log-00000001.epkv"), b"abcd").unwrap();
         let files = data_files(dir.path()).unwrap();
-        assert_eq!(files.len(), 1);
+        assert_eq!(files.len(), 2);
         assert_eq!(files[0].1, 3);
+        assert_eq!(files[1].1, 4);
         let l = single_preads(&files, 3).unwrap();
         assert_eq!(l.count, 3);
     }
