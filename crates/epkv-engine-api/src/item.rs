@@ -261,6 +261,8 @@ pub enum SubdocError {
     CantModifyVattr,
     /// A `${...}` macro that does not exist.
     UnknownMacro,
+    /// A document macro (`${$document.PATH}`) naming a path `$document` does not have.
+    UnknownVattrMacro,
     /// REVIVE of a document that is not deleted.
     CanOnlyReviveDeleted,
     /// A deleted document (created or changed with its tombstone kept) cannot have a

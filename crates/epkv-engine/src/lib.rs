@@ -345,7 +345,8 @@ pub mod fuzzing {
         assert_eq!(back, attrs, "attributes survive encoding");
         if let Some(v) = attrs.0.values().next()
             && let Ok(text) = serde_json::to_vec(v)
-            && let Ok(expanded) = Attrs::expand_macros(&text)
+            && let Ok(expanded) =
+                Attrs::expand_macros(&text, &mut || serde_json::json!({"$document": {}}))
         {
             let mut with = attrs.clone();
             if let Some(first) = with.0.values_mut().next() {

@@ -84,6 +84,13 @@ impl Bucket {
         };
         self.collection_ops.count(key, crate::collections::Op::Get);
         let now = LazyNow::new(&*self.core.clock);
+        let asks_vbucket = |s: &SubdocSpec<'_>| {
+            s.xattr && subdoc::first_key(s.path).is_ok_and(|k| k == "$vbucket")
+        };
+        let vbucket_attr = specs
+            .iter()
+            .any(asks_vbucket)
+            .then(|| subdoc::vbucket_attribute(now.nanos(), vb.ordering_snapshot().1));
         let search = |plain: &[u8], m: &ItemMeta, deleted: bool| {
             let (section, body) = if m.datatype.contains(Datatype::XATTR) {
                 xattr::split(plain).unwrap_or((&[], &[]))
@@ -96,10 +103,11 @@ impl Bucket {
             let attrs = specs.iter().any(|s| s.xattr).then(|| {
                 let attrs = Attrs::parse(section).unwrap_or_default();
                 let keys = attrs.0.keys().cloned().collect();
-                (
-                    subdoc::virtual_attributes(m, body, deleted, keys),
-                    Value::Object(attrs.0),
-                )
+                let mut vattrs = subdoc::virtual_attributes(m, body, deleted, keys);
+                if let (Some(v), Value::Object(o)) = (&vbucket_attr, &mut vattrs) {
+                    o.insert("$vbucket".to_owned(), v.clone());
+                }
+                (vattrs, Value::Object(attrs.0))
             });
             specs
                 .iter()
@@ -235,12 +243,26 @@ impl Bucket {
                 }
                 None => (Attrs::default(), Body::Empty),
             };
+            // The `$document` of the version changed, as a lookup sees it, for document
+            // macros (`${$document.CAS}`); a document being created has a blank one.
+            let mut old_vattrs = || match &existing {
+                Some((value, m, deleted)) => {
+                    let (section, body) = if m.datatype.contains(Datatype::XATTR) {
+                        xattr::split(value).unwrap_or((&[], &[]))
+                    } else {
+                        (&[][..], &value[..])
+                    };
+                    let keys = Attrs::parse(section).unwrap_or_default().0.into_iter();
+                    subdoc::virtual_attributes(m, body, *deleted, keys.map(|(k, _)| k).collect())
+                }
+                None => subdoc::virtual_attributes(&ItemMeta::default(), &[], false, Vec::new()),
+            };
             let mut values = Vec::new();
             for (i, s) in req.specs.iter().enumerate() {
                 let index = u8::try_from(i).map_err(|_| EngineStatus::Invalid)?;
                 let mkdir = s.mkdir_p || create;
                 let done = if s.xattr && s.op != SubdocOp::ReplaceBodyWithXattr {
-                    mutate_attr(&mut attrs, s, mkdir)
+                    mutate_attr(&mut attrs, s, mkdir, &mut old_vattrs)
                 } else {
                     mutate_body(&mut body, &mut attrs, &mut deleted, s, mkdir, create)
                 };
@@ -316,7 +338,14 @@ impl Bucket {
 }
 
 /// Applies one extended-attribute spec to `attrs`.
-fn mutate_attr(attrs: &mut Attrs, s: &SubdocSpec<'_>, mkdir: bool) -> Result<Vec<u8>, SubdocError> {
+/// `vattrs` builds the virtual attributes of the version being changed, for document
+/// macros.
+fn mutate_attr(
+    attrs: &mut Attrs,
+    s: &SubdocSpec<'_>,
+    mkdir: bool,
+    vattrs: &mut dyn FnMut() -> Value,
+) -> Result<Vec<u8>, SubdocError> {
     let key = subdoc::first_key(s.path)?;
     if xattr::is_virtual_key(key.as_bytes()) {
         return Err(SubdocError::CantModifyVattr);
@@ -326,7 +355,7 @@ fn mutate_attr(attrs: &mut Attrs, s: &SubdocSpec<'_>, mkdir: bool) -> Result<Vec
     }
     let expanded;
     let value = if s.expand_macros {
-        expanded = Attrs::expand_macros(s.value)?;
+        expanded = Attrs::expand_macros(s.value, vattrs)?;
         &expanded[..]
     } else {
         s.value

@@ -1,6 +1,14 @@
 //! Extended attributes in the engine: a document's attribute section parsed for change
 //! ([`Attrs`]), validation of a section a client sends, and macro expansion
-//! (`${Mutation.CAS}`, `${Mutation.seqno}`, `${Mutation.value_crc32c}`).
+//! (`${Mutation.CAS}`, `${Mutation.seqno}`, `${Mutation.value_crc32c}`, and the document
+//! macros `${$document}` and `${$document.PATH}`).
+//!
+//! A document macro is the value of that path of the `$document` virtual attribute of
+//! the version being changed (KV-Engine's input macros, MB-40980, HELLO
+//! SubdocDocumentMacroSupport): `"${$document.CAS}"` becomes its CAS as `"0x..."`,
+//! `"${$document.exptime}"` a number, `"${$document}"` the whole object. Transactions
+//! keep a staged document's old CAS, revision and expiry this way. They are known
+//! before the write, so they are written at once.
 //!
 //! A macro's CAS and seqno are not known until the write's ordering point, after the
 //! new version is built and stored. So an expanded macro is first written as a
@@ -144,32 +152,56 @@ impl Attrs {
     }
 
     /// Replaces, in a value about to be written at an attribute path, every string that
-    /// is exactly a macro with its marker. Returns the value to write.
+    /// is exactly a macro: a document macro with its value read from `vattrs` (the
+    /// virtual attributes of the version being changed, built only when one is used),
+    /// a mutation macro with its marker. Returns the value to write.
     ///
     /// # Errors
-    /// UnknownMacro for a `${...}` string that is no macro (or that holds the marker).
-    pub(crate) fn expand_macros(value: &[u8]) -> Result<Vec<u8>, SubdocError> {
+    /// UnknownMacro for a `${...}` string that is no macro (or that holds the marker);
+    /// UnknownVattrMacro for a document macro naming a path `$document` does not have.
+    pub(crate) fn expand_macros(
+        value: &[u8],
+        vattrs: &mut dyn FnMut() -> Value,
+    ) -> Result<Vec<u8>, SubdocError> {
         let mut v: Value =
             serde_json::from_slice(value).map_err(|_| SubdocError::ValueCantInsert)?;
-        mark(&mut v)?;
+        let mut doc = None;
+        mark(&mut v, &mut |path| {
+            let root = doc.get_or_insert_with(&mut *vattrs);
+            let found = crate::subdoc::lookup(root, epkv_engine_api::SubdocOp::Get, path)
+                .map_err(|_| SubdocError::UnknownVattrMacro)?;
+            serde_json::from_slice(&found).map_err(|_| SubdocError::UnknownVattrMacro)
+        })?;
         serde_json::to_vec(&v).map_err(|_| SubdocError::ValueCantInsert)
     }
 }
 
-fn mark(v: &mut Value) -> Result<(), SubdocError> {
+/// The `$document` path a document macro (`${$document}`, `${$document.PATH}`) names.
+fn document_macro_path(s: &str) -> Option<&str> {
+    let path = s.strip_prefix("${")?.strip_suffix('}')?;
+    (path == "$document" || path.starts_with("$document.") || path.starts_with("$document["))
+        .then_some(path)
+}
+
+fn mark(
+    v: &mut Value,
+    document: &mut dyn FnMut(&[u8]) -> Result<Value, SubdocError>,
+) -> Result<(), SubdocError> {
     match v {
         Value::String(s) => {
             if s.contains(MARK) {
                 return Err(SubdocError::UnknownMacro);
             }
-            if s.starts_with("${") {
+            if let Some(path) = document_macro_path(s) {
+                *v = document(path.as_bytes())?;
+            } else if s.starts_with("${") {
                 let m = Macro::parse(s).ok_or(SubdocError::UnknownMacro)?;
                 *s = format!("{MARK}{}\u{0}", m.tag());
             }
             Ok(())
         }
-        Value::Array(a) => a.iter_mut().try_for_each(mark),
-        Value::Object(o) => o.values_mut().try_for_each(mark),
+        Value::Array(a) => a.iter_mut().try_for_each(|v| mark(v, document)),
+        Value::Object(o) => o.values_mut().try_for_each(|v| mark(v, document)),
         _ => Ok(()),
     }
 }
@@ -303,6 +335,7 @@ mod tests {
     fn macros_are_written_at_the_ordering_point() {
         let v = Attrs::expand_macros(
             br#"{"cas":"${Mutation.CAS}","s":["${Mutation.seqno}"],"c":"${Mutation.value_crc32c}","x":"$x"}"#,
+            &mut no_document,
         )
         .unwrap();
         let mut a = Attrs::default();
@@ -327,12 +360,57 @@ mod tests {
             })
         );
         assert_eq!(
-            Attrs::expand_macros(br#""${Mutation.nope}""#),
+            Attrs::expand_macros(br#""${Mutation.nope}""#, &mut no_document),
             Err(SubdocError::UnknownMacro)
         );
         assert_eq!(
-            Attrs::expand_macros("\"\\u0000epkv-macro:c\\u0000\"".as_bytes()),
+            Attrs::expand_macros(
+                "\"\\u0000epkv-macro:c\\u0000\"".as_bytes(),
+                &mut no_document
+            ),
             Err(SubdocError::UnknownMacro)
         );
+    }
+
+    fn no_document() -> Value {
+        panic!("no document macro was asked for")
+    }
+
+    #[test]
+    fn document_macros_are_the_old_versions_virtual_attributes() {
+        let built = std::cell::Cell::new(0);
+        let mut vattrs = || {
+            built.set(built.get() + 1);
+            serde_json::json!({"$document": {"CAS": "0x00000000000000ff", "exptime": 7,
+                                             "revid": "3"}, "$XTOC": []})
+        };
+        let v = Attrs::expand_macros(
+            br#"{"c":"${$document.CAS}","e":"${$document.exptime}","r":"${$document.revid}",
+                "d":"${$document}","m":"${Mutation.CAS}"}"#,
+            &mut vattrs,
+        )
+        .unwrap();
+        let v: Value = serde_json::from_slice(&v).unwrap();
+        assert_eq!(v["c"], "0x00000000000000ff");
+        assert_eq!(v["e"], 7);
+        assert_eq!(v["r"], "3");
+        assert_eq!(v["d"]["revid"], "3");
+        assert!(
+            v["m"].as_str().unwrap().contains(MARK),
+            "a mutation macro waits"
+        );
+        assert_eq!(built.get(), 1, "the virtual attributes are built once");
+        assert_eq!(
+            Attrs::expand_macros(br#""${$document.nope}""#, &mut vattrs),
+            Err(SubdocError::UnknownVattrMacro)
+        );
+        for bad in [&br#""${$documents}""#[..], br#""${$XTOC}""#] {
+            assert_eq!(
+                Attrs::expand_macros(bad, &mut vattrs),
+                Err(SubdocError::UnknownMacro),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 }

@@ -96,8 +96,8 @@ features! {
     PiTR = 0x16, "PiTR", false;
     /// Subdoc create-as-deleted.
     SubdocCreateAsDeleted = 0x17, "SubdocCreateAsDeleted", true;
-    /// Subdoc document macro support.
-    SubdocDocumentMacroSupport = 0x18, "SubdocDocumentMacroSupport", false;
+    /// Subdoc document macros (`${$document.CAS}` and the rest) expand in attributes.
+    SubdocDocumentMacroSupport = 0x18, "SubdocDocumentMacroSupport", true;
     /// Subdoc replace body with xattr.
     SubdocReplaceBodyWithXattr = 0x19, "SubdocReplaceBodyWithXattr", true;
     /// Report unit usage.

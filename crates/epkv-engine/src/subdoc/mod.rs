@@ -181,6 +181,20 @@ pub(crate) fn virtual_attributes(
     })
 }
 
+/// The `$vbucket` virtual attribute (kv_engine `docs/SubDocument.md`): the vBucket's
+/// hybrid logical clock, `{"HLC":{"now":"SECONDS","mode":"real"|"logical"}}`, read at
+/// `now_nanos` with `max_cas` the vBucket's highest CAS. The clock runs ahead of the wall
+/// clock (logical mode) while a CAS was handed out past it. Transactions take their
+/// notion of time (expiry of attempts, client records) from it.
+pub(crate) fn vbucket_attribute(now_nanos: u64, max_cas: u64) -> Value {
+    let (hlc, mode) = if max_cas > now_nanos {
+        (max_cas, "logical")
+    } else {
+        (now_nanos, "real")
+    };
+    serde_json::json!({"HLC": {"now": (hlc / 1_000_000_000).to_string(), "mode": mode}})
+}
+
 /// A lookup of an extended-attribute path: the virtual ones are answered from `vattrs`,
 /// another `$` name is unknown, and the stored ones are read from `attrs` (an object
 /// of the document's attributes).
@@ -191,7 +205,7 @@ pub(crate) fn lookup_xattr(
     path: &[u8],
 ) -> Result<Vec<u8>, SubdocError> {
     match first_key(path)? {
-        k if k == "$document" || k == "$XTOC" => lookup(vattrs, op, path),
+        k if k == "$document" || k == "$XTOC" || k == "$vbucket" => lookup(vattrs, op, path),
         k if k.starts_with('$') => Err(SubdocError::UnknownVattr),
         _ => lookup(attrs, op, path),
     }

@@ -70,6 +70,7 @@ pub(crate) fn subdoc_status(e: SubdocError) -> Status {
         SubdocError::UnknownVattr => Status::SubdocXattrUnknownVattr,
         SubdocError::CantModifyVattr => Status::SubdocXattrCantModifyVattr,
         SubdocError::UnknownMacro => Status::SubdocXattrUnknownMacro,
+        SubdocError::UnknownVattrMacro => Status::SubdocXattrUnknownVattrMacro,
         SubdocError::CanOnlyReviveDeleted => Status::SubdocCanOnlyReviveDeletedDocuments,
         SubdocError::DeletedDocCantHaveValue => Status::SubdocDeletedDocumentCantHaveValue,
     }
