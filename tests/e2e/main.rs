@@ -12,6 +12,7 @@
 mod harness;
 
 mod auth_storm;
+mod bucket_capabilities;
 mod cluster;
 mod collections;
 mod commands;

@@ -5,8 +5,9 @@
 //! Fields are the ones the real clients require (`../shared/design/protocol-compat.md`
 //! §2): `rev`, `revEpoch`, `name`, `nodeLocator: "vbucket"`, `nodesExt[].services.kv`,
 //! `vBucketServerMap` with `numReplicas` and a non-empty `vBucketMap`, and
-//! `bucketCapabilities` with `durableWrite` (libcouchbase refuses SyncWrites without it),
-//! `xattr` and `collections` (HELLO 0x12 is agreed; the two must match), and
+//! `bucketCapabilities` from [`epkv_protocol::BUCKET_CAPABILITIES`] (the one list the REST
+//! bucket JSON writes too; `durableWrite`, without which libcouchbase refuses SyncWrites,
+//! and `collections`, which must match HELLO 0x12), and
 //! `collectionsManifestUid`, the uid of the bucket's collections manifest. The node's
 //! address is the one the client connected to, so a client that reached the server
 //! through one interface is never sent another.
@@ -19,6 +20,7 @@
 //! There is no TLS management port, so `mgmtSSL` is never advertised.
 
 use epkv_engine_api::{Engine, NodePorts};
+use epkv_protocol::bucket_capabilities_json;
 use epkv_types::{NUM_VBUCKETS, VBucketState, Vbid};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -98,10 +100,11 @@ pub(crate) fn bucket_config(
          \"collectionsManifestUid\":\"{uid:x}\",\
          \"vBucketServerMap\":{{\"hashAlgorithm\":\"CRC\",\"numReplicas\":0,\
          \"serverList\":[\"{server}\"],\"vBucketMap\":[{map}]}},\
-         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\",\"collections\",\"subdoc.ReplicaRead\"],\
+         \"bucketCapabilities\":{caps},\
          \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
         nodes(local, ports),
-        nodes_ext(local, ports)
+        nodes_ext(local, ports),
+        caps = bucket_capabilities_json(),
     );
     s
 }
@@ -157,10 +160,11 @@ fn clustered_bucket_config(
          \"collectionsManifestUid\":\"{uid:x}\",\
          \"vBucketServerMap\":{{\"hashAlgorithm\":\"CRC\",\"numReplicas\":{},\
          \"serverList\":[{servers}],\"vBucketMap\":[{map}]}},\
-         \"bucketCapabilities\":[\"durableWrite\",\"couchapi\",\"cccp\",\"nodesExt\",\"xattr\",\"collections\",\"subdoc.ReplicaRead\"],\
+         \"bucketCapabilities\":{caps},\
          \"clusterCapabilitiesVer\":[1,0],\"clusterCapabilities\":{{}}}}",
         failed.join(","),
-        t.replicas()
+        t.replicas(),
+        caps = bucket_capabilities_json(),
     )
 }
 

@@ -1,4 +1,5 @@
-//! Markdown tables generated from the single-source opcode and status tables, checked
+//! Markdown tables generated from the single-source opcode, status, feature and bucket
+//! capability tables, checked
 //! against `docs/protocol.md` by a test so the document cannot drift from the code.
 
 use crate::command::{is_durability_supported, is_preserve_ttl_supported};
@@ -61,6 +62,16 @@ pub fn feature_table() -> String {
     s
 }
 
+/// Returns the bucket capability table exactly as `docs/protocol.md` lists it.
+#[must_use]
+pub fn bucket_capability_table() -> String {
+    let mut s = String::from("| Capability | Why it holds |\n|------------|--------------|\n");
+    for (name, why) in crate::BUCKET_CAPABILITIES {
+        let _ = writeln!(s, "| `{name}` | {why} |");
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +100,7 @@ mod tests {
             ("opcode-table", opcode_table()),
             ("status-table", status_table()),
             ("feature-table", feature_table()),
+            ("bucket-capability-table", bucket_capability_table()),
         ];
         if std::env::var_os("EPKV_BLESS").is_some() {
             for (name, table) in &tables {

@@ -4,7 +4,8 @@
 //! with flexible framing extras) and 0x18 (response with framing extras); framing for a
 //! connection's read loop ([`frame_len`]); framing-extras (frame info) parsing; the
 //! opcode, status and HELLO feature tables, each declared once ([`Opcode`], [`Status`],
-//! [`Feature`]), and the error map derived from the status table ([`error_map_json`]); strict validation of every length and per-opcode rule; typed decoding of
+//! [`Feature`]), the bucket capabilities clients gate features on
+//! ([`BUCKET_CAPABILITIES`]), and the error map derived from the status table ([`error_map_json`]); strict validation of every length and per-opcode rule; typed decoding of
 //! requests into [`Command`]s; and encoders for requests ([`RequestBuilder`]) and
 //! responses ([`Response`]). What it is not: it does no I/O, keeps no connection state,
 //! and knows nothing about the engine.
@@ -47,6 +48,7 @@
 #![forbid(unsafe_code)]
 #![deny(rustdoc::broken_intra_doc_links)]
 
+mod bucket_capability;
 mod command;
 pub mod dcp;
 mod doc_tables;
@@ -69,10 +71,11 @@ mod server_request;
 mod status;
 mod subdoc;
 
+pub use bucket_capability::{BUCKET_CAPABILITIES, bucket_capabilities_json};
 pub use command::{
     ArithmeticOp, Command, StoreOp, is_durability_supported, is_preserve_ttl_supported,
 };
-pub use doc_tables::{feature_table, opcode_table, status_table};
+pub use doc_tables::{bucket_capability_table, feature_table, opcode_table, status_table};
 pub use durability::DurabilityRequirement;
 pub use error_map::{
     ERROR_MAP_MAX_VERSION, ErrorAttribute, entry as error_map_entry, error_map_json,

@@ -217,7 +217,10 @@ pub(crate) fn bucket(
         "controllers": controllers,
         "nodes": [node(facts, local)],
         "bucketCapabilitiesVer": "",
-        "bucketCapabilities": ["durableWrite", "couchapi", "cccp", "nodesExt"],
+        "bucketCapabilities": epkv_protocol::BUCKET_CAPABILITIES
+            .iter()
+            .map(|(name, _)| *name)
+            .collect::<Vec<_>>(),
     })
 }
 
