@@ -279,13 +279,15 @@ def admin_server(tmp_path_factory, admin, extra=("--memory-quota", "64MiB")):
 
 def sdk_connect(addr, user, password, *, kv_timeout=timedelta(seconds=10),
                 connect_timeout=timedelta(seconds=10), management_timeout=timedelta(seconds=10),
-                resolve_timeout=None, mechanisms=None, ready=timedelta(seconds=10)):
+                resolve_timeout=None, mechanisms=None, ready=timedelta(seconds=10),
+                transaction_config=None):
     """A Couchbase SDK ``Cluster`` bootstrapped from ``couchbase://addr`` as ``user``.
 
     ``connect_timeout`` also bounds the bootstrap; a ``None`` timeout keeps the SDK's
     default. ``mechanisms`` limits the SASL mechanisms offered. With ``ready``, waits up to
     that long until the cluster is ready (``None``: returns at once, as when a node of the
-    map is down)."""
+    map is down). ``transaction_config`` (a ``TransactionConfig``) configures
+    ``cluster.transactions``."""
     from couchbase.auth import PasswordAuthenticator
     from couchbase.cluster import Cluster
     from couchbase.options import ClusterOptions, ClusterTimeoutOptions
@@ -298,7 +300,8 @@ def sdk_connect(addr, user, password, *, kv_timeout=timedelta(seconds=10),
         auth = PasswordAuthenticator(user, password)
     else:
         auth = PasswordAuthenticator(user, password, allowed_sasl_mechanisms=mechanisms)
-    opts = ClusterOptions(auth, timeout_options=timeouts, enable_app_telemetry=False)
+    extra = {} if transaction_config is None else {"transaction_config": transaction_config}
+    opts = ClusterOptions(auth, timeout_options=timeouts, enable_app_telemetry=False, **extra)
     c = Cluster(f"couchbase://{addr}", opts)
     if ready is not None:
         c.wait_until_ready(ready)
