@@ -16,6 +16,7 @@ use epkv_types::{
 
 const XATTR: u8 = 0x04;
 const MACROS: u8 = 0x10;
+const BINARY_VALUE: u8 = 0x20;
 const MKDOC: u8 = 0x01;
 const ADD: u8 = 0x02;
 const ACCESS_DELETED: u8 = 0x04;
@@ -150,6 +151,55 @@ async fn check(name: &str, server: &Server, c: &mut Client, config: &serde_json:
             let r = mutate(c, key, 0, &specs).await;
             assert!(r.is_success(), "{r:?}");
             assert_eq!(c.get(key).await.unwrap().value.as_ref(), br#"{"v":"new"}"#);
+        }
+        "subdoc.BinaryXattr" => {
+            // Any bytes as an attribute's value, read back as they were written; without
+            // the flag the value reads as KV-Engine's base64 string, and a BINARY_VALUE
+            // read of a JSON attribute is 0xd8. REPLACE_BODY_WITH_XATTR decodes it.
+            must_set_json(c, key, b"{}").await;
+            let bytes: &[u8] = b"\x00\xffbin\"ary";
+            let specs = upsert_attr(b"blob", bytes, BINARY_VALUE);
+            assert!(mutate(c, key, 0, &specs).await.is_success());
+            let specs = upsert_attr(b"plain", b"1", 0);
+            assert!(mutate(c, key, 0, &specs).await.is_success());
+            let mut specs = Vec::new();
+            put_lookup_spec(&mut specs, Opcode::SubdocGet, XATTR | BINARY_VALUE, b"blob");
+            put_lookup_spec(&mut specs, Opcode::SubdocGet, XATTR, b"blob");
+            put_lookup_spec(
+                &mut specs,
+                Opcode::SubdocGet,
+                XATTR | BINARY_VALUE,
+                b"plain",
+            );
+            let cmd = Command::SubdocMultiLookup {
+                key,
+                doc_flags: 0,
+                specs: &specs,
+            };
+            let req =
+                RequestBuilder::from_command(&cmd).vbucket(vbucket_for_key(key, NUM_VBUCKETS));
+            let r = c.request(req).await.unwrap();
+            let v = &r.value[..];
+            let first = u32::from_be_bytes([v[2], v[3], v[4], v[5]]) as usize;
+            assert_eq!(&v[6..6 + first], bytes);
+            let rest = &v[6 + first..];
+            let second = u32::from_be_bytes([rest[2], rest[3], rest[4], rest[5]]) as usize;
+            let text = std::str::from_utf8(&rest[6..6 + second]).unwrap();
+            assert!(text.starts_with("\"cb-content-base64-encoded:"), "{text}");
+            let third = &rest[6 + second..];
+            assert_eq!(u16::from_be_bytes([third[0], third[1]]), 0xd8);
+            let mut specs = Vec::new();
+            put_mutation_spec(
+                &mut specs,
+                Opcode::SubdocReplaceBodyWithXattr,
+                XATTR | BINARY_VALUE,
+                b"blob",
+                b"",
+            );
+            assert!(mutate(c, key, 0, &specs).await.is_success());
+            let got = c.get(key).await.unwrap();
+            assert_eq!(got.value.as_ref(), bytes);
+            assert!(!got.datatype.contains(Datatype::JSON));
         }
         "subdoc.DocumentMacroSupport" => {
             must_set_json(c, key, b"{}").await;

@@ -228,6 +228,10 @@ pub struct SubdocSpec<'a> {
     /// Expand the macros `${Mutation.CAS}`, `${Mutation.seqno}` and
     /// `${Mutation.value_crc32c}` in the value (path flag `EXPAND_MACROS`, with `xattr`).
     pub expand_macros: bool,
+    /// The attribute value is binary (path flag `BINARY_VALUE`, with `xattr`): a write
+    /// stores it base64 encoded in a JSON string, a GET (and REPLACE_BODY_WITH_XATTR)
+    /// decodes it.
+    pub binary: bool,
 }
 
 /// Why one sub-document path failed (statuses 0xc0-0xca).
@@ -268,6 +272,8 @@ pub enum SubdocError {
     /// A deleted document (created or changed with its tombstone kept) cannot have a
     /// body.
     DeletedDocCantHaveValue,
+    /// A BINARY_VALUE read of a value that is not a binary one.
+    NotBinaryValue,
 }
 
 /// What a sub-document lookup found: the document's CAS and each path's outcome, in

@@ -112,6 +112,8 @@ impl Bucket {
             specs
                 .iter()
                 .map(|s| match &attrs {
+                    Some((v, a)) if s.xattr && s.binary => subdoc::lookup_xattr(v, a, s.op, s.path)
+                        .and_then(|json| crate::xattrs::decode_binary(&json)),
                     Some((v, a)) if s.xattr => subdoc::lookup_xattr(v, a, s.op, s.path),
                     // A deleted document has no body.
                     _ if deleted => Err(SubdocError::PathNotFound),
@@ -357,6 +359,9 @@ fn mutate_attr(
     let value = if s.expand_macros {
         expanded = Attrs::expand_macros(s.value, vattrs)?;
         &expanded[..]
+    } else if s.binary {
+        expanded = crate::xattrs::encode_binary(s.value);
+        &expanded[..]
     } else {
         s.value
     };
@@ -393,7 +398,14 @@ fn mutate_body(
         SubdocOp::ReplaceBodyWithXattr => {
             let root = Value::Object(attrs.0.clone());
             let v = subdoc::lookup(&root, SubdocOp::Get, s.path)?;
-            *body = Body::Bytes(v, true);
+            *body = if s.binary {
+                // The decoded bytes, which may still be JSON.
+                let v = crate::xattrs::decode_binary(&v)?;
+                let json = serde_json::from_slice::<serde::de::IgnoredAny>(&v).is_ok();
+                Body::Bytes(v, json)
+            } else {
+                Body::Bytes(v, true)
+            };
             Ok(Vec::new())
         }
         _ => {

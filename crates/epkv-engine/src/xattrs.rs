@@ -308,8 +308,58 @@ pub(crate) fn valid_section(section: &[u8]) -> bool {
     true
 }
 
+/// The prefix of a binary attribute value's JSON string (KV-Engine's encoding: a client
+/// reading the value without BINARY_VALUE sees this string).
+const BINARY_PREFIX: &str = "cb-content-base64-encoded:";
+
+/// A binary attribute value as it is stored: a JSON string of [`BINARY_PREFIX`] and the
+/// value in base64.
+pub(crate) fn encode_binary(value: &[u8]) -> Vec<u8> {
+    use base64::Engine as _;
+    let text = format!(
+        "{BINARY_PREFIX}{}",
+        base64::engine::general_purpose::STANDARD.encode(value)
+    );
+    // A JSON string of ASCII needs no escapes.
+    format!("\"{text}\"").into_bytes()
+}
+
+/// The bytes of a stored binary attribute value (`json`, the JSON text at the path).
+///
+/// # Errors
+/// `NotBinaryValue` for anything but a JSON string of [`BINARY_PREFIX`] and base64.
+pub(crate) fn decode_binary(json: &[u8]) -> Result<Vec<u8>, SubdocError> {
+    use base64::Engine as _;
+    let text: String = serde_json::from_slice(json).map_err(|_| SubdocError::NotBinaryValue)?;
+    let encoded = text
+        .strip_prefix(BINARY_PREFIX)
+        .ok_or(SubdocError::NotBinaryValue)?;
+    base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| SubdocError::NotBinaryValue)
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn binary_values_round_trip_through_kv_engines_string_and_nothing_else_decodes() {
+        for bytes in [&b""[..], b"\x00\xff\"\\", b"plain text"] {
+            let stored = encode_binary(bytes);
+            let text: String = serde_json::from_slice(&stored).unwrap();
+            assert!(text.starts_with("cb-content-base64-encoded:"));
+            assert_eq!(decode_binary(&stored).unwrap(), bytes);
+        }
+        for not_binary in [
+            &b"1"[..],
+            b"\"text\"",
+            b"\"cb-content-base64-encoded:***\"",
+            b"{}",
+        ] {
+            assert_eq!(decode_binary(not_binary), Err(SubdocError::NotBinaryValue));
+        }
+    }
+
     use super::*;
     use epkv_types::{Cas, Seqno};
 

@@ -28,6 +28,7 @@ fn attr<'a>(op: SubdocOp, path: &'a str, value: &'a str) -> SubdocSpec<'a> {
         value: value.as_bytes(),
         xattr: true,
         expand_macros: true,
+        binary: false,
     }
 }
 
@@ -53,6 +54,7 @@ fn lookup(f: &Fixture, key: &str, paths: &[&str]) -> EngineResult<SubdocLookup> 
         .iter()
         .map(|p| SubdocSpec {
             expand_macros: false,
+            binary: false,
             mkdir_p: false,
             ..attr(SubdocOp::Get, p, "")
         })
@@ -149,6 +151,7 @@ fn document_macros_on_a_tombstone_and_on_a_new_document() {
     );
     let specs = [SubdocSpec {
         expand_macros: false,
+        binary: false,
         ..attr(SubdocOp::Get, "txn.old", "")
     }];
     let got = f
@@ -180,6 +183,7 @@ fn document_macros_on_a_tombstone_and_on_a_new_document() {
             b"new",
             &[SubdocSpec {
                 expand_macros: false,
+                binary: false,
                 ..attr(SubdocOp::Get, "txn.old", "")
             }],
             DELETED,

@@ -227,6 +227,7 @@ fn sub_document_lookups_read_a_replica_with_replica_read_and_only_then() {
         mkdir_p: false,
         xattr,
         expand_macros: false,
+        binary: false,
         path: path.as_bytes(),
         value: b"",
     };

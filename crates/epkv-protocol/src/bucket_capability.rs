@@ -19,7 +19,7 @@
 /// CREATE_AS_DELETED has no name of its own: `tombstonedUserXAttrs` stands for it (the
 /// Java SDK's `CREATE_AS_DELETED` capability is that string; ns_server has no
 /// `subdoc.CreateAsDeleted`). Left out: `xdcrCheckpointing` (no XDCR checkpoint opcodes),
-/// `subdoc.BinaryXattr` (extended attribute values must be JSON), `preserveExpiry`,
+/// `preserveExpiry`,
 /// `dcp.IgnorePurgedTombstones` (a DCP stream behind the purge seqno rolls back whatever
 /// its flags say), and those of features not built (`rangeScan` until it lands).
 // One line per capability, so that adding one is one line (rustfmt would split them).
@@ -34,6 +34,7 @@ pub const BUCKET_CAPABILITIES: &[(&str, &str)] = &[
     ("subdoc.ReviveDocument", "the REVIVE doc flag"),
     ("subdoc.ReplicaRead", "the REPLICA_READ doc flag reads a replica vBucket"),
     ("subdoc.AccessDeleted", "the ACCESS_DELETED doc flag"),
+    ("subdoc.BinaryXattr", "the BINARY_VALUE path flag: binary attribute values"),
     ("dcp", "DCP producers"),
     ("cbhello", "HELLO"),
     ("touch", "TOUCH and GAT"),

@@ -656,7 +656,11 @@ impl<'a> Command<'a> {
             op if crate::subdoc::is_subdoc_lookup(op) || crate::subdoc::is_subdoc_mutation(op) => {
                 let path_len = usize::from(u16::from_be_bytes([extras[0], extras[1]]));
                 let path_flags = extras[2];
-                crate::subdoc::check_path_flags(path_flags, crate::subdoc::is_subdoc_lookup(op))?;
+                crate::subdoc::check_path_flags(
+                    op,
+                    path_flags,
+                    crate::subdoc::is_subdoc_lookup(op),
+                )?;
                 let (expiry, doc_flags) = match extras.len() {
                     4 => (0, extras[3]),
                     7 => (be_u32(&extras[3..]), 0),

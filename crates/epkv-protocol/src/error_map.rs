@@ -164,6 +164,7 @@ pub fn entry(status: Status) -> (&'static str, &'static [ErrorAttribute]) {
             "SUBDOC_DELETED_DOCUMENT_CANT_HAVE_VALUE",
             &[A::InvalidInput],
         ),
+        Status::SubdocFieldNotBinaryValue => ("SUBDOC_FIELD_NOT_BINARY_VALUE", &[A::InvalidInput]),
     }
 }
 

@@ -116,6 +116,7 @@ features! {
     ClustermapChangeNotificationBrief = 0x1f, "ClustermapChangeNotificationBrief", true;
     /// Subdoc multiple xattr keys.
     SubdocAllowsAccessOnMultipleXattrKeys = 0x20, "SubdocAllowsAccessOnMultipleXattrKeys", true;
-    /// Subdoc binary xattr.
-    SubdocBinaryXattr = 0x21, "SubdocBinaryXattr", false;
+    /// Binary extended attribute values (path flag BINARY_VALUE); informational, as in
+    /// kv_engine.
+    SubdocBinaryXattr = 0x21, "SubdocBinaryXattr", true;
 }

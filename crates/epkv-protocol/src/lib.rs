@@ -102,7 +102,7 @@ pub use server_request::{
 pub use status::Status;
 pub use subdoc::{
     DOC_FLAG_ACCESS_DELETED, DOC_FLAG_ADD, DOC_FLAG_CREATE_AS_DELETED, DOC_FLAG_MKDOC,
-    DOC_FLAG_REPLICA_READ, DOC_FLAG_REVIVE, DOC_FLAGS, MAX_SUBDOC_SPECS, PATH_FLAG_EXPAND_MACROS,
-    PATH_FLAG_MKDIR_P, PATH_FLAG_XATTR, SubdocSpec, check_spec_order, is_subdoc_lookup,
-    is_subdoc_mutation, parse_specs, put_lookup_spec, put_mutation_spec,
+    DOC_FLAG_REPLICA_READ, DOC_FLAG_REVIVE, DOC_FLAGS, MAX_SUBDOC_SPECS, PATH_FLAG_BINARY_VALUE,
+    PATH_FLAG_EXPAND_MACROS, PATH_FLAG_MKDIR_P, PATH_FLAG_XATTR, SubdocSpec, check_spec_order,
+    is_subdoc_lookup, is_subdoc_mutation, parse_specs, put_lookup_spec, put_mutation_spec,
 };

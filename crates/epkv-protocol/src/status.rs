@@ -150,6 +150,8 @@ statuses! {
     SubdocCanOnlyReviveDeletedDocuments = 0xd6, "Subdoc: Only deleted documents can be revived";
     /// Sub-document: a deleted document cannot have a body.
     SubdocDeletedDocumentCantHaveValue = 0xd7, "Subdoc: A deleted document can't have a user value";
+    /// Sub-document: a BINARY_VALUE read of an attribute value that is not binary.
+    SubdocFieldNotBinaryValue = 0xd8, "Subdoc: The requested field is not a binary value";
 }
 
 #[cfg(test)]

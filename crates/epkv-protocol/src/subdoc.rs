@@ -20,6 +20,11 @@ pub const PATH_FLAG_MKDIR_P: u8 = 0x01;
 pub const PATH_FLAG_XATTR: u8 = 0x04;
 /// Path flag: expand macros in an extended attribute's value (with `XATTR` only).
 pub const PATH_FLAG_EXPAND_MACROS: u8 = 0x10;
+/// Path flag: the extended attribute's value is binary (KV-Engine 7.6): stored base64
+/// encoded in a JSON string, read back decoded (with `XATTR` only, not with
+/// `EXPAND_MACROS`; on SUBDOC_GET, DICT_ADD, DICT_UPSERT, REPLACE and
+/// REPLACE_BODY_WITH_XATTR).
+pub const PATH_FLAG_BINARY_VALUE: u8 = 0x20;
 /// Doc flag: create the document if missing (upsert semantics).
 pub const DOC_FLAG_MKDOC: u8 = 0x01;
 /// Doc flag: create the document, which must not exist (insert semantics).
@@ -81,15 +86,29 @@ pub fn is_subdoc_mutation(op: Opcode) -> bool {
 
 /// Checks one spec's flags: unknown bits, and MKDIR_P or EXPAND_MACROS on a lookup, are
 /// EINVAL; EXPAND_MACROS without XATTR is SubdocXattrInvalidFlagCombo.
-pub(crate) fn check_path_flags(flags: u8, lookup: bool) -> Result<(), Status> {
-    if flags & !(PATH_FLAG_MKDIR_P | PATH_FLAG_XATTR | PATH_FLAG_EXPAND_MACROS) != 0 {
+pub(crate) fn check_path_flags(op: Opcode, flags: u8, lookup: bool) -> Result<(), Status> {
+    let known =
+        PATH_FLAG_MKDIR_P | PATH_FLAG_XATTR | PATH_FLAG_EXPAND_MACROS | PATH_FLAG_BINARY_VALUE;
+    if flags & !known != 0 {
         return Err(Status::Einval);
     }
     if lookup && flags & PATH_FLAG_EXPAND_MACROS != 0 {
         return Err(Status::Einval);
     }
-    if flags & PATH_FLAG_EXPAND_MACROS != 0 && flags & PATH_FLAG_XATTR == 0 {
+    let xattr = flags & PATH_FLAG_XATTR != 0;
+    let binary = flags & PATH_FLAG_BINARY_VALUE != 0;
+    if flags & PATH_FLAG_EXPAND_MACROS != 0 && (!xattr || binary) || binary && !xattr {
         return Err(Status::SubdocXattrInvalidFlagCombo);
+    }
+    let binary_ops = [
+        Opcode::SubdocGet,
+        Opcode::SubdocDictAdd,
+        Opcode::SubdocDictUpsert,
+        Opcode::SubdocReplace,
+        Opcode::SubdocReplaceBodyWithXattr,
+    ];
+    if binary && !binary_ops.contains(&op) {
+        return Err(Status::Einval);
     }
     Ok(())
 }
@@ -162,7 +181,7 @@ pub fn parse_specs(mut v: &[u8], mutations: bool) -> Result<Vec<SubdocSpec<'_>>,
             .and_then(|n| n.checked_add(value_len))
             .ok_or(Status::Einval)?;
         let body = v.get(head..end).ok_or(Status::Einval)?;
-        check_path_flags(flags, !mutations)?;
+        check_path_flags(opcode, flags, !mutations)?;
         let whole_doc = matches!(opcode, Opcode::Get | Opcode::Set | Opcode::Delete);
         if whole_doc && (path_len != 0 || flags & PATH_FLAG_XATTR != 0) {
             return Err(Status::Einval);
@@ -209,6 +228,39 @@ pub fn put_mutation_spec(out: &mut Vec<u8>, opcode: Opcode, flags: u8, path: &[u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binary_value_goes_with_xattr_on_the_five_opcodes_kv_engine_allows() {
+        let binary = PATH_FLAG_XATTR | PATH_FLAG_BINARY_VALUE;
+        assert_eq!(check_path_flags(Opcode::SubdocGet, binary, true), Ok(()));
+        for op in [
+            Opcode::SubdocDictAdd,
+            Opcode::SubdocDictUpsert,
+            Opcode::SubdocReplace,
+            Opcode::SubdocReplaceBodyWithXattr,
+        ] {
+            assert_eq!(check_path_flags(op, binary, false), Ok(()));
+        }
+        assert_eq!(
+            check_path_flags(Opcode::SubdocGet, PATH_FLAG_BINARY_VALUE, true),
+            Err(Status::SubdocXattrInvalidFlagCombo)
+        );
+        assert_eq!(
+            check_path_flags(
+                Opcode::SubdocDictUpsert,
+                binary | PATH_FLAG_EXPAND_MACROS,
+                false
+            ),
+            Err(Status::SubdocXattrInvalidFlagCombo)
+        );
+        for (op, lookup) in [
+            (Opcode::SubdocExists, true),
+            (Opcode::SubdocArrayPushLast, false),
+            (Opcode::SubdocCounter, false),
+        ] {
+            assert_eq!(check_path_flags(op, binary, lookup), Err(Status::Einval));
+        }
+    }
 
     #[test]
     fn multi_specs_round_trip_and_bad_ones_are_refused() {

@@ -26,7 +26,8 @@ use epkv_engine_api::{
 use epkv_protocol::{
     Command, DOC_FLAG_ACCESS_DELETED, DOC_FLAG_ADD, DOC_FLAG_CREATE_AS_DELETED, DOC_FLAG_MKDOC,
     DOC_FLAG_REPLICA_READ, DOC_FLAG_REVIVE, DOC_FLAGS, DurabilityRequirement, Opcode,
-    PATH_FLAG_EXPAND_MACROS, PATH_FLAG_MKDIR_P, PATH_FLAG_XATTR, Response, Status,
+    PATH_FLAG_BINARY_VALUE, PATH_FLAG_EXPAND_MACROS, PATH_FLAG_MKDIR_P, PATH_FLAG_XATTR, Response,
+    Status,
 };
 use epkv_types::doc_key;
 use epkv_types::{Cas, Datatype, Vbid};
@@ -73,6 +74,7 @@ pub(crate) fn subdoc_status(e: SubdocError) -> Status {
         SubdocError::UnknownVattrMacro => Status::SubdocXattrUnknownVattrMacro,
         SubdocError::CanOnlyReviveDeleted => Status::SubdocCanOnlyReviveDeletedDocuments,
         SubdocError::DeletedDocCantHaveValue => Status::SubdocDeletedDocumentCantHaveValue,
+        SubdocError::NotBinaryValue => Status::SubdocFieldNotBinaryValue,
     }
 }
 
@@ -138,6 +140,7 @@ impl Session {
                     mkdir_p: s.flags & PATH_FLAG_MKDIR_P != 0,
                     xattr: s.flags & PATH_FLAG_XATTR != 0,
                     expand_macros: s.flags & PATH_FLAG_EXPAND_MACROS != 0,
+                    binary: s.flags & PATH_FLAG_BINARY_VALUE != 0,
                     path: s.path,
                     value: s.value,
                 })
@@ -182,7 +185,9 @@ impl Session {
                     out,
                     &Response::new(to.opcode, success, to.opaque)
                         .with_cas(found.cas)
-                        .with_datatype(self.json_if(!v.is_empty()))
+                        .with_datatype(
+                            self.json_if(!v.is_empty() && !specs.first().is_some_and(|s| s.binary)),
+                        )
                         .with_value(&v),
                 ),
                 Some(Err(e)) => self.fail_wire(out, to, subdoc_status(e), &[]),
