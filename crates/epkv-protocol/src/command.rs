@@ -301,6 +301,19 @@ pub enum Command<'a> {
         /// The path.
         path: &'a [u8],
     },
+    /// RANGE_SCAN_CREATE for the header's vBucket: the value is the JSON the front end
+    /// parses with [`crate::range_scan::CreateRequest::parse`] (the datatype must be JSON).
+    RangeScanCreate {
+        /// The JSON value.
+        spec: &'a [u8],
+    },
+    /// RANGE_SCAN_CONTINUE: the next batch of a scan.
+    RangeScanContinue(crate::range_scan::ContinueRequest),
+    /// RANGE_SCAN_CANCEL: closes a scan.
+    RangeScanCancel {
+        /// The scan's id.
+        id: [u8; crate::range_scan::SCAN_ID_LEN],
+    },
 }
 
 /// Extras-length rule of an opcode.
@@ -451,6 +464,12 @@ fn spec_for(op: Opcode) -> Option<Spec> {
         Opcode::GetCollectionId | Opcode::GetScopeId => {
             spec(E::Exactly(0), P::Any, P::Any, C::NotSet)
         }
+        Opcode::RangeScanCreate => with_datatype(
+            spec(E::Exactly(0), P::Zero, P::NonZero, C::NotSet),
+            RAW_JSON,
+        ),
+        Opcode::RangeScanContinue => spec(E::Exactly(28), P::Zero, P::Zero, C::NotSet),
+        Opcode::RangeScanCancel => spec(E::Exactly(16), P::Zero, P::Zero, C::NotSet),
         _ => return None,
     })
 }
@@ -778,6 +797,19 @@ impl<'a> Command<'a> {
                 }
                 Command::GetErrorMap { version }
             }
+            Opcode::RangeScanCreate => {
+                // kv_engine: "Datatype must be JSON".
+                if req.header.datatype != Datatype::JSON {
+                    return Err(Status::Einval);
+                }
+                Command::RangeScanCreate { spec: req.value }
+            }
+            Opcode::RangeScanContinue => Command::RangeScanContinue(
+                crate::range_scan::ContinueRequest::decode(extras).ok_or(Status::Einval)?,
+            ),
+            Opcode::RangeScanCancel => Command::RangeScanCancel {
+                id: extras.try_into().map_err(|_| Status::Einval)?,
+            },
             _ => return Err(Status::UnknownCommand),
         })
     }
@@ -862,6 +894,9 @@ impl<'a> Command<'a> {
             Command::GetCollectionId { .. } => Opcode::GetCollectionId,
             Command::GetRandomKey { .. } => Opcode::GetRandomKey,
             Command::GetScopeId { .. } => Opcode::GetScopeId,
+            Command::RangeScanCreate { .. } => Opcode::RangeScanCreate,
+            Command::RangeScanContinue(_) => Opcode::RangeScanContinue,
+            Command::RangeScanCancel { .. } => Opcode::RangeScanCancel,
         }
     }
 

@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 pub const ERROR_MAP_MAX_VERSION: u16 = 2;
 
 /// The revision of the version 2 map; bump it whenever an entry changes.
-const REVISION_V2: u32 = 1;
+const REVISION_V2: u32 = 2;
 /// Version 1 maps carry a revision this much higher (kv_engine's convention, so a derived
 /// v1 map is never older than the hand-written v1 maps of servers before v2).
 const V1_REVISION_OFFSET: u32 = 4;
@@ -124,6 +124,10 @@ pub fn entry(status: Status) -> (&'static str, &'static [ErrorAttribute]) {
             "SYNC_WRITE_RE_COMMIT_IN_PROGRESS",
             &[A::Temp, A::RetryLater],
         ),
+        Status::RangeScanCancelled => ("RangeScanCancelled", &[A::Success]),
+        Status::RangeScanMore => ("RangeScanMore", &[A::Success]),
+        Status::RangeScanComplete => ("RangeScanComplete", &[A::Success]),
+        Status::VbUuidNotEqual => ("VbUuidNotEqual", &[A::InvalidInput]),
         Status::SubdocPathEnoent => ("SUBDOC_PATH_ENOENT", &[A::ItemOnly]),
         Status::SubdocPathMismatch => ("SUBDOC_PATH_MISMATCH", &[A::ItemOnly]),
         Status::SubdocPathEinval => ("SUBDOC_PATH_EINVAL", &[A::InvalidInput]),
@@ -225,12 +229,12 @@ mod tests {
         assert!(
             error_map_json(1)
                 .1
-                .starts_with("{\"version\":1,\"revision\":5,")
+                .starts_with("{\"version\":1,\"revision\":6,")
         );
         assert!(
             error_map_json(2)
                 .1
-                .starts_with("{\"version\":2,\"revision\":1,")
+                .starts_with("{\"version\":2,\"revision\":2,")
         );
         assert_eq!(error_map_json(9).0, 2);
     }

@@ -64,6 +64,7 @@ mod limits;
 mod magic;
 mod observe;
 mod opcode;
+pub mod range_scan;
 mod request;
 mod request_builder;
 mod response;

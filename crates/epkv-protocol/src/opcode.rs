@@ -229,6 +229,14 @@ opcodes! {
     /// Sub-document: replace the body with an extended attribute's value (in
     /// MULTI_MUTATION only).
     SubdocReplaceBodyWithXattr = 0xd3, "SUBDOC_REPLACE_BODY_WITH_XATTR", false;
+    /// Range scan: open a scan of a collection in one vBucket (a key range or a random
+    /// sample; the value is the JSON of [`crate::range_scan::CreateRequest`]).
+    RangeScanCreate = 0xda, "RANGE_SCAN_CREATE", true;
+    /// Range scan: the next keys or documents of a scan (extras:
+    /// [`crate::range_scan::ContinueRequest`]).
+    RangeScanContinue = 0xdb, "RANGE_SCAN_CONTINUE", true;
+    /// Range scan: close a scan (extras: its 16-byte id).
+    RangeScanCancel = 0xdc, "RANGE_SCAN_CANCEL", true;
     /// Test-only: shift the server clock (allowed only when the server runs in testing mode).
     AdjustTimeofday = 0xfc, "ADJUST_TIMEOFDAY", true;
     /// Read the error map.

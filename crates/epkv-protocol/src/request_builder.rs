@@ -11,9 +11,9 @@ use crate::opcode::Opcode;
 use bytes::BufMut;
 use epkv_types::{Cas, Datatype, Vbid};
 
-/// The largest typed extras section (INCREMENT/DECREMENT: 20 bytes); typed values held
+/// The largest typed extras section (RANGE_SCAN_CONTINUE: 28 bytes); typed values held
 /// inline (OBSERVE_SEQNO's UUID, GET_ERROR_MAP's version) are smaller.
-const INLINE_EXTRAS: usize = 20;
+const INLINE_EXTRAS: usize = 28;
 
 /// A short section owned inline (typed commands) or borrowed (raw requests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +37,7 @@ impl Extras<'_> {
             buf[len..len + p.len()].copy_from_slice(p);
             len += p.len();
         }
-        // `len <= INLINE_EXTRAS` (20) by construction of every caller.
+        // `len <= INLINE_EXTRAS` (28) by construction of every caller.
         Extras::Inline(buf, len as u8)
     }
 }
@@ -288,6 +288,9 @@ impl<'a> RequestBuilder<'a> {
                 (cid, true) => b.inline_extras(Extras::from_parts(&[&cid.to_be_bytes(), &[0xff]])),
             },
             Command::GetCollectionId { path } | Command::GetScopeId { path } => b.value(path),
+            Command::RangeScanCreate { spec } => b.datatype(Datatype::JSON).value(spec),
+            Command::RangeScanContinue(c) => b.inline_extras(Extras::from_parts(&[&c.encode()])),
+            Command::RangeScanCancel { id } => b.inline_extras(Extras::from_parts(&[&id])),
         }
     }
 

@@ -102,6 +102,15 @@ statuses! {
     SyncWriteAmbiguous = 0xa3, "Synchronous write ambiguous";
     /// A SyncWrite re-commit is in progress.
     SyncWriteReCommitInProgress = 0xa4, "Synchronous write re-commit in progress";
+    /// Range scan: the scan was cancelled while a continue was returning its data.
+    RangeScanCancelled = 0xa5, "The range scan was cancelled";
+    /// Range scan: the continue reached a limit; the scan may have more (continue again).
+    RangeScanMore = 0xa6, "The range scan has more data available";
+    /// Range scan: the scan reached the end of its range and is closed.
+    RangeScanComplete = 0xa7, "The range scan has completed";
+    /// Range scan: the snapshot requirements name a vBucket uuid that is not the
+    /// vBucket's current one.
+    VbUuidNotEqual = 0xa8, "The vbucket uuid does not equal the server's vbucket uuid";
     /// Sub-document: a component of the path does not exist.
     SubdocPathEnoent = 0xc0, "Subdoc: Path not does not exist";
     /// Sub-document: the path goes through a value of the wrong kind.

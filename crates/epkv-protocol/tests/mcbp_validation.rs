@@ -204,6 +204,18 @@ fn sample(op: Opcode) -> Command<'static> {
         },
         Opcode::GetCollectionId => Command::GetCollectionId { path: b"s.c" },
         Opcode::GetScopeId => Command::GetScopeId { path: b"s" },
+        Opcode::RangeScanCreate => Command::RangeScanCreate {
+            spec: br#"{"range":{"start":"YQ==","end":"eg=="}}"#,
+        },
+        Opcode::RangeScanContinue => {
+            Command::RangeScanContinue(epkv_protocol::range_scan::ContinueRequest {
+                id: [5; 16],
+                item_limit: 100,
+                time_limit_ms: 0,
+                byte_limit: 4096,
+            })
+        }
+        Opcode::RangeScanCancel => Command::RangeScanCancel { id: [6; 16] },
         other => panic!("no sample for implemented opcode {other:?}"),
     }
 }
@@ -265,7 +277,10 @@ fn json_datatype_is_accepted_on_stores_only() {
     for op in implemented() {
         let b = RequestBuilder::from_command(&sample(op)).datatype(Datatype::JSON);
         let is_store = matches!(sample(op), Command::Store { .. });
-        if is_store || op == Opcode::SetVbucket {
+        if op == Opcode::RangeScanCreate {
+            // Its value must be JSON (checked below).
+            assert_eq!(status_of(b), Ok(()), "{op:?}");
+        } else if is_store || op == Opcode::SetVbucket {
             // SET_VBUCKET with JSON needs the one-byte form; checked separately.
             if is_store {
                 assert_eq!(status_of(b), Ok(()), "{op:?}");
@@ -395,6 +410,8 @@ fn value_rules() {
                 | Command::Subdoc { .. }
                 | Command::GetCollectionId { .. }
                 | Command::GetScopeId { .. }
+                // Decoding checks the datatype only; the front end parses the JSON.
+                | Command::RangeScanCreate { .. }
         );
         let value: &[u8] = if op == Opcode::Hello { b"vv" } else { b"vvv" };
         let b = RequestBuilder::from_command(&cmd).value(value);
@@ -445,6 +462,17 @@ fn cas_rules() {
     }
     let b = RequestBuilder::from_command(&sample(Opcode::UnlockKey)).cas(Cas::ANY);
     assert_eq!(status_of(b), Err(Status::Einval), "UNLOCK_KEY needs a CAS");
+}
+
+#[test]
+fn range_scan_create_needs_a_json_value() {
+    let cmd = sample(Opcode::RangeScanCreate);
+    let raw = RequestBuilder::from_command(&cmd).datatype(Datatype::RAW);
+    assert_eq!(status_of(raw), Err(Status::Einval), "not JSON");
+    let empty = RequestBuilder::from_command(&cmd).value(&[]);
+    assert_eq!(status_of(empty), Err(Status::Einval), "no value");
+    let snappy = RequestBuilder::from_command(&cmd).datatype(Datatype(0x03));
+    assert_eq!(status_of(snappy), Err(Status::Einval), "compressed");
 }
 
 #[test]
