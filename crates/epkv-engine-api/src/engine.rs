@@ -1,5 +1,8 @@
 //! The [`Engine`] trait: everything the front end can ask of a bucket.
 
+use crate::range_scan::{
+    RangeScanCreate, RangeScanCreated, RangeScanId, RangeScanLimits, RangeScanProgress, ScanItem,
+};
 use crate::{
     ArithmeticRequest, EngineResult, EngineStatus, Item, MutationInfo, RemoveRequest, StoreRequest,
     VBucketSeqnos,
@@ -440,6 +443,79 @@ pub trait Engine: Send + Sync + 'static {
     ) -> Result<Box<dyn crate::DcpStream>, crate::DcpStreamError> {
         let _ = (vbid, req);
         Err(crate::DcpStreamError::Status(EngineStatus::NotSupported))
+    }
+
+    /// RANGE_SCAN_CREATE: opens a scan of collection `req.collection` in active vBucket
+    /// `vbid` (see [`crate::range_scan`]). The scan's keys are fixed now: keys written
+    /// later are not returned, keys deleted later are not returned as documents. With
+    /// `resume`, finishes the create that answered [`RangeScanCreated::Pending`] with that
+    /// id (the caller waited with [`Self::when_range_scan_ready`]).
+    ///
+    /// The default answers `NotSupported`.
+    ///
+    /// # Errors
+    /// `NotMyVbucket` (not active here), `UnknownCollection`, `KeyNotFound` (no key in
+    /// the range, an empty collection to sample, or an unknown `resume`),
+    /// `VbUuidNotEqual`, `TempFail` (the seqno required is not persisted, within the
+    /// timeout if any), `NotStored` (`seqno_exists` and the seqno's mutation is gone),
+    /// `TooBusy` (the owner has too many scans or too many keys in scans), `Invalid`,
+    /// `NotSupported`.
+    fn range_scan_create(
+        &self,
+        vbid: Vbid,
+        req: &RangeScanCreate,
+        resume: Option<RangeScanId>,
+    ) -> EngineResult<RangeScanCreated> {
+        let _ = (vbid, req, resume);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// RANGE_SCAN_CONTINUE: hands the scan's next keys or documents, in key order, to
+    /// `emit` (under the document's lock: `emit` must be quick and must not call back into
+    /// the engine) until a limit is reached ([`RangeScanProgress::More`]) or the scan ends
+    /// ([`RangeScanProgress::Complete`]; the scan is closed). Documents deleted or expired
+    /// since the create are skipped. Nothing is emitted when it answers an error.
+    ///
+    /// The default answers `NotSupported`.
+    ///
+    /// # Errors
+    /// `KeyNotFound` (no such scan in `vbid`: never opened, completed, cancelled or
+    /// expired), `WouldBlock` (values must be read from disk first: wait with
+    /// [`Self::when_range_scan_ready`] and continue again), `TooBusy` (another continue
+    /// of the scan is running), `RangeScanCancelled` (cancelled while a continue waited),
+    /// `NotMyVbucket`, `UnknownCollection` (the scan is closed), `NotSupported`.
+    fn range_scan_continue(
+        &self,
+        vbid: Vbid,
+        id: RangeScanId,
+        limits: RangeScanLimits,
+        emit: &mut dyn FnMut(ScanItem<'_>),
+    ) -> EngineResult<RangeScanProgress> {
+        let _ = (vbid, id, limits, emit);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// RANGE_SCAN_CANCEL: closes a scan.
+    ///
+    /// # Errors
+    /// `KeyNotFound` (no such scan in `vbid`), `NotSupported` (the default).
+    fn range_scan_cancel(&self, vbid: Vbid, id: RangeScanId) -> EngineResult<()> {
+        let _ = (vbid, id);
+        Err(EngineStatus::NotSupported)
+    }
+
+    /// Calls `done` once what scan `id` waits for is over (its create's seqno, its keys or
+    /// values read from disk), at once when it waits for nothing (or does not exist); the
+    /// caller then runs the create (with `resume`) or the continue again. It runs on an
+    /// engine thread, so it must be quick and never block. The default calls `done(Ok(()))`.
+    fn when_range_scan_ready(&self, vbid: Vbid, id: RangeScanId, done: FetchedCallback) {
+        let _ = (vbid, id);
+        done(Ok(()));
+    }
+
+    /// Closes every scan `owner` opened (its connection closed). The default does nothing.
+    fn range_scan_release(&self, owner: u64) {
+        let _ = owner;
     }
 
     /// GET_REPLICA: reads a document from replica vBucket `vbid`.

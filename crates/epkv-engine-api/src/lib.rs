@@ -30,6 +30,7 @@ pub mod cluster;
 pub mod dcp;
 mod engine;
 mod item;
+pub mod range_scan;
 mod request;
 mod status;
 pub mod xattr;
@@ -40,6 +41,10 @@ pub use engine::{Engine, FetchedCallback, PersistedCallback, StatSink, SyncWrite
 pub use item::{
     DocMeta, FailoverEntry, Item, ItemView, KeyState, LookupFlags, MutationInfo, SubdocError,
     SubdocLookup, SubdocMutated, SubdocMutation, SubdocOp, SubdocSpec, VBucketSeqnos,
+};
+pub use range_scan::{
+    RangeScanCreate, RangeScanCreated, RangeScanId, RangeScanKind, RangeScanLimits,
+    RangeScanProgress, ScanBound, ScanContent, ScanDocument, ScanItem, SnapshotRequirements,
 };
 pub use request::{
     ArithmeticOp, ArithmeticRequest, DurabilityRequirements, Expiry, RemoveRequest, StoreOp,

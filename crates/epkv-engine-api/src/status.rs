@@ -52,6 +52,14 @@ pub enum EngineStatus {
     /// A seqno outside what the vBucket has (a DCP stream asked to start past its high
     /// seqno).
     OutOfRange,
+    /// The engine has too much of something open to take this (range scans: the owner's
+    /// scans or their keys are at their limit); retry later.
+    TooBusy,
+    /// The vBucket uuid a request named is not the vBucket's current one (a range scan's
+    /// snapshot requirements).
+    VbUuidNotEqual,
+    /// A range scan was cancelled while a continue of it waited.
+    RangeScanCancelled,
     /// A logic error inside the engine; logged by the engine with detail.
     Internal,
     /// The operation cannot go on yet: it needs data that is not in memory (an evicted
@@ -88,6 +96,9 @@ impl fmt::Display for EngineStatus {
             Self::UnknownStatGroup => "unknown stat group",
             Self::OutOfRange => "seqno out of range",
             Self::Internal => "internal error",
+            Self::TooBusy => "too busy",
+            Self::VbUuidNotEqual => "vbucket uuid not equal",
+            Self::RangeScanCancelled => "range scan cancelled",
         };
         f.write_str(s)
     }

@@ -21,6 +21,17 @@ pub const DEFAULT_EXPIRY_PAGER_INTERVAL: Duration = Duration::from_secs(60);
 /// Default time between two item pager checks of memory: 5 s (KV-Engine
 /// `pager_sleep_time_ms`). Crossing the high watermark wakes the pager at once anyway.
 pub const DEFAULT_ITEM_PAGER_INTERVAL: Duration = Duration::from_secs(5);
+/// Default time a range scan may stay unused before it is closed: 60 s (KV-Engine's
+/// range scan watchdog; 7.6 bounds a scan's whole life at 180 s instead).
+pub const DEFAULT_RANGE_SCAN_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default most key bytes one range scan may hold: 64 MiB (about a million keys of 60
+/// bytes in one vBucket's collection).
+pub const DEFAULT_RANGE_SCAN_MAX_KEY_BYTES: usize = 64 * 1024 * 1024;
+/// Default most range scans one owner (a connection) may have open: 1024, one per
+/// vBucket.
+pub const DEFAULT_RANGE_SCAN_MAX_PER_OWNER: usize = 1024;
+/// Default most key bytes the range scans of one owner may hold: 256 MiB.
+pub const DEFAULT_RANGE_SCAN_MAX_OWNER_KEY_BYTES: usize = 256 * 1024 * 1024;
 /// Default GET_LOCKED timeout: 15 s (KV-Engine `getl_default_timeout`).
 pub const DEFAULT_GETL_DEFAULT_TIMEOUT_SECS: u32 = 15;
 /// Default longest GET_LOCKED timeout: 30 s (KV-Engine `getl_max_timeout`).
@@ -91,6 +102,19 @@ pub struct BucketConfig {
     /// Longest GET_LOCKED timeout in seconds a request may ask for. Default 30; at least
     /// `getl_default_timeout_secs`.
     pub getl_max_timeout_secs: u32,
+    /// Time a range scan may stay unused (no create or continue) before the reaper closes
+    /// it; a continue then answers KeyNotFound. Default 60 s
+    /// ([`DEFAULT_RANGE_SCAN_IDLE_TIMEOUT`]); must not be zero.
+    pub range_scan_idle_timeout: Duration,
+    /// Most bytes of keys (plus 4 per key) one range scan may hold; a create past it
+    /// answers TooBusy. Default 64 MiB ([`DEFAULT_RANGE_SCAN_MAX_KEY_BYTES`]).
+    pub range_scan_max_key_bytes: usize,
+    /// Most range scans one owner (a connection) may have open; a create past it answers
+    /// TooBusy. Default 1024 ([`DEFAULT_RANGE_SCAN_MAX_PER_OWNER`]); at least 1.
+    pub range_scan_max_per_owner: usize,
+    /// Most key bytes the open range scans of one owner may hold together; a create past
+    /// it answers TooBusy. Default 256 MiB ([`DEFAULT_RANGE_SCAN_MAX_OWNER_KEY_BYTES`]).
+    pub range_scan_max_owner_key_bytes: usize,
     /// Where and how the bucket persists; `None` (the default) keeps it in memory only.
     pub persistence: Option<crate::PersistenceConfig>,
 }
@@ -114,6 +138,10 @@ impl Default for BucketConfig {
             expiry_pager_interval: DEFAULT_EXPIRY_PAGER_INTERVAL,
             getl_default_timeout_secs: DEFAULT_GETL_DEFAULT_TIMEOUT_SECS,
             getl_max_timeout_secs: DEFAULT_GETL_MAX_TIMEOUT_SECS,
+            range_scan_idle_timeout: DEFAULT_RANGE_SCAN_IDLE_TIMEOUT,
+            range_scan_max_key_bytes: DEFAULT_RANGE_SCAN_MAX_KEY_BYTES,
+            range_scan_max_per_owner: DEFAULT_RANGE_SCAN_MAX_PER_OWNER,
+            range_scan_max_owner_key_bytes: DEFAULT_RANGE_SCAN_MAX_OWNER_KEY_BYTES,
             persistence: None,
         }
     }
@@ -217,6 +245,12 @@ impl BucketConfig {
         }
         if !(1..=1024).contains(&self.ht_locks) {
             return Err(invalid("ht_locks", "must be 1..=1024"));
+        }
+        if self.range_scan_idle_timeout.is_zero() {
+            return Err(invalid("range_scan_idle_timeout", "must not be zero"));
+        }
+        if self.range_scan_max_per_owner == 0 {
+            return Err(invalid("range_scan_max_per_owner", "must be at least 1"));
         }
         if self.eviction_policy == EvictionPolicy::Full && self.persistence.is_none() {
             return Err(invalid(

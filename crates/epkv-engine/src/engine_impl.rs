@@ -189,6 +189,10 @@ impl Engine for Bucket {
         vb.set_state(state, |was| {
             self.core.sync_writes_state_changed(vb, was, state)
         });
+        if state != VBucketState::Active {
+            // KV-Engine cancels a vBucket's scans when it stops being active.
+            self.range_scans.close_vbucket(vbid);
+        }
         if let Some(p) = &self.core.persistence {
             p.wake(vbid);
         }
@@ -294,6 +298,42 @@ impl Engine for Bucket {
 
     fn durability_min_level(&self) -> Option<epkv_types::DurabilityLevel> {
         self.core.config.durability_min_level
+    }
+
+    fn range_scan_create(
+        &self,
+        vbid: Vbid,
+        req: &epkv_engine_api::RangeScanCreate,
+        resume: Option<epkv_engine_api::RangeScanId>,
+    ) -> EngineResult<epkv_engine_api::RangeScanCreated> {
+        self.op_range_scan_create(vbid, req, resume)
+    }
+
+    fn range_scan_continue(
+        &self,
+        vbid: Vbid,
+        id: epkv_engine_api::RangeScanId,
+        limits: epkv_engine_api::RangeScanLimits,
+        emit: &mut dyn FnMut(epkv_engine_api::ScanItem<'_>),
+    ) -> EngineResult<epkv_engine_api::RangeScanProgress> {
+        self.op_range_scan_continue(vbid, id, limits, emit)
+    }
+
+    fn range_scan_cancel(&self, vbid: Vbid, id: epkv_engine_api::RangeScanId) -> EngineResult<()> {
+        self.op_range_scan_cancel(vbid, id)
+    }
+
+    fn when_range_scan_ready(
+        &self,
+        vbid: Vbid,
+        id: epkv_engine_api::RangeScanId,
+        done: epkv_engine_api::FetchedCallback,
+    ) {
+        self.op_when_range_scan_ready(vbid, id, done);
+    }
+
+    fn range_scan_release(&self, owner: u64) {
+        self.range_scans.release(owner);
     }
 
     fn when_persisted(

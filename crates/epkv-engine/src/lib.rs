@@ -60,7 +60,8 @@
 //!    expiry pager (a leaf) is generic over its owner: the bucket starts it with a weak
 //!    reference to itself and `Bucket::run_expiry_pass`.
 //! 7. **The operations** on it: `ops`, `subdoc_ops`, `replica`, `stat_groups`,
-//!    `bucket_collections`, and `engine_impl` (the `Engine` trait). Only this level
+//!    `bucket_collections`, `range_scan` (range and sampling scans, see
+//!    `docs/range-scans.md`), and `engine_impl` (the `Engine` trait). Only this level
 //!    names [`Bucket`].
 //!
 //! The hot paths stay static: an operation reaches the core as a by-value field of the
@@ -259,6 +260,7 @@ mod pending_ops;
 mod persistence;
 mod persistence_config;
 mod random_key;
+mod range_scan;
 mod replica;
 mod shard_store;
 mod stat_groups;
@@ -371,12 +373,15 @@ pub use config::{
     BucketConfig, DEFAULT_EXPIRY_PAGER_INTERVAL, DEFAULT_GETL_DEFAULT_TIMEOUT_SECS,
     DEFAULT_GETL_MAX_TIMEOUT_SECS, DEFAULT_HT_LOCKS, DEFAULT_ITEM_PAGER_INTERVAL,
     DEFAULT_MAX_ITEM_SIZE_BYTES, DEFAULT_MEM_HIGH_WAT_PERCENT, DEFAULT_MEM_LOW_WAT_PERCENT,
-    DEFAULT_MEMORY_QUOTA_BYTES, EphemeralFullPolicy, EvictionPolicy, MIN_MEMORY_QUOTA_BYTES,
+    DEFAULT_MEMORY_QUOTA_BYTES, DEFAULT_RANGE_SCAN_IDLE_TIMEOUT, DEFAULT_RANGE_SCAN_MAX_KEY_BYTES,
+    DEFAULT_RANGE_SCAN_MAX_OWNER_KEY_BYTES, DEFAULT_RANGE_SCAN_MAX_PER_OWNER, EphemeralFullPolicy,
+    EvictionPolicy, MIN_MEMORY_QUOTA_BYTES,
 };
 pub use epkv_storage::JournalMode;
 pub use error::{Error, Result};
 pub use item_pager::PagerRun;
 pub use persistence::PersistedFuture;
 pub use persistence_config::{FlusherMode, PersistenceConfig};
+pub use range_scan::{CONTINUE_MAX_BYTES, LOAD_BYTES, LOAD_ITEMS};
 pub use shard_store::StorageBackend;
 pub use stats::{STATS, StatDefinition, StatGroup, StatUnit};

@@ -56,6 +56,8 @@ impl Bucket {
                 "ephemeral"
             }
             .to_owned(),
+            "ep_range_scans_open" => self.range_scans.len().to_string(),
+            "ep_range_scans_key_bytes" => self.range_scans.key_bytes().to_string(),
             "curr_items" | "vb_active_curr_items" => t.items[0].to_string(),
             "curr_items_tot" => t.items.iter().sum::<usize>().to_string(),
             "vb_replica_curr_items" => t.items[1].to_string(),

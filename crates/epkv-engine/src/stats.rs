@@ -317,6 +317,18 @@ const fn gauge(
 
 const GAUGE_DEFS: &[StatDefinition] = &[
     gauge(
+        "ep_range_scans_open",
+        StatGroup::Default,
+        StatUnit::Count,
+        "range scans open (created, not yet completed, cancelled or expired)",
+    ),
+    gauge(
+        "ep_range_scans_key_bytes",
+        StatGroup::Default,
+        StatUnit::Bytes,
+        "bytes of keys the open range scans hold",
+    ),
+    gauge(
         "ep_bucket_name",
         StatGroup::Default,
         StatUnit::Text,

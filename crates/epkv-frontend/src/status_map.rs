@@ -36,6 +36,9 @@ pub fn engine_status_to_wire(status: EngineStatus) -> Status {
         EngineStatus::UnknownScope => Status::UnknownScope,
         EngineStatus::OutOfRange => Status::Erange,
         EngineStatus::Internal => Status::Einternal,
+        EngineStatus::TooBusy => Status::Ebusy,
+        EngineStatus::VbUuidNotEqual => Status::VbUuidNotEqual,
+        EngineStatus::RangeScanCancelled => Status::RangeScanCancelled,
         // The session waits for the fetch and re-executes instead of answering; should an
         // outcome ever reach a client, "retry" is what it means.
         EngineStatus::WouldBlock => Status::Etmpfail,
@@ -53,8 +56,9 @@ pub fn engine_status_to_wire(status: EngineStatus) -> Status {
 ///   `locked_tmpfail`) → 0x86 `Etmpfail`;
 /// - `NotLocked` and `SyncWriteInProgress` → 0x86 `Etmpfail` (retry later);
 /// - `NoBucket`, `Eaccess` and the durability outcomes (`DurabilityInvalidLevel`,
-///   `DurabilityImpossible`, `SyncWriteAmbiguous`) have no classic equivalent: the
-///   connection is closed, as kv_engine does.
+///   `DurabilityImpossible`, `SyncWriteAmbiguous`) and the range scan outcomes
+///   (`VbUuidNotEqual`, `RangeScanCancelled`) have no classic equivalent: the connection
+///   is closed, as kv_engine does.
 #[must_use]
 pub fn status_for_client(wire: Status, opcode: u8, xerror: bool) -> Option<Status> {
     if xerror {
@@ -72,7 +76,9 @@ pub fn status_for_client(wire: Status, opcode: u8, xerror: bool) -> Option<Statu
         | Status::Eaccess
         | Status::DurabilityInvalidLevel
         | Status::DurabilityImpossible
-        | Status::SyncWriteAmbiguous => None,
+        | Status::SyncWriteAmbiguous
+        | Status::VbUuidNotEqual
+        | Status::RangeScanCancelled => None,
         other => Some(other),
     }
 }
@@ -159,6 +165,15 @@ mod tests {
         );
         assert_eq!(engine_status_to_wire(EngineStatus::Locked).as_u16(), 0x09);
         assert_eq!(engine_status_to_wire(EngineStatus::TempFail).as_u16(), 0x86);
+        assert_eq!(engine_status_to_wire(EngineStatus::TooBusy).as_u16(), 0x85);
+        assert_eq!(
+            engine_status_to_wire(EngineStatus::RangeScanCancelled).as_u16(),
+            0xa5
+        );
+        assert_eq!(
+            engine_status_to_wire(EngineStatus::VbUuidNotEqual).as_u16(),
+            0xa8
+        );
         assert_eq!(
             engine_status_to_wire(EngineStatus::NotSupported).as_u16(),
             0x83
