@@ -57,8 +57,8 @@ pub struct Bucket {
     pub(crate) self_ref: std::sync::Weak<Bucket>,
     /// Threads purging dropped collections ([`Bucket::start_purge`]), joined at shutdown.
     pub(crate) purges: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
-    /// The open range scans ([`crate::range_scan`]).
-    pub(crate) range_scans: crate::range_scan::RangeScans,
+    /// The open range scans ([`crate::scan_registry`]).
+    pub(crate) range_scans: crate::scan_registry::RangeScans,
 }
 
 impl CoreOwner for Bucket {
@@ -179,7 +179,7 @@ impl Bucket {
             collection_ops: crate::collections::CollectionOps::default(),
             self_ref: weak.clone(),
             purges: parking_lot::Mutex::new(Vec::new()),
-            range_scans: crate::range_scan::RangeScans::default(),
+            range_scans: crate::scan_registry::RangeScans::default(),
         });
         let weak = Arc::downgrade(&bucket);
         bucket

@@ -41,7 +41,7 @@
 //! 1. **Leaf types**, importing nothing of the crate (or only another leaf): `config`,
 //!    `persistence_config`, `clock`, `error`, `hlc`, `stats`, `lazy_now`,
 //!    `counter_value`, `subdoc`, `collections`, `shard_store`, `expiry_pager`,
-//!    `pager_waker`, `bg_fetch_queue`; and the parts a vBucket owns: `dcp_log`,
+//!    `pager_waker`, `bg_fetch_queue`, `scan_registry`; and the parts a vBucket owns: `dcp_log`,
 //!    `durability_monitor`, `vb_persist`, `key_filter`, `pending_ops`.
 //! 2. **The vBucket** (`vbucket`: state, hash table, ordering point, failover log) and
 //!    what works on one of its documents: `document`, `xattrs`.
@@ -262,6 +262,7 @@ mod persistence_config;
 mod random_key;
 mod range_scan;
 mod replica;
+mod scan_registry;
 mod shard_store;
 mod stat_groups;
 mod stats;
@@ -382,6 +383,6 @@ pub use error::{Error, Result};
 pub use item_pager::PagerRun;
 pub use persistence::PersistedFuture;
 pub use persistence_config::{FlusherMode, PersistenceConfig};
-pub use range_scan::{CONTINUE_MAX_BYTES, LOAD_BYTES, LOAD_ITEMS};
+pub use scan_registry::{CONTINUE_MAX_BYTES, LOAD_BYTES, LOAD_ITEMS};
 pub use shard_store::StorageBackend;
 pub use stats::{STATS, StatDefinition, StatGroup, StatUnit};

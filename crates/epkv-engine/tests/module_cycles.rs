@@ -312,6 +312,7 @@ const TOP_LAYER: &[&str] = &[
     "bucket_collections",
     "engine_impl",
     "ops",
+    "range_scan",
     "replica",
     "stat_groups",
     "subdoc_ops",

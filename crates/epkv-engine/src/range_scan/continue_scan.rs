@@ -1,9 +1,11 @@
 //! RANGE_SCAN_CONTINUE and RANGE_SCAN_CANCEL: returning a scan's keys or documents a
 //! batch at a time, and reading evicted documents on a Reader task.
 
-use super::{CONTINUE_MAX_BYTES, LOAD_BYTES, LOAD_ITEMS, OpenScan, Phase, Scan, wake};
 use crate::Bucket;
 use crate::bucket_core::schedule_weak;
+use crate::scan_registry::{
+    CONTINUE_MAX_BYTES, LOAD_BYTES, LOAD_ITEMS, OpenScan, Phase, Scan, wake,
+};
 use crate::vbucket::{VBucket, client_datatype};
 use epkv_engine_api::{
     EngineResult, EngineStatus, FetchedCallback, RangeScanId, RangeScanLimits, RangeScanProgress,

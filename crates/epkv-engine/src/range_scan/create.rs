@@ -1,9 +1,11 @@
 //! RANGE_SCAN_CREATE: the checks, the wait for the seqno, the disk reads, then the key
 //! snapshot.
 
-use super::{DiskFindings, KeyList, OpenScan, Phase, Scan, ScanState, key_list, new_id, wake};
 use crate::Bucket;
 use crate::bucket_core::schedule_weak;
+use crate::scan_registry::{
+    DiskFindings, KeyList, OpenScan, Phase, Scan, ScanState, key_list, new_id, wake,
+};
 use crate::vbucket::VBucket;
 use epkv_engine_api::{
     EngineResult, EngineStatus, RangeScanCreate, RangeScanCreated, RangeScanId, RangeScanKind,
