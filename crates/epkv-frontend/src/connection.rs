@@ -407,14 +407,14 @@ impl LoopState {
         self.authing = session.take_pending_auth();
         self.fetching = session.take_blocked().map(|b| {
             let (tx, rx) = oneshot::channel();
-            b.engine.when_fetched(
-                b.vbid,
-                &b.key,
-                Box::new(move |outcome| {
-                    // The connection may have gone; then nobody waits.
-                    let _ = tx.send(outcome);
-                }),
-            );
+            let done: epkv_engine_api::FetchedCallback = Box::new(move |outcome| {
+                // The connection may have gone; then nobody waits.
+                let _ = tx.send(outcome);
+            });
+            match b.scan {
+                Some(id) => b.engine.when_range_scan_ready(b.vbid, id, done),
+                None => b.engine.when_fetched(b.vbid, &b.key, done),
+            }
             rx
         });
         if let Some(p) = session.dcp.as_mut() {

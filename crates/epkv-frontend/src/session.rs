@@ -27,6 +27,9 @@ pub(crate) struct BlockedOn {
     pub(crate) engine: Arc<dyn Engine>,
     pub(crate) vbid: Vbid,
     pub(crate) key: Vec<u8>,
+    /// A range scan request waits for its scan instead
+    /// ([`Engine::when_range_scan_ready`]).
+    pub(crate) scan: Option<epkv_engine_api::RangeScanId>,
 }
 
 /// Which cluster map change notifications a connection asked for in HELLO.
@@ -131,6 +134,8 @@ pub(crate) struct Session {
     /// What the user may do on the selected bucket: computed at authentication and
     /// SELECT_BUCKET, and again at the first request after the users changed.
     pub(crate) access: Access,
+    /// The range scans this connection opened (closed with it).
+    pub(crate) scans: crate::handlers::range_scan::Scans,
 }
 
 impl Session {
@@ -186,6 +191,7 @@ impl Session {
             fail_next: Cell::new(None),
             dcp: None,
             access,
+            scans: crate::handlers::range_scan::Scans::default(),
         }
     }
 

@@ -219,6 +219,7 @@ struct Template {
     compaction_min_file_bytes: u64,
     compaction_bytes_per_sec: u64,
     manual_flush: bool,
+    range_scan_idle_timeout: std::time::Duration,
     clock: EngineClock,
 }
 
@@ -254,6 +255,9 @@ impl BucketManager {
                 compaction_min_file_bytes: s.compaction_min_file_size.bytes(),
                 compaction_bytes_per_sec: s.compaction_rate.bytes(),
                 manual_flush,
+                range_scan_idle_timeout: std::time::Duration::from_millis(
+                    s.range_scan_idle_timeout,
+                ),
                 clock: clock.clone(),
             },
             buckets: Buckets::new(),
@@ -502,6 +506,7 @@ impl BucketManager {
             },
             flush_enabled: params.flush_enabled,
             durability_min_level: params.durability_min_level.level(),
+            range_scan_idle_timeout: t.range_scan_idle_timeout,
             persistence: persistent.then(|| epkv_engine::PersistenceConfig {
                 flusher: if t.manual_flush {
                     epkv_engine::FlusherMode::Manual

@@ -573,6 +573,9 @@ settings! {
         help = "With persistence: data files smaller than this are never compacted for fragmentation (each compaction has a fixed cost, a new file, an fsync and an unlink, which small files would pay again and again under overwrites; garbage in files below it is bounded by this size times the 1024 vBuckets)";
     compaction_rate: ByteSize = "64MiB", unit = "bytes per second",
         help = "With persistence: most bytes per second compactions write (they sleep between 1 MiB chunks), so that they leave the disk to the flushers and background fetches; while the flushers persist more bytes per second than this, fragmentation compaction may write as many as they do, so that it keeps up with the garbage overwrites leave; 0 is unlimited";
+    range_scan_idle_timeout: u64 = "60000", unit = "milliseconds",
+        help = "Close a range scan (RANGE_SCAN_CREATE) not continued for this long, releasing its keys; a later continue answers KEY_ENOENT. KV-Engine's watchdog is 60 s; at least 1",
+        clap(value_parser = clap::value_parser!(u64).range(1..));
     flush_enabled: bool = "false", unit = "bool",
         help = "Allow FLUSH to remove every document (off by default, as in Couchbase)",
         clap(num_args = 0..=1, default_missing_value = "true");

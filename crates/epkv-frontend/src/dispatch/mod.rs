@@ -262,10 +262,12 @@ impl Session {
         };
         if let Err(missing) = self.access.check(needs) {
             // Not on the whole bucket: perhaps on the key's collection (or the one a
-            // command without a key names).
+            // command without a key names: a range scan's JSON, or its scan).
             let cid = match doc_key {
                 Some(key) => Some(doc_key::decode(key).0),
-                None => cmd.collection_without_key(),
+                None => cmd
+                    .collection_without_key()
+                    .or_else(|| self.scans.collection_of(&cmd)),
             };
             let allowed = match cid {
                 Some(cid) => {
@@ -294,6 +296,7 @@ impl Session {
         if let Some(e) = self.fail_next.take() {
             // The background fetch this request waited for failed.
             self.refetches.set(0);
+            self.scans.resume.set(None);
             self.fail(shared, out, to, e, &[]);
             return;
         }
@@ -310,9 +313,11 @@ impl Session {
             self.refetches.set(0);
             return;
         }
+        let scan = self.scans.blocked.take();
         let n = self.refetches.get() + 1;
         if n > MAX_REFETCHES {
             self.refetches.set(0);
+            self.scans.resume.set(None);
             self.fail(shared, out, to, EngineStatus::TempFail, &[]);
             return;
         }
@@ -323,8 +328,9 @@ impl Session {
             .unwrap_or_else(|| (vbid, doc_key.unwrap_or_default().to_vec()));
         self.blocked_on.set(Some(BlockedOn {
             engine: Arc::clone(&bucket.engine),
-            vbid,
+            vbid: scan.map_or(vbid, |s| s.0),
             key,
+            scan: scan.map(|s| s.1),
         }));
     }
 

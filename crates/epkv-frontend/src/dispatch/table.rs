@@ -22,7 +22,7 @@
 //! [`Session::execute`](crate::session::Session) consult it in `dispatch`.
 
 use crate::dispatch::{DataFn, DcpFn, SessionFn};
-use crate::handlers::{admin, collections, dcp, kv, setup, stat, subdoc};
+use crate::handlers::{admin, collections, dcp, kv, range_scan, setup, stat, subdoc};
 use epkv_auth::Privilege;
 use epkv_protocol::Opcode;
 
@@ -165,6 +165,9 @@ const SIMPLE_STATS: Needs = Needs::One(Privilege::SimpleStats);
 /// itself, by the kind of connection asked for). DCP_STREAM_REQ also needs DcpStream on
 /// what it streams, checked by its handler.
 const DCP_PRODUCER: Needs = Needs::One(Privilege::DcpProducer);
+/// Range scans, on the scan's collection (a create names it in its JSON; a continue or
+/// cancel by the scan this connection opened).
+const RANGE_SCAN: Needs = Needs::One(Privilege::RangeScan);
 /// Nothing.
 const NOTHING: Needs = Needs::Nothing;
 
@@ -269,6 +272,10 @@ pub(crate) const ENTRIES: &[Entry] = &[
     row(Opcode::GetCollectionsManifest,    Data(collections::manifest),          Live,     AnyConn,   NoHint, NOTHING),
     row(Opcode::GetCollectionId,           Data(collections::id),                Live,     AnyConn,   NoHint, NOTHING),
     row(Opcode::GetScopeId,                Data(collections::id),                Live,     AnyConn,   NoHint, NOTHING),
+    // Range scans.
+    row(Opcode::RangeScanCreate,           Data(range_scan::create),             Live,     AnyConn,   NoHint, RANGE_SCAN),
+    row(Opcode::RangeScanContinue,         Data(range_scan::continue_scan),      Live,     AnyConn,   NoHint, RANGE_SCAN),
+    row(Opcode::RangeScanCancel,           Data(range_scan::cancel),             Live,     AnyConn,   NoHint, RANGE_SCAN),
     // Session setup.
     row(Opcode::Hello,                     Session(setup::hello),                Any,      AnyConn,   NoHint, NOTHING),
     row(Opcode::SaslListMechs,             Session(setup::sasl_list_mechs),      Any,      AnyConn,   NoHint, NOTHING),
@@ -442,6 +449,13 @@ mod tests {
             Some(Needs::All(&[P::Read, P::Upsert]))
         );
         assert_eq!(needs(Opcode::Flush), Some(Needs::One(P::BucketManagement)));
+        for op in [
+            Opcode::RangeScanCreate,
+            Opcode::RangeScanContinue,
+            Opcode::RangeScanCancel,
+        ] {
+            assert_eq!(needs(op), Some(Needs::One(P::RangeScan)), "{op:?}");
+        }
         assert_eq!(
             needs(Opcode::DcpStreamReq),
             Some(Needs::One(P::DcpProducer))

@@ -5,6 +5,7 @@
 //!   locks, eviction, observe, GET_META, GET_REPLICA, FLUSH);
 //! - [`subdoc`]: sub-document lookups and mutations, single- and multi-path;
 //! - [`collections`]: the manifest and collection and scope ids;
+//! - [`range_scan`]: range and sampling scans (create, continue, cancel);
 //! - [`setup`]: what sets a session up: HELLO, SASL, SELECT_BUCKET;
 //! - [`stat`]: STAT and its groups;
 //! - [`admin`]: the cluster map, vBucket states, the error map, VERSION, NOOP, QUIT and
@@ -17,6 +18,7 @@ pub(crate) mod admin;
 pub(crate) mod collections;
 pub(crate) mod dcp;
 pub(crate) mod kv;
+pub(crate) mod range_scan;
 pub(crate) mod setup;
 pub(crate) mod stat;
 pub(crate) mod subdoc;
