@@ -31,6 +31,7 @@ mod notifications;
 mod persistence;
 mod pipelining;
 mod process;
+mod range_scan;
 mod rebalance;
 mod restart;
 mod scram;

@@ -60,6 +60,7 @@
 mod client;
 mod error;
 mod options;
+mod range_scan;
 mod response;
 
 pub use client::{Client, ClientConfig};
