@@ -319,6 +319,27 @@ async fn check(name: &str, server: &Server, c: &mut Client, config: &serde_json:
             let (_, v) = lookup(c, key, 0, &[b"$document.exptime"]).await;
             assert_ne!(v[0], b"0", "the expiry was set");
         }
+        "rangeScan" => {
+            use base64::Engine as _;
+            must_set_json(c, key, b"{}").await;
+            let vb = vbucket_for_key(key, NUM_VBUCKETS);
+            let k = base64::engine::general_purpose::STANDARD.encode(key);
+            let spec = format!(r#"{{"key_only":true,"range":{{"start":"{k}","end":"{k}"}}}}"#);
+            let r = c.range_scan_create(vb, spec.as_bytes()).await.unwrap();
+            assert!(r.is_success(), "{r:?}");
+            let req = epkv_protocol::range_scan::ContinueRequest {
+                id: r.value[..].try_into().unwrap(),
+                item_limit: 0,
+                time_limit_ms: 0,
+                byte_limit: 0,
+            };
+            let last = c.range_scan_continue(vb, req).await.unwrap().pop().unwrap();
+            assert_eq!(last.status(), Some(Status::RangeScanComplete));
+            let keys: Vec<&[u8]> = epkv_protocol::range_scan::keys(&last.value)
+                .map(Result::unwrap)
+                .collect();
+            assert_eq!(keys, [key]);
+        }
         "cccp" => assert_eq!(config["name"], "default"),
         "nodesExt" => {
             assert_eq!(config["nodesExt"][0]["services"]["kv"], server.addr.port());

@@ -21,7 +21,7 @@
 /// `subdoc.CreateAsDeleted`). Left out: `xdcrCheckpointing` (no XDCR checkpoint opcodes),
 /// `preserveExpiry`,
 /// `dcp.IgnorePurgedTombstones` (a DCP stream behind the purge seqno rolls back whatever
-/// its flags say), and those of features not built (`rangeScan` until it lands).
+/// its flags say), and those of features not built.
 // One line per capability, so that adding one is one line (rustfmt would split them).
 #[rustfmt::skip]
 pub const BUCKET_CAPABILITIES: &[(&str, &str)] = &[
@@ -35,6 +35,7 @@ pub const BUCKET_CAPABILITIES: &[(&str, &str)] = &[
     ("subdoc.ReplicaRead", "the REPLICA_READ doc flag reads a replica vBucket"),
     ("subdoc.AccessDeleted", "the ACCESS_DELETED doc flag"),
     ("subdoc.BinaryXattr", "the BINARY_VALUE path flag: binary attribute values"),
+    ("rangeScan", "RANGE_SCAN_CREATE, CONTINUE and CANCEL (docs/range-scans.md)"),
     ("dcp", "DCP producers"),
     ("cbhello", "HELLO"),
     ("touch", "TOUCH and GAT"),
