@@ -312,6 +312,7 @@ const TOP_LAYER: &[&str] = &[
     "bucket_collections",
     "engine_impl",
     "ops",
+    "random_key",
     "range_scan",
     "replica",
     "stat_groups",
