@@ -42,7 +42,7 @@ pub(crate) const STEPS: &[(&str, &str)] = &[
     ),
     (
         "fuzz",
-        "cargo +nightly fuzz run decode_request for 30 s; storage_decode, decode_response, sasl_server for 10 s each",
+        "cargo +nightly fuzz run decode_request for 30 s; the other targets (storage, response, SASL, subdoc, xattr, DCP, range scan decoders) for 10 s each",
     ),
     (
         "miri",

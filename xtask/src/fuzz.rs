@@ -10,7 +10,8 @@ use crate::util;
 /// The cargo-fuzz targets the smoke runs (`fuzz/fuzz_targets/<name>.rs`), each with the
 /// divisor of `--secs` it gets: the request decoder gets the full time, the storage record
 /// decoder, the client's response decoder, the SASL server, the sub-document
-/// operations, the extended-attribute checks and the DCP codecs a third each (at least
+/// operations, the extended-attribute checks, the DCP codecs and the range-scan payloads a
+/// third each (at least
 /// 5 s), so CI stays short.
 pub(crate) const TARGETS: &[(&str, u64)] = &[
     ("decode_request", 1),
@@ -20,6 +21,7 @@ pub(crate) const TARGETS: &[(&str, u64)] = &[
     ("subdoc", 3),
     ("xattr", 3),
     ("dcp_decode", 3),
+    ("range_scan", 3),
 ];
 
 /// Seconds a target with `divisor` runs when the smoke is given `secs`.
