@@ -34,6 +34,7 @@ async fn mutate(c: &mut Client, key: &[u8], doc_flags: u8, specs: &[u8]) -> Resp
         key,
         doc_flags,
         expiry: 0,
+        user_flags: None,
         specs,
         cas: Cas::ANY,
         durability: None,

@@ -354,6 +354,7 @@ async fn get_random_key_answers_a_document_of_the_collection_with_its_key() {
         key: b"with-xattr",
         doc_flags: 0x01,
         expiry: 0,
+        user_flags: None,
         specs: &specs,
         cas: epkv_types::Cas::ANY,
         durability: None,

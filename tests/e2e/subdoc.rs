@@ -25,6 +25,7 @@ fn single<'a>(
         path_flags: flags,
         doc_flags: 0,
         expiry: 0,
+        user_flags: None,
         cas: Cas::ANY,
         durability: None,
         preserve_ttl: false,
@@ -135,6 +136,7 @@ async fn subdoc_commands_answer_in_kv_engines_formats() {
         key: k,
         doc_flags: 0,
         expiry: 0,
+        user_flags: None,
         specs: &specs,
         cas: Cas::ANY,
         durability: None,
@@ -181,6 +183,31 @@ async fn subdoc_commands_answer_in_kv_engines_formats() {
     put_mutation_spec(&mut specs, Opcode::SubdocDictUpsert, 0, b"s", b"1");
     let refused = run(&mut c, &multi_mutation(k, 0x20, &specs, Cas::ANY), k).await;
     assert_eq!(refused.status(), Some(Status::Einval));
+
+    // User flags in the extras (KV-Engine 7.6: 8 or 9 bytes on MULTI_MUTATION, 11 or 12
+    // on a single path): the document's new flags; without them the flags are kept.
+    let mut flagged = multi_mutation(k, 0x01, &specs, Cas::ANY);
+    if let Command::SubdocMultiMutation { user_flags, .. } = &mut flagged {
+        *user_flags = Some(0x0200_0000);
+    }
+    assert!(run(&mut c, &flagged, k).await.is_success());
+    assert_eq!(c.get(k).await.unwrap().flags(), Some(0x0200_0000));
+    let mut single = single(Opcode::SubdocDictUpsert, k, b"s2", 1, 0);
+    if let Command::Subdoc { user_flags, .. } = &mut single {
+        *user_flags = Some(7);
+    }
+    assert!(run(&mut c, &single, k).await.is_success());
+    assert_eq!(c.get(k).await.unwrap().flags(), Some(7));
+    assert!(
+        run(&mut c, &multi_mutation(k, 0, &specs, Cas::ANY), k)
+            .await
+            .is_success()
+    );
+    assert_eq!(
+        c.get(k).await.unwrap().flags(),
+        Some(7),
+        "kept without user flags"
+    );
 }
 
 fn multi_mutation<'a>(key: &'a [u8], doc_flags: u8, specs: &'a [u8], cas: Cas) -> Command<'a> {
@@ -188,6 +215,7 @@ fn multi_mutation<'a>(key: &'a [u8], doc_flags: u8, specs: &'a [u8], cas: Cas) -
         key,
         doc_flags,
         expiry: 0,
+        user_flags: None,
         specs,
         cas,
         durability: None,

@@ -313,6 +313,9 @@ pub struct SubdocMutation<'a> {
     pub expiry_raw: u32,
     /// Keep the document's expiry instead (PreserveTtl frame).
     pub preserve_ttl: bool,
+    /// The document's new flags (the request's user flags, KV-Engine 7.6); `None` keeps
+    /// the current ones (0 for a new document).
+    pub flags: Option<u32>,
     /// Create the document if missing (doc flag `MKDOC`).
     pub mkdoc: bool,
     /// Create the document, which must not exist (doc flag `ADD`).

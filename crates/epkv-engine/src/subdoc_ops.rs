@@ -308,7 +308,7 @@ impl Bucket {
                 ),
             };
             let meta = ItemMeta {
-                flags: old.map_or(0, |m| m.flags),
+                flags: req.flags.unwrap_or_else(|| old.map_or(0, |m| m.flags)),
                 expiry,
                 datatype,
                 ..ItemMeta::default()

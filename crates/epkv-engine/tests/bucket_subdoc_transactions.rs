@@ -40,6 +40,7 @@ fn mutation<'a>(key: &'a str, specs: &'a [SubdocSpec<'a>]) -> SubdocMutation<'a>
         cas: Cas::ANY,
         expiry_raw: 0,
         preserve_ttl: false,
+        flags: None,
         mkdoc: false,
         add: false,
         access_deleted: false,

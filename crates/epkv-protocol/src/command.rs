@@ -182,6 +182,9 @@ pub enum Command<'a> {
         doc_flags: u8,
         /// Expiry, raw (0 when absent).
         expiry: u32,
+        /// The document's new flags (KV-Engine 7.6: extras of 11 or 12 bytes); `None`
+        /// keeps the current ones.
+        user_flags: Option<u32>,
         /// Required CAS (mutations).
         cas: Cas,
         /// Durability (mutations).
@@ -207,6 +210,9 @@ pub enum Command<'a> {
         doc_flags: u8,
         /// Expiry, raw (0 when absent).
         expiry: u32,
+        /// The document's new flags (KV-Engine 7.6: extras of 8 or 9 bytes); `None`
+        /// keeps the current ones.
+        user_flags: Option<u32>,
         /// The specs (checked by the decoder).
         specs: &'a [u8],
         /// Required CAS.
@@ -438,14 +444,14 @@ fn spec_for(op: Opcode) -> Option<Spec> {
             spec(E::OneOf(&[3, 4]), P::NonZero, P::Any, C::NotSet)
         }
         op if crate::subdoc::is_subdoc_mutation(op) => ttl(durable(spec(
-            E::OneOf(&[3, 4, 7, 8]),
+            E::OneOf(&[3, 4, 7, 8, 11, 12]),
             P::NonZero,
             P::Any,
             C::Any,
         ))),
         Opcode::SubdocMultiLookup => spec(E::ZeroOr(1), P::NonZero, P::NonZero, C::NotSet),
         Opcode::SubdocMultiMutation => ttl(durable(spec(
-            E::OneOf(&[0, 1, 4, 5]),
+            E::OneOf(&[0, 1, 4, 5, 8, 9]),
             P::NonZero,
             P::NonZero,
             C::Any,
@@ -682,10 +688,11 @@ impl<'a> Command<'a> {
                 )?;
                 let (expiry, doc_flags) = match extras.len() {
                     4 => (0, extras[3]),
-                    7 => (be_u32(&extras[3..]), 0),
-                    8 => (be_u32(&extras[3..]), extras[7]),
+                    7 | 11 => (be_u32(&extras[3..]), 0),
+                    8 | 12 => (be_u32(&extras[3..]), extras[extras.len() - 1]),
                     _ => (0, 0),
                 };
+                let user_flags = (extras.len() >= 11).then(|| be_u32(&extras[7..]));
                 if path_len > req.value.len()
                     || (crate::subdoc::is_subdoc_lookup(op) && path_len != req.value.len())
                 {
@@ -699,6 +706,7 @@ impl<'a> Command<'a> {
                     path_flags,
                     doc_flags,
                     expiry,
+                    user_flags,
                     cas,
                     durability,
                     preserve_ttl,
@@ -716,14 +724,16 @@ impl<'a> Command<'a> {
                 crate::subdoc::parse_specs(req.value, true)?;
                 let (expiry, doc_flags) = match extras.len() {
                     1 => (0, extras[0]),
-                    4 => (be_u32(extras), 0),
-                    5 => (be_u32(extras), extras[4]),
+                    4 | 8 => (be_u32(extras), 0),
+                    5 | 9 => (be_u32(extras), extras[extras.len() - 1]),
                     _ => (0, 0),
                 };
+                let user_flags = (extras.len() >= 8).then(|| be_u32(&extras[4..]));
                 Command::SubdocMultiMutation {
                     key,
                     doc_flags,
                     expiry,
+                    user_flags,
                     specs: req.value,
                     cas,
                     durability,

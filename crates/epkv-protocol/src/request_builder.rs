@@ -199,6 +199,7 @@ impl<'a> RequestBuilder<'a> {
                 path_flags,
                 doc_flags,
                 expiry,
+                user_flags,
                 cas,
                 durability,
                 preserve_ttl,
@@ -208,9 +209,13 @@ impl<'a> RequestBuilder<'a> {
                 let exp = expiry.to_be_bytes();
                 let flags = [path_flags];
                 let doc = [doc_flags];
+                let user = user_flags.unwrap_or(0).to_be_bytes();
                 let mut parts: Vec<&[u8]> = vec![&len, &flags];
-                if expiry != 0 {
+                if expiry != 0 || user_flags.is_some() {
                     parts.push(&exp);
+                }
+                if user_flags.is_some() {
+                    parts.push(&user);
                 }
                 if doc_flags != 0 {
                     parts.push(&doc);
@@ -237,6 +242,7 @@ impl<'a> RequestBuilder<'a> {
                 key,
                 doc_flags,
                 expiry,
+                user_flags,
                 specs,
                 cas,
                 durability,
@@ -244,9 +250,13 @@ impl<'a> RequestBuilder<'a> {
             } => {
                 let exp = expiry.to_be_bytes();
                 let doc = [doc_flags];
+                let user = user_flags.unwrap_or(0).to_be_bytes();
                 let mut parts: Vec<&[u8]> = Vec::new();
-                if expiry != 0 {
+                if expiry != 0 || user_flags.is_some() {
                     parts.push(&exp);
+                }
+                if user_flags.is_some() {
+                    parts.push(&user);
                 }
                 if doc_flags != 0 {
                     parts.push(&doc);

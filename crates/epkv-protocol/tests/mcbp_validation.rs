@@ -140,6 +140,7 @@ fn sample(op: Opcode) -> Command<'static> {
             path_flags: 0,
             doc_flags: 0,
             expiry: 0,
+            user_flags: None,
             cas: Cas::ANY,
             durability: None,
             preserve_ttl: false,
@@ -152,6 +153,7 @@ fn sample(op: Opcode) -> Command<'static> {
             path_flags: 0,
             doc_flags: 0,
             expiry: 0,
+            user_flags: None,
             cas: Cas::ANY,
             durability: None,
             preserve_ttl: false,
@@ -165,6 +167,7 @@ fn sample(op: Opcode) -> Command<'static> {
             key,
             doc_flags: 0,
             expiry: 0,
+            user_flags: None,
             specs: &[0xc8, 0, 0, 1, 0, 0, 0, 1, b'a', b'1'],
             cas: Cas::ANY,
             durability: None,
@@ -332,9 +335,9 @@ fn wrong_extras_lengths_are_einval() {
             // Sub-document commands take several lengths (optional expiry and doc flags).
             let subdoc_ok: &[usize] = match op {
                 Opcode::SubdocMultiLookup => &[0, 1],
-                Opcode::SubdocMultiMutation => &[0, 1, 4, 5],
+                Opcode::SubdocMultiMutation => &[0, 1, 4, 5, 8, 9],
                 op if epkv_protocol::is_subdoc_lookup(op) => &[3, 4],
-                op if epkv_protocol::is_subdoc_mutation(op) => &[3, 4, 7, 8],
+                op if epkv_protocol::is_subdoc_mutation(op) => &[3, 4, 7, 8, 11, 12],
                 _ => &[],
             };
             if subdoc_ok.contains(&len) {

@@ -148,6 +148,14 @@ impl Session {
         let mut cmd = match Command::decode(c.req) {
             Ok(cmd) => cmd,
             Err(status) => {
+                tracing::debug!(
+                    opcode = c.req.header.opcode,
+                    ?status,
+                    extras = c.req.extras.len(),
+                    key = c.req.key.len(),
+                    value = c.req.value.len(),
+                    "request refused by the decoder"
+                );
                 put_error_text(c.out, c.to, status);
                 return Flow::Continue;
             }
