@@ -261,13 +261,10 @@ def alarm_after(secs):
         signal.signal(signal.SIGALRM, previous)
 
 
-def admin_server(tmp_path_factory, admin, extra=("--memory-quota", "64MiB")):
-    """A server of its own with administrator ``admin`` (user, password), for a module
-    fixture to ``yield from``; fails the test if the server died meanwhile."""
-    server, log = _start_server_with(
-        tmp_path_factory,
-        ["--admin-user", admin[0], "--admin-password", admin[1], *extra],
-    )
+def own_server(tmp_path_factory, args):
+    """A server of its own started with ``args``, for a module fixture to ``yield from``;
+    stops it afterwards and fails the test if it died meanwhile."""
+    server, log = _start_server_with(tmp_path_factory, args)
     try:
         yield server
     finally:
@@ -275,6 +272,15 @@ def admin_server(tmp_path_factory, admin, extra=("--memory-quota", "64MiB")):
         _stop_server(server, log)
         if not alive:
             pytest.fail(f"epkv-server died during the tests; log:\n{server.log_tail()}")
+
+
+def admin_server(tmp_path_factory, admin, extra=("--memory-quota", "64MiB")):
+    """A server of its own with administrator ``admin`` (user, password), for a module
+    fixture to ``yield from``; fails the test if the server died meanwhile."""
+    yield from own_server(
+        tmp_path_factory,
+        ["--admin-user", admin[0], "--admin-password", admin[1], *extra],
+    )
 
 
 def sdk_connect(addr, user, password, *, kv_timeout=timedelta(seconds=10),

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import _server_bin, _start_server_with, _stop_server, alarm_after, sdk_connect
+from conftest import _server_bin, alarm_after, own_server, sdk_connect
 
 couchbase = pytest.importorskip("couchbase")
 
@@ -63,19 +63,12 @@ def users_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, users_file):
-    server, log = _start_server_with(tmp_path_factory, [
+    yield from own_server(tmp_path_factory, [
         "--buckets", "small=8MiB/full",
         "--users-file", str(users_file),
         "--admin-user", ADMIN[0], "--admin-password", ADMIN[1],
         "--range-scan-idle-timeout", str(IDLE_TIMEOUT_MS),
     ])
-    try:
-        yield server
-    finally:
-        alive = server.proc.poll() is None
-        _stop_server(server, log)
-        if not alive:
-            pytest.fail(f"epkv-server died during the tests; log:\n{server.log_tail()}")
 
 
 @pytest.fixture(scope="module")

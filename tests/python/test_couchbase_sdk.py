@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _server_bin, _start_server_with, _stop_server, alarm_after, sdk_connect
+from conftest import (
+    _server_bin,
+    _start_server_with,
+    _stop_server,
+    alarm_after,
+    own_server,
+    sdk_connect,
+)
 
 couchbase = pytest.importorskip("couchbase")
 
@@ -122,14 +129,7 @@ def users_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sdk_server(tmp_path_factory, users_file):
     """A server with users and three buckets, for this module."""
-    server, log = _start_server_with(tmp_path_factory, _server_args(users_file))
-    try:
-        yield server
-    finally:
-        alive = server.proc.poll() is None
-        _stop_server(server, log)
-        if not alive:
-            pytest.fail(f"epkv-server died during the tests; log:\n{server.log_tail()}")
+    yield from own_server(tmp_path_factory, _server_args(users_file))
 
 
 @pytest.fixture(scope="module")

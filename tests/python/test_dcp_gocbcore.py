@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, _start_server_with, _stop_server, mgmt_request
+from conftest import REPO_ROOT, admin_server, mgmt_request
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("EPKV_PYTEST_ADDR")),
@@ -135,15 +135,7 @@ def dcp_check_bin():
 def dcp_server(tmp_path_factory):
     """A server of its own (so that its vBuckets hold only this module's documents), with
     an admin user."""
-    server, log = _start_server_with(
-        tmp_path_factory, ["--admin-user", ADMIN[0], "--admin-password", ADMIN[1]])
-    try:
-        yield server
-    finally:
-        alive = server.proc.poll() is None
-        _stop_server(server, log)
-        if not alive:
-            pytest.fail(f"epkv-server died during the tests; log:\n{server.log_tail()}")
+    yield from admin_server(tmp_path_factory, ADMIN, extra=())
 
 
 class Memcached:

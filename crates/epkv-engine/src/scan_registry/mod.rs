@@ -222,30 +222,19 @@ impl RangeScans {
 
     /// Closes every scan of `owner`.
     pub(crate) fn release(&self, owner: u64) {
-        let gone: Vec<Arc<Scan>> = {
-            let mut scans = self.scans.lock();
-            let ids: Vec<RangeScanId> = scans
-                .values()
-                .filter(|s| s.owner == owner)
-                .map(|s| s.id)
-                .collect();
-            ids.iter().filter_map(|id| scans.remove(id)).collect()
-        };
-        for s in &gone {
-            self.uncharge(s);
-            wake(s.settle(Phase::Cancelled));
-        }
+        self.cancel_where(|s| s.owner == owner);
     }
 
     /// Closes every scan of `vbid` (its state changed, or it was reset).
     pub(crate) fn close_vbucket(&self, vbid: Vbid) {
+        self.cancel_where(|s| s.vbid == vbid);
+    }
+
+    /// Removes the scans `which` picks and settles them cancelled.
+    fn cancel_where(&self, which: impl Fn(&Scan) -> bool) {
         let gone: Vec<Arc<Scan>> = {
             let mut scans = self.scans.lock();
-            let ids: Vec<RangeScanId> = scans
-                .values()
-                .filter(|s| s.vbid == vbid)
-                .map(|s| s.id)
-                .collect();
+            let ids: Vec<RangeScanId> = scans.values().filter(|s| which(s)).map(|s| s.id).collect();
             ids.iter().filter_map(|id| scans.remove(id)).collect()
         };
         for s in &gone {
